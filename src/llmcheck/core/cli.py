@@ -1,0 +1,288 @@
+"""The ``llmcheck`` command line: thin click commands over the core and the plugin hooks.
+
+Start-up stays light: this module imports neither torch nor any plugin; each command
+imports what it needs when it runs. Every error reaches the user as one line
+``llmcheck: error: ...`` (exit 2 for usage errors, 1 for failures); ``-l debug`` adds the
+traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import traceback
+from pathlib import Path
+from typing import Any, Sequence
+
+import click
+
+from llmcheck import __version__
+from llmcheck.core.errors import LlmcheckError, UsageError
+from llmcheck.core.seed_flags import (
+    DUMP_TYPES,
+    LOG_LEVELS,
+    expand_multi_value_options,
+    parse_bool,
+    parse_choice_int,
+    parse_execute_range,
+    parse_names,
+    parse_operation_ids,
+    split_command,
+)
+
+#: Options that take space-separated lists in the seed tool (``--type layer tensor``).
+MULTI_VALUE_OPTIONS = ("--type", "-metric", "--metric", "--precision-metric")
+
+log_level_option = click.option(
+    "-l", "--log-level", type=click.Choice(LOG_LEVELS, case_sensitive=False), default="info",
+    show_default=True, help="Log level; 'debug' also shows tracebacks.",
+)
+
+
+def _configure_logging(level: str) -> None:
+    numeric = {"warn": logging.WARNING, "fatal": logging.CRITICAL}.get(level.lower(), getattr(logging, level.upper()))
+    logging.basicConfig(level=numeric, format="llmcheck: %(levelname)s: %(message)s", stream=sys.stderr)
+    logging.getLogger("llmcheck").setLevel(numeric)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="llmcheck")
+def cli() -> None:
+    """Find where an LLM's numbers go wrong: dump two runs, pair and compare every tensor, name the first divergence."""
+
+
+# --- dump ------------------------------------------------------------------------------
+
+
+@cli.command(context_settings={"ignore_unknown_options": False})
+@click.option("--backend", default="torch", show_default=True, help="Dump backend (see 'llmcheck plugins').")
+@click.option("--exec", "exec_text", help='Command to run, e.g. --exec "python infer.py --x 1" (no shell).')
+@click.option("--type", "dump_types", multiple=True, type=click.Choice(DUMP_TYPES),
+              help="What to dump; several allowed: --type model tensor. Default: tensor (plus model).")
+@click.option("-sd", "--only-save-desc", is_flag=True, help="Save tensor descriptions only, no data.")
+@click.option("-ids", "--save-operation-ids", default="", help="Dump only these op ids, e.g. 2,3_1.")
+@click.option("-er", "--execute-range", default="0,0", show_default=True,
+              help="Steps (tokens) to dump: inclusive pairs, e.g. 3,5,7,7, or 'all'.")
+@click.option("-child", "--save-operation-child", default="True", show_default=True,
+              help="With -ids, also dump the children of the chosen ops (True/False).")
+@click.option("-time", "--save-time", default=3, type=int, show_default=True,
+              help="0 before, 1 after, 2 both, 3 inputs before and outputs after.")
+@click.option("-opname", "--operation-name", default=None, help="Dump ops whose type starts with these names: self,linear.")
+@click.option("-tiling", "--save-tiling", is_flag=True, help="Also save tiling data (ATB).")
+@click.option("-stp", "--save-tensor-part", default=2, type=int, show_default=True,
+              help="0 inputs only, 1 outputs only, 2 both.")
+@click.option("-o", "--output", default="./", show_default=True, type=click.Path(file_okay=False, path_type=Path),
+              help="Folder the dump is written under (a new dump folder per run).")
+@click.option("-device", "--device-id", default=None, help="Dump only this device id (comma list allowed).")
+@click.option("-seed", "--seed", default=None, type=int, help="Make the run deterministic with this seed.")
+@log_level_option
+@click.argument("command", nargs=-1, type=click.UNPROCESSED)
+def dump(backend: str, exec_text: str | None, dump_types: Sequence[str], only_save_desc: bool,
+         save_operation_ids: str, execute_range: str, save_operation_child: str, save_time: int,
+         operation_name: str | None, save_tiling: bool, save_tensor_part: int, output: Path,
+         device_id: str | None, seed: int | None, log_level: str, command: Sequence[str]) -> None:
+    """Run a program with capture on: llmcheck dump --backend torch -o OUT --exec "python infer.py"."""
+    from llmcheck.core.plugins import get_plugins
+    from llmcheck.core.records import CaptureRequest
+
+    _configure_logging(log_level)
+    argv = split_command(exec_text, command)
+    options: dict[str, Any] = {
+        "type": list(dict.fromkeys(dump_types or ("tensor",))),
+        "only_save_desc": only_save_desc,
+        "save_operation_ids": parse_operation_ids(save_operation_ids),
+        "execute_range": parse_execute_range(execute_range),
+        "save_operation_child": parse_bool(save_operation_child, "-child/--save-operation-child"),
+        "save_time": parse_choice_int(save_time, (0, 1, 2, 3), "-time/--save-time"),
+        "operation_name": parse_names(operation_name) if operation_name else [],
+        "save_tiling": save_tiling,
+        "save_tensor_part": parse_choice_int(save_tensor_part, (0, 1, 2), "-stp/--save-tensor-part"),
+        "device_id": device_id,
+        "seed": seed,
+    }
+    backends = get_plugins().capture_backends()
+    if backend not in backends:
+        raise UsageError(f"unknown backend {backend!r}", where="--backend",
+                         hint=f"available: {', '.join(sorted(backends)) or 'none'}")
+    request = CaptureRequest(backend=backend, command=argv, output_dir=output, options=options, log_level=log_level)
+    raise SystemExit(backends[backend].run(request))
+
+
+# --- compare ---------------------------------------------------------------------------
+
+
+@cli.command()
+@click.option("-gp", "--golden-path", required=True, type=click.Path(path_type=Path), help="Trusted run: a dump, a folder of dumps, or one tensor file.")
+@click.option("-mp", "--my-path", required=True, type=click.Path(path_type=Path), help="Run under suspicion, same kinds as --golden-path.")
+@click.option("--golden-source", default=None, help="Force the source plugin reading --golden-path (e.g. fx).")
+@click.option("--my-source", default=None, help="Force the source plugin reading --my-path (e.g. ge).")
+@click.option("-o", "--output", default="./llmcheck_compare", show_default=True, type=click.Path(file_okay=False, path_type=Path),
+              help="Folder for cmp_report.csv, summary.json, pairs.json, report.html.")
+@click.option("--metric", "metrics", multiple=True, help="Metrics to compute (default: all registered).")
+@click.option("--mapping", "-mf", "--op-mapping-file", "mapping", default=None, type=click.Path(path_type=Path),
+              help="User mapping (JSON or YAML: golden name pattern -> my name pattern), or an edited pairs.json.")
+@click.option("-j", "--jobs", default=None, type=int, help="Worker processes (default: CPU count).")
+@log_level_option
+def compare(golden_path: Path, my_path: Path, golden_source: str | None, my_source: str | None, output: Path,
+            metrics: Sequence[str], mapping: Path | None, jobs: int | None, log_level: str) -> None:
+    """Pair two runs, measure every pair, and name the first divergence."""
+    _configure_logging(log_level)
+    try:
+        from llmcheck.core.compare import compare_command
+    except ImportError as exc:
+        raise LlmcheckError("compare is not available in this build", where="llmcheck compare") from exc
+
+    raise SystemExit(compare_command(
+        golden_path=golden_path, my_path=my_path, golden_source=golden_source, my_source=my_source,
+        output_dir=output, metric_names=list(metrics), mapping_path=mapping, jobs=jobs,
+    ))
+
+
+# --- opcheck ---------------------------------------------------------------------------
+
+
+@cli.command()
+@click.option("-i", "--input", "tensor_dir", required=True, type=click.Path(path_type=Path), help="Tensor folder of a dump (ATB or torch op level).")
+@click.option("-c", "--csv-path", default=None, type=click.Path(path_type=Path), help="Op CSV of the dump (older ATB dumps).")
+@click.option("-o", "--output", default="./", show_default=True, type=click.Path(file_okay=False, path_type=Path), help="Folder for opcheck_result.csv.")
+@click.option("-ids", "--operation-ids", default="", help="Check only these op ids, e.g. 24_1,2_3_5.")
+@click.option("-opname", "--operation-name", default=None, help="Check only ops whose name contains these: self,linear.")
+@click.option("-metric", "--precision-metric", "precision_metrics", multiple=True, type=click.Choice(["abs", "cos_sim", "kl"]),
+              help="Extra columns: abs, cos_sim, kl.")
+@click.option("-device", "--device-id", default=None, help="Device the reference runs on (default CPU).")
+@click.option("-j", "--jobs", default=None, type=int, help="Worker processes (default: CPU count).")
+@log_level_option
+def opcheck(tensor_dir: Path, csv_path: Path | None, output: Path, operation_ids: str, operation_name: str | None,
+            precision_metrics: Sequence[str], device_id: str | None, jobs: int | None, log_level: str) -> None:
+    """Check single operators offline: recompute each op from its dumped inputs and compare."""
+    _configure_logging(log_level)
+    ids = parse_operation_ids(operation_ids, "-ids/--operation-ids")
+    names = parse_names(operation_name) if operation_name else []
+    try:
+        from llmcheck.core.opcheck import opcheck_command
+    except ImportError as exc:
+        raise LlmcheckError("opcheck is not available in this build", where="llmcheck opcheck") from exc
+    raise SystemExit(opcheck_command(
+        tensor_dir=tensor_dir, csv_path=csv_path, output_dir=output, operation_ids=ids, operation_names=names,
+        precision_metrics=list(precision_metrics), device_id=device_id, jobs=jobs,
+    ))
+
+
+# --- export ----------------------------------------------------------------------------
+
+
+@cli.group()
+def export() -> None:
+    """Export a dump's topology for viewing (Netron)."""
+
+
+@export.command("onnx")
+@click.argument("topology", type=click.Path(path_type=Path))
+@click.option("--level", default=-1, show_default=True, type=int, help="Depth to flatten to; -1 = all leaves, 0 = the root alone.")
+@click.option("-o", "--output", default=None, type=click.Path(dir_okay=False, path_type=Path), help="ONNX file (default: beside the topology, .onnx).")
+@log_level_option
+def export_onnx(topology: Path, level: int, output: Path | None, log_level: str) -> None:
+    """Turn a topology file (ATB layer/model JSON, ...) into a viewable ONNX model."""
+    _configure_logging(log_level)
+    from llmcheck.core.plugins import get_plugins
+
+    written = get_plugins().export_onnx(topology, level, output)
+    click.echo(f"llmcheck: wrote {written}")
+
+
+# --- plugins ---------------------------------------------------------------------------
+
+
+@cli.command()
+@click.option("--json", "as_json", is_flag=True, help="Print JSON: name, distribution, version, hooks.")
+def plugins(as_json: bool) -> None:
+    """List the installed plugins and what they provide."""
+    from llmcheck.core.plugins import get_plugins
+
+    facade = get_plugins()
+    infos = facade.infos()
+    if as_json:
+        click.echo(json.dumps([info.as_json() for info in infos], indent=2))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="llmcheck plugins")
+    for column in ("name", "distribution", "version", "hooks"):
+        table.add_column(column)
+    for info in infos:
+        table.add_row(info.name, info.distribution or "-", info.version or "-", "\n".join(info.hooks))
+    console = Console()
+    console.print(table)
+    console.print("backends: " + (", ".join(sorted(facade.capture_backends())) or "none"))
+    console.print("sources:  " + (", ".join(sorted(facade.sources())) or "none"))
+    console.print("metrics:  " + (", ".join(facade.metrics()) or "none"))
+
+
+# --- demo ------------------------------------------------------------------------------
+
+
+@cli.command()
+@click.option("-o", "--output", default="./llmcheck_demo", show_default=True, type=click.Path(file_okay=False, path_type=Path),
+              help="Folder for both dumps and the compare report.")
+@log_level_option
+def demo(output: Path, log_level: str) -> None:
+    """Run the whole job on a bundled real model: golden run, defective run, compare, report."""
+    _configure_logging(log_level)
+    try:
+        from llmcheck.demo import run_demo
+    except ImportError as exc:
+        raise LlmcheckError("the demo is not available in this build", where="llmcheck demo") from exc
+    raise SystemExit(run_demo(output))
+
+
+# --- entry point -----------------------------------------------------------------------
+
+
+def _wants_debug(args: Sequence[str]) -> bool:
+    for i, token in enumerate(args):
+        if token in ("-l", "--log-level") and i + 1 < len(args) and args[i + 1].lower() == "debug":
+            return True
+        if token in ("-l=debug", "--log-level=debug"):
+            return True
+        if token == "--":
+            return False
+    return False
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the CLI and return its exit code; errors become one ``llmcheck: error:`` line."""
+    args = expand_multi_value_options(list(sys.argv[1:] if argv is None else argv), MULTI_VALUE_OPTIONS)
+    debug = _wants_debug(args)
+    try:
+        cli.main(args=args, prog_name="llmcheck", standalone_mode=False)
+    except SystemExit as exit_:
+        code = exit_.code
+        return code if isinstance(code, int) else (0 if code is None else 1)
+    except click.exceptions.Abort:
+        click.echo("llmcheck: error: aborted", err=True)
+        return 130
+    except click.ClickException as exc:
+        command = exc.ctx.command_path if getattr(exc, "ctx", None) else "llmcheck"
+        click.echo(f"llmcheck: error: {exc.format_message()} (see '{command} --help')", err=True)
+        return 2 if isinstance(exc, click.UsageError) else 1
+    except LlmcheckError as exc:
+        if debug:
+            traceback.print_exc()
+        click.echo(f"llmcheck: error: {exc.one_line()}", err=True)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        click.echo("llmcheck: error: interrupted", err=True)
+        return 130
+    except Exception as exc:  # a bug in llmcheck: still one line unless debugging
+        if debug:
+            traceback.print_exc()
+        click.echo(f"llmcheck: error: internal error: {type(exc).__name__}: {exc} "
+                   "(rerun with -l debug for the traceback and report it)", err=True)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,221 @@
+"""The plugin manager and the one typed facade through which the core calls hooks.
+
+Plugins are found through the ``llmcheck`` entry-point group -- the built-in ones too, so a
+third-party package joins exactly the way they do. Loading is lazy (on the first call to
+:func:`get_plugins`) and checked (``check_pending`` catches a misspelt hook name).
+
+Environment variables:
+
+* ``LLMCHECK_LOAD_PLUGINS`` -- comma-separated allow-list of plugin names; only these load
+  (an empty value loads none).
+* ``LLMCHECK_DISABLE_PLUGINS`` -- comma-separated block-list.
+* ``LLMCHECK_TRACE_PLUGINS`` -- set to ``1`` to log every hook call and result to stderr.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pluggy
+
+from llmcheck.core import hookspecs
+from llmcheck.core.errors import DumpNotFoundError, PluginError, UsageError
+from llmcheck.core.records import (
+    CaptureBackend,
+    Dump,
+    MetricSpec,
+    Pair,
+    SourceInfo,
+    UserMapping,
+)
+
+ENTRY_POINT_GROUP = "llmcheck"
+
+
+@dataclass(frozen=True)
+class PluginInfo:
+    """What ``llmcheck plugins`` shows of one plugin."""
+
+    name: str
+    distribution: str | None
+    version: str | None
+    hooks: tuple[str, ...]
+
+    def as_json(self) -> dict[str, Any]:
+        """Return the plugin as the JSON object ``llmcheck plugins --json`` prints."""
+        return {"name": self.name, "distribution": self.distribution, "version": self.version,
+                "hooks": list(self.hooks)}
+
+
+def _names_from_env(variable: str) -> set[str] | None:
+    value = os.environ.get(variable)
+    if value is None:
+        return None
+    return {name.strip() for name in value.split(",") if name.strip()}
+
+
+class Plugins:
+    """The typed facade over the pluggy manager: call sites read as plain method calls."""
+
+    def __init__(self, manager: pluggy.PluginManager, infos: dict[str, PluginInfo]) -> None:
+        self.manager = manager
+        self._infos = infos
+        self._backends: dict[str, CaptureBackend] | None = None
+        self._sources: dict[str, SourceInfo] | None = None
+        self._metrics: dict[str, MetricSpec] | None = None
+
+    # --- listing ---
+
+    def infos(self) -> list[PluginInfo]:
+        """Return every loaded plugin with its distribution, version and implemented hooks."""
+        result = []
+        for name, plugin in self.manager.list_name_plugin():
+            if plugin is None or name == "hookspecs":
+                continue
+            hooks = tuple(sorted(impl_name for impl_name in dir(plugin) if impl_name.startswith("llmcheck_")
+                                 and self.manager.parse_hookimpl_opts(plugin, impl_name) is not None))
+            base = self._infos.get(name, PluginInfo(name, None, None, ()))
+            result.append(PluginInfo(base.name, base.distribution, base.version, hooks))
+        return sorted(result, key=lambda info: info.name)
+
+    # --- registries ---
+
+    def capture_backends(self) -> dict[str, CaptureBackend]:
+        """Return every registered dump backend by name."""
+        if self._backends is None:
+            self._backends = self._collect(self.manager.hook.llmcheck_register_capture_backends, "capture backend")
+        return self._backends
+
+    def sources(self) -> dict[str, SourceInfo]:
+        """Return every dump kind a loader answers to, by name."""
+        if self._sources is None:
+            self._sources = self._collect(self.manager.hook.llmcheck_register_sources, "dump source")
+        return self._sources
+
+    def metrics(self) -> dict[str, MetricSpec]:
+        """Return every registered metric by name, in registration order."""
+        if self._metrics is None:
+            self._metrics = self._collect(self.manager.hook.llmcheck_register_metrics, "metric")
+        return self._metrics
+
+    def _collect(self, hook: Any, what: str) -> dict[str, Any]:
+        """Call a registry hook plugin by plugin, so a clash names both plugins."""
+        found: dict[str, Any] = {}
+        owners: dict[str, str] = {}
+        for impl in reversed(hook.get_hookimpls()):  # registration order
+            def register(item: Any, _owner: str = impl.plugin_name) -> None:
+                if item.name in found:
+                    raise PluginError(
+                        f"{what} {item.name!r} is registered by both {owners[item.name]!r} and {_owner!r}",
+                        hint="disable one with LLMCHECK_DISABLE_PLUGINS",
+                    )
+                found[item.name] = item
+                owners[item.name] = _owner
+
+            hook_caller = self.manager.subset_hook_caller(hook.name, remove_plugins=[
+                other.plugin for other in hook.get_hookimpls() if other is not impl])
+            hook_caller(register=register)
+        return found
+
+    # --- resolvers ---
+
+    def load_tensors(self, path: Path, source: str | None = None) -> Dump:
+        """Return the dump at ``path`` as read by the first plugin that claims it."""
+        path = Path(path)
+        if source is not None and source not in self.sources():
+            known = ", ".join(sorted(self.sources())) or "none"
+            raise UsageError(f"unknown dump source {source!r}", where=path, hint=f"known sources: {known}")
+        if not path.exists():
+            raise DumpNotFoundError("no such file or directory", where=path)
+        dump = self.manager.hook.llmcheck_load_tensors(path=path, source=source)
+        if dump is None:
+            known = ", ".join(sorted(self.sources())) or "none"
+            what = f"not a {source} dump" if source else "no plugin recognises this as a dump"
+            raise DumpNotFoundError(what, where=path, hint=f"known sources: {known}; force one with --golden-source/--my-source")
+        return dump
+
+    def map_pairs(self, golden: Dump, my: Dump, user_mapping: UserMapping | None) -> list[Pair]:
+        """Return every pair proposed by every plugin (the core resolves competing proposals)."""
+        proposals: list[Pair] = []
+        for pairs in self.manager.hook.llmcheck_map_pairs(golden=golden, my=my, user_mapping=user_mapping):
+            if pairs:
+                proposals.extend(pairs)
+        return proposals
+
+    def export_onnx(self, topology_path: Path, level: int, output_path: Path | None) -> Path:
+        """Return the ONNX file written from a topology file by the first plugin that claims it."""
+        topology_path = Path(topology_path)
+        if not topology_path.is_file():
+            raise DumpNotFoundError("no such topology file", where=topology_path)
+        written = self.manager.hook.llmcheck_export_onnx(topology_path=topology_path, level=level,
+                                                         output_path=output_path)
+        if written is None:
+            raise DumpNotFoundError("no plugin recognises this topology file", where=topology_path,
+                                    hint="llmcheck export onnx reads ATB layer/model topology JSON")
+        return Path(written)
+
+
+def _trace_to_stderr(manager: pluggy.PluginManager) -> None:
+    def before(hook_name: str, hook_impls: Any, kwargs: dict[str, Any]) -> None:
+        names = [impl.plugin_name for impl in hook_impls]
+        print(f"llmcheck: trace: {hook_name}({', '.join(kwargs)}) -> {names}", file=sys.stderr)
+
+    def after(outcome: Any, hook_name: str, hook_impls: Any, kwargs: dict[str, Any]) -> None:
+        exception = outcome.exception
+        shown = f"raised {exception!r}" if exception else f"returned {type(outcome.get_result()).__name__}"
+        print(f"llmcheck: trace: {hook_name} {shown}", file=sys.stderr)
+
+    manager.add_hookcall_monitoring(before, after)
+
+
+def build_plugins(extra_plugins: list[ModuleType | object] | None = None) -> Plugins:
+    """Return a fresh facade with every allowed entry-point plugin (and ``extra_plugins``) loaded."""
+    manager = pluggy.PluginManager(hookspecs.PROJECT_NAME)
+    manager.add_hookspecs(hookspecs)
+    allow = _names_from_env("LLMCHECK_LOAD_PLUGINS")
+    block = _names_from_env("LLMCHECK_DISABLE_PLUGINS") or set()
+    infos: dict[str, PluginInfo] = {}
+    for entry_point in metadata.entry_points(group=ENTRY_POINT_GROUP):
+        name = entry_point.name
+        if (allow is not None and name not in allow) or name in block or manager.has_plugin(name):
+            continue
+        try:
+            plugin = entry_point.load()
+        except Exception as exc:  # a broken third-party plugin must not take the tool down silently
+            raise PluginError(f"plugin {name!r} failed to import: {exc}", where=entry_point.value,
+                              hint=f"uninstall it or set LLMCHECK_DISABLE_PLUGINS={name}") from exc
+        manager.register(plugin, name=name)
+        dist = entry_point.dist
+        infos[name] = PluginInfo(name, dist.name if dist else None, dist.version if dist else None, ())
+    for plugin in extra_plugins or []:
+        manager.register(plugin)
+    try:
+        manager.check_pending()
+    except pluggy.PluginValidationError as exc:
+        raise PluginError(f"plugin {exc.plugin!r} implements a hook that does not exist: {exc}") from exc
+    if os.environ.get("LLMCHECK_TRACE_PLUGINS", "") not in ("", "0"):
+        _trace_to_stderr(manager)
+    return Plugins(manager, infos)
+
+
+_plugins: Plugins | None = None
+
+
+def get_plugins() -> Plugins:
+    """Return the process-wide facade, loading plugins on first use."""
+    global _plugins
+    if _plugins is None:
+        _plugins = build_plugins()
+    return _plugins
+
+
+def reset_plugins() -> None:
+    """Forget the loaded plugins so the next :func:`get_plugins` loads them anew (tests, env changes)."""
+    global _plugins
+    _plugins = None

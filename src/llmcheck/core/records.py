@@ -1,0 +1,339 @@
+"""The nouns every plugin speaks: records of tensors, dumps, pairs, metrics, capture requests.
+
+Plugins exchange only these. Nothing here imports torch: dtypes are the canonical torch
+dtype names as strings (``"float32"``, ``"bfloat16"``, ``"float8_e4m3fn"``), so a loader
+can describe a dump without paying for a torch import, and the data itself is reached
+through a :class:`TensorData` handle only when a pair is measured.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Protocol, Sequence
+
+if TYPE_CHECKING:  # pragma: no cover
+    import numpy as np
+    import torch
+
+#: Where a tensor sits relative to the call that saw it.
+IO_INPUT = "input"
+IO_OUTPUT = "output"
+IO_KINDS = (IO_INPUT, IO_OUTPUT)
+
+#: When the tensor was saved: before the call ran (inputs as they were before an in-place op) or after.
+MOMENT_BEFORE = "before"
+MOMENT_AFTER = "after"
+
+#: Bytes per element of every dtype name llmcheck understands (torch's names).
+DTYPE_ITEMSIZE: dict[str, int] = {
+    "float64": 8, "float32": 4, "float16": 2, "bfloat16": 2,
+    "float8_e4m3fn": 1, "float8_e5m2": 1, "float8_e4m3fnuz": 1, "float8_e5m2fnuz": 1, "float8_e8m0fnu": 1,
+    "int64": 8, "int32": 4, "int16": 2, "int8": 1,
+    "uint64": 8, "uint32": 4, "uint16": 2, "uint8": 1,
+    "bool": 1, "complex64": 8, "complex128": 16, "complex32": 4,
+}
+
+FLOAT_DTYPES = frozenset(
+    {"float64", "float32", "float16", "bfloat16",
+     "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz", "float8_e8m0fnu"}
+)
+
+
+def dtype_class(dtype: str) -> str:
+    """Return the threshold class of a dtype name: fp64, fp32, fp16, bf16, fp8, int, bool or complex."""
+    if dtype.startswith("float8"):
+        return "fp8"
+    return {
+        "float64": "fp64", "float32": "fp32", "float16": "fp16", "bfloat16": "bf16", "bool": "bool",
+    }.get(dtype, "complex" if dtype.startswith("complex") else "int")
+
+
+@dataclass(frozen=True, slots=True)
+class RecordKey:
+    """Where in the model a tensor came from; equal keys in two runs name the same tensor.
+
+    ``name`` is the module path (``model.layers.3.mlp``), the op id (``3_1``) or the graph
+    node name; ``call_index`` counts calls of that name within one step (a module run twice
+    in one forward gets 0 and 1, never an overwrite); ``step`` is the forward/token index;
+    ``position`` is the tensor's path inside the call's inputs or outputs (``"0"``,
+    ``"1.0"``, ``"last_hidden_state"``).
+    """
+
+    name: str
+    io: str = IO_OUTPUT
+    position: str = "0"
+    step: int = 0
+    call_index: int = 0
+    moment: str = MOMENT_AFTER
+
+    def label(self) -> str:
+        """Return a short human label, e.g. ``model.layers.3.mlp[1] step 0 output.0``."""
+        call = f"[{self.call_index}]" if self.call_index else ""
+        moment = " (before)" if self.moment == MOMENT_BEFORE else ""
+        return f"{self.name}{call} step {self.step} {self.io}.{self.position}{moment}"
+
+
+@dataclass(frozen=True, slots=True)
+class TensorStats:
+    """Cheap statistics of a tensor, computed at capture time or read from the dump.
+
+    Values are ``None`` when undefined (an empty tensor) or not recorded by the source.
+    ``min``/``max``/``mean``/``l2norm`` are over the finite elements.
+    """
+
+    min: float | None = None
+    max: float | None = None
+    mean: float | None = None
+    l2norm: float | None = None
+    nan_count: int | None = None
+    inf_count: int | None = None
+
+    def as_json(self) -> dict[str, float | int | None]:
+        """Return a JSON-safe dict (NaN and infinities become strings JSON can carry)."""
+        return {k: _json_number(getattr(self, k)) for k in self.__slots__}
+
+    @classmethod
+    def from_json(cls, values: Mapping[str, Any]) -> "TensorStats":
+        """Build statistics from :meth:`as_json` output (unknown keys ignored)."""
+        return cls(**{k: _number_from_json(values.get(k)) for k in cls.__slots__})
+
+
+def _json_number(value: float | int | None) -> float | int | str | None:
+    if isinstance(value, float) and not math.isfinite(value):
+        return repr(value)  # 'nan', 'inf', '-inf'
+    return value
+
+
+def _number_from_json(value: Any) -> float | int | None:
+    if isinstance(value, str):
+        return float(value)
+    return value
+
+
+class TensorLoader(Protocol):
+    """Returns a record's tensor in its exact dtype; used when the bytes are not a plain range."""
+
+    def __call__(self) -> "torch.Tensor": ...
+
+
+@dataclass(frozen=True, slots=True)
+class TensorData:
+    """A lazy handle to a record's data: a byte range in a file, or a loader function.
+
+    Most dump formats keep a tensor as plain little-endian bytes somewhere in a file
+    (safetensors, ATB ``.bin``, ``.npy``, GE dump payloads), so a byte range lets the core
+    memory-map and stream any of them in chunks. Formats that need decoding (FRACTAL_NZ
+    layout, pickled ``.pt``) give a ``loader`` instead.
+    """
+
+    dtype: str
+    shape: tuple[int, ...]
+    path: Path | None = None
+    offset: int = 0
+    nbytes: int = 0
+    loader: TensorLoader | None = None
+
+    def __post_init__(self) -> None:
+        if self.loader is None and self.path is None:
+            raise ValueError("TensorData needs a path (byte range) or a loader")
+
+    @property
+    def numel(self) -> int:
+        """Return the number of elements the shape holds."""
+        return math.prod(self.shape)
+
+    def load(self) -> "torch.Tensor":
+        """Return the tensor in its exact dtype and shape (memory-mapped for byte ranges)."""
+        if self.loader is not None:
+            return self.loader()
+        from llmcheck.core.tensor_io import tensor_from_byte_range
+
+        return tensor_from_byte_range(self.path, self.offset, self.nbytes, self.dtype, self.shape)
+
+
+@dataclass(frozen=True, slots=True)
+class TensorRecord:
+    """One tensor seen in one run: its key, its description, its statistics and lazy data.
+
+    ``order`` is the execution order within the run (records are compared and the first
+    divergence named in this order). ``parent`` is the enclosing module path or op id in
+    the topology, ``op_type`` the module class, ATen overload or accelerator op type.
+    ``source_path`` is where a user finds the tensor on disk (shown in reports).
+    ``attrs`` carries source-specific facts (op parameters, recorded call arguments).
+    """
+
+    key: RecordKey
+    dtype: str
+    shape: tuple[int, ...]
+    order: int
+    device: str = "cpu"
+    rank: int = 0
+    op_type: str | None = None
+    parent: str | None = None
+    stats: TensorStats | None = None
+    data: TensorData | None = None
+    source_path: str = ""
+    attrs: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def numel(self) -> int:
+        """Return the number of elements of the tensor."""
+        return math.prod(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        """Return the tensor's size in bytes in its own dtype."""
+        return self.numel * DTYPE_ITEMSIZE.get(self.dtype, 0)
+
+    def with_changes(self, **changes: Any) -> "TensorRecord":
+        """Return a copy with the given fields replaced."""
+        return replace(self, **changes)
+
+
+@dataclass(frozen=True, slots=True)
+class TopologyNode:
+    """One node of a run's module or operator tree: name, type, children, tensors it reads and writes."""
+
+    name: str
+    op_type: str
+    children: tuple["TopologyNode", ...] = ()
+    inputs: tuple[str, ...] = ()
+    outputs: tuple[str, ...] = ()
+    attrs: Mapping[str, Any] = field(default_factory=dict)
+
+    def walk(self) -> Iterator["TopologyNode"]:
+        """Yield this node and its descendants depth first, in child order."""
+        yield self
+        for child in self.children:
+            yield from child.walk()
+
+
+@dataclass(slots=True)
+class Dump:
+    """A loaded run: which source read it, its root, its records in execution order, its topology.
+
+    ``cut`` is set when the dump ends early (a writer killed mid-run): it says what was lost.
+    """
+
+    source: str
+    root: Path
+    records: list[TensorRecord]
+    topology: TopologyNode | None = None
+    manifest: Mapping[str, Any] = field(default_factory=dict)
+    cut: str | None = None
+
+    def by_key(self) -> dict[RecordKey, TensorRecord]:
+        """Return the records indexed by key (the last record wins on a duplicate key)."""
+        return {record.key: record for record in self.records}
+
+
+@dataclass(frozen=True, slots=True)
+class SourceInfo:
+    """A kind of dump a plugin can read, named for ``--golden-source`` / ``--my-source``."""
+
+    name: str
+    description: str
+
+
+@dataclass(frozen=True, slots=True)
+class Pair:
+    """A golden record matched to a my record, with the rule that matched them.
+
+    Either side may be ``None`` for a record the pairing left unmatched; ``note`` says why
+    (for example ``"Cast op inserted by the graph compiler, no FX counterpart"``).
+    ``priority`` orders competing proposals: the core keeps the highest-priority pair for
+    each record (user mapping 100, source-specific rules 50, exact key 20, sequence 0).
+    """
+
+    golden: TensorRecord | None
+    my: TensorRecord | None
+    rule: str
+    priority: int = 20
+    note: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class UserMapping:
+    """The user's ``--mapping`` file: golden name patterns to my name patterns, in file order."""
+
+    path: Path
+    entries: tuple[tuple[str, str], ...]
+
+
+VERDICT_PASS = "pass"
+VERDICT_WARN = "warn"
+VERDICT_FAIL = "fail"
+VERDICT_ERROR = "error"  # no metric could be computed: shape mismatch, unreadable data
+
+
+class MetricAccumulator(Protocol):
+    """Streams one pair through a metric chunk by chunk, so no full float64 copy is ever made."""
+
+    def update(self, golden: "np.ndarray", my: "np.ndarray") -> None:
+        """Fold in one chunk of both tensors, flattened, as float64 arrays of equal length."""
+
+    def result(self) -> float:
+        """Return the metric's value over every chunk seen."""
+
+
+@dataclass(frozen=True, slots=True)
+class MetricSpec:
+    """A named measure of one pair, its direction and its default thresholds per dtype class.
+
+    ``thresholds`` maps a dtype class (see :func:`dtype_class`; ``"default"`` as fallback)
+    to ``(warn, fail)``: a value worse than ``warn`` is a warning, worse than ``fail`` a
+    failure; "worse" means lower when ``higher_is_better``. A metric without thresholds
+    is reported but never decides a verdict.
+    """
+
+    name: str
+    description: str
+    higher_is_better: bool
+    make_accumulator: Callable[[], MetricAccumulator]
+    thresholds: Mapping[str, tuple[float, float]] = field(default_factory=dict)
+
+    def thresholds_for(self, dtype: str) -> tuple[float, float] | None:
+        """Return ``(warn, fail)`` for a dtype name, or ``None`` if this metric never judges it."""
+        return self.thresholds.get(dtype_class(dtype), self.thresholds.get("default"))
+
+
+@dataclass(frozen=True, slots=True)
+class MetricResult:
+    """One metric's value for one pair, with the thresholds it was judged against."""
+
+    name: str
+    value: float
+    verdict: str = VERDICT_PASS
+    warn_threshold: float | None = None
+    fail_threshold: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class CaptureRequest:
+    """What ``llmcheck dump`` asks a capture backend to do.
+
+    ``command`` is the user's program as an argv list (never a shell string).
+    ``options`` holds the seed flags by their long names (``type``, ``only_save_desc``,
+    ``save_operation_ids``, ``execute_range``, ``save_operation_child``, ``save_time``,
+    ``operation_name``, ``save_tiling``, ``save_tensor_part``, ``device_id``, ...), already
+    parsed; a backend reads the ones it honours and rejects, with a :class:`UsageError`,
+    the ones it cannot.
+    """
+
+    backend: str
+    command: Sequence[str]
+    output_dir: Path
+    options: Mapping[str, Any] = field(default_factory=dict)
+    log_level: str = "info"
+
+
+class CaptureBackend(Protocol):
+    """A way of recording a run, named for ``llmcheck dump --backend NAME``."""
+
+    name: str
+    description: str
+
+    def run(self, request: CaptureRequest) -> int:
+        """Run the user's command with capture on and return its exit code."""

@@ -1,0 +1,460 @@
+"""llmcheck's own dump format: a directory any tool can read, written at disk speed, crash-consistent.
+
+Layout of one dump (see ``docs/dump-format.md``)::
+
+    llmcheck_dump_{YYYYmmdd_HHMMSS}_{pid}[_{suffix}]/
+        manifest.json          format version, backend, torch version, command line, config, times, rank
+        index.jsonl            one JSON object per record, appended batch by batch
+        shard_00000.safetensors  tensor data, one shard per batch, closed at a size bound
+
+Why this shape: safetensors and JSON Lines are open and memory-mappable; shards written in
+one sequential pass make the dump run near disk speed; and the write order -- shard to a
+temporary name, rename, *then* append the index lines that point into it -- means a writer
+killed at any instant leaves a dump whose index only names complete shards. The reader
+returns every record flushed before a kill and reports the cut instead of failing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Iterable, Mapping
+
+from llmcheck.core.errors import DumpFormatError, DumpNotFoundError, LlmcheckError
+from llmcheck.core.records import (
+    DTYPE_ITEMSIZE,
+    Dump,
+    RecordKey,
+    TensorData,
+    TensorRecord,
+    TensorStats,
+    TopologyNode,
+)
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
+FORMAT_NAME = "llmcheck-dump"
+FORMAT_VERSION = 1
+MANIFEST_NAME = "manifest.json"
+INDEX_NAME = "index.jsonl"
+TOPOLOGY_NAME = "topology.json"
+DUMP_DIR_PREFIX = "llmcheck_dump_"
+DEFAULT_SHARD_BYTES = 256 * 1024 * 1024
+#: A batch of statistics-only records is flushed after this many records, bounding what a kill loses.
+MAX_RECORDS_PER_BATCH = 4096
+
+#: safetensors dtype codes; dtypes missing here are stored as raw ``U8`` bytes (true dtype in the index).
+SAFETENSORS_DTYPE: dict[str, str] = {
+    "float64": "F64", "float32": "F32", "float16": "F16", "bfloat16": "BF16",
+    "int64": "I64", "int32": "I32", "int16": "I16", "int8": "I8",
+    "uint64": "U64", "uint32": "U32", "uint16": "U16", "uint8": "U8", "bool": "BOOL",
+    "float8_e4m3fn": "F8_E4M3", "float8_e5m2": "F8_E5M2",
+    "float8_e4m3fnuz": "F8_E4M3FNUZ", "float8_e5m2fnuz": "F8_E5M2FNUZ", "complex64": "C64",
+}
+
+
+# --- record <-> JSON --------------------------------------------------------------------
+
+
+def record_to_json(record: TensorRecord) -> dict[str, Any]:
+    """Return a record as one index line's JSON object (data location excluded)."""
+    key = record.key
+    line: dict[str, Any] = {
+        "name": key.name, "io": key.io, "position": key.position, "step": key.step,
+        "call_index": key.call_index, "moment": key.moment,
+        "dtype": record.dtype, "shape": list(record.shape), "order": record.order,
+        "device": record.device, "rank": record.rank,
+    }
+    if record.op_type is not None:
+        line["op_type"] = record.op_type
+    if record.parent is not None:
+        line["parent"] = record.parent
+    if record.stats is not None:
+        line["stats"] = record.stats.as_json()
+    if record.attrs:
+        line["attrs"] = dict(record.attrs)
+    return line
+
+
+def record_from_json(line: Mapping[str, Any], data: TensorData | None, source_path: str) -> TensorRecord:
+    """Build a record from an index line and its data handle."""
+    key = RecordKey(
+        name=line["name"], io=line.get("io", "output"), position=str(line.get("position", "0")),
+        step=int(line.get("step", 0)), call_index=int(line.get("call_index", 0)),
+        moment=line.get("moment", "after"),
+    )
+    stats = TensorStats.from_json(line["stats"]) if "stats" in line else None
+    return TensorRecord(
+        key=key, dtype=line["dtype"], shape=tuple(line["shape"]), order=int(line["order"]),
+        device=line.get("device", "cpu"), rank=int(line.get("rank", 0)), op_type=line.get("op_type"),
+        parent=line.get("parent"), stats=stats, data=data, source_path=source_path,
+        attrs=line.get("attrs", {}),
+    )
+
+
+def topology_to_json(node: TopologyNode) -> dict[str, Any]:
+    """Return a topology tree as nested JSON (``name``, ``type``, ``children``, ...)."""
+    out: dict[str, Any] = {"name": node.name, "type": node.op_type}
+    if node.inputs:
+        out["inputs"] = list(node.inputs)
+    if node.outputs:
+        out["outputs"] = list(node.outputs)
+    if node.attrs:
+        out["attrs"] = dict(node.attrs)
+    out["children"] = [topology_to_json(child) for child in node.children]
+    return out
+
+
+def topology_from_json(tree: Mapping[str, Any]) -> TopologyNode:
+    """Build a topology tree from :func:`topology_to_json` output."""
+    return TopologyNode(
+        name=tree["name"], op_type=tree.get("type", ""),
+        children=tuple(topology_from_json(child) for child in tree.get("children", [])),
+        inputs=tuple(tree.get("inputs", ())), outputs=tuple(tree.get("outputs", ())),
+        attrs=tree.get("attrs", {}),
+    )
+
+
+# --- writer -----------------------------------------------------------------------------
+
+
+def new_dump_dir(output_dir: Path, suffix: str = "") -> Path:
+    """Create and return a fresh ``llmcheck_dump_{timestamp}_{pid}[_suffix]`` folder; never reuse one."""
+    output_dir = Path(output_dir)
+    try:
+        output_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise LlmcheckError(f"cannot create the output folder: {exc.strerror}", where=output_dir) from exc
+    stamp = time.strftime("%Y%m%d_%H%M%S")
+    base = f"{DUMP_DIR_PREFIX}{stamp}_{os.getpid()}" + (f"_{suffix}" if suffix else "")
+    for attempt in range(1000):
+        candidate = output_dir / (base if attempt == 0 else f"{base}.{attempt}")
+        try:
+            candidate.mkdir()
+            return candidate
+        except FileExistsError:
+            continue
+    raise LlmcheckError("could not find a free dump folder name", where=output_dir)
+
+
+def _atomic_write_json(path: Path, value: Any) -> None:
+    temporary = path.with_name(path.name + ".tmp")
+    temporary.write_text(json.dumps(value, indent=2, sort_keys=False) + "\n")
+    os.replace(temporary, path)
+
+
+@dataclass
+class _Batch:
+    """Records waiting to be written, with the CPU tensors of those that carry data."""
+
+    records: list[TensorRecord] = field(default_factory=list)
+    tensors: list["torch.Tensor | None"] = field(default_factory=list)
+    tensor_bytes: int = 0
+
+
+class DumpWriter:
+    """Writes one dump: records are batched, each batch written as one shard then indexed.
+
+    ``add`` takes ownership of the tensor it is given (the caller passes a copy, so later
+    in-place ops cannot change what is saved). Shards are written by a background thread;
+    at most two batches are held in memory, so memory stays near ``2 * shard_bytes``.
+    """
+
+    def __init__(
+        self,
+        output_dir: Path,
+        backend: str,
+        *,
+        config: Mapping[str, Any] | None = None,
+        command_line: list[str] | None = None,
+        rank: int = 0,
+        device: str = "cpu",
+        dir_suffix: str = "",
+        shard_bytes: int = DEFAULT_SHARD_BYTES,
+        background: bool = True,
+    ) -> None:
+        import sys
+
+        self.path = new_dump_dir(Path(output_dir), dir_suffix)
+        self.shard_bytes = shard_bytes
+        self.records_written = 0
+        self.bytes_written = 0
+        self._batch = _Batch()
+        self._shard_count = 0
+        self._closed = False
+        self._error: BaseException | None = None
+        torch_version = None
+        if "torch" in sys.modules:
+            torch_version = sys.modules["torch"].__version__
+        self.manifest: dict[str, Any] = {
+            "format": FORMAT_NAME, "format_version": FORMAT_VERSION, "backend": backend,
+            "torch_version": torch_version, "command_line": command_line if command_line is not None else sys.argv,
+            "config": dict(config or {}), "start_time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "rank": rank, "device": device, "pid": os.getpid(),
+        }
+        _atomic_write_json(self.path / MANIFEST_NAME, self.manifest)
+        self._index = open(self.path / INDEX_NAME, "a", encoding="utf-8")
+        self._queue: queue.Queue[_Batch | None] | None = None
+        self._thread: threading.Thread | None = None
+        if background:
+            self._queue = queue.Queue(maxsize=1)
+            self._thread = threading.Thread(target=self._drain, name="llmcheck-dump-writer", daemon=True)
+            self._thread.start()
+
+    def __enter__(self) -> "DumpWriter":
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def add(self, record: TensorRecord, tensor: "torch.Tensor | None" = None) -> None:
+        """Queue one record; ``tensor`` (a CPU tensor, owned from now on) is its data or ``None``."""
+        self._raise_writer_error()
+        if self._closed:
+            raise LlmcheckError("the dump is closed", where=self.path)
+        if tensor is not None and tensor.device.type != "cpu":
+            raise ValueError("DumpWriter.add needs a CPU tensor; copy it off the device first")
+        self._batch.records.append(record)
+        self._batch.tensors.append(tensor)
+        if tensor is not None:
+            self._batch.tensor_bytes += tensor.numel() * tensor.element_size()
+        if self._batch.tensor_bytes >= self.shard_bytes or len(self._batch.records) >= MAX_RECORDS_PER_BATCH:
+            self.flush()
+
+    def write_topology(self, topology: TopologyNode) -> None:
+        """Write the run's module/op tree once, as ``topology.json``."""
+        _atomic_write_json(self.path / TOPOLOGY_NAME, topology_to_json(topology))
+
+    def flush(self) -> None:
+        """Hand the current batch to the writer (a capture calls this at the end of each step)."""
+        batch, self._batch = self._batch, _Batch()
+        if not batch.records:
+            return
+        if self._queue is None:
+            self._write_batch(batch)
+        else:
+            self._queue.put(batch)
+        self._raise_writer_error()
+
+    def close(self) -> None:
+        """Write everything still pending, stop the writer thread and mark the dump complete."""
+        if self._closed:
+            return
+        self.flush()
+        self._closed = True
+        if self._queue is not None and self._thread is not None:
+            self._queue.put(None)
+            self._thread.join()
+        self._index.close()
+        self._raise_writer_error()
+        self.manifest["end_time"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+        self.manifest["records"] = self.records_written
+        self.manifest["shards"] = self._shard_count
+        self.manifest["tensor_bytes"] = self.bytes_written
+        _atomic_write_json(self.path / MANIFEST_NAME, self.manifest)
+
+    def _raise_writer_error(self) -> None:
+        if self._error is not None:
+            error, self._error = self._error, None
+            if isinstance(error, LlmcheckError):
+                raise error
+            raise LlmcheckError(f"writing the dump failed: {error}", where=self.path) from error
+
+    def _drain(self) -> None:
+        assert self._queue is not None
+        while True:
+            batch = self._queue.get()
+            if batch is None:
+                return
+            if self._error is None:
+                try:
+                    self._write_batch(batch)
+                except BaseException as exc:  # reported to the capturing thread on its next call
+                    self._error = exc
+
+    def _write_batch(self, batch: _Batch) -> None:
+        shard_name = None
+        entries: list[tuple[int, str]] = []
+        if batch.tensor_bytes or any(t is not None for t in batch.tensors):
+            shard_name = f"shard_{self._shard_count:05d}.safetensors"
+            self._shard_count += 1
+            entries = self._write_shard(shard_name, batch)
+        tensor_names = dict(entries)
+        lines = []
+        for position, record in enumerate(batch.records):
+            line = record_to_json(record)
+            if position in tensor_names:
+                line["shard"] = shard_name
+                line["tensor"] = tensor_names[position]
+            lines.append(json.dumps(line, separators=(",", ":")) + "\n")
+        # The shard is complete and renamed before any line that points into it exists.
+        self._index.write("".join(lines))
+        self._index.flush()
+        self.records_written += len(lines)
+
+    def _write_shard(self, shard_name: str, batch: _Batch) -> list[tuple[int, str]]:
+        from llmcheck.core.tensor_io import dtype_name, tensor_bytes
+
+        # Largest item size first: every tensor then starts at an offset aligned to its item size.
+        order = sorted(
+            (i for i, t in enumerate(batch.tensors) if t is not None),
+            key=lambda i: -batch.tensors[i].element_size(),  # type: ignore[union-attr]
+        )
+        header: dict[str, Any] = {}
+        true_dtypes: dict[str, str] = {}
+        offset = 0
+        names: list[tuple[int, str]] = []
+        for i in order:
+            tensor = batch.tensors[i]
+            assert tensor is not None
+            name = f"t{self.records_written + i}"
+            dtype = dtype_name(tensor.dtype)
+            nbytes = tensor.numel() * tensor.element_size()
+            code = SAFETENSORS_DTYPE.get(dtype)
+            shape = list(tensor.shape)
+            if code is None:  # a dtype safetensors cannot name: raw bytes, true dtype kept in metadata
+                code, shape = "U8", [nbytes]
+                true_dtypes[name] = dtype
+            header[name] = {"dtype": code, "shape": shape, "data_offsets": [offset, offset + nbytes]}
+            offset += nbytes
+            names.append((i, name))
+        if true_dtypes:
+            header["__metadata__"] = {"llmcheck_raw_dtypes": json.dumps(true_dtypes)}
+        header_bytes = json.dumps(header, separators=(",", ":")).encode()
+        header_bytes += b" " * (-len(header_bytes) % 8)
+        final_path = self.path / shard_name
+        temporary = final_path.with_name(shard_name + ".tmp")
+        with open(temporary, "wb", buffering=0) as shard:
+            shard.write(len(header_bytes).to_bytes(8, "little") + header_bytes)
+            for i in order:
+                shard.write(tensor_bytes(batch.tensors[i]))  # type: ignore[arg-type]
+        os.replace(temporary, final_path)
+        self.bytes_written += offset
+        return names
+
+
+# --- reader -----------------------------------------------------------------------------
+
+
+def is_dump_dir(path: Path) -> bool:
+    """Return whether ``path`` is an llmcheck dump folder (it holds a manifest of this format)."""
+    manifest = Path(path) / MANIFEST_NAME
+    if not manifest.is_file():
+        return False
+    try:
+        return json.loads(manifest.read_text()).get("format") == FORMAT_NAME
+    except (OSError, ValueError):
+        return False
+
+
+def find_dumps(path: Path) -> list[Path]:
+    """Return the dump folders at ``path``: itself, or its direct children that are dumps."""
+    path = Path(path)
+    if is_dump_dir(path):
+        return [path]
+    if path.is_file() and path.name in (MANIFEST_NAME, INDEX_NAME) and is_dump_dir(path.parent):
+        return [path.parent]
+    if not path.is_dir():
+        return []
+    return sorted(child for child in path.iterdir() if child.is_dir() and is_dump_dir(child))
+
+
+def _read_shard_header(shard: Path) -> tuple[dict[str, Any], int]:
+    """Return a shard's safetensors header and the byte offset where its data starts."""
+    try:
+        with open(shard, "rb") as handle:
+            size_bytes = handle.read(8)
+            if len(size_bytes) < 8:
+                raise DumpFormatError("shard is shorter than its 8-byte header length", where=shard, offset=0)
+            header_size = int.from_bytes(size_bytes, "little")
+            file_size = os.fstat(handle.fileno()).st_size
+            if header_size > file_size - 8:
+                raise DumpFormatError(f"header length {header_size} exceeds the file", where=shard, offset=0)
+            header = json.loads(handle.read(header_size))
+    except FileNotFoundError as exc:
+        raise DumpFormatError("shard named by the index is missing", where=shard) from exc
+    except ValueError as exc:
+        raise DumpFormatError(f"shard header is not JSON: {exc}", where=shard, offset=8) from exc
+    return header, 8 + header_size
+
+
+def read_dump(path: Path) -> Dump:
+    """Return the records of one llmcheck dump folder, reporting (not failing on) a cut-short dump."""
+    root = Path(path)
+    try:
+        manifest = json.loads((root / MANIFEST_NAME).read_text())
+    except FileNotFoundError as exc:
+        raise DumpNotFoundError("not an llmcheck dump (no manifest.json)", where=root) from exc
+    except ValueError as exc:
+        raise DumpFormatError(f"manifest.json is not JSON: {exc}", where=root / MANIFEST_NAME) from exc
+    if manifest.get("format_version", 0) > FORMAT_VERSION:
+        raise DumpFormatError(f"dump format version {manifest.get('format_version')} is newer than this llmcheck "
+                              f"reads ({FORMAT_VERSION})", where=root, hint="upgrade llmcheck")
+    index_path = root / INDEX_NAME
+    records: list[TensorRecord] = []
+    cuts: list[str] = []
+    headers: dict[str, tuple[dict[str, Any], int]] = {}
+    try:
+        raw = index_path.read_bytes()
+    except FileNotFoundError as exc:
+        raise DumpFormatError("index.jsonl is missing", where=index_path) from exc
+    offset = 0
+    for line_number, raw_line in enumerate(raw.splitlines(keepends=True), start=1):
+        line_start, offset = offset, offset + len(raw_line)
+        if not raw_line.endswith(b"\n"):
+            cuts.append(f"index.jsonl ends in a partial line at byte {line_start}")
+            break
+        try:
+            line = json.loads(raw_line)
+        except ValueError as exc:
+            raise DumpFormatError(f"line {line_number} is not JSON: {exc}", where=index_path, offset=line_start) from exc
+        data = None
+        if "shard" in line:
+            shard_name = line["shard"]
+            shard = (root / shard_name).resolve()
+            if shard.parent != root.resolve():
+                raise DumpFormatError(f"line {line_number} names a shard outside the dump: {shard_name!r}",
+                                      where=index_path, offset=line_start)
+            if shard_name not in headers:
+                headers[shard_name] = _read_shard_header(shard)
+            header, data_start = headers[shard_name]
+            entry = header.get(line["tensor"])
+            if entry is None:
+                raise DumpFormatError(f"tensor {line['tensor']!r} of line {line_number} is not in the shard",
+                                      where=shard)
+            begin, end = entry["data_offsets"]
+            expected = DTYPE_ITEMSIZE.get(line["dtype"], 0) * _numel(line["shape"])
+            if end - begin != expected:
+                raise DumpFormatError(f"tensor {line['tensor']!r} holds {end - begin} bytes, its dtype and shape "
+                                      f"need {expected}", where=shard, offset=data_start + begin)
+            data = TensorData(dtype=line["dtype"], shape=tuple(line["shape"]), path=shard,
+                              offset=data_start + begin, nbytes=end - begin)
+        records.append(record_from_json(line, data, f"{root.name}/{line.get('shard', INDEX_NAME)}:{line.get('tensor', line['name'])}"))
+    for leftover in sorted(root.glob("shard_*.safetensors.tmp")):
+        cuts.append(f"unfinished shard {leftover.name} was discarded")
+    if "end_time" not in manifest:
+        cuts.append("the writer did not close the dump (killed or still running)")
+    topology = None
+    if (root / TOPOLOGY_NAME).is_file():
+        try:
+            topology = topology_from_json(json.loads((root / TOPOLOGY_NAME).read_text()))
+        except (ValueError, KeyError) as exc:
+            raise DumpFormatError(f"topology.json is malformed: {exc}", where=root / TOPOLOGY_NAME) from exc
+    records.sort(key=lambda record: record.order)
+    cut = None
+    if cuts:
+        cut = "; ".join(cuts) + f"; {len(records)} records were flushed before the cut"
+    return Dump(source="llmcheck", root=root, records=records, topology=topology, manifest=manifest, cut=cut)
+
+
+def _numel(shape: Iterable[int]) -> int:
+    count = 1
+    for size in shape:
+        count *= int(size)
+    return count

@@ -1,0 +1,183 @@
+"""llmcheck's own dump format: exact round trips, crash consistency, never overwriting."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from llmcheck.core.errors import DumpFormatError
+from llmcheck.core.records import RecordKey, TensorRecord, TensorStats
+from llmcheck.core.statistics import tensor_stats
+from llmcheck.core.store import DumpWriter, find_dumps, read_dump
+from llmcheck.core.tensor_io import all_torch_dtype_names, dtype_name
+
+
+def _random_tensor(dtype: torch.dtype, shape: tuple[int, ...], seed: int) -> torch.Tensor:
+    """Random bits of any dtype: fills the raw bytes so every bit pattern (NaN payloads too) is exercised."""
+    generator = torch.Generator().manual_seed(seed)
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    numel = 1
+    for size in shape:
+        numel *= size
+    raw = torch.randint(0, 256, (numel * itemsize,), dtype=torch.uint8, generator=generator)
+    if dtype == torch.bool:
+        return (raw % 2).bool().reshape(shape)
+    return raw.view(dtype).reshape(shape)
+
+
+def _record(name: str, tensor: torch.Tensor, order: int, **key: object) -> TensorRecord:
+    return TensorRecord(key=RecordKey(name=name, **key), dtype=dtype_name(tensor.dtype), shape=tuple(tensor.shape),
+                        order=order, op_type="Test", stats=None)
+
+
+@pytest.mark.parametrize("dtype_text", all_torch_dtype_names())
+def test_store_round_trips_every_dtype_bit_exactly(tmp_path: Path, dtype_text: str) -> None:
+    dtype = getattr(torch, dtype_text)
+    tensors = [_random_tensor(dtype, shape, seed) for seed, shape in enumerate([(3, 5), (7,), (2, 0, 4), ()])]
+    with DumpWriter(tmp_path, "test") as writer:
+        for order, tensor in enumerate(tensors):
+            writer.add(_record(f"layer{order}", tensor, order), tensor.clone())
+    dump = read_dump(writer.path)
+    assert dump.cut is None
+    assert [r.key.name for r in dump.records] == ["layer0", "layer1", "layer2", "layer3"]
+    for record, original in zip(dump.records, tensors):
+        loaded = record.data.load()
+        assert loaded.dtype == dtype and tuple(loaded.shape) == tuple(original.shape)
+        assert torch.equal(loaded.reshape(-1).view(torch.uint8), original.reshape(-1).view(torch.uint8))
+
+
+def test_shards_are_plain_safetensors_readable_without_llmcheck(tmp_path: Path) -> None:
+    from safetensors.torch import load_file
+
+    tensor = torch.arange(12, dtype=torch.bfloat16).reshape(3, 4)
+    with DumpWriter(tmp_path, "test") as writer:
+        writer.add(_record("x", tensor, 0), tensor.clone())
+    lines = [json.loads(line) for line in (writer.path / "index.jsonl").read_text().splitlines()]
+    shard = load_file(writer.path / lines[0]["shard"])
+    assert torch.equal(shard[lines[0]["tensor"]], tensor)
+    manifest = json.loads((writer.path / "manifest.json").read_text())
+    assert manifest["format"] == "llmcheck-dump" and manifest["backend"] == "test"
+    assert manifest["records"] == 1 and "end_time" in manifest and manifest["torch_version"] == torch.__version__
+
+
+def test_shards_close_at_the_size_bound_so_a_dump_has_few_files(tmp_path: Path) -> None:
+    with DumpWriter(tmp_path, "test", shard_bytes=1000) as writer:
+        for order in range(10):
+            tensor = torch.full((100,), float(order))  # 400 bytes each: a shard closes every 3 tensors
+            writer.add(_record(f"t{order}", tensor, order), tensor)
+    shards = sorted(writer.path.glob("shard_*.safetensors"))
+    assert len(shards) == 4
+    dump = read_dump(writer.path)
+    assert [float(r.data.load()[0]) for r in dump.records] == [float(i) for i in range(10)]
+
+
+def test_statistics_only_dump_has_an_index_and_no_shards(tmp_path: Path) -> None:
+    tensor = torch.tensor([1.0, -2.0, float("nan"), float("inf")])
+    stats = tensor_stats(tensor)
+    with DumpWriter(tmp_path, "test") as writer:
+        writer.add(TensorRecord(key=RecordKey("m"), dtype="float32", shape=(4,), order=0, stats=stats))
+    assert not list(writer.path.glob("shard_*"))
+    (record,) = read_dump(writer.path).records
+    assert record.data is None
+    assert record.stats == TensorStats(min=-2.0, max=1.0, mean=-0.5, l2norm=pytest.approx(5 ** 0.5),
+                                       nan_count=1, inf_count=1)
+
+
+def test_a_new_run_never_overwrites_an_existing_dump(tmp_path: Path) -> None:
+    first = DumpWriter(tmp_path, "test", background=False)
+    second = DumpWriter(tmp_path, "test", background=False)
+    first.close()
+    second.close()
+    assert first.path != second.path
+    assert first.path.name.startswith("llmcheck_dump_") and str(os.getpid()) in first.path.name
+    assert sorted(find_dumps(tmp_path)) == sorted([first.path, second.path])
+
+
+_KILLED_WRITER = textwrap.dedent(
+    """
+    import sys, torch
+    from llmcheck.core.records import RecordKey, TensorRecord
+    from llmcheck.core.store import DumpWriter
+    writer = DumpWriter(sys.argv[1], "test", shard_bytes=64 * 1024)
+    print(writer.path, flush=True)
+    order = 0
+    while True:  # runs until SIGKILL
+        tensor = torch.full((4096,), float(order))
+        writer.add(TensorRecord(key=RecordKey(f"layer{order}"), dtype="float32", shape=(4096,), order=order), tensor)
+        order += 1
+    """
+)
+
+
+def test_dump_killed_with_sigkill_reads_back_every_flushed_record(tmp_path: Path) -> None:
+    process = subprocess.Popen([sys.executable, "-c", _KILLED_WRITER, str(tmp_path)], stdout=subprocess.PIPE, text=True)
+    dump_dir = Path(process.stdout.readline().strip())
+    deadline = time.time() + 60
+    while len(list(dump_dir.glob("shard_*.safetensors"))) < 5 and time.time() < deadline:
+        time.sleep(0.05)
+    os.kill(process.pid, signal.SIGKILL)
+    process.wait()
+    dump = read_dump(dump_dir)
+    assert dump.cut is not None and "did not close" in dump.cut
+    assert len(dump.records) >= 5 * 4  # four 16 KiB tensors per 64 KiB shard, five shards at least
+    for record in dump.records:  # every record the index names is complete and right
+        assert record.key.name == f"layer{record.order}"
+        assert float(record.data.load()[0]) == float(record.order)
+    assert [r.order for r in dump.records] == list(range(len(dump.records)))
+
+
+def test_partial_last_index_line_is_reported_as_the_cut(tmp_path: Path) -> None:
+    with DumpWriter(tmp_path, "test") as writer:
+        writer.add(_record("a", torch.ones(2), 0), torch.ones(2))
+    with open(writer.path / "index.jsonl", "a") as index:
+        index.write('{"name": "b", "dtype": "flo')
+    dump = read_dump(writer.path)
+    assert len(dump.records) == 1 and "partial line" in dump.cut
+
+
+def test_corrupt_index_line_is_one_clear_error_naming_file_and_offset(tmp_path: Path) -> None:
+    with DumpWriter(tmp_path, "test") as writer:
+        writer.add(_record("a", torch.ones(2), 0), torch.ones(2))
+    good = (writer.path / "index.jsonl").read_bytes()
+    (writer.path / "index.jsonl").write_bytes(good + b"not json\n")
+    with pytest.raises(DumpFormatError) as error:
+        read_dump(writer.path)
+    assert "index.jsonl" in str(error.value) and f"at byte {len(good)}" in str(error.value)
+
+
+def test_shard_name_pointing_outside_the_dump_is_refused(tmp_path: Path) -> None:
+    with DumpWriter(tmp_path, "test") as writer:
+        writer.add(_record("a", torch.ones(2), 0), torch.ones(2))
+    index = writer.path / "index.jsonl"
+    line = json.loads(index.read_text())
+    line["shard"] = "../../etc/passwd"
+    index.write_text(json.dumps(line) + "\n")
+    with pytest.raises(DumpFormatError, match="outside the dump"):
+        read_dump(writer.path)
+
+
+def test_truncated_shard_is_one_clear_error(tmp_path: Path) -> None:
+    tensor = torch.ones(1000)
+    with DumpWriter(tmp_path, "test") as writer:
+        writer.add(_record("a", tensor, 0), tensor)
+    shard = next(writer.path.glob("shard_*.safetensors"))
+    shard.write_bytes(shard.read_bytes()[:500])
+    (record,) = read_dump(writer.path).records
+    with pytest.raises(DumpFormatError, match="past the end of the file"):
+        record.data.load()
+
+
+def test_statistics_ignore_non_finite_values_and_count_them() -> None:
+    stats = tensor_stats(torch.tensor([[1.0, 3.0], [float("-inf"), float("nan")]], dtype=torch.bfloat16))
+    assert (stats.min, stats.max, stats.mean, stats.nan_count, stats.inf_count) == (1.0, 3.0, 2.0, 1, 1)
+    empty = tensor_stats(torch.empty(0))
+    assert empty.min is None and empty.nan_count == 0
