@@ -87,7 +87,6 @@ def dump(backend: str, exec_text: str | None, dump_types: Sequence[str], only_sa
     from llmcheck.core.records import CaptureRequest
 
     _configure_logging(log_level)
-    argv = split_command(exec_text, command)
     options: dict[str, Any] = {
         "type": list(dict.fromkeys(dump_types or ("tensor",))),
         "only_save_desc": only_save_desc,
@@ -101,6 +100,7 @@ def dump(backend: str, exec_text: str | None, dump_types: Sequence[str], only_sa
         "device_id": device_id,
         "seed": seed,
     }
+    argv = split_command(exec_text, command)
     backends = get_plugins().capture_backends()
     if backend not in backends:
         raise UsageError(f"unknown backend {backend!r}", where="--backend",

@@ -215,6 +215,12 @@ def get_plugins() -> Plugins:
     return _plugins
 
 
+def set_plugins(plugins: Plugins) -> None:
+    """Make ``plugins`` the process-wide facade (the test kit uses this to add temporary plugins)."""
+    global _plugins
+    _plugins = plugins
+
+
 def reset_plugins() -> None:
     """Forget the loaded plugins so the next :func:`get_plugins` loads them anew (tests, env changes)."""
     global _plugins

@@ -1,0 +1,54 @@
+"""CLI errors: one line, naming the flag or file and what to do; exit 2 for usage, 1 for failures."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from llmcheck.core.cli import main
+from llmcheck.core.seed_flags import expand_multi_value_options
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["dump", "-er", "1"], "-er/--execute-range: invalid value '1'"),
+        (["dump", "-er", "5,3", "--", "true"], "range 5,3 is empty"),
+        (["dump", "-ids", "2,x_1", "--", "true"], "invalid operation id 'x_1'"),
+        (["dump", "-time", "7", "--", "true"], "-time/--save-time: invalid value 7"),
+        (["dump", "-stp", "3", "--", "true"], "-stp/--save-tensor-part: invalid value 3"),
+        (["dump", "-child", "maybe", "--", "true"], "invalid boolean 'maybe'"),
+        (["dump", "--type", "tensr", "--", "true"], "'tensr' is not one of"),
+        (["dump", "--exec", "python 'unclosed"], "cannot split the command"),
+        (["dump", "--exec", "true", "--", "true"], "either with --exec or after '--'"),
+        (["dump", "--backend", "nosuch", "--", "true"], "unknown backend 'nosuch'"),
+        (["compare", "--golden-path", "x"], "Missing option '-mp' / '--my-path'"),
+        (["compare", "--bogus"], "No such option '--bogus'"),
+        (["nosuchcommand"], "No such command 'nosuchcommand'"),
+    ],
+)
+def test_usage_errors_are_one_line_with_exit_code_2(args, expected, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("llmcheck: error: ")
+    assert expected in err
+
+
+def test_missing_input_file_is_one_line_failure_naming_it(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    missing = tmp_path / "nope.json"
+    assert main(["export", "onnx", str(missing)]) == 1
+    err = capsys.readouterr().err
+    assert err == f"llmcheck: error: {missing}: no such topology file\n"
+
+
+def test_debug_log_level_adds_the_traceback(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["export", "onnx", str(tmp_path / "nope.json"), "-l", "debug"]) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" in err and err.strip().endswith("no such topology file")
+
+
+def test_seed_style_space_separated_lists_become_repeated_options() -> None:
+    args = ["dump", "--type", "model", "layer", "tensor", "-o", "x", "--", "python", "--type", "a", "b"]
+    assert expand_multi_value_options(args, ["--type"]) == [
+        "dump", "--type", "model", "--type", "layer", "--type", "tensor", "-o", "x", "--", "python", "--type", "a", "b"]

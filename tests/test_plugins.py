@@ -1,0 +1,204 @@
+"""The plugin core: entry points, allow/block lists, tracing, clashes, and one test per hook."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+from llmcheck import hookimpl
+from llmcheck.core.cli import main
+from llmcheck.core.errors import DumpNotFoundError, PluginError, UsageError
+from llmcheck.core.plugins import build_plugins, get_plugins
+from llmcheck.core.records import Dump, MetricSpec, Pair, RecordKey, SourceInfo, TensorRecord
+
+BUILTIN_PLUGINS = {"atb", "torch_hooks", "torchair_ge", "torchair_fx", "manual"}
+THIRD_PARTY = Path(__file__).parent / "third_party_plugin"
+
+
+def _plugin(name: str, **hooks: object) -> types.ModuleType:
+    """Return a module-like plugin object holding the given hook implementations."""
+    module = types.ModuleType(name)
+    for hook_name, function in hooks.items():
+        setattr(module, hook_name, hookimpl(function))
+    return module
+
+
+def test_plugins_json_lists_the_builtin_plugins_found_through_entry_points(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plugins", "--json"]) == 0
+    listed = {entry["name"]: entry for entry in json.loads(capsys.readouterr().out)}
+    assert BUILTIN_PLUGINS <= set(listed)
+    for name in BUILTIN_PLUGINS:
+        assert listed[name]["distribution"] == "llmcheck"
+        assert listed[name]["version"]
+    assert "llmcheck_load_tensors" in listed["native"]["hooks"]
+
+
+def test_allow_list_loads_only_the_named_plugins(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LLMCHECK_LOAD_PLUGINS", "native, atb")
+    names = {info.name for info in build_plugins().infos()}
+    assert names == {"native", "atb"}
+
+
+def test_block_list_removes_the_named_plugins(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LLMCHECK_DISABLE_PLUGINS", "atb,manual")
+    names = {info.name for info in build_plugins().infos()}
+    assert "atb" not in names and "manual" not in names and "native" in names
+
+
+def test_trace_logs_every_hook_call_to_stderr(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("LLMCHECK_TRACE_PLUGINS", "1")
+    build_plugins().sources()
+    err = capsys.readouterr().err
+    assert "llmcheck: trace: llmcheck_register_sources(register)" in err
+    assert "llmcheck: trace: llmcheck_register_sources returned" in err
+
+
+def test_misspelt_hook_is_an_error_naming_the_plugin() -> None:
+    misspelt = _plugin("typo_plugin", llmcheck_register_metricz=lambda register: None)
+    with pytest.raises(PluginError, match="does not exist"):
+        build_plugins(extra_plugins=[misspelt])
+
+
+def test_two_plugins_registering_one_metric_name_is_an_error_naming_both() -> None:
+    def register_twice(register):
+        register(MetricSpec("dup", "a duplicate", True, make_accumulator=lambda: None))
+
+    first = _plugin("first_plugin", llmcheck_register_metrics=register_twice)
+    second = _plugin("second_plugin", llmcheck_register_metrics=register_twice)
+    facade = build_plugins(extra_plugins=[first, second])
+    with pytest.raises(PluginError) as error:
+        facade.metrics()
+    message = str(error.value)
+    assert "'dup'" in message and "first_plugin" in message and "second_plugin" in message
+
+
+def test_cli_start_up_does_not_import_torch() -> None:
+    code = ("import sys; from llmcheck.core.cli import main; "
+            "rc = main(['--help']); print('torch' in sys.modules)")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.strip().endswith("False")
+
+
+# --- one test per hook (tests/test_hook_docs.py checks every hook has one) ----------------
+
+
+class _RecordingBackend:
+    """A capture backend that runs the command for real and remembers the request."""
+
+    name = "recorder"
+    description = "runs the command unchanged and records the request"
+
+    def __init__(self) -> None:
+        self.requests = []
+
+    def run(self, request):
+        self.requests.append(request)
+        return subprocess.run(list(request.command), check=False).returncode
+
+
+def test_hook_llmcheck_register_capture_backends(llmcheck_plugins, tmp_path: Path) -> None:
+    backend = _RecordingBackend()
+    llmcheck_plugins(_plugin("recorder_plugin", llmcheck_register_capture_backends=lambda register: register(backend)))
+    code = main(["dump", "--backend", "recorder", "-o", str(tmp_path), "-er", "3,5,7,7", "--type", "tensor", "model",
+                 "--exec", f"{sys.executable} -c 'import sys; sys.exit(3)'"])
+    assert code == 3  # the child's exit code comes back
+    (request,) = backend.requests
+    assert request.command == [sys.executable, "-c", "import sys; sys.exit(3)"]  # quotes honoured, no shell
+    assert request.options["execute_range"] == [(3, 5), (7, 7)]
+    assert request.options["type"] == ["tensor", "model"]
+    assert request.output_dir == tmp_path
+
+
+def _load_csv_dump(path: Path, source: str | None) -> Dump | None:
+    if source not in (None, "csvtensors") or path.suffix != ".csv":
+        return None
+    records = [TensorRecord(key=RecordKey(name=line.split(",")[0]), dtype="float32", shape=(1,), order=order)
+               for order, line in enumerate(path.read_text().splitlines())]
+    return Dump(source="csvtensors", root=path, records=records)
+
+
+def test_hook_llmcheck_register_sources(llmcheck_plugins) -> None:
+    facade = llmcheck_plugins(_plugin("csv_plugin", llmcheck_register_sources=lambda register: register(
+        SourceInfo("csvtensors", "one tensor per CSV line"))))
+    assert facade.sources()["csvtensors"].description == "one tensor per CSV line"
+    assert "llmcheck" in facade.sources()
+
+
+def test_hook_llmcheck_load_tensors(llmcheck_plugins, tmp_path: Path) -> None:
+    facade = llmcheck_plugins(_plugin(
+        "csv_plugin", llmcheck_load_tensors=_load_csv_dump,
+        llmcheck_register_sources=lambda register: register(SourceInfo("csvtensors", "csv"))))
+    csv_file = tmp_path / "run.csv"
+    csv_file.write_text("embed,1\nlayer0,2\n")
+    dump = facade.load_tensors(csv_file)
+    assert dump.source == "csvtensors" and [r.key.name for r in dump.records] == ["embed", "layer0"]
+    with pytest.raises(UsageError, match="unknown dump source 'nosuch'"):
+        facade.load_tensors(csv_file, "nosuch")
+    with pytest.raises(DumpNotFoundError, match="not a llmcheck dump"):
+        facade.load_tensors(csv_file, "llmcheck")
+    with pytest.raises(DumpNotFoundError, match="no such file"):
+        facade.load_tensors(tmp_path / "missing.csv")
+
+
+def test_hook_llmcheck_map_pairs(llmcheck_plugins, tmp_path: Path) -> None:
+    def pair_by_reversed_order(golden: Dump, my: Dump, user_mapping):
+        return [Pair(g, m, rule="reversed", priority=10) for g, m in zip(golden.records, reversed(my.records))]
+
+    facade = llmcheck_plugins(_plugin("reverse_plugin", llmcheck_map_pairs=pair_by_reversed_order))
+    records = [TensorRecord(key=RecordKey(name=n), dtype="float32", shape=(1,), order=i) for i, n in enumerate("ab")]
+    golden = Dump("test", tmp_path, records)
+    my = Dump("test", tmp_path, list(records))
+    proposals = [p for p in facade.map_pairs(golden, my, None) if p.rule == "reversed"]
+    assert [(p.golden.key.name, p.my.key.name) for p in proposals] == [("a", "b"), ("b", "a")]
+
+
+@pytest.fixture(scope="session")
+def third_party_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Install tests/third_party_plugin with pip into a private folder, as a user would install a plugin."""
+    site = tmp_path_factory.mktemp("third_party_site")
+    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
+                    "--target", str(site), str(THIRD_PARTY)], check=True)
+    return site
+
+
+def _run_llmcheck(args: list[str], site: Path) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")]))
+    return subprocess.run([sys.executable, "-m", "llmcheck.core.cli", *args], capture_output=True, text=True, env=env)
+
+
+def test_hook_llmcheck_register_metrics(third_party_site: Path) -> None:
+    result = _run_llmcheck(["plugins", "--json"], third_party_site)
+    assert result.returncode == 0, result.stderr
+    listed = {entry["name"]: entry for entry in json.loads(result.stdout)}
+    assert listed["maxulp"]["distribution"] == "llmcheck-maxulp"
+    assert listed["maxulp"]["version"] == "1.2.3"
+    assert listed["maxulp"]["hooks"] == ["llmcheck_register_metrics"]
+    assert BUILTIN_PLUGINS <= set(listed)
+    table = _run_llmcheck(["plugins"], third_party_site)
+    assert "max_ulp" in table.stdout
+
+
+def test_hook_llmcheck_export_onnx(llmcheck_plugins, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    def export(topology_path: Path, level: int, output_path: Path | None):
+        if topology_path.suffix != ".tree":
+            return None
+        target = output_path or topology_path.with_suffix(".onnx")
+        target.write_text(f"level {level}")
+        return target
+
+    llmcheck_plugins(_plugin("tree_plugin", llmcheck_export_onnx=export))
+    tree = tmp_path / "model.tree"
+    tree.write_text("root")
+    assert main(["export", "onnx", str(tree), "--level", "2"]) == 0
+    assert (tmp_path / "model.onnx").read_text() == "level 2"
+    assert "model.onnx" in capsys.readouterr().out
+    other = tmp_path / "model.unknown"
+    other.write_text("?")
+    assert main(["export", "onnx", str(other)]) == 1
+    assert "no plugin recognises this topology file" in capsys.readouterr().err
