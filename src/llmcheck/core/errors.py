@@ -73,3 +73,7 @@ class BackendUnavailableError(LlmcheckError):
 
 class ShapeMismatchError(LlmcheckError):
     """Two tensors that must have the same number of elements do not."""
+
+
+class UnsupportedOpError(LlmcheckError):
+    """An operator reference cannot compute this op or this variant of it (opcheck lists the op with this reason)."""

@@ -16,8 +16,13 @@ from llmcheck.core.records import TensorStats
 _FIELDS = 6  # min, max, mean, l2norm, nan_count, inf_count
 
 
-def _stats_vector(tensor: torch.Tensor) -> torch.Tensor:
-    """Return the six statistics of one tensor as a float64 vector on the tensor's device."""
+def stats_vector(tensor: torch.Tensor) -> torch.Tensor:
+    """Return the six statistics of one tensor as a float64 vector on the tensor's device.
+
+    Nothing is fetched to the host, so on an accelerator the kernels queue asynchronously:
+    a capture computes the vector while the tensor still holds its value and fetches many
+    vectors at once later with :func:`stats_from_vectors`.
+    """
     device = tensor.device
     if tensor.numel() == 0:
         return torch.full((_FIELDS,), float("nan"), dtype=torch.float64, device=device).index_fill_(
@@ -28,6 +33,10 @@ def _stats_vector(tensor: torch.Tensor) -> torch.Tensor:
         values = tensor.to(torch.float64)
         nan_count = inf_count = torch.zeros((), dtype=torch.float64, device=device)
     else:
+        if device.type == "cpu" and tensor.dtype in _CHUNKED_DTYPES:
+            finite = _finite_cpu_stats_vector(tensor)
+            if finite is not None:
+                return finite
         values = tensor if tensor.dtype in (torch.float32, torch.float64) else tensor.to(torch.float32)
         nan_mask = torch.isnan(values)
         inf_mask = torch.isinf(values)
@@ -55,6 +64,35 @@ def _stats_vector(tensor: torch.Tensor) -> torch.Tensor:
     return torch.stack([low.to(torch.float64), high.to(torch.float64), mean, l2norm, nan_count, inf_count])
 
 
+#: CPU floating dtypes measured chunk by chunk (float8 kinds take the general path).
+_CHUNKED_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
+#: Elements per chunk: 1 MiB of float64, so each chunk's conversion stays in cache.
+_CHUNK_ELEMENTS = 1 << 17
+
+
+def _finite_cpu_stats_vector(tensor: torch.Tensor) -> torch.Tensor | None:
+    """Return the statistics of a CPU float tensor without NaN or Inf, or ``None`` if it has any.
+
+    Why: converting a whole tensor to float64 for the sum and again for the norm costs two
+    large allocations and several passes (seconds per step for a capture). Chunks converted
+    in cache give the same float64 sums in one pass; a finite total and sum of squares
+    prove there is no NaN or Inf, which the caller otherwise counts the slow way.
+    """
+    flat = tensor.reshape(-1)
+    total = torch.zeros((), dtype=torch.float64)
+    squares = torch.zeros((), dtype=torch.float64)
+    for start in range(0, flat.numel(), _CHUNK_ELEMENTS):
+        part = flat[start:start + _CHUNK_ELEMENTS].to(torch.float64)
+        total += part.sum()
+        squares += torch.dot(part, part)
+    if not (bool(torch.isfinite(total)) and bool(torch.isfinite(squares))):
+        return None
+    low, high = torch.aminmax(flat)
+    zero = torch.zeros((), dtype=torch.float64)
+    return torch.stack([low.to(torch.float64), high.to(torch.float64), total / flat.numel(), squares.sqrt(),
+                        zero, zero])
+
+
 def _from_vector(row: Sequence[float]) -> TensorStats:
     low, high, mean, l2norm, nan_count, inf_count = (float(v) for v in row)
 
@@ -68,21 +106,79 @@ def _from_vector(row: Sequence[float]) -> TensorStats:
 def tensor_stats(tensor: torch.Tensor) -> TensorStats:
     """Return the statistics of one tensor (over its finite elements)."""
     with torch.no_grad():
-        return _from_vector(_stats_vector(tensor.detach()).cpu().tolist())
+        return _from_vector(stats_vector(tensor.detach()).cpu().tolist())
+
+
+def stats_from_vectors(vectors: Sequence[torch.Tensor]) -> list[TensorStats]:
+    """Return the statistics held by :func:`stats_vector` results, fetched in one copy per device."""
+    by_device: dict[torch.device, list[int]] = {}
+    for i, vector in enumerate(vectors):
+        by_device.setdefault(vector.device, []).append(i)
+    rows: list[list[float]] = [[] for _ in vectors]
+    for indices in by_device.values():
+        fetched = torch.stack([vectors[i] for i in indices]).cpu().tolist()
+        for i, row in zip(indices, fetched):
+            rows[i] = row
+    return [_from_vector(row) for row in rows]
 
 
 def stats_batch(tensors: Sequence[torch.Tensor]) -> list[TensorStats]:
-    """Return the statistics of many tensors, computed on their devices and fetched in one copy per device."""
+    """Return the statistics of many tensors, computed on their devices and fetched in one copy per device.
+
+    On an accelerator the tensors of one device are measured together by
+    :func:`segmented_stats_vectors` (a dozen kernels per distinct tensor size); on the
+    CPU each tensor is measured in cache-sized chunks.
+    """
     if not tensors:
         return []
     with torch.no_grad():
-        vectors = [_stats_vector(t.detach()) for t in tensors]
+        vectors: list[torch.Tensor] = [torch.empty(0)] * len(tensors)
         by_device: dict[torch.device, list[int]] = {}
-        for i, vector in enumerate(vectors):
-            by_device.setdefault(vector.device, []).append(i)
-        rows: list[list[float]] = [[] for _ in tensors]
+        for i, tensor in enumerate(tensors):
+            if tensor.device.type == "cpu":
+                vectors[i] = stats_vector(tensor.detach())
+            else:
+                by_device.setdefault(tensor.device, []).append(i)
         for indices in by_device.values():
-            fetched = torch.stack([vectors[i] for i in indices]).cpu().tolist()
-            for i, row in zip(indices, fetched):
-                rows[i] = row
-    return [_from_vector(row) for row in rows]
+            rows = segmented_stats_vectors([tensors[i].detach() for i in indices])
+            for row, i in enumerate(indices):
+                vectors[i] = rows[row]
+        return stats_from_vectors(vectors)
+
+
+def segmented_stats_vectors(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+    """Return the statistics of many tensors of one device as a ``[n, 6]`` float64 tensor on that device.
+
+    Why: on an accelerator each small kernel costs a launch, and :func:`stats_vector`
+    launches about twenty per tensor -- several times a small model's own forward. Here
+    tensors of equal size (most of a model's activations share a few sizes) are stacked
+    into one matrix and each statistic is one reduction along its rows: a dozen kernels
+    per distinct size, however many tensors. Nothing is fetched to the host.
+    """
+    device = tensors[0].device
+    rows = torch.full((len(tensors), _FIELDS), float("nan"), dtype=torch.float64, device=device)
+    rows[:, 4:] = 0.0  # empty tensors keep NaN statistics and zero counts
+    by_size: dict[int, list[int]] = {}
+    for i, tensor in enumerate(tensors):
+        if tensor.numel() > 0:
+            by_size.setdefault(tensor.numel(), []).append(i)
+    for indices in by_size.values():
+        parts = []
+        for i in indices:
+            tensor = tensors[i]
+            parts.append((tensor.abs() if tensor.dtype.is_complex else tensor).reshape(-1).to(torch.float64))
+        values = torch.stack(parts)
+        finite = torch.isfinite(values)
+        finite_count = finite.sum(dim=1, dtype=torch.float64)
+        nan_count = torch.isnan(values).sum(dim=1, dtype=torch.float64)
+        cleaned = torch.where(finite, values, 0.0)
+        some_finite = finite_count > 0
+        nan = torch.full_like(finite_count, float("nan"))
+        measured = torch.stack([
+            torch.where(finite, values, torch.inf).amin(dim=1), torch.where(finite, values, -torch.inf).amax(dim=1),
+            cleaned.sum(dim=1) / finite_count.clamp(min=1), (cleaned * cleaned).sum(dim=1).sqrt(),
+        ], dim=1)
+        rows[indices, :4] = torch.where(some_finite[:, None], measured, nan[:, None])
+        rows[indices, 4] = nan_count
+        rows[indices, 5] = values.shape[1] - finite_count - nan_count
+    return rows

@@ -156,6 +156,8 @@ class _Batch:
     records: list[TensorRecord] = field(default_factory=list)
     tensors: list["torch.Tensor | None"] = field(default_factory=list)
     tensor_bytes: int = 0
+    #: ids of the tensor objects already in this batch: one given for several records is stored once
+    tensor_ids: set[int] = field(default_factory=set)
 
 
 class DumpWriter:
@@ -214,7 +216,11 @@ class DumpWriter:
         self.close()
 
     def add(self, record: TensorRecord, tensor: "torch.Tensor | None" = None) -> None:
-        """Queue one record; ``tensor`` (a CPU tensor, owned from now on) is its data or ``None``."""
+        """Queue one record; ``tensor`` (a CPU tensor, owned from now on) is its data or ``None``.
+
+        Passing the same tensor object for several records (a module's output that is the
+        next module's input) stores its bytes once; every record points at them.
+        """
         self._raise_writer_error()
         if self._closed:
             raise LlmcheckError("the dump is closed", where=self.path)
@@ -222,7 +228,8 @@ class DumpWriter:
             raise ValueError("DumpWriter.add needs a CPU tensor; copy it off the device first")
         self._batch.records.append(record)
         self._batch.tensors.append(tensor)
-        if tensor is not None:
+        if tensor is not None and id(tensor) not in self._batch.tensor_ids:
+            self._batch.tensor_ids.add(id(tensor))
             self._batch.tensor_bytes += tensor.numel() * tensor.element_size()
         if self._batch.tensor_bytes >= self.shard_bytes or len(self._batch.records) >= MAX_RECORDS_PER_BATCH:
             self.flush()
@@ -310,10 +317,17 @@ class DumpWriter:
         true_dtypes: dict[str, str] = {}
         offset = 0
         names: list[tuple[int, str]] = []
+        stored: dict[int, str] = {}  # id of a tensor object -> its name in this shard
+        unique_order: list[int] = []
         for i in order:
             tensor = batch.tensors[i]
             assert tensor is not None
+            if id(tensor) in stored:
+                names.append((i, stored[id(tensor)]))
+                continue
             name = f"t{self.records_written + i}"
+            stored[id(tensor)] = name
+            unique_order.append(i)
             dtype = dtype_name(tensor.dtype)
             nbytes = tensor.numel() * tensor.element_size()
             code = SAFETENSORS_DTYPE.get(dtype)
@@ -332,7 +346,7 @@ class DumpWriter:
         temporary = final_path.with_name(shard_name + ".tmp")
         with open(temporary, "wb", buffering=0) as shard:
             shard.write(len(header_bytes).to_bytes(8, "little") + header_bytes)
-            for i in order:
+            for i in unique_order:
                 shard.write(tensor_bytes(batch.tensors[i]))  # type: ignore[arg-type]
         os.replace(temporary, final_path)
         self.bytes_written += offset

@@ -1,0 +1,130 @@
+"""``llmcheck dump --backend torch``: run an unmodified PyTorch program with capture on.
+
+The program runs as a child process (its argv as given, no shell) whose ``PYTHONPATH``
+starts with a bootstrap folder holding a ``sitecustomize.py``. Python imports that file at
+start-up; it waits until the program imports torch, then captures the first module whose
+forward is called -- the outermost model. The configuration travels as JSON in
+``LLMCHECK_TORCH_CAPTURE``; every Python process the program starts (a launcher script,
+torchrun workers) inherits it and writes its own dump, named by rank and device.
+
+This module does not import torch: the parent only builds the environment and waits.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+from pathlib import Path
+from typing import Any, Mapping
+
+from llmcheck.core.errors import UsageError
+from llmcheck.core.records import CaptureRequest
+from llmcheck.core.store import find_dumps
+from llmcheck.plugins.torch_hooks.config import CONFIG_ENV, LEVEL_MODULE, LEVEL_OP, DumpConfig
+
+log = logging.getLogger("llmcheck.torch")
+
+BOOTSTRAP_DIR = Path(__file__).resolve().parent / "bootstrap"
+#: Where the child finds the llmcheck package if its Python does not have it installed.
+PACKAGE_PARENT_ENV = "LLMCHECK_PACKAGE_PARENT"
+LOG_LEVEL_ENV = "LLMCHECK_LOG_LEVEL"
+SEED_ENV = "LLMCHECK_SEED"
+#: ``--type`` values the torch backend honours; the others are ATB's.
+TORCH_DUMP_TYPES = frozenset({"tensor", "model", "op", "stats", "cpu_profiling", "onnx"})
+#: An ``-er`` range longer than this is refused: ``-er all`` says "every step" without a list.
+MAX_LISTED_STEPS = 1_000_000
+
+
+def config_from_options(options: Mapping[str, Any], output_dir: Path, command: list[str]) -> DumpConfig:
+    """Return the capture config the seed flags of ``llmcheck dump`` ask for, or raise a usage error naming the flag."""
+    dump_types = list(options.get("type") or ["tensor"])
+    refused = [name for name in dump_types if name not in TORCH_DUMP_TYPES]
+    if refused:
+        raise UsageError(f"the torch backend cannot dump {', '.join(map(repr, refused))}", where="--type",
+                         hint="'layer' and 'kernel' are ATB graphs; torch offers tensor, model, op, stats, "
+                              "cpu_profiling, onnx")
+    if options.get("save_tiling"):
+        raise UsageError("tiling data exists only for ATB kernels", where="-tiling/--save-tiling",
+                         hint="drop -tiling with --backend torch")
+    levels = []
+    if {"tensor", "stats"} & set(dump_types):
+        levels.append(LEVEL_MODULE)
+    if "op" in dump_types:
+        levels.append(LEVEL_OP)
+    statistics_only = bool(options.get("only_save_desc")) or ("stats" in dump_types and "tensor" not in dump_types)
+    ranges = options.get("execute_range", [(0, 0)])
+    token_range = None
+    if ranges is not None:
+        if sum(high - low + 1 for low, high in ranges) > MAX_LISTED_STEPS:
+            raise UsageError("the step ranges list more than a million steps", where="-er/--execute-range",
+                             hint="use -er all to dump every step")
+        token_range = sorted({step for low, high in ranges for step in range(low, high + 1)})
+    device_ids = [part.strip() for part in str(options.get("device_id") or "").split(",") if part.strip()]
+    return DumpConfig(
+        dump_path=Path(output_dir).resolve(),
+        token_range=token_range,
+        tensor_part=options.get("save_tensor_part", 2),
+        mode=levels,
+        statistics_only=statistics_only,
+        save_time=options.get("save_time", 3),
+        module_ids=list(options.get("save_operation_ids") or []),
+        include_children=bool(options.get("save_operation_child", True)),
+        type_prefixes=list(options.get("operation_name") or []),
+        device_ids=device_ids,
+        profile_cpu="cpu_profiling" in dump_types,
+        export_onnx="onnx" in dump_types,
+        command_line=command,
+    )
+
+
+def child_environment(config: DumpConfig, log_level: str, seed: int | None,
+                      base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Return the environment of the child: the bootstrap first on ``PYTHONPATH`` and the config as JSON."""
+    env = dict(os.environ if base is None else base)
+    existing = env.get("PYTHONPATH", "")
+    env["PYTHONPATH"] = str(BOOTSTRAP_DIR) + (os.pathsep + existing if existing else "")
+    env[CONFIG_ENV] = json.dumps(config.as_json())
+    env[PACKAGE_PARENT_ENV] = str(Path(__file__).resolve().parents[3])
+    env[LOG_LEVEL_ENV] = log_level
+    if seed is not None:
+        env[SEED_ENV] = str(seed)
+        env["PYTHONHASHSEED"] = str(seed)
+        env.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # deterministic cuBLAS needs it
+    return env
+
+
+class TorchCaptureBackend:
+    """The ``torch`` dump backend: capture any PyTorch program's modules or ATen operators."""
+
+    name = "torch"
+    description = "PyTorch module and ATen-op capture of an unmodified program (CPU, CUDA, NPU)"
+
+    def run(self, request: CaptureRequest) -> int:
+        """Run the request's command with capture on; return its exit code (128+N when killed by signal N)."""
+        command = list(request.command)
+        if not command:
+            raise UsageError("no command to run", where="--exec")
+        config = config_from_options(request.options, request.output_dir, command)
+        env = child_environment(config, request.log_level, request.options.get("seed"))
+        output_dir = Path(config.dump_path)
+        try:
+            output_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise UsageError(f"cannot create the output folder: {exc.strerror}", where=output_dir) from exc
+        dumps_before = set(find_dumps(output_dir))
+        try:
+            completed = subprocess.run(command, env=env, check=False)
+        except FileNotFoundError as exc:
+            raise UsageError(f"cannot run {command[0]!r}: no such program", where="--exec") from exc
+        except PermissionError as exc:
+            raise UsageError(f"cannot run {command[0]!r}: permission denied", where="--exec") from exc
+        exit_code = completed.returncode if completed.returncode >= 0 else 128 - completed.returncode
+        written = sorted(set(find_dumps(output_dir)) - dumps_before)
+        for path in written:
+            log.info("torch capture wrote %s", path)
+        if not written:
+            log.warning("%s: no dump was written: the program ran no PyTorch module forward under capture "
+                        "(is it a Python program that imports torch?)", output_dir)
+        return exit_code

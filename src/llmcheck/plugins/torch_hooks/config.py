@@ -1,0 +1,192 @@
+"""What a torch capture records: :class:`DumpConfig`, the seed's API with the options users expect.
+
+The seed tool's ``DumpConfig(dump_path, token_range, module_list, tensor_part)`` keeps its
+meaning; the other fields add what the original lacked (name globs, op level, statistics
+only, save moments, a memory cap, CPU profiling). The config travels to a child process as
+JSON (``llmcheck dump --backend torch``), so every field has a JSON form. This module does
+not import torch.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from llmcheck.core.errors import UsageError
+
+LEVEL_MODULE = "module"
+LEVEL_OP = "op"
+LEVELS = (LEVEL_MODULE, LEVEL_OP)
+
+#: ``save_time`` values, the seed's ``-time`` numbers: which moments of a call are saved.
+SAVE_BEFORE = 0  # inputs as they were before the call
+SAVE_AFTER = 1  # inputs and outputs after the call
+SAVE_BOTH = 2  # inputs before and after, outputs after
+SAVE_IN_BEFORE_OUT_AFTER = 3  # inputs before, outputs after (the default)
+SAVE_TIMES = (SAVE_BEFORE, SAVE_AFTER, SAVE_BOTH, SAVE_IN_BEFORE_OUT_AFTER)
+SAVE_TIME_NAMES = {"before": SAVE_BEFORE, "after": SAVE_AFTER, "both": SAVE_BOTH,
+                   "in_before_out_after": SAVE_IN_BEFORE_OUT_AFTER}
+
+TENSOR_PART_INPUTS = 0
+TENSOR_PART_OUTPUTS = 1
+TENSOR_PART_BOTH = 2
+
+DEFAULT_MAX_PENDING_BYTES = 512 * 1024 * 1024
+
+#: Environment variable that carries the config (JSON) to a child started by ``llmcheck dump``.
+CONFIG_ENV = "LLMCHECK_TORCH_CAPTURE"
+
+
+@dataclass
+class DumpConfig:
+    """The settings of one capture; ``register_hook(model, DumpConfig(...))`` applies them.
+
+    Seed fields: ``dump_path`` (folder the dump folder is created in), ``token_range``
+    (steps to dump: each forward of the top-level model is one step, with HF ``generate``
+    step 0 is the prefill; ``None`` dumps every step), ``module_list`` (module classes, or
+    class names, to capture; empty = all), ``tensor_part`` (0 inputs, 1 outputs, 2 both).
+
+    Added: ``include`` / ``exclude`` (globs on module paths such as ``model.layers.3.*``;
+    a pattern matching a module also selects its submodules), ``mode`` (capture levels:
+    ``"module"``, ``"op"`` for every ATen operator, both, or none for the module tree
+    only), ``statistics_only`` (statistics and descriptions, no tensor data),
+    ``save_time`` (0 before, 1 after, 2 both, 3 inputs before and outputs after, or the
+    names ``"before"``, ``"after"``, ``"both"``, ``"in_before_out_after"``),
+    ``max_pending_bytes`` (host memory the pending tensor copies may hold before they are
+    handed to the writer), ``module_ids`` / ``include_children`` (the seed's ``-ids`` /
+    ``-child`` on module ids such as ``0_1_3``, listed in ``topology.json``),
+    ``type_prefixes`` (the seed's ``-opname``: module class or ATen op names starting with
+    these, case-insensitive), ``device_ids`` (capture only on these devices), ``rank``
+    (default: torch.distributed, else ``RANK``/``LOCAL_RANK``), ``profile_cpu``
+    (per-step operator host times as CSV), ``export_onnx`` (module graph as ONNX at close).
+    Seed aliases accepted: ``layer_name`` (a glob, added to ``include``),
+    ``dump_statistics_mode`` (1 = statistics only).
+    """
+
+    dump_path: str | Path = "./"
+    token_range: Sequence[int] | None = (0,)
+    module_list: Sequence[Any] = ()
+    tensor_part: int = TENSOR_PART_BOTH
+    include: Sequence[str] = ()
+    exclude: Sequence[str] = ()
+    mode: str | Sequence[str] = (LEVEL_MODULE,)
+    statistics_only: bool = False
+    save_time: int | str = SAVE_IN_BEFORE_OUT_AFTER
+    max_pending_bytes: int = DEFAULT_MAX_PENDING_BYTES
+    module_ids: Sequence[str] = ()
+    include_children: bool = True
+    type_prefixes: Sequence[str] = ()
+    device_ids: Sequence[str] = ()
+    rank: int | None = None
+    profile_cpu: bool = False
+    export_onnx: bool = False
+    layer_name: str | None = None
+    dump_statistics_mode: int = 0
+    command_line: Sequence[str] | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        self.dump_path = Path(self.dump_path)
+        if self.token_range is not None:
+            if isinstance(self.token_range, int):
+                self.token_range = (self.token_range,)
+            if any(not isinstance(step, int) or step < 0 for step in self.token_range):
+                raise UsageError(f"token_range must list step numbers >= 0, got {list(self.token_range)!r}",
+                                 where="DumpConfig.token_range", hint="e.g. token_range=[0, 1], or None for every step")
+            self.token_range = tuple(sorted(set(self.token_range)))
+        if self.tensor_part not in (TENSOR_PART_INPUTS, TENSOR_PART_OUTPUTS, TENSOR_PART_BOTH):
+            raise UsageError(f"tensor_part must be 0, 1 or 2, got {self.tensor_part!r}", where="DumpConfig.tensor_part",
+                             hint="0 inputs, 1 outputs, 2 both")
+        levels = (self.mode,) if isinstance(self.mode, str) else tuple(self.mode)
+        for level in levels:
+            if level not in LEVELS:
+                hint = "use 'op' to record every ATen operator" if level == "api" else "use 'module' and/or 'op'"
+                raise UsageError(f"unknown capture level {level!r}", where="DumpConfig.mode", hint=hint)
+        self.mode = tuple(dict.fromkeys(levels))
+        if isinstance(self.save_time, str):
+            if self.save_time not in SAVE_TIME_NAMES:
+                raise UsageError(f"unknown save_time {self.save_time!r}", where="DumpConfig.save_time",
+                                 hint=f"use one of {', '.join(SAVE_TIME_NAMES)} or 0-3")
+            self.save_time = SAVE_TIME_NAMES[self.save_time]
+        if self.save_time not in SAVE_TIMES:
+            raise UsageError(f"save_time must be 0-3, got {self.save_time!r}", where="DumpConfig.save_time",
+                             hint="0 before, 1 after, 2 both, 3 inputs before and outputs after")
+        if not isinstance(self.max_pending_bytes, int) or self.max_pending_bytes <= 0:
+            raise UsageError(f"max_pending_bytes must be a positive number of bytes, got {self.max_pending_bytes!r}",
+                             where="DumpConfig.max_pending_bytes")
+        if self.dump_statistics_mode not in (0, 1, 2):
+            raise UsageError(f"dump_statistics_mode must be 0, 1 or 2, got {self.dump_statistics_mode!r}",
+                             where="DumpConfig.dump_statistics_mode", hint="1 = statistics only")
+        if self.dump_statistics_mode == 1:
+            self.statistics_only = True
+        if self.layer_name:
+            self.include = (*self.include, self.layer_name)
+            self.layer_name = None
+        for name in ("include", "exclude", "module_ids", "device_ids"):
+            value = getattr(self, name)
+            setattr(self, name, (value,) if isinstance(value, str) else tuple(str(v) for v in value))
+        self.type_prefixes = tuple(p.lower() for p in ((self.type_prefixes,) if isinstance(self.type_prefixes, str)
+                                                       else self.type_prefixes))
+        self.module_list = tuple(self.module_list)
+
+    @property
+    def levels(self) -> tuple[str, ...]:
+        """Return the capture levels asked for (``()`` = the module tree only)."""
+        return tuple(self.mode)
+
+    @property
+    def saves_inputs(self) -> bool:
+        """Return whether call inputs are recorded (``tensor_part`` 0 or 2)."""
+        return self.tensor_part in (TENSOR_PART_INPUTS, TENSOR_PART_BOTH)
+
+    @property
+    def saves_outputs(self) -> bool:
+        """Return whether call outputs are recorded (``tensor_part`` 1 or 2; never with save_time 0)."""
+        return self.tensor_part in (TENSOR_PART_OUTPUTS, TENSOR_PART_BOTH) and self.save_time != SAVE_BEFORE
+
+    @property
+    def saves_inputs_before(self) -> bool:
+        """Return whether inputs are saved as they were before the call."""
+        return self.saves_inputs and self.save_time in (SAVE_BEFORE, SAVE_BOTH, SAVE_IN_BEFORE_OUT_AFTER)
+
+    @property
+    def saves_inputs_after(self) -> bool:
+        """Return whether inputs are saved as they are after the call (changed by in-place ops)."""
+        return self.saves_inputs and self.save_time in (SAVE_AFTER, SAVE_BOTH)
+
+    def dumps_step(self, step: int) -> bool:
+        """Return whether step ``step`` (the n-th forward of the top-level model) is dumped."""
+        return self.token_range is None or step in self.token_range  # type: ignore[operator]
+
+    def as_json(self) -> dict[str, Any]:
+        """Return the config as JSON-safe values (module classes by name), for manifests and child processes."""
+        values = asdict(self)
+        values["dump_path"] = str(self.dump_path)
+        values["token_range"] = None if self.token_range is None else list(self.token_range)
+        values["module_list"] = [entry if isinstance(entry, str) else entry.__name__ for entry in self.module_list]
+        for name in ("include", "exclude", "mode", "module_ids", "type_prefixes", "device_ids"):
+            values[name] = list(values[name])
+        values["command_line"] = None if self.command_line is None else list(self.command_line)
+        del values["layer_name"]
+        return values
+
+    @classmethod
+    def from_json(cls, values: Mapping[str, Any]) -> "DumpConfig":
+        """Build a config from :meth:`as_json` output; an unknown key is a usage error naming it."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise UsageError(f"unknown DumpConfig field(s): {', '.join(unknown)}", where=CONFIG_ENV)
+        return cls(**values)
+
+    @classmethod
+    def from_env(cls, text: str) -> "DumpConfig":
+        """Build a config from the JSON text of the ``LLMCHECK_TORCH_CAPTURE`` variable."""
+        try:
+            values = json.loads(text)
+        except ValueError as exc:
+            raise UsageError(f"is not JSON: {exc}", where=CONFIG_ENV) from exc
+        if not isinstance(values, dict):
+            raise UsageError("must hold a JSON object", where=CONFIG_ENV)
+        return cls.from_json(values)

@@ -1,0 +1,127 @@
+"""``llmcheck dump --backend torch``: an unmodified script captured with no code change, flags, exit codes."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from llmcheck import read_dump
+from llmcheck.bundled_model import random_llama
+from llmcheck.core.store import find_dumps
+
+pytestmark = pytest.mark.slow
+
+SCRIPT = textwrap.dedent("""
+    import json, os, sys
+    import torch
+    from llmcheck.bundled_model import random_llama
+
+    torch.set_num_threads(1)
+    seed_at_start = torch.initial_seed()
+    model = random_llama(seed=0)
+    with torch.no_grad():
+        tokens = model.generate(torch.tensor([[1, 2, 3, 4]]), max_new_tokens=3, do_sample=False)
+    with open(sys.argv[1], "w") as result:
+        json.dump({"argv": sys.argv[2:], "tokens": tokens.tolist(), "user_site": os.environ.get("USER_SITE_RAN"),
+                   "seed": seed_at_start}, result)
+    sys.exit(int(sys.argv[2]))
+""")
+
+
+def _llmcheck(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "llmcheck.core.cli", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+@pytest.fixture
+def script(tmp_path: Path) -> Path:
+    path = tmp_path / "infer.py"
+    path.write_text(SCRIPT)
+    return path
+
+
+def _expected_tokens() -> list[list[int]]:
+    with torch.no_grad():
+        return random_llama(seed=0).generate(torch.tensor([[1, 2, 3, 4]]), max_new_tokens=3, do_sample=False).tolist()
+
+
+def test_dump_exec_captures_an_unmodified_script_and_returns_its_exit_code(tmp_path: Path, script: Path) -> None:
+    user_site = tmp_path / "user_site"
+    user_site.mkdir()
+    (user_site / "sitecustomize.py").write_text("import os\nos.environ['USER_SITE_RAN'] = 'yes'\n")
+    env = {**os.environ, "PYTHONPATH": str(user_site)}
+    command = f"{sys.executable} {script} result.json 3 'two words' \"it's\""
+    completed = _llmcheck("dump", "--backend", "torch", "-o", "out", "-er", "0,1", "-seed", "7", "--exec", command,
+                          cwd=tmp_path, env=env)
+    assert completed.returncode == 3, completed.stderr
+    result = json.loads((tmp_path / "result.json").read_text())
+    assert result["argv"] == ["3", "two words", "it's"]  # quotes work, no shell
+    assert result["tokens"] == _expected_tokens()  # capture did not change the run
+    assert result["user_site"] == "yes"  # the environment's own sitecustomize still ran
+    assert result["seed"] == 7  # -seed seeds the program's own process, not only the launcher
+    (dump_path,) = find_dumps(tmp_path / "out")
+    assert dump_path.name.endswith("_rank0_cpu")
+    assert f"torch capture wrote {dump_path}" in completed.stderr
+    dump = read_dump(dump_path)
+    assert dump.cut is None and dump.manifest["command_line"][-3:] == ["3", "two words", "it's"]
+    outputs = {(r.key.name, r.key.step) for r in dump.records if r.key.io == "output"}
+    assert {(f"model.layers.{i}", step) for i in range(2) for step in (0, 1)} <= outputs
+    assert {r.key.step for r in dump.records} == {0, 1}
+    assert dump.topology.op_type == "LlamaForCausalLM"
+
+
+def test_dump_after_double_dash_with_op_level_statistics_profile_and_onnx(tmp_path: Path, script: Path) -> None:
+    completed = _llmcheck("dump", "--backend", "torch", "-o", "out", "--type", "op", "cpu_profiling", "onnx", "-sd",
+                          "-opname", "mm", "-er", "all", "--", sys.executable, str(script), "result.json", "0",
+                          cwd=tmp_path)
+    assert completed.returncode == 0, completed.stderr
+    (dump_path,) = find_dumps(tmp_path / "out")
+    dump = read_dump(dump_path)
+    assert {r.op_type for r in dump.records} == {"aten.mm.default"}
+    assert all(r.data is None and r.stats is not None for r in dump.records)
+    assert {r.key.step for r in dump.records} == {0, 1, 2}
+    tables = sorted((dump_path / "cpu_profiling").glob("operation_statistic_*.csv"))
+    assert len(tables) == 3
+    assert any(row["op_name"] == "aten::mm" for row in csv.DictReader(tables[0].open()))
+    assert (dump_path / "model.onnx").stat().st_size > 0
+
+
+def test_ranks_of_one_run_write_side_by_side(tmp_path: Path) -> None:
+    worker = tmp_path / "worker.py"
+    worker.write_text("import torch\nlayer = torch.nn.Linear(4, 4)\nlayer(torch.ones(2, 4))\n")
+    launcher = tmp_path / "launch.py"  # what torchrun does: start one worker per rank with RANK set
+    launcher.write_text(textwrap.dedent(f"""
+        import os, subprocess, sys
+        workers = [subprocess.Popen([sys.executable, {str(worker)!r}], env={{**os.environ, "RANK": str(rank)}})
+                   for rank in (0, 1)]
+        sys.exit(max(worker.wait() for worker in workers))
+    """))
+    completed = _llmcheck("dump", "--backend", "torch", "-o", "out", "--exec", f"{sys.executable} {launcher}",
+                          cwd=tmp_path)
+    assert completed.returncode == 0, completed.stderr
+    dumps = find_dumps(tmp_path / "out")
+    assert sorted(path.name.rsplit("_", 2)[-2] for path in dumps) == ["rank0", "rank1"]
+    for path in dumps:
+        rank = int(path.name.rsplit("_", 2)[-2].removeprefix("rank"))
+        assert {record.rank for record in read_dump(path).records} == {rank}
+
+
+@pytest.mark.parametrize(("flags", "message"), [
+    (["--type", "layer"], "llmcheck: error: --type: the torch backend cannot dump 'layer'"),
+    (["-tiling"], "llmcheck: error: -tiling/--save-tiling: tiling data exists only for ATB kernels"),
+    (["--exec", "no-such-program-xyz --flag"], "llmcheck: error: --exec: cannot run 'no-such-program-xyz': no such program"),
+])
+def test_wrong_use_is_one_line_usage_error(tmp_path: Path, flags: list[str], message: str) -> None:
+    command = [] if "--exec" in flags else ["--exec", "python -c pass"]
+    completed = _llmcheck("dump", "--backend", "torch", "-o", "out", *flags, *command, cwd=tmp_path)
+    assert completed.returncode == 2
+    assert completed.stderr.strip().splitlines() == [completed.stderr.strip().splitlines()[0]]
+    assert completed.stderr.startswith(message)
