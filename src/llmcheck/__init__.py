@@ -28,6 +28,8 @@ _LAZY: dict[str, str] = {
     "MetricResult": "llmcheck.core.records",
     "SourceInfo": "llmcheck.core.records",
     "CaptureRequest": "llmcheck.core.records",
+    "OpReference": "llmcheck.core.records",
+    "UnsupportedOpError": "llmcheck.core.errors",
     "DumpWriter": "llmcheck.core.store",
     "read_dump": "llmcheck.core.store",
     "DumpConfig": "llmcheck.plugins.torch_hooks.config",

@@ -123,19 +123,19 @@ def dump(backend: str, exec_text: str | None, dump_types: Sequence[str], only_sa
 @click.option("--mapping", "-mf", "--op-mapping-file", "mapping", default=None, type=click.Path(path_type=Path),
               help="User mapping (JSON or YAML: golden name pattern -> my name pattern), or an edited pairs.json.")
 @click.option("-j", "--jobs", default=None, type=int, help="Worker processes (default: CPU count).")
+@click.option("--thresholds", "thresholds", default=None, type=click.Path(path_type=Path),
+              help="Threshold overrides (JSON or YAML list of {pattern, metric, warn, fail[, dtype]}).")
 @log_level_option
 def compare(golden_path: Path, my_path: Path, golden_source: str | None, my_source: str | None, output: Path,
-            metrics: Sequence[str], mapping: Path | None, jobs: int | None, log_level: str) -> None:
+            metrics: Sequence[str], mapping: Path | None, jobs: int | None, thresholds: Path | None,
+            log_level: str) -> None:
     """Pair two runs, measure every pair, and name the first divergence."""
     _configure_logging(log_level)
-    try:
-        from llmcheck.core.compare import compare_command
-    except ImportError as exc:
-        raise LlmcheckError("compare is not available in this build", where="llmcheck compare") from exc
+    from llmcheck.core.compare import compare_command
 
     raise SystemExit(compare_command(
         golden_path=golden_path, my_path=my_path, golden_source=golden_source, my_source=my_source,
-        output_dir=output, metric_names=list(metrics), mapping_path=mapping, jobs=jobs,
+        output_dir=output, metric_names=list(metrics), mapping_path=mapping, jobs=jobs, thresholds_path=thresholds,
     ))
 
 
@@ -159,10 +159,8 @@ def opcheck(tensor_dir: Path, csv_path: Path | None, output: Path, operation_ids
     _configure_logging(log_level)
     ids = parse_operation_ids(operation_ids, "-ids/--operation-ids")
     names = parse_names(operation_name) if operation_name else []
-    try:
-        from llmcheck.core.opcheck import opcheck_command
-    except ImportError as exc:
-        raise LlmcheckError("opcheck is not available in this build", where="llmcheck opcheck") from exc
+    from llmcheck.core.opcheck import opcheck_command
+
     raise SystemExit(opcheck_command(
         tensor_dir=tensor_dir, csv_path=csv_path, output_dir=output, operation_ids=ids, operation_names=names,
         precision_metrics=list(precision_metrics), device_id=device_id, jobs=jobs,
@@ -230,10 +228,8 @@ def plugins(as_json: bool) -> None:
 def demo(output: Path, log_level: str) -> None:
     """Run the whole job on a bundled real model: golden run, defective run, compare, report."""
     _configure_logging(log_level)
-    try:
-        from llmcheck.demo import run_demo
-    except ImportError as exc:
-        raise LlmcheckError("the demo is not available in this build", where="llmcheck demo") from exc
+    from llmcheck.demo import run_demo
+
     raise SystemExit(run_demo(output))
 
 

@@ -256,10 +256,15 @@ class Pair:
 
 @dataclass(frozen=True, slots=True)
 class UserMapping:
-    """The user's ``--mapping`` file: golden name patterns to my name patterns, in file order."""
+    """The user's ``--mapping`` file: golden name patterns to my name patterns, in file order.
+
+    ``key_pairs`` holds exact record-key pairs, read from an edited ``pairs.json`` fed back
+    with ``--mapping`` (the user audited the pairing and fixed or added pairs).
+    """
 
     path: Path
     entries: tuple[tuple[str, str], ...]
+    key_pairs: tuple[tuple[RecordKey, RecordKey], ...] = ()
 
 
 VERDICT_PASS = "pass"
@@ -308,6 +313,70 @@ class MetricResult:
     verdict: str = VERDICT_PASS
     warn_threshold: float | None = None
     fail_threshold: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ComparisonRow:
+    """One measured pair as every report shows it: both records, the rule, each metric, the verdict and why.
+
+    ``index`` is the row's place in the report (the seed's ``data_id``). ``deciding_metric``
+    names the metric that gave the verdict (``"nonfinite_mismatch"`` when one side holds a
+    NaN or Inf the other does not; ``None`` for an ``error`` row). ``reason`` is the seed's
+    ``cmp_fail_reason``: why no metric could be computed, or what was noticed on the way
+    (a dtype difference, NaN counts). ``golden_stats`` / ``my_stats`` are the statistics of
+    the data as measured (NaN and Inf counts included). ``attribution`` says whether a
+    failing row's error was introduced here or inherited from the records that fed it
+    (``fed_by``, their labels). ``judged_as`` is the dtype class whose thresholds applied.
+    """
+
+    index: int
+    golden: TensorRecord
+    my: TensorRecord
+    rule: str
+    metrics: Mapping[str, MetricResult]
+    verdict: str
+    deciding_metric: str | None = None
+    reason: str = ""
+    golden_stats: TensorStats | None = None
+    my_stats: TensorStats | None = None
+    nonfinite_mismatch: int = 0
+    attribution: str = ""
+    fed_by: tuple[str, ...] = ()
+    judged_as: str = ""
+
+    def with_changes(self, **changes: Any) -> "ComparisonRow":
+        """Return a copy with the given fields replaced."""
+        return replace(self, **changes)
+
+
+@dataclass(frozen=True, slots=True)
+class OpReference:
+    """A reference implementation of one operator type, registered for ``llmcheck opcheck``.
+
+    ``compute(inputs, params)`` gets the op's dumped input tensors keyed by their record
+    position (``"0"``, ``"1"``; ``"1.0"`` for a tensor inside a list argument), in their
+    dumped dtypes on the reference device -- a position the dump lacks is absent -- and
+    ``params``: the op's parameters as the source recorded them (ATB's ``op_param.json``,
+    the recorded call arguments of a torch op). It returns the op's outputs in output
+    position order (``"0"``, ``"1"``, ...), computed in higher precision (float64 where the
+    op allows); opcheck measures each dumped output against the one at its position. It
+    raises :class:`~llmcheck.core.errors.UnsupportedOpError` for a variant it cannot
+    compute (the report lists the op with that reason).
+
+    ``inplace_inputs`` names, for ops that write into their inputs (ATB's KvCache,
+    ReshapeAndCache), the input positions whose after-state is the op's result, in output
+    order: opcheck uses them when the dump holds no output tensors for the op.
+    """
+
+    op_type: str
+    compute: Callable[[Mapping[str, "torch.Tensor"], Mapping[str, Any]], Sequence["torch.Tensor"]]
+    description: str
+    inplace_inputs: tuple[int, ...] = ()
+
+    @property
+    def name(self) -> str:
+        """Return the op type, the name the registry keys this reference by."""
+        return self.op_type
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,8 +1,12 @@
-"""Built-in plugin: reads llmcheck's own dump format (``core/store.py``).
+"""Built-in plugin 'native': llmcheck's own dumps, single tensor files, and the built-in pairing rules.
 
-A path may be one dump folder, a file inside it, or the folder given to ``llmcheck dump -o``
-holding exactly one dump; with several dumps there, the error lists them so the user can
-pick one.
+* source ``llmcheck`` reads llmcheck's own dump format (``core/store.py``). A path may be one
+  dump folder, a file inside it, or the folder given to ``llmcheck dump -o`` holding exactly
+  one dump; with several dumps there, the error lists them so the user can pick one.
+* source ``file`` reads one ``.npy``, ``.pt``/``.pth`` or ``.safetensors`` file
+  (:mod:`llmcheck.plugins.native.single_file`).
+* pairing by user mapping, exact key and sequence alignment
+  (:mod:`llmcheck.plugins.native.pairing`).
 """
 
 from __future__ import annotations
@@ -13,8 +17,9 @@ from typing import Callable
 
 from llmcheck.core.errors import DumpNotFoundError
 from llmcheck.core.hookspecs import hookimpl
-from llmcheck.core.records import Dump, SourceInfo
+from llmcheck.core.records import Dump, Pair, SourceInfo, UserMapping
 from llmcheck.core.store import find_dumps, read_dump
+from llmcheck.plugins.native import pairing, single_file
 
 SOURCE_NAME = "llmcheck"
 log = logging.getLogger("llmcheck.native")
@@ -23,10 +28,13 @@ log = logging.getLogger("llmcheck.native")
 @hookimpl
 def llmcheck_register_sources(register: Callable[[SourceInfo], None]) -> None:
     register(SourceInfo(SOURCE_NAME, "llmcheck's own dump format (manifest.json, index.jsonl, safetensors shards)"))
+    register(SourceInfo(single_file.SOURCE_NAME, "one tensor file: .npy, .pt/.pth (weights_only), .safetensors"))
 
 
 @hookimpl
 def llmcheck_load_tensors(path: Path, source: str | None) -> Dump | None:
+    if source in (None, single_file.SOURCE_NAME) and single_file.claims(path):
+        return single_file.load_file(path)
     if source not in (None, SOURCE_NAME):
         return None
     dumps = find_dumps(path)
@@ -40,3 +48,8 @@ def llmcheck_load_tensors(path: Path, source: str | None) -> Dump | None:
     if dump.cut:
         log.warning("%s: dump is cut short: %s", dumps[0], dump.cut)
     return dump
+
+
+@hookimpl
+def llmcheck_map_pairs(golden: Dump, my: Dump, user_mapping: UserMapping | None) -> list[Pair] | None:
+    return pairing.map_pairs(golden, my, user_mapping)

@@ -1,0 +1,328 @@
+"""Compare two runs: load both, pair their records, measure every pair, judge it, name the first divergence.
+
+:func:`compare_dumps` is the in-process API (the demo and tests use it); :func:`compare_command`
+is ``llmcheck compare``: it also writes ``cmp_report.csv``, ``summary.json``, ``pairs.json``
+and ``report.html`` and prints the terminal summary. A pair that cannot be measured (shapes
+differ, no data in a statistics-only dump) is a row with verdict ``error`` and its reason --
+never a dropped row.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from llmcheck.core.divergence import attribute, describe_row, first_divergence, first_introduced
+from llmcheck.core.errors import UsageError
+from llmcheck.core.pairing import Pairing, merge_pairs
+from llmcheck.core.records import (
+    VERDICT_ERROR,
+    VERDICT_FAIL,
+    VERDICT_PASS,
+    VERDICT_WARN,
+    ComparisonRow,
+    Dump,
+    MetricResult,
+    MetricSpec,
+    Pair,
+    TensorRecord,
+    UserMapping,
+)
+from llmcheck.core.verdicts import (
+    NONFINITE_METRIC,
+    ThresholdOverride,
+    is_float_dtype,
+    judge,
+    judging_class,
+    least_precise,
+    run_precision,
+)
+
+log = logging.getLogger("llmcheck.compare")
+
+SUMMARY_FORMAT = "llmcheck-compare-summary"
+
+
+@dataclass
+class CompareResult:
+    """Everything one compare found: both dumps, the pairing, one row per pair, how long it took."""
+
+    golden: Dump
+    my: Dump
+    pairing: Pairing
+    rows: list[ComparisonRow]
+    metric_specs: list[MetricSpec]
+    elapsed_s: float
+    tensor_bytes_read: int
+    tensor_bytes_compared: int = 0
+
+    def counts(self) -> dict[str, int]:
+        """Return the number of pairs, of rows per verdict, and of unmatched records per side."""
+        verdicts = [row.verdict for row in self.rows]
+        return {
+            "pairs": len(self.rows), "passes": verdicts.count(VERDICT_PASS), "warnings": verdicts.count(VERDICT_WARN),
+            "failures": verdicts.count(VERDICT_FAIL), "errors": verdicts.count(VERDICT_ERROR),
+            "unmatched_golden": len(self.pairing.unmatched_golden), "unmatched_my": len(self.pairing.unmatched_my),
+            "unmatched": len(self.pairing.unmatched_golden) + len(self.pairing.unmatched_my),
+        }
+
+    @property
+    def first_divergence(self) -> ComparisonRow | None:
+        """Return the first failing row in execution order."""
+        return first_divergence(self.rows)
+
+    @property
+    def first_introduced(self) -> ComparisonRow | None:
+        """Return the first row whose error is introduced there (the deepest such module)."""
+        return first_introduced(self.rows)
+
+    def summary(self) -> dict[str, Any]:
+        """Return the content of summary.json."""
+        introduced = [row for row in self.rows if row.attribution == "introduced"]
+        throughput = self.tensor_bytes_read / self.elapsed_s / 1e9 if self.elapsed_s > 0 else None
+        return {
+            "format": SUMMARY_FORMAT, "format_version": 1,
+            "golden": {"path": str(self.golden.root), "source": self.golden.source, "records": len(self.golden.records),
+                       "cut": self.golden.cut},
+            "my": {"path": str(self.my.root), "source": self.my.source, "records": len(self.my.records),
+                   "cut": self.my.cut},
+            "counts": self.counts(),
+            "first_divergence": describe_row(self.first_divergence),
+            "first_introduced": describe_row(self.first_introduced),
+            "introduced": [describe_row(row) for row in introduced[:50]],
+            "metrics": [spec.name for spec in self.metric_specs],
+            "thresholds": {spec.name: {cls: list(limits) for cls, limits in spec.thresholds.items()}
+                           for spec in self.metric_specs if spec.thresholds},
+            "elapsed_s": round(self.elapsed_s, 3), "tensor_bytes_read": self.tensor_bytes_read,
+            "tensor_bytes_compared": self.tensor_bytes_compared,
+            "throughput_gb_per_s": round(throughput, 3) if throughput is not None else None,
+        }
+
+
+def select_metrics(metric_names: Sequence[str] | None) -> list[MetricSpec]:
+    """Return the registered metrics named (all of them when none are named), in table order."""
+    from llmcheck.core.plugins import get_plugins
+
+    registered = get_plugins().metrics()
+    if not metric_names:
+        return list(registered.values())
+    unknown = [name for name in metric_names if name not in registered]
+    if unknown:
+        raise UsageError(f"unknown metric {unknown[0]!r}", where="--metric",
+                         hint=f"known: {', '.join(registered) or 'none'}")
+    wanted = set(metric_names)
+    return [spec for name, spec in registered.items() if name in wanted]
+
+
+def _shape_text(shape: Sequence[int]) -> str:
+    return str(list(shape))
+
+
+def incomparable_reason(golden: TensorRecord, my: TensorRecord) -> str | None:
+    """Return why two paired records cannot be measured element by element, or None when they can."""
+    from llmcheck.core.tensor_chunks import streamable
+
+    for side, record in (("golden", golden), ("my", my)):
+        if record.data is None:
+            return f"{side} has no tensor data (a statistics-only dump)"
+        if not streamable(record.dtype):
+            return f"{side} dtype {record.dtype} cannot be compared"
+    if golden.dtype.startswith("complex") != my.dtype.startswith("complex"):
+        return f"dtype mismatch: golden {golden.dtype} vs my {my.dtype} (complex against real)"
+    if tuple(golden.shape) != tuple(my.shape):
+        squeezed = [tuple(size for size in shape if size != 1) for shape in (golden.shape, my.shape)]
+        if squeezed[0] != squeezed[1]:
+            return f"shape mismatch: golden {_shape_text(golden.shape)} vs my {_shape_text(my.shape)}"
+    return None
+
+
+def _notes(golden: TensorRecord, my: TensorRecord) -> list[str]:
+    notes = []
+    if tuple(golden.shape) != tuple(my.shape):
+        notes.append(f"shapes differ only in size-1 dims ({_shape_text(golden.shape)} vs {_shape_text(my.shape)}); "
+                     "compared element by element")
+    if is_float_dtype(golden.dtype) != is_float_dtype(my.dtype):
+        notes.append(f"dtype kinds differ: golden {golden.dtype} vs my {my.dtype}")
+    return notes
+
+
+def _nonfinite_note(measurement: Any) -> str | None:
+    golden, my = measurement.golden_stats, measurement.my_stats
+    counts = f"golden {golden.nan_count} NaN, {golden.inf_count} Inf; my {my.nan_count} NaN, {my.inf_count} Inf"
+    if measurement.nonfinite_mismatch:
+        return f"{measurement.nonfinite_mismatch} positions are NaN/Inf on one side only ({counts})"
+    if measurement.matching_nonfinite:
+        return (f"{measurement.matching_nonfinite} positions are the same NaN/Inf on both sides, "
+                f"left out of the metrics ({counts})")
+    return None
+
+
+def _has_stats(record: TensorRecord) -> bool:
+    return record.stats is not None and record.stats.max is not None
+
+
+def _merged_stats(record: TensorRecord, measured: Any) -> Any:
+    """Return the record's own statistics when the source recorded them, else the measured ones."""
+    return record.stats if _has_stats(record) else measured
+
+
+def compare_dumps(golden: Dump, my: Dump, *, metric_names: Sequence[str] | None = None,
+                  user_mapping: UserMapping | None = None, threshold_overrides: Sequence[ThresholdOverride] = (),
+                  workers: int | None = None,
+                  on_pairs_known: Callable[[int, int], None] | None = None,
+                  on_measured: Callable[[int], None] | None = None) -> CompareResult:
+    """Return the comparison of two loaded dumps: pairs, a judged row per pair, attribution.
+
+    ``workers`` worker processes (default: one per CPU) measure large compares; they are
+    started with ``spawn``, so a script calling this needs the usual
+    ``if __name__ == "__main__":`` guard (or ``workers=1``). ``on_pairs_known(pairs,
+    tensor_bytes)`` is called once the work is known and ``on_measured(tensor_bytes)`` after
+    each pair, for a progress bar.
+    """
+    from llmcheck.core.metric_engine import PairJob, measure_pairs
+    from llmcheck.core.plugins import get_plugins
+
+    started = time.perf_counter()
+    specs = select_metrics(metric_names)
+    pairing = merge_pairs(golden, my, get_plugins().map_pairs(golden, my, user_mapping))
+    jobs: dict[tuple[Any, ...], PairJob] = {}
+    same_data_as: dict[int, int] = {}
+    problems: dict[int, str] = {}
+    for index, pair in enumerate(pairing.pairs):
+        assert pair.golden is not None and pair.my is not None
+        problem = incomparable_reason(pair.golden, pair.my)
+        if problem is not None:
+            problems[index] = problem
+            continue
+        job = PairJob(index=index, golden=pair.golden.data, my=pair.my.data,  # type: ignore[arg-type]
+                      golden_needs_stats=not _has_stats(pair.golden), my_needs_stats=not _has_stats(pair.my))
+        # A capture stores a tensor once however many records see it (a module's output is the
+        # next one's input): pairs over the same bytes on both sides are measured once.
+        identity = _data_identity(job)
+        first = jobs.get(identity)
+        if first is None:
+            jobs[identity] = job
+        else:
+            same_data_as[index] = first.index
+            jobs[identity] = dataclasses.replace(
+                first, golden_needs_stats=first.golden_needs_stats or job.golden_needs_stats,
+                my_needs_stats=first.my_needs_stats or job.my_needs_stats)
+    unique_jobs = sorted(jobs.values(), key=lambda job: job.index)
+    if on_pairs_known is not None:
+        on_pairs_known(len(unique_jobs), sum(job.nbytes for job in unique_jobs))
+    measurements = measure_pairs(unique_jobs, specs, workers=workers,
+                                 on_measured=(lambda m: on_measured(m.bytes_read)) if on_measured else None)
+    bytes_read = sum(m.bytes_read for m in measurements.values())
+    for index, first_index in same_data_as.items():
+        measurements[index] = dataclasses.replace(measurements[first_index], index=index, bytes_read=0)
+    run_classes = (run_precision([record.dtype for record in dump.records]) for dump in (golden, my))
+    run_floor = least_precise([name for name in run_classes if name])
+    rows = [_row(index, pair, specs, problems.get(index), measurements.get(index), threshold_overrides, run_floor)
+            for index, pair in enumerate(pairing.pairs)]
+    rows = attribute(rows)
+    return CompareResult(golden=golden, my=my, pairing=pairing, rows=rows, metric_specs=specs,
+                         elapsed_s=time.perf_counter() - started, tensor_bytes_read=bytes_read,
+                         tensor_bytes_compared=sum(pair_bytes(pair) for pair in pairing.pairs))
+
+
+def pair_bytes(pair: Pair) -> int:
+    """Return the tensor bytes of both records of a pair."""
+    return sum(record.nbytes for record in (pair.golden, pair.my) if record is not None)
+
+
+def _data_identity(job: Any) -> tuple[Any, ...]:
+    """Return what identifies the bytes a job reads (unique for data reached through a loader)."""
+    def side(data: Any) -> tuple[Any, ...]:
+        if data.loader is not None:
+            return ("loader", id(data))
+        return (str(data.path), data.offset, data.nbytes, data.dtype)
+
+    return side(job.golden) + side(job.my)
+
+
+def _row(index: int, pair: Pair, specs: Sequence[MetricSpec], problem: str | None, measurement: Any,
+         overrides: Sequence[ThresholdOverride], run_floor: str | None) -> ComparisonRow:
+    golden, my = pair.golden, pair.my
+    assert golden is not None and my is not None
+    if problem is not None or measurement is None:
+        return ComparisonRow(index=index, golden=golden, my=my, rule=pair.rule, metrics={}, verdict=VERDICT_ERROR,
+                             reason=problem or "not measured", golden_stats=golden.stats, my_stats=my.stats)
+    judged_class = judging_class(golden.dtype, my.dtype, run_floor)
+    results, verdict, deciding = judge(specs, measurement.values, golden.key.name, judged_class, overrides)
+    notes = _notes(golden, my)
+    nonfinite = _nonfinite_note(measurement)
+    if nonfinite:
+        notes.append(nonfinite)
+    if measurement.nonfinite_mismatch:
+        verdict, deciding = VERDICT_FAIL, NONFINITE_METRIC
+        results = {**results, NONFINITE_METRIC: MetricResult(NONFINITE_METRIC, float(measurement.nonfinite_mismatch),
+                                                             VERDICT_FAIL, 0.0, 0.0)}
+    return ComparisonRow(index=index, golden=golden, my=my, rule=pair.rule, metrics=results, verdict=verdict,
+                         deciding_metric=deciding, reason="; ".join(notes),
+                         golden_stats=_merged_stats(golden, measurement.golden_stats),
+                         my_stats=_merged_stats(my, measurement.my_stats),
+                         nonfinite_mismatch=measurement.nonfinite_mismatch, judged_as=judged_class)
+
+
+def _check_output_dir(output_dir: Path) -> None:
+    """Refuse an output folder that is a file, or a dump or inside one (reports are never written into a dump)."""
+    from llmcheck.core.store import is_dump_dir
+
+    if output_dir.exists() and not output_dir.is_dir():
+        raise UsageError("exists and is not a folder", where=output_dir, hint="pass a folder with -o")
+    resolved = output_dir.resolve()
+    for folder in (resolved, *resolved.parents):
+        if is_dump_dir(folder):
+            raise UsageError(f"is inside the dump {folder}; reports are never written into a dump",
+                             where=output_dir, hint="pass another folder with -o")
+
+
+def compare_command(*, golden_path: Path, my_path: Path, golden_source: str | None, my_source: str | None,
+                    output_dir: Path, metric_names: Sequence[str], mapping_path: Path | None, jobs: int | None,
+                    thresholds_path: Path | None = None) -> int:
+    """Run ``llmcheck compare``: compare two runs, write the reports, print the summary; return 0 (1: no pairs)."""
+    from rich.console import Console
+
+    from llmcheck.core.pairing import load_user_mapping
+    from llmcheck.core.plugins import get_plugins
+    from llmcheck.core.report import print_summary, write_reports
+    from llmcheck.core.verdicts import load_threshold_overrides
+
+    if jobs is not None and jobs < 1:
+        raise UsageError(f"invalid value {jobs}", where="-j/--jobs", hint="give 1 or more worker processes")
+    output_dir = Path(output_dir)
+    _check_output_dir(output_dir)
+    console = Console(soft_wrap=True)
+    specs = select_metrics(metric_names)
+    overrides = (load_threshold_overrides(Path(thresholds_path), [spec.name for spec in specs])
+                 if thresholds_path is not None else [])
+    user_mapping = load_user_mapping(Path(mapping_path)) if mapping_path is not None else None
+    plugins = get_plugins()
+    golden = plugins.load_tensors(Path(golden_path), golden_source)
+    my = plugins.load_tensors(Path(my_path), my_source)
+    result = compare_with_progress(golden, my, console=console, metric_names=[spec.name for spec in specs],
+                                   user_mapping=user_mapping, threshold_overrides=overrides, workers=jobs)
+    written = write_reports(result, output_dir)
+    print_summary(result, console, written)
+    return 0 if result.rows else 1
+
+
+def compare_with_progress(golden: Dump, my: Dump, *, console: Any, **options: Any) -> CompareResult:
+    """Return :func:`compare_dumps` of two dumps while a progress bar counts the tensor bytes measured."""
+    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
+
+    with Progress(TextColumn("comparing"), BarColumn(), DownloadColumn(binary_units=False), TransferSpeedColumn(),
+                  TimeRemainingColumn(), console=console, transient=True) as progress:
+        task = progress.add_task("compare", total=None)
+
+        def known(pairs: int, tensor_bytes: int) -> None:
+            progress.update(task, total=tensor_bytes)
+
+        def measured(tensor_bytes: int) -> None:
+            progress.advance(task, tensor_bytes)
+
+        return compare_dumps(golden, my, on_pairs_known=known, on_measured=measured, **options)

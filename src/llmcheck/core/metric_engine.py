@@ -1,0 +1,296 @@
+"""Measure pairs: stream both tensors in chunks through every metric, in parallel worker processes.
+
+Each pair is read chunk by chunk (:mod:`llmcheck.core.tensor_chunks`) into float64 buffers
+reused for the whole run, so a worker holds a few chunk buffers, never a tensor. NaN and
+Inf are counted, never skipped silently: positions where both sides hold the same
+non-finite value agree; positions where only one side is non-finite (or they differ) are
+counted as a mismatch; the metrics are computed over the positions finite on both sides.
+
+Pairs whose data is a plain byte range are sent to ``spawn``-ed worker processes in
+batches; those reached through a loader function (which cannot cross a process boundary)
+are measured in this process. Small compares run in-process: starting workers would cost
+more than it saves.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import pickle
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from multiprocessing import get_context
+from typing import Callable, Iterator, Sequence
+
+import numpy as np
+
+from llmcheck.core.errors import LlmcheckError
+from llmcheck.core.pair_chunk import PairChunk, Workspace
+from llmcheck.core.records import DTYPE_ITEMSIZE, MetricSpec, TensorData, TensorStats
+from llmcheck.core.tensor_chunks import ChunkReader
+
+log = logging.getLogger("llmcheck.compare")
+
+#: float64 values per chunk: 512 KiB per buffer keeps a chunk's working set in the CPU caches.
+DEFAULT_CHUNK_VALUES = 1 << 16
+#: Below this many tensor bytes in total, worker processes cost more than they save.
+PARALLEL_MIN_BYTES = 64 * 1024 * 1024
+#: Batches sent to a worker aim at this many tensor bytes (small pairs travel together).
+BATCH_TARGET_BYTES = 64 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class PairJob:
+    """One pair to measure: both data handles, and whether each side's statistics must be computed."""
+
+    index: int
+    golden: TensorData
+    my: TensorData
+    golden_needs_stats: bool = True
+    my_needs_stats: bool = True
+
+    @property
+    def nbytes(self) -> int:
+        """Return the tensor bytes both sides hold."""
+        return _data_bytes(self.golden) + _data_bytes(self.my)
+
+    @property
+    def crosses_processes(self) -> bool:
+        """Return whether both sides are byte ranges, which a worker process can open by path."""
+        return self.golden.loader is None and self.my.loader is None
+
+
+def _data_bytes(data: TensorData) -> int:
+    return data.nbytes if data.loader is None else data.numel * DTYPE_ITEMSIZE.get(data.dtype, 0)
+
+
+@dataclass
+class _SideStats:
+    """Running min, max, sum and NaN/Inf counts of one side's values."""
+
+    wanted: bool
+    low: float = math.inf
+    high: float = -math.inf
+    total: float = 0.0
+    finite: int = 0
+    nan: int = 0
+    inf: int = 0
+
+    def add_finite(self, values: np.ndarray) -> None:
+        if self.wanted and values.size:
+            self.low = min(self.low, float(values.min()))
+            self.high = max(self.high, float(values.max()))
+            self.total += float(values.sum())
+            self.finite += values.size
+
+    def result(self, l2_squared: float) -> TensorStats:
+        if not self.wanted:
+            return TensorStats(nan_count=self.nan, inf_count=self.inf)
+        defined = self.finite > 0
+        return TensorStats(min=self.low if defined else None, max=self.high if defined else None,
+                           mean=self.total / self.finite if defined else None,
+                           l2norm=math.sqrt(l2_squared) if defined else None, nan_count=self.nan, inf_count=self.inf)
+
+
+@dataclass
+class PairMeasurement:
+    """What measuring one pair gave: each metric's value, both sides' statistics, the NaN/Inf story."""
+
+    index: int
+    values: dict[str, float]
+    golden_stats: TensorStats
+    my_stats: TensorStats
+    nonfinite_mismatch: int = 0
+    matching_nonfinite: int = 0
+    bytes_read: int = 0
+    notes: list[str] = field(default_factory=list)
+
+
+def measure_pair(job: PairJob, specs: Sequence[MetricSpec], workspace: Workspace,
+                 chunk_values: int = DEFAULT_CHUNK_VALUES) -> PairMeasurement:
+    """Return every metric of one pair, streaming both tensors chunk by chunk through ``workspace``."""
+    accumulators = [spec.make_accumulator() for spec in specs]
+    chunk_updates = [getattr(acc, "update_chunk", None) for acc in accumulators]
+    golden_side = _SideStats(job.golden_needs_stats)
+    my_side = _SideStats(job.my_needs_stats)
+    golden_sq = my_sq = 0.0
+    mismatch = matching_nonfinite = 0
+    with ChunkReader(job.golden) as golden_reader, ChunkReader(job.my) as my_reader:
+        if golden_reader.size != my_reader.size:
+            raise ValueError(f"pair {job.index}: {golden_reader.size} golden values against {my_reader.size}")
+        total = golden_reader.size
+        for start in range(0, total, chunk_values):
+            count = min(chunk_values, total - start)
+            golden = golden_reader.read(start, workspace.buffer("golden", count), workspace.buffer)
+            my = my_reader.read(start, workspace.buffer("my", count), workspace.buffer)
+            chunk = PairChunk(golden, my, workspace)
+            if not (math.isfinite(chunk.sum_sq_golden()) and math.isfinite(chunk.sum_sq_my())):
+                chunk, chunk_mismatch, chunk_matching = _finite_part(golden, my, golden_side, my_side, workspace)
+                mismatch += chunk_mismatch
+                matching_nonfinite += chunk_matching
+            golden_side.add_finite(chunk.golden)
+            my_side.add_finite(chunk.my)
+            golden_sq += chunk.sum_sq_golden()
+            my_sq += chunk.sum_sq_my()
+            for accumulator, update_chunk in zip(accumulators, chunk_updates):
+                if update_chunk is not None:
+                    update_chunk(chunk)
+                else:
+                    accumulator.update(chunk.golden, chunk.my)
+    values = {spec.name: float(acc.result()) for spec, acc in zip(specs, accumulators)}
+    return PairMeasurement(index=job.index, values=values, golden_stats=golden_side.result(golden_sq),
+                           my_stats=my_side.result(my_sq), nonfinite_mismatch=mismatch,
+                           matching_nonfinite=matching_nonfinite, bytes_read=job.nbytes)
+
+
+def _finite_part(golden: np.ndarray, my: np.ndarray, golden_side: _SideStats, my_side: _SideStats,
+                 workspace: Workspace) -> tuple[PairChunk, int, int]:
+    """Count NaN/Inf on both sides and return the chunk of positions finite on both, mismatches, agreements."""
+    golden_finite = np.isfinite(golden)
+    my_finite = np.isfinite(my)
+    for side, values, finite in ((golden_side, golden, golden_finite), (my_side, my, my_finite)):
+        nan = int(np.count_nonzero(np.isnan(values)))
+        side.nan += nan
+        side.inf += int(values.size - np.count_nonzero(finite)) - nan
+    both_finite = golden_finite & my_finite
+    neither = ~(golden_finite | my_finite)
+    same = neither & ((golden == my) | (np.isnan(golden) & np.isnan(my)))
+    matching = int(np.count_nonzero(same))
+    mismatch = int(golden.size - np.count_nonzero(both_finite)) - matching
+    kept = int(np.count_nonzero(both_finite))
+    golden_kept = workspace.buffer("golden_finite", kept)
+    my_kept = workspace.buffer("my_finite", kept)
+    np.compress(both_finite, golden, out=golden_kept)
+    np.compress(both_finite, my, out=my_kept)
+    return PairChunk(golden_kept, my_kept, workspace), mismatch, matching
+
+
+# --- running many pairs ------------------------------------------------------------------
+
+
+_worker_state: dict[str, object] = {}
+
+
+def _init_worker(specs: list[MetricSpec], chunk_values: int) -> None:
+    _worker_state["specs"] = specs
+    _worker_state["workspace"] = Workspace(chunk_values)
+    _worker_state["chunk_values"] = chunk_values
+
+
+def _measure_batch(jobs: list[PairJob]) -> list[PairMeasurement]:
+    specs = _worker_state["specs"]
+    workspace = _worker_state["workspace"]
+    chunk_values = _worker_state["chunk_values"]
+    return [measure_pair(job, specs, workspace, chunk_values) for job in jobs]  # type: ignore[arg-type]
+
+
+@contextmanager
+def _single_threaded_children() -> Iterator[None]:
+    """Start worker processes with one BLAS/OpenMP thread each: the workers are the parallelism."""
+    names = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
+    saved = {name: os.environ.get(name) for name in names}
+    os.environ.update({name: "1" for name in names})
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def _batches(jobs: Sequence[PairJob], workers: int) -> list[list[PairJob]]:
+    """Group jobs in execution order into batches of about BATCH_TARGET_BYTES (fewer for few jobs)."""
+    total = sum(job.nbytes for job in jobs)
+    target = max(1, min(BATCH_TARGET_BYTES, total // (workers * 4) or 1))
+    batches: list[list[PairJob]] = []
+    current: list[PairJob] = []
+    current_bytes = 0
+    for job in jobs:
+        current.append(job)
+        current_bytes += job.nbytes
+        if current_bytes >= target:
+            batches.append(current)
+            current, current_bytes = [], 0
+    if current:
+        batches.append(current)
+    return batches
+
+
+def default_workers() -> int:
+    """Return the worker count used when the user gives none: the CPUs this process may run on."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # pragma: no cover - not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def measure_pairs(jobs: Sequence[PairJob], specs: Sequence[MetricSpec], *, workers: int | None = None,
+                  chunk_values: int = DEFAULT_CHUNK_VALUES,
+                  on_measured: Callable[[PairMeasurement], None] | None = None) -> dict[int, PairMeasurement]:
+    """Return the measurement of every job by index, using worker processes when that pays off."""
+    workers = workers or default_workers()
+    remote = [job for job in jobs if job.crosses_processes]
+    local = [job for job in jobs if not job.crosses_processes]
+    remote_bytes = sum(job.nbytes for job in remote)
+    if workers > 1 and remote_bytes >= PARALLEL_MIN_BYTES and not _picklable(specs):
+        log.info("a metric cannot be sent to worker processes (its accumulator is not importable by name); "
+                 "measuring in this process")
+        workers = 1
+    if workers <= 1 or remote_bytes < PARALLEL_MIN_BYTES:
+        local, remote = list(jobs), []
+    results: dict[int, PairMeasurement] = {}
+
+    def done(measurement: PairMeasurement) -> None:
+        results[measurement.index] = measurement
+        if on_measured is not None:
+            on_measured(measurement)
+
+    if remote:
+        _measure_in_workers(remote, list(specs), workers, chunk_values, done)
+    workspace = Workspace(chunk_values)
+    for job in local:
+        done(measure_pair(job, specs, workspace, chunk_values))
+    return results
+
+
+def _picklable(specs: Sequence[MetricSpec]) -> bool:
+    try:
+        pickle.dumps(list(specs))
+    except Exception:  # any pickling failure means: keep the work in this process
+        return False
+    return True
+
+
+def _measure_in_workers(jobs: list[PairJob], specs: list[MetricSpec], workers: int, chunk_values: int,
+                        done: Callable[[PairMeasurement], None]) -> None:
+    batches = _batches(jobs, workers)
+    workers = min(workers, len(batches))
+    with _single_threaded_children():
+        executor = ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn"),
+                                       initializer=_init_worker, initargs=(specs, chunk_values))
+    with executor:
+        pending: set[Future[list[PairMeasurement]]] = set()
+        queue = list(reversed(batches))
+        # Keep two batches per worker in flight: enough to never idle, few enough to bound memory.
+        with _single_threaded_children():
+            while queue and len(pending) < 2 * workers:
+                pending.add(executor.submit(_measure_batch, queue.pop()))
+        while pending:
+            finished, pending = wait(pending, return_when=FIRST_COMPLETED)
+            for future in finished:
+                try:
+                    measurements = future.result()
+                except BrokenProcessPool as exc:
+                    raise LlmcheckError(
+                        "a worker process measuring pairs died (out of memory, killed, or -- from a Python script -- "
+                        "the script has no `if __name__ == \"__main__\":` guard, so each worker ran it again)",
+                        where="llmcheck compare", hint="rerun with -j 1 (workers=1) to measure in one process") from exc
+                for measurement in measurements:
+                    done(measurement)
+                if queue:
+                    pending.add(executor.submit(_measure_batch, queue.pop()))

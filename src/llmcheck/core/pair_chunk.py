@@ -1,0 +1,135 @@
+"""One chunk of a pair as float64 arrays, with the values several metrics share computed once.
+
+A metric accumulator may define ``update_chunk(chunk: PairChunk)`` instead of (or besides)
+``update(golden, my)``; the metric engine then hands it this object. Nine metrics over one
+chunk would otherwise each subtract the two sides, take absolute values and form the same
+dot products; here the first metric that asks computes the value and the others reuse it,
+which is what lets a compare run near memory speed. Every array is a view into a buffer the
+engine reuses from chunk to chunk: read it, never keep it.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Callable
+
+import numpy as np
+
+#: Golden magnitudes at or below this are too close to zero for a relative error (float32 eps, as the seed tool).
+RELATIVE_FLOOR = float(np.finfo(np.float32).eps)
+
+
+def _einsum_dot(a: np.ndarray, b: np.ndarray) -> float:
+    return np.einsum("i,i->", a, b)
+
+
+#: A multi-threaded BLAS dot wakes its threads for every chunk, and on a busy machine that
+#: costs 20x the arithmetic; worker processes start with one BLAS thread (the metric engine
+#: sets OPENBLAS_NUM_THREADS=1 before they import numpy) and use BLAS, any other process uses
+#: numpy's own single-threaded sum of products.
+dot: Callable[[np.ndarray, np.ndarray], float] = (
+    np.dot if os.environ.get("OPENBLAS_NUM_THREADS") == "1" else _einsum_dot)  # type: ignore[assignment]
+
+
+class Workspace:
+    """Float64 buffers reused from chunk to chunk, so streaming a pair allocates nothing per chunk."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self._buffers: dict[str, np.ndarray] = {}
+
+    def buffer(self, name: str, size: int, dtype: Any = np.float64) -> np.ndarray:
+        """Return the first ``size`` elements of the named buffer (grown if a chunk is larger)."""
+        dtype = np.dtype(dtype)
+        held = self._buffers.get(name)
+        if held is None or held.size < size or held.dtype != dtype:
+            held = np.empty(max(size, self.capacity), dtype=dtype)
+            self._buffers[name] = held
+        return held[:size]
+
+
+class PairChunk:
+    """Both sides of one chunk (flattened, float64, finite, equal length) and their shared derived values."""
+
+    __slots__ = ("golden", "my", "size", "_workspace", "_cache")
+
+    def __init__(self, golden: np.ndarray, my: np.ndarray, workspace: Workspace) -> None:
+        self.golden = golden
+        self.my = my
+        self.size = int(golden.size)
+        self._workspace = workspace
+        self._cache: dict[str, Any] = {}
+
+    def _cached(self, name: str, compute: Callable[[], Any]) -> Any:
+        value = self._cache.get(name)
+        if value is None:
+            value = compute()
+            self._cache[name] = value
+        return value
+
+    def scratch(self, name: str, dtype: Any = np.float64) -> np.ndarray:
+        """Return a reusable buffer of the chunk's length for a metric's own temporaries."""
+        return self._workspace.buffer("scratch:" + name, self.size, dtype)
+
+    # --- element-wise arrays ---
+
+    def diff(self) -> np.ndarray:
+        """Return ``my - golden``."""
+        return self._cached("diff", lambda: np.subtract(self.my, self.golden, out=self.scratch("_diff")))
+
+    def abs_diff(self) -> np.ndarray:
+        """Return ``|my - golden|``."""
+        return self._cached("abs_diff", lambda: np.abs(self.diff(), out=self.scratch("_abs_diff")))
+
+    def abs_golden(self) -> np.ndarray:
+        """Return ``|golden|``."""
+        return self._cached("abs_golden", lambda: np.abs(self.golden, out=self.scratch("_abs_golden")))
+
+    def relative_error(self) -> np.ndarray:
+        """Return ``|my - golden| / |golden|`` where ``|golden| > RELATIVE_FLOOR``, 0 elsewhere."""
+
+        def compute() -> np.ndarray:
+            magnitude = self.abs_golden()
+            ratio = self.scratch("_relative")
+            with np.errstate(divide="ignore", invalid="ignore"):
+                np.divide(self.abs_diff(), magnitude, out=ratio)
+            undefined_count = 0
+            if self.size and float(magnitude.min()) <= RELATIVE_FLOOR:  # rare: only then pay for the mask
+                undefined = np.less_equal(magnitude, RELATIVE_FLOOR, out=self.scratch("_undefined", np.bool_))
+                undefined_count = int(np.count_nonzero(undefined))
+                ratio[undefined] = 0.0
+            self._cache["relative_defined_count"] = self.size - undefined_count
+            return ratio
+
+        return self._cached("relative_error", compute)
+
+    def relative_defined_count(self) -> int:
+        """Return how many positions have a defined relative error (``|golden| > RELATIVE_FLOOR``)."""
+        self.relative_error()
+        return int(self._cache["relative_defined_count"])
+
+    # --- reductions ---
+
+    def max_abs_diff(self) -> float:
+        """Return ``max |my - golden|`` (0 for an empty chunk)."""
+        return self._cached("max_abs_diff", lambda: float(self.abs_diff().max(initial=0.0)))
+
+    def sum_abs_diff(self) -> float:
+        """Return ``sum |my - golden|``."""
+        return self._cached("sum_abs_diff", lambda: float(self.abs_diff().sum()))
+
+    def sum_sq_golden(self) -> float:
+        """Return ``sum golden**2``."""
+        return self._cached("sum_sq_golden", lambda: float(dot(self.golden, self.golden)))
+
+    def sum_sq_my(self) -> float:
+        """Return ``sum my**2``."""
+        return self._cached("sum_sq_my", lambda: float(dot(self.my, self.my)))
+
+    def dot_golden_my(self) -> float:
+        """Return ``sum golden * my``."""
+        return self._cached("dot_golden_my", lambda: float(dot(self.golden, self.my)))
+
+    def sum_sq_diff(self) -> float:
+        """Return ``sum (my - golden)**2``."""
+        return self._cached("sum_sq_diff", lambda: float(dot(self.diff(), self.diff())))

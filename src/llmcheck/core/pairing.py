@@ -1,0 +1,171 @@
+"""Pairing: merge every plugin's proposed pairs by priority, and read and write the user's mapping files.
+
+Plugins propose pairs through the *map pairs* hook, each with a rule and a priority (user
+mapping 100, source-specific rules 50, exact key 20, sequence alignment 0). A pair is kept
+when it has the highest priority among the proposals of *both* its records; equal-priority
+proposals are all kept (a rule may pair one golden tensor with several of mine). A
+one-sided proposal (``Pair(None, record, note=...)``) claims its record at its priority:
+lower-priority pairs of that record are dropped. Records left in no pair are reported
+unmatched, with the note a plugin gave for them.
+
+``pairs.json`` lists every kept pair with its rule and the unmatched records of each side.
+A user may edit it and give it back with ``--mapping``: each pair in it becomes an exact
+user pair (priority 100). A mapping file may instead hold name patterns, JSON or YAML::
+
+    {"model.layers.*.mlp": "decoder.blocks.*.ffn"}          # golden pattern -> my pattern
+    [{"golden": "lm_head", "my": "output_layer"}]            # the same as a list
+
+``*`` matches any run of characters; records pair when the parts matched by the ``*`` agree
+and their io, position, step and call index agree. The seed tool's ``-mf FOLDER`` (a folder
+holding ``op_mapping_file.json``, ``{op type: [op types]}``) is read the same way, one entry
+per listed value.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from llmcheck.core.errors import UsageError
+from llmcheck.core.records import Dump, Pair, RecordKey, TensorRecord, UserMapping
+
+PAIRS_FORMAT = "llmcheck-pairs"
+PAIRS_FORMAT_VERSION = 1
+NO_COUNTERPART = "no pairing rule found a counterpart"
+#: The file the seed tool's ``-mf`` folder holds.
+SEED_MAPPING_NAME = "op_mapping_file.json"
+
+
+@dataclass(frozen=True)
+class Unmatched:
+    """A record no kept pair holds, and why (a plugin's note, or that no rule found a counterpart)."""
+
+    record: TensorRecord
+    note: str = NO_COUNTERPART
+
+
+@dataclass
+class Pairing:
+    """The kept pairs in golden execution order, and the unmatched records of each side."""
+
+    pairs: list[Pair]
+    unmatched_golden: list[Unmatched] = field(default_factory=list)
+    unmatched_my: list[Unmatched] = field(default_factory=list)
+
+
+def merge_pairs(golden: Dump, my: Dump, proposals: Sequence[Pair]) -> Pairing:
+    """Return the pairs kept from every plugin's proposals, and what stayed unmatched."""
+    best_golden: dict[int, int] = {}
+    best_my: dict[int, int] = {}
+    notes: dict[int, str] = {}
+    for pair in proposals:
+        # A one-sided proposal is a claim too: a rule that states "this record has no
+        # counterpart" at priority 50 keeps a priority-0 sequence alignment from pairing it.
+        if pair.golden is not None:
+            best_golden[id(pair.golden)] = max(best_golden.get(id(pair.golden), pair.priority), pair.priority)
+        if pair.my is not None:
+            best_my[id(pair.my)] = max(best_my.get(id(pair.my), pair.priority), pair.priority)
+        if pair.note and (pair.golden is None) != (pair.my is None):
+            lone = pair.golden if pair.golden is not None else pair.my
+            notes.setdefault(id(lone), pair.note)
+    kept: list[Pair] = []
+    seen: set[tuple[int, int]] = set()
+    for pair in proposals:
+        if pair.golden is None or pair.my is None:
+            continue
+        identity = (id(pair.golden), id(pair.my))
+        if identity in seen:
+            continue
+        if pair.priority == best_golden[identity[0]] and pair.priority == best_my[identity[1]]:
+            kept.append(pair)
+            seen.add(identity)
+    kept.sort(key=lambda pair: (pair.golden.order, pair.my.order))  # type: ignore[union-attr]
+    paired_golden = {golden_id for golden_id, _ in seen}
+    paired_my = {my_id for _, my_id in seen}
+    return Pairing(
+        pairs=kept,
+        unmatched_golden=[Unmatched(r, notes.get(id(r), NO_COUNTERPART)) for r in golden.records
+                          if id(r) not in paired_golden],
+        unmatched_my=[Unmatched(r, notes.get(id(r), NO_COUNTERPART)) for r in my.records if id(r) not in paired_my],
+    )
+
+
+# --- record keys as JSON ------------------------------------------------------------------
+
+
+def key_to_json(key: RecordKey) -> dict[str, Any]:
+    """Return a record key as the JSON object pairs.json uses."""
+    return {"name": key.name, "io": key.io, "position": key.position, "step": key.step,
+            "call_index": key.call_index, "moment": key.moment}
+
+
+def key_from_json(value: Any, where: Path, what: str) -> RecordKey:
+    """Return the record key of a pairs.json object (``name`` required, the rest defaulted)."""
+    if not isinstance(value, Mapping) or not isinstance(value.get("name"), str):
+        raise UsageError(f"{what} needs an object with a 'name'", where=where)
+    try:
+        return RecordKey(name=value["name"], io=str(value.get("io", "output")), position=str(value.get("position", "0")),
+                         step=int(value.get("step", 0)), call_index=int(value.get("call_index", 0)),
+                         moment=str(value.get("moment", "after")))
+    except (TypeError, ValueError) as exc:
+        raise UsageError(f"{what}: step and call_index must be integers", where=where) from exc
+
+
+def write_pairs_json(path: Path, pairing: Pairing, golden: Dump, my: Dump) -> None:
+    """Write pairs.json: every kept pair with its rule, then the unmatched records of each side."""
+    document = {
+        "format": PAIRS_FORMAT, "format_version": PAIRS_FORMAT_VERSION,
+        "golden_root": str(golden.root), "my_root": str(my.root),
+        "how_to_edit": "fix or add pairs, then rerun: llmcheck compare ... --mapping pairs.json",
+        "pairs": [{"golden": key_to_json(pair.golden.key), "my": key_to_json(pair.my.key),  # type: ignore[union-attr]
+                   "rule": pair.rule, "priority": pair.priority, **({"note": pair.note} if pair.note else {})}
+                  for pair in pairing.pairs],
+        "unmatched_golden": [{**key_to_json(item.record.key), "note": item.note} for item in pairing.unmatched_golden],
+        "unmatched_my": [{**key_to_json(item.record.key), "note": item.note} for item in pairing.unmatched_my],
+    }
+    Path(path).write_text(json.dumps(document, indent=1) + "\n", encoding="utf-8")
+
+
+# --- the user's mapping file ----------------------------------------------------------------
+
+
+def load_user_mapping(path: Path) -> UserMapping:
+    """Return the ``--mapping`` file as name-pattern entries, or as exact key pairs for an edited pairs.json."""
+    from llmcheck.core.structured_file import read_structured_file
+
+    path = Path(path)
+    if path.is_dir():  # the seed tool's -mf took a folder holding op_mapping_file.json
+        path = path / SEED_MAPPING_NAME
+    content = read_structured_file(path)
+    if isinstance(content, Mapping) and content.get("format") == PAIRS_FORMAT:
+        pairs = content.get("pairs")
+        if not isinstance(pairs, list):
+            raise UsageError("pairs.json has no 'pairs' list", where=path)
+        key_pairs = []
+        for position, pair in enumerate(pairs, start=1):
+            if not isinstance(pair, Mapping):
+                raise UsageError(f"pair {position} is not an object", where=path)
+            key_pairs.append((key_from_json(pair.get("golden"), path, f"pair {position} golden"),
+                              key_from_json(pair.get("my"), path, f"pair {position} my")))
+        return UserMapping(path=path, entries=(), key_pairs=tuple(key_pairs))
+    if isinstance(content, Mapping):  # a list value (the seed's {op type: [op types]}) maps to each
+        items = [(golden, my) for golden, value in content.items()
+                 for my in (value if isinstance(value, list) else [value])]
+    elif isinstance(content, list):
+        items = []
+        for position, entry in enumerate(content, start=1):
+            if not isinstance(entry, Mapping) or "golden" not in entry or "my" not in entry:
+                raise UsageError(f"entry {position} needs 'golden' and 'my' name patterns", where=path)
+            items.append((entry["golden"], entry["my"]))
+    else:
+        raise UsageError("a mapping file holds {golden pattern: my pattern} or a list of {golden, my}", where=path)
+    for golden_pattern, my_pattern in items:
+        if not isinstance(golden_pattern, str) or not isinstance(my_pattern, str) or not golden_pattern or not my_pattern:
+            raise UsageError(f"mapping {golden_pattern!r} -> {my_pattern!r}: both sides must be non-empty names",
+                             where=path)
+        if golden_pattern.count("*") != my_pattern.count("*"):
+            raise UsageError(f"mapping {golden_pattern!r} -> {my_pattern!r}: both sides need the same number of '*'",
+                             where=path)
+    return UserMapping(path=path, entries=tuple((str(g), str(m)) for g, m in items))

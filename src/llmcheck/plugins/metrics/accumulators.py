@@ -1,0 +1,253 @@
+"""Streaming accumulators of the built-in metrics: float64 sums over chunks, never a full float64 copy.
+
+Each accumulator folds one :class:`~llmcheck.core.pair_chunk.PairChunk` at a time
+(``update_chunk``) and also accepts plain arrays (``update``) like any third-party metric.
+The seed tool's defects are fixed here:
+
+* absolute errors count every position, including those where golden is zero (the seed
+  masked them, hiding a large value where golden is 0);
+* a mean is over the positions it is defined on (the seed divided masked sums by all
+  elements);
+* an all-zero side gets a defined value: cosine 1 when both sides are zero, 0 when one is;
+  relative euclidean distance 0 when both are zero, infinity when only golden is;
+* KL divergence is computed without overflow by an online log-sum-exp (see
+  :class:`KlDivergence`).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from llmcheck.core.pair_chunk import PairChunk, Workspace, dot
+
+
+class _ChunkAccumulator:
+    """Base: ``update(golden, my)`` wraps the arrays in a chunk so both entry points share one code path."""
+
+    def update(self, golden: np.ndarray, my: np.ndarray) -> None:
+        """Fold in one chunk of both tensors, flattened, as float64 arrays of equal length."""
+        self.update_chunk(PairChunk(golden, my, Workspace(golden.size)))
+
+    def update_chunk(self, chunk: PairChunk) -> None:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+
+class CosineSimilarity(_ChunkAccumulator):
+    """cos(golden, my) over the flattened tensors: 1 when both are all zero, 0 when exactly one is."""
+
+    def __init__(self) -> None:
+        self.dot = self.golden_sq = self.my_sq = 0.0
+
+    def update_chunk(self, chunk: PairChunk) -> None:
+        self.dot += chunk.dot_golden_my()
+        self.golden_sq += chunk.sum_sq_golden()
+        self.my_sq += chunk.sum_sq_my()
+
+    def result(self) -> float:
+        if self.golden_sq == 0.0 and self.my_sq == 0.0:
+            return 1.0
+        if self.golden_sq == 0.0 or self.my_sq == 0.0:
+            return 0.0
+        product = self.golden_sq * self.my_sq  # one sqrt, so identical sides give exactly 1.0
+        norms = math.sqrt(product) if math.isfinite(product) else math.sqrt(self.golden_sq) * math.sqrt(self.my_sq)
+        return max(-1.0, min(1.0, self.dot / norms))
+
+
+class MaxRelativeError(_ChunkAccumulator):
+    """max |my - golden| / |golden| over positions where |golden| > float32 eps (0 if there are none)."""
+
+    def __init__(self) -> None:
+        self.worst = 0.0
+
+    def update_chunk(self, chunk: PairChunk) -> None:
+        if chunk.size:
+            self.worst = max(self.worst, float(chunk.relative_error().max()))
+
+    def result(self) -> float:
+        return self.worst
+
+
+class MeanRelativeError(_ChunkAccumulator):
+    """Mean of |my - golden| / |golden| over the positions where it is defined (|golden| > float32 eps)."""
+
+    def __init__(self) -> None:
+        self.total = 0.0
+        self.count = 0
+
+    def update_chunk(self, chunk: PairChunk) -> None:
+        if chunk.size:
+            self.total += float(chunk.relative_error().sum())
+            self.count += chunk.relative_defined_count()
+
+    def result(self) -> float:
+        return self.total / self.count if self.count else 0.0
+
+
+class MaxAbsoluteError(_ChunkAccumulator):
+    """max |my - golden| over every position."""
+
+    def __init__(self) -> None:
+        self.worst = 0.0
+
+    def update_chunk(self, chunk: PairChunk) -> None:
+        self.worst = max(self.worst, chunk.max_abs_diff())
+
+    def result(self) -> float:
+        return self.worst
+
+
+class MeanAbsoluteError(_ChunkAccumulator):
+    """Mean of |my - golden| over every position."""
+
+    def __init__(self) -> None:
+        self.total = 0.0
+        self.count = 0
+
+    def update_chunk(self, chunk: PairChunk) -> None:
+        self.total += chunk.sum_abs_diff()
+        self.count += chunk.size
+
+    def result(self) -> float:
+        return self.total / self.count if self.count else 0.0
+
+
+class RelativeEuclideanDistance(_ChunkAccumulator):
+    """||my - golden|| / ||golden||: 0 when both are zero, infinity when only golden is."""
+
+    def __init__(self) -> None:
+        self.diff_sq = self.golden_sq = 0.0
+
+    def update_chunk(self, chunk: PairChunk) -> None:
+        self.diff_sq += chunk.sum_sq_diff()
+        self.golden_sq += chunk.sum_sq_golden()
+
+    def result(self) -> float:
+        if self.golden_sq == 0.0:
+            return 0.0 if self.diff_sq == 0.0 else math.inf
+        return math.sqrt(self.diff_sq) / math.sqrt(self.golden_sq)
+
+
+class RootMeanSquareError(_ChunkAccumulator):
+    """sqrt(mean((my - golden)**2)) over every position."""
+
+    def __init__(self) -> None:
+        self.diff_sq = 0.0
+        self.count = 0
+
+    def update_chunk(self, chunk: PairChunk) -> None:
+        self.diff_sq += chunk.sum_sq_diff()
+        self.count += chunk.size
+
+    def result(self) -> float:
+        return math.sqrt(self.diff_sq / self.count) if self.count else 0.0
+
+
+class SignalToQuantizationNoise(_ChunkAccumulator):
+    """10 log10(sum golden**2 / sum (my - golden)**2) in dB: +inf when equal, -inf when golden is zero and my is not."""
+
+    def __init__(self) -> None:
+        self.diff_sq = self.golden_sq = 0.0
+
+    def update_chunk(self, chunk: PairChunk) -> None:
+        self.diff_sq += chunk.sum_sq_diff()
+        self.golden_sq += chunk.sum_sq_golden()
+
+    def result(self) -> float:
+        if self.diff_sq == 0.0:
+            return math.inf
+        if self.golden_sq == 0.0:
+            return -math.inf
+        return 10.0 * math.log10(self.golden_sq / self.diff_sq)
+
+
+#: Chunks whose |my - golden| stays below this use the series e**x - 1 - x = x**2/2 + x**3/6
+#: (truncation below 1e-7 relative); below the second limit the cubic term is below 4e-6 and is dropped.
+_SERIES_LIMIT = 1e-3
+_QUADRATIC_LIMIT = 1e-5
+
+
+class KlDivergence(_ChunkAccumulator):
+    """KL(softmax(golden) || softmax(my)) over the whole flattened tensor, as the seed tool defines it.
+
+    With ``p = softmax(golden)`` and ``e = my - golden`` the divergence is
+    ``KL = -sum p e + log sum p exp(e)``, a small difference of two terms when the runs
+    agree. Chunks where every ``|e| < 1e-3`` contribute to ``B = sum p (exp(e) - 1 - e)``
+    through its series, and KL is ``-A + log1p(A + B)`` with ``A = sum p e`` -- so fp32-close
+    runs get a KL accurate to float64, not to the noise of two log-sum-exps. Other chunks
+    add ``sum p exp(e) = sum exp(my - logsumexp(golden))`` directly, through an online
+    log-sum-exp of ``my``, so nothing overflows however far apart the runs are. The weights
+    ``exp(golden - running max)`` are rescaled when a later chunk raises the maximum.
+    Exponentials are taken in float32 (4x faster): the weights carry a relative error of
+    about 1e-6, which moves KL by about as much relative to its value, and chunks with large
+    differences add about 1e-8 absolute.
+    """
+
+    def __init__(self) -> None:
+        self.golden_max = -math.inf
+        self.weight_sum = 0.0        # sum w, w = exp(golden - golden_max)
+        self.weighted_diff = 0.0     # sum w e
+        self.weighted_series = 0.0   # sum w (exp(e) - 1 - e) over series chunks
+        self.direct_weight = 0.0     # sum w over direct chunks
+        self.direct_weighted_diff = 0.0  # sum w e over direct chunks
+        self.direct_my_max = -math.inf
+        self.direct_my_sum = 0.0     # sum exp(my - direct_my_max) over direct chunks
+
+    def _exp_sum(self, values: np.ndarray, shift: float, scratch: np.ndarray) -> np.ndarray:
+        np.subtract(values, shift, out=scratch, casting="same_kind")
+        return np.exp(scratch, out=scratch)
+
+    def update_chunk(self, chunk: PairChunk) -> None:
+        if chunk.size == 0:
+            return
+        chunk_max = float(chunk.golden.max())
+        if chunk_max > self.golden_max:
+            if self.weight_sum:
+                scale = math.exp(self.golden_max - chunk_max)
+                self.weight_sum *= scale
+                self.weighted_diff *= scale
+                self.weighted_series *= scale
+                self.direct_weight *= scale
+                self.direct_weighted_diff *= scale
+            self.golden_max = chunk_max
+        single = chunk.scratch("kl_f32", np.float32)
+        weights = chunk.scratch("kl_weights")
+        np.copyto(weights, self._exp_sum(chunk.golden, self.golden_max, single))
+        diff = chunk.diff()
+        weight_sum = float(weights.sum())
+        weighted_diff = float(dot(weights, diff))
+        self.weight_sum += weight_sum
+        self.weighted_diff += weighted_diff
+        largest = chunk.max_abs_diff()
+        if largest >= _SERIES_LIMIT:
+            self.direct_weight += weight_sum
+            self.direct_weighted_diff += weighted_diff
+            my_max = float(chunk.my.max())
+            if my_max > self.direct_my_max:
+                self.direct_my_sum *= math.exp(self.direct_my_max - my_max) if self.direct_my_sum else 0.0
+                self.direct_my_max = my_max
+            self.direct_my_sum += float(self._exp_sum(chunk.my, self.direct_my_max, single).sum(dtype=np.float64))
+            return
+        weighted = chunk.scratch("kl_weighted")
+        np.multiply(weights, diff, out=weighted)
+        series = 0.5 * float(dot(weighted, diff))
+        if largest >= _QUADRATIC_LIMIT:
+            np.multiply(weighted, diff, out=weighted)
+            series += float(dot(weighted, diff)) / 6.0
+        self.weighted_series += series
+
+    def result(self) -> float:
+        if self.weight_sum == 0.0:
+            return 0.0
+        mean_diff = self.weighted_diff / self.weight_sum
+        if self.direct_weight == 0.0:
+            value = -mean_diff + math.log1p(mean_diff + self.weighted_series / self.weight_sum)
+        else:
+            series_part = (self.weight_sum - self.direct_weight + self.weighted_diff - self.direct_weighted_diff
+                           + self.weighted_series) / self.weight_sum
+            golden_log_sum = self.golden_max + math.log(self.weight_sum)
+            direct_log = self.direct_my_max + math.log(self.direct_my_sum) - golden_log_sum
+            series_log = math.log(series_part) if series_part > 0.0 else -math.inf
+            value = -mean_diff + float(np.logaddexp(series_log, direct_log))
+        return max(value, 0.0)

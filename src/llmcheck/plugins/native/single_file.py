@@ -1,0 +1,203 @@
+"""Source "file": one tensor file (``.npy``, ``.pt``/``.pth``, ``.safetensors``) read as a small dump.
+
+``llmcheck compare -gp a.npy -mp b.npy`` compares two files directly. A file holding one
+tensor gives one record named ``tensor``, so any two such files pair; a file holding many
+(a safetensors file, a ``.pt`` state dict) gives one record per tensor, named by its key,
+so two checkpoints pair weight by weight. ``.npy`` and ``.safetensors`` are read as byte
+ranges (memory-mapped, no copy); ``.pt`` files are loaded with ``torch.load(...,
+weights_only=True)`` -- never arbitrary unpickling.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Any, Callable
+
+from llmcheck.core.errors import DumpFormatError
+from llmcheck.core.records import DTYPE_ITEMSIZE, Dump, RecordKey, TensorData, TensorRecord
+
+SOURCE_NAME = "file"
+SINGLE_TENSOR_NAME = "tensor"
+SUFFIXES = (".npy", ".pt", ".pth", ".safetensors")
+log = logging.getLogger("llmcheck.file")
+
+#: safetensors dtype codes -> canonical dtype names.
+_SAFETENSORS_DTYPES = {
+    "F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16",
+    "I64": "int64", "I32": "int32", "I16": "int16", "I8": "int8",
+    "U64": "uint64", "U32": "uint32", "U16": "uint16", "U8": "uint8", "BOOL": "bool",
+    "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2", "F8_E4M3FNUZ": "float8_e4m3fnuz",
+    "F8_E5M2FNUZ": "float8_e5m2fnuz", "F8_E8M0": "float8_e8m0fnu", "C64": "complex64",
+}
+
+
+def claims(path: Path) -> bool:
+    """Return whether ``path`` is a tensor file this source reads."""
+    return path.is_file() and path.suffix.lower() in SUFFIXES
+
+
+def load_file(path: Path) -> Dump:
+    """Return the tensors of one file as a dump, one record per tensor in file order."""
+    suffix = path.suffix.lower()
+    if suffix == ".npy":
+        records = [_npy_record(path)]
+    elif suffix == ".safetensors":
+        records = _safetensors_records(path)
+    else:
+        records = _torch_records(path)
+    return Dump(source=SOURCE_NAME, root=path, records=records, manifest={"file": str(path)})
+
+
+def _record(name: str, order: int, data: TensorData, path: Path, where: str) -> TensorRecord:
+    return TensorRecord(key=RecordKey(name=name), dtype=data.dtype, shape=data.shape, order=order, data=data,
+                        source_path=where)
+
+
+# --- .npy -------------------------------------------------------------------------------------
+
+
+def _npy_record(path: Path) -> TensorRecord:
+    import numpy as np
+    from numpy.lib import format as npy_format
+
+    try:
+        with open(path, "rb") as handle:
+            version = npy_format.read_magic(handle)
+            read_header = npy_format.read_array_header_1_0 if version == (1, 0) else npy_format.read_array_header_2_0
+            shape, fortran_order, dtype = read_header(handle)
+            data_offset = handle.tell()
+    except (ValueError, OSError) as exc:
+        raise DumpFormatError(f"not a valid .npy file: {exc}", where=path, offset=0) from exc
+    if dtype.hasobject:
+        raise DumpFormatError("holds Python objects, not numbers", where=path, hint="save a numeric array")
+    name = _numpy_dtype_name(dtype, path)
+    shape = tuple(int(size) for size in shape)
+    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    file_size = os.path.getsize(path)
+    if data_offset + nbytes > file_size:
+        raise DumpFormatError(f"array needs {nbytes} bytes after its header but the file holds "
+                              f"{file_size - data_offset}", where=path, offset=file_size)
+    if (fortran_order and len(shape) > 1) or dtype.byteorder == ">":
+        def load() -> Any:
+            import torch
+
+            array = np.load(path, mmap_mode="r")
+            return torch.from_numpy(np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<")))
+
+        data = TensorData(dtype=name, shape=shape, path=path, loader=load)
+    else:
+        data = TensorData(dtype=name, shape=shape, path=path, offset=data_offset, nbytes=nbytes)
+    return _record(SINGLE_TENSOR_NAME, 0, data, path, path.name)
+
+
+def _numpy_dtype_name(dtype: Any, path: Path) -> str:
+    kind_names = {"f": "float", "i": "int", "u": "uint", "c": "complex"}
+    if dtype.kind == "b":
+        return "bool"
+    prefix = kind_names.get(dtype.kind)
+    name = f"{prefix}{dtype.itemsize * 8}" if prefix else ""
+    if name not in DTYPE_ITEMSIZE:
+        raise DumpFormatError(f"unsupported array dtype {dtype.str!r}", where=path)
+    return name
+
+
+# --- .safetensors -------------------------------------------------------------------------------
+
+
+def _safetensors_records(path: Path) -> list[TensorRecord]:
+    file_size = os.path.getsize(path)
+    with open(path, "rb") as handle:
+        size_bytes = handle.read(8)
+        if len(size_bytes) < 8:
+            raise DumpFormatError("shorter than the 8-byte header length", where=path, offset=0)
+        header_size = int.from_bytes(size_bytes, "little")
+        if header_size > file_size - 8:
+            raise DumpFormatError(f"header length {header_size} exceeds the file ({file_size} bytes)",
+                                  where=path, offset=0)
+        try:
+            header = json.loads(handle.read(header_size))
+        except ValueError as exc:
+            raise DumpFormatError(f"header is not JSON: {exc}", where=path, offset=8) from exc
+    if not isinstance(header, dict):
+        raise DumpFormatError("header is not a JSON object", where=path, offset=8)
+    raw_dtypes = json.loads(header.get("__metadata__", {}).get("llmcheck_raw_dtypes", "{}"))
+    data_start = 8 + header_size
+    entries = sorted(((name, entry) for name, entry in header.items() if name != "__metadata__"),
+                     key=lambda item: item[1].get("data_offsets", [0])[0])
+    records = []
+    for order, (name, entry) in enumerate(entries):
+        try:
+            begin, end = (int(v) for v in entry["data_offsets"])
+            code, shape = entry["dtype"], tuple(int(v) for v in entry["shape"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise DumpFormatError(f"tensor {name!r} has a malformed header entry", where=path, offset=8) from exc
+        dtype = raw_dtypes.get(name) or _SAFETENSORS_DTYPES.get(code)
+        if dtype is None:
+            raise DumpFormatError(f"tensor {name!r} has unsupported dtype {code!r}", where=path, offset=8)
+        if name in raw_dtypes:  # stored as raw bytes; the true shape is not recoverable beyond its size
+            shape = (int(shape[0]) // DTYPE_ITEMSIZE[dtype],)
+        if data_start + end > file_size or begin > end:
+            raise DumpFormatError(f"tensor {name!r} bytes {begin}..{end} run past the end of the file",
+                                  where=path, offset=data_start + begin)
+        data = TensorData(dtype=dtype, shape=shape, path=path, offset=data_start + begin, nbytes=end - begin)
+        records.append(_record(name, order, data, path, f"{path.name}:{name}"))
+    return records
+
+
+# --- .pt / .pth ------------------------------------------------------------------------------------
+
+
+def _torch_records(path: Path) -> list[TensorRecord]:
+    import pickle
+
+    import torch
+
+    from llmcheck.core.tensor_io import dtype_name
+
+    try:
+        try:  # memory-mapped: a large checkpoint is read as its pairs are measured, not all at once
+            content = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        except RuntimeError as exc:
+            if "mmap" not in str(exc):
+                raise
+            content = torch.load(path, map_location="cpu", weights_only=True)  # the legacy (non-zip) format
+    except pickle.UnpicklingError as exc:
+        raise DumpFormatError("cannot be loaded with weights_only=True (it holds more than tensors and plain "
+                              "containers; llmcheck never unpickles arbitrary objects)", where=path) from exc
+    except (RuntimeError, EOFError, ValueError, OSError) as exc:
+        raise DumpFormatError(f"not a readable torch file: {exc}", where=path) from exc
+    tensors: list[tuple[str, Any]] = []
+    skipped: list[str] = []
+    _collect_tensors(content, "", tensors, skipped, torch.is_tensor)
+    if skipped:
+        log.info("%s: %d entries are not tensors and are not compared: %s", path, len(skipped),
+                 ", ".join(skipped[:5]) + (" ..." if len(skipped) > 5 else ""))
+    if not tensors:
+        raise DumpFormatError("holds no tensor", where=path)
+    records = []
+    for order, (name, tensor) in enumerate(tensors):
+        data = TensorData(dtype=dtype_name(tensor.dtype), shape=tuple(tensor.shape), path=path,
+                          loader=_loader_of(tensor))
+        records.append(_record(name or SINGLE_TENSOR_NAME, order, data, path, f"{path.name}:{name}" if name else path.name))
+    return records
+
+
+def _loader_of(tensor: Any) -> Callable[[], Any]:
+    return lambda: tensor
+
+
+def _collect_tensors(value: Any, prefix: str, found: list[tuple[str, Any]], skipped: list[str],
+                     is_tensor: Callable[[Any], bool]) -> None:
+    if is_tensor(value):
+        found.append((prefix, value))
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            _collect_tensors(item, f"{prefix}.{key}" if prefix else str(key), found, skipped, is_tensor)
+    elif isinstance(value, (list, tuple)):
+        for index, item in enumerate(value):
+            _collect_tensors(item, f"{prefix}.{index}" if prefix else str(index), found, skipped, is_tensor)
+    else:
+        skipped.append(prefix or type(value).__name__)

@@ -1,0 +1,78 @@
+"""Compare on the real SmolLM2-135M: defects named at exactly their module, bf16 within its thresholds."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+import torch
+
+from compare_runs import capture_run, scaled_weight, wrong_rmsnorm_epsilon
+from llmcheck.core.compare import compare_dumps
+from llmcheck.core.plugins import get_plugins
+
+pytestmark = pytest.mark.slow
+
+PROMPT = "The capital of France is Paris, and the capital of Italy is"
+
+
+@pytest.fixture(scope="module")
+def prompt_ids(smollm2) -> torch.Tensor:
+    _, tokenizer = smollm2
+    return tokenizer(PROMPT, return_tensors="pt").input_ids
+
+
+@pytest.fixture(scope="module")
+def golden_smollm2_dump(smollm2, prompt_ids, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    model, _ = smollm2
+    return capture_run(model, prompt_ids, tmp_path_factory.mktemp("golden"))
+
+
+def _compare(golden: Path, my: Path):
+    plugins = get_plugins()
+    return compare_dumps(plugins.load_tensors(golden), plugins.load_tensors(my))
+
+
+@pytest.mark.parametrize(("defect", "module_name"), [
+    (lambda model: wrong_rmsnorm_epsilon(model, "model.layers.3.post_attention_layernorm", 1e-2),
+     "model.layers.3.post_attention_layernorm"),
+    (lambda model: scaled_weight(model, "model.layers.17.mlp.down_proj", 0.97), "model.layers.17.mlp.down_proj"),
+], ids=["wrong-epsilon", "weight-3-percent-off"])
+def test_defect_in_a_named_module_is_the_first_introduced_divergence(
+        smollm2, prompt_ids, golden_smollm2_dump: Path, tmp_path: Path, defect, module_name: str) -> None:
+    model, _ = smollm2
+    with defect(model):
+        my_dump = capture_run(model, prompt_ids, tmp_path / "my")
+    result = _compare(golden_smollm2_dump, my_dump)
+    introduced = result.first_introduced
+    assert introduced is not None
+    assert (introduced.golden.key.name, introduced.golden.key.io) == (module_name, "output")
+    assert introduced.verdict == "fail" and introduced.attribution == "introduced"
+    # Everything before the defect agrees exactly; its parent's output is judged later (the
+    # residual stream may dilute the error to a warning), and the logits inherit it.
+    assert all(row.metrics["max_absolute_error"].value == 0.0 for row in result.rows
+               if row.golden.order < introduced.golden.order)
+    parent = module_name.rsplit(".", 1)[0]
+    parent_output = next(row for row in result.rows if row.golden.key.name == parent and row.golden.key.io == "output")
+    assert parent_output.verdict != "pass" and parent_output.golden.order > introduced.golden.order
+    logits = next(row for row in result.rows if row.golden.key.name == "lm_head" and row.golden.key.io == "output")
+    assert logits.verdict != "pass" and logits.attribution in ("", "inherited", "amplified")
+
+
+def test_bf16_against_fp32_warns_within_bf16_thresholds_and_never_fails(
+        smollm2, prompt_ids, golden_smollm2_dump: Path, tmp_path: Path) -> None:
+    model, _ = smollm2
+    bf16_model = copy.deepcopy(model).to(torch.bfloat16)
+    my_dump = capture_run(bf16_model, prompt_ids, tmp_path / "my")
+    del bf16_model
+    result = _compare(golden_smollm2_dump, my_dump)
+    counts = result.counts()
+    assert counts["failures"] == 0 and counts["errors"] == 0 and counts["unmatched"] == 0
+    assert counts["warnings"] > 0
+    float_rows = [row for row in result.rows if row.golden.dtype == "float32"]
+    assert float_rows and all(row.my.dtype == "bfloat16" for row in float_rows)
+    warned = [row for row in result.rows if row.verdict == "warn"]
+    assert all(row.metrics[row.deciding_metric].warn_threshold in (0.9999, 1.6e-2) for row in warned)
+    worst = max(row.metrics["relative_euclidean_distance"].value for row in float_rows)
+    assert 1.6e-2 < worst < 0.1  # bf16 error through 30 layers: a warning, well short of the fail line
