@@ -1,0 +1,175 @@
+"""FX-graph capture on any machine: a torch.compile backend and a torch.export runner that dump like torchair.
+
+``torch.compile(model, backend=fx_dump_backend)`` lowers each captured graph to ATen with
+AOTAutograd (as torchair's NPU backend does, so node names match torchair's), then runs it
+node by node with an :class:`torch.fx.Interpreter` that saves every ATen call's arguments
+and results in torchair's FX dump format, and returns the eager result. The same
+interpreter runs a ``torch.export`` program (:func:`dump_exported_program`). Running the
+same model in fp32 and bf16, or on CPU and CUDA, gives two dumps whose records pair
+exactly by node name.
+
+Layout written (the current torchair one): ``{dump_path}/worldsize{W}_global_rank{R}/
+gm_{ts}_dump/{step}/{node}-{target}.{INPUT|OUTPUT}.{i}[.{j}].{ts}.npy``, steps counted from 0
+per graph (one per call of the compiled graph). Like torchair, only positional arguments of
+ATen calls are saved, and dtypes numpy lacks (bfloat16, float8) are saved as float32;
+non-tensor arguments are saved as numbers where numpy can hold them, else as strings.
+Unlike torchair, each step folder also gets ``llmcheck_saved_dtypes.json`` naming the true
+dtype of every file saved as float32, so a bf16 run is judged against bf16 thresholds.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import logging
+import os
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import torch
+import torch.fx
+
+log = logging.getLogger("llmcheck.fx")
+
+DUMP_PATH_VARIABLE = "LLMCHECK_FX_DUMP_PATH"
+SAVED_DTYPES_FILE = "llmcheck_saved_dtypes.json"
+DEFAULT_DUMP_PATH = "llmcheck_fx_dump"
+TIMESTAMP_FORMAT = "%Y%m%d%H%M%S%f"
+_NUMPY_LACKS = {torch.bfloat16, *(getattr(torch, n) for n in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz",
+                                                             "float8_e5m2fnuz", "float8_e8m0fnu") if hasattr(torch, n))}
+
+
+class _Clock:
+    """Gives strictly increasing microsecond timestamps, so file names order the calls exactly."""
+
+    def __init__(self) -> None:
+        self.last: datetime | None = None
+
+    def stamp(self) -> str:
+        now = datetime.now()
+        if self.last is not None and now <= self.last:
+            now = self.last + timedelta(microseconds=1)
+        self.last = now
+        return now.strftime(TIMESTAMP_FORMAT)
+
+
+_clock = _Clock()
+
+
+def as_saved_array(value: Any) -> np.ndarray:
+    """Return what torchair's FX dumper saves for a value: the tensor as numpy, else ``np.array(value)`` or its text."""
+    if isinstance(value, torch.Tensor):
+        tensor = value.detach()
+        if tensor.dtype in _NUMPY_LACKS:
+            tensor = tensor.float()
+        elif tensor.dtype == torch.complex32:
+            tensor = tensor.to(torch.complex64)
+        try:
+            return tensor.cpu().resolve_conj().resolve_neg().contiguous().numpy()
+        except (TypeError, RuntimeError) as exc:  # sparse, quantised, ...: keep the run going, say what was lost
+            log.warning("FX dump: a %s %s tensor cannot be saved as .npy (%s); its description is saved instead",
+                        tensor.layout, tensor.dtype, exc)
+            return np.array(f"unsaved tensor: {tensor.dtype} {tensor.layout} {list(tensor.shape)}")
+    try:
+        array = np.array(value)
+    except Exception:  # numpy refuses some objects outright (symbolic sizes, ...)
+        return np.array(str(value))
+    return np.array(str(value)) if array.dtype.hasobject else array
+
+
+def rank_folder_name(rank: int | None = None, world_size: int | None = None) -> str:
+    """Return ``worldsize{W}_global_rank{R}``, from torch.distributed when it is initialised."""
+    if rank is None or world_size is None:
+        distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
+        rank = rank if rank is not None else torch.distributed.get_rank() if distributed else 0
+        world_size = world_size if world_size is not None else torch.distributed.get_world_size() if distributed else 1
+    return f"worldsize{world_size}_global_rank{rank}"
+
+
+class FxDumpInterpreter(torch.fx.Interpreter):
+    """Runs a graph node by node, saving each ATen call's positional arguments and results as ``.npy``.
+
+    One interpreter per graph; each :meth:`run` is one step, written to ``{graph_folder}/{step}/``.
+    """
+
+    def __init__(self, module: torch.fx.GraphModule, graph_folder: Path, first_step: int = 0) -> None:
+        super().__init__(module)
+        self.graph_folder = Path(graph_folder)
+        self.step = first_step
+        self._step_folder = self.graph_folder / str(first_step)
+        self._saved_dtypes: dict[str, str] = {}  # file name -> true dtype of tensors saved as float32
+
+    def run(self, *args: Any, **kwargs: Any) -> Any:
+        """Run the graph once (one step) and return its result."""
+        self._step_folder = self.graph_folder / str(self.step)
+        self._step_folder.mkdir(parents=True, exist_ok=False)
+        self._saved_dtypes = {}
+        try:
+            with torch.no_grad():
+                return super().run(*args, **kwargs)
+        finally:
+            if self._saved_dtypes:
+                (self._step_folder / SAVED_DTYPES_FILE).write_text(json.dumps(self._saved_dtypes, indent=0) + "\n")
+            self.step += 1
+
+    def _save(self, stem: str, value: Any) -> None:
+        file_name = f"{stem}.npy"
+        np.save(self._step_folder / file_name, as_saved_array(value), allow_pickle=False)
+        if isinstance(value, torch.Tensor) and value.dtype in _NUMPY_LACKS:
+            self._saved_dtypes[file_name] = str(value.dtype).removeprefix("torch.")
+
+    def run_node(self, node: torch.fx.Node) -> Any:
+        """Run one node; for an ATen call, save its arguments before and its results after."""
+        if node.op != "call_function" or not str(node.target).startswith("aten"):
+            return super().run_node(node)
+        with self._set_current_node(node):
+            args, kwargs = self.fetch_args_kwargs_from_env(node)
+            stamp = _clock.stamp()
+            prefix = f"{node.name}-{node.target}"
+            for i, arg in enumerate(args):
+                if isinstance(arg, (list, tuple)) and arg and isinstance(arg[0], torch.Tensor):
+                    for j, item in enumerate(arg):
+                        self._save(f"{prefix}.INPUT.{i}.{j}.{stamp}", item)
+                else:
+                    self._save(f"{prefix}.INPUT.{i}.{stamp}", arg)
+            result = self.call_function(node.target, args, kwargs)
+            for i, item in enumerate(result if isinstance(result, (list, tuple)) else [result]):
+                self._save(f"{prefix}.OUTPUT.{i}.{stamp}", item)
+            return result
+
+
+def new_graph_folder(dump_path: Path, rank: int | None = None, world_size: int | None = None) -> Path:
+    """Return a fresh ``{dump_path}/worldsize{W}_global_rank{R}/gm_{ts}_dump`` path (created on first run)."""
+    return Path(dump_path) / rank_folder_name(rank, world_size) / f"gm_{_clock.stamp()}_dump"
+
+
+def make_fx_dump_backend(dump_path: str | Path, *, rank: int | None = None,
+                         world_size: int | None = None) -> Callable[..., Any]:
+    """Return a torch.compile backend that dumps every graph it compiles under ``dump_path``."""
+    from torch._dynamo.backends.common import aot_autograd
+    from torch._functorch.aot_autograd import make_boxed_func
+
+    def compile_graph(graph_module: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
+        interpreter = FxDumpInterpreter(graph_module, new_graph_folder(Path(dump_path), rank, world_size))
+        return make_boxed_func(interpreter.run)
+
+    return aot_autograd(fw_compiler=compile_graph)
+
+
+def fx_dump_backend(graph_module: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
+    """A torch.compile backend dumping under ``$LLMCHECK_FX_DUMP_PATH`` (default ``./llmcheck_fx_dump``)."""
+    dump_path = os.environ.get(DUMP_PATH_VARIABLE, DEFAULT_DUMP_PATH)
+    return make_fx_dump_backend(dump_path)(graph_module, example_inputs)
+
+
+def dump_exported_program(program: "torch.export.ExportedProgram", args: Sequence[Any] = (),
+                          kwargs: dict[str, Any] | None = None, *, dump_path: str | Path,
+                          rank: int | None = None, world_size: int | None = None) -> Any:
+    """Run a ``torch.export`` program once with FX dumping and return its result (one new graph folder)."""
+    module = program.module()
+    bound = inspect.signature(module.forward).bind(*args, **(kwargs or {}))
+    bound.apply_defaults()
+    interpreter = FxDumpInterpreter(module, new_graph_folder(Path(dump_path), rank, world_size))
+    return interpreter.run(*bound.arguments.values())
