@@ -8,8 +8,9 @@ test keeps the two in step). Four families make the product:
 * **map pairs** -- propose golden <-> my pairs, each with the rule that made it;
 * **metric** -- named measures of a pair, with direction and thresholds per dtype.
 
-and one export resolver, :func:`llmcheck_export_onnx`, that turns a source's topology file
-into a viewable ONNX graph.
+one export resolver, :func:`llmcheck_export_onnx`, that turns a source's topology file
+into a viewable ONNX graph, and the operator references ``llmcheck opcheck`` recomputes
+single ops with (:func:`llmcheck_register_op_references`, :func:`llmcheck_resolve_op_reference`).
 
 Registries take a ``register`` callback, so the core can de-duplicate and name both plugins
 in a clash; resolvers (which loader claims this path) are ``firstresult``. A plugin
@@ -28,6 +29,7 @@ from llmcheck.core.records import (
     CaptureBackend,
     Dump,
     MetricSpec,
+    OpReference,
     Pair,
     SourceInfo,
     UserMapping,
@@ -109,6 +111,34 @@ def llmcheck_register_metrics(register: Callable[[MetricSpec], None]) -> None:
     Called once, the first time a compare needs the metric table. Call
     ``register(MetricSpec(...))`` per metric. Two plugins registering the same name is a
     :class:`~llmcheck.core.errors.PluginError` naming both.
+    """
+
+
+# --- opcheck ---------------------------------------------------------------------------
+
+
+@hookspec
+def llmcheck_register_op_references(register: Callable[[OpReference], None]) -> None:
+    """Register reference implementations of operator types, for ``llmcheck opcheck``.
+
+    Called once, the first time opcheck needs the reference table. Call
+    ``register(OpReference(op_type, compute, description))`` per op type; ``op_type`` is
+    the record's ``op_type`` it answers to (``"LinearOperation"``, ``"aten.mm.default"``).
+    ``compute(inputs, params)`` recomputes the op on the CPU in higher precision from its
+    dumped inputs (see :class:`~llmcheck.core.records.OpReference`). Two plugins
+    registering the same op type is a :class:`~llmcheck.core.errors.PluginError` naming both.
+    """
+
+
+@hookspec(firstresult=True)
+def llmcheck_resolve_op_reference(op_type: str) -> OpReference | None:
+    """Return a reference for an op type no registry names, or ``None``.
+
+    Called by opcheck for each op type missing from the :func:`llmcheck_register_op_references`
+    table: a plugin that can compute a whole family of ops generically (every ATen
+    overload, replayed from its recorded arguments) answers here instead of registering
+    each one. Return ``None`` when the op type is not of this plugin's family; the op is
+    then reported unsupported. ``firstresult``: the first non-``None`` answer wins.
     """
 
 

@@ -30,6 +30,7 @@ from llmcheck.core.records import (
     CaptureBackend,
     Dump,
     MetricSpec,
+    OpReference,
     Pair,
     SourceInfo,
     UserMapping,
@@ -69,6 +70,7 @@ class Plugins:
         self._backends: dict[str, CaptureBackend] | None = None
         self._sources: dict[str, SourceInfo] | None = None
         self._metrics: dict[str, MetricSpec] | None = None
+        self._op_references: dict[str, OpReference] | None = None
 
     # --- listing ---
 
@@ -103,6 +105,21 @@ class Plugins:
         if self._metrics is None:
             self._metrics = self._collect(self.manager.hook.llmcheck_register_metrics, "metric")
         return self._metrics
+
+    def op_references(self) -> dict[str, OpReference]:
+        """Return every registered operator reference by op type."""
+        if self._op_references is None:
+            self._op_references = self._collect(self.manager.hook.llmcheck_register_op_references,
+                                                "operator reference")
+        return self._op_references
+
+    def op_reference(self, op_type: str) -> OpReference | None:
+        """Return the reference that computes ``op_type``: the registered one, else a resolver's, else ``None``."""
+        registered = self.op_references().get(op_type)
+        if registered is not None:
+            return registered
+        resolved = self.manager.hook.llmcheck_resolve_op_reference(op_type=op_type)
+        return resolved if isinstance(resolved, OpReference) else None
 
     def _collect(self, hook: Any, what: str) -> dict[str, Any]:
         """Call a registry hook plugin by plugin, so a clash names both plugins."""

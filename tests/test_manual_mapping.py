@@ -1,0 +1,173 @@
+"""Manual mapping end to end: the two seed documents' dump_data flows, compare on their metadata.json, many writers.
+
+The ATB side is a format-exact ATB tensor tree (``.bin`` files written by the ATB writer)
+holding what an fp16 device computed: the golden fp32 tensor rounded to fp16, except for
+one data id in one token, where the "device" got it wrong.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from llmcheck import dump_data
+from llmcheck.core.cli import main
+from llmcheck.core.errors import PathOutsideDumpError, UsageError
+from llmcheck.plugins.atb.bin_format import write_bin
+
+HIDDEN = 32
+NORM_PATH = ("0_ChatGlm6BModelEncoderTorch/{layer}_ChatGlm6BLayerEncoderOperationGraphRunner/"
+             "6_NormOpsRunner/after/outTensor0.bin")
+
+
+def _golden(data_id: int, token_id: int) -> torch.Tensor:
+    return torch.randn(3, HIDDEN, generator=torch.Generator().manual_seed(100 * data_id + token_id))
+
+
+def _device_output(data_id: int, token_id: int, broken: tuple[int, int]) -> torch.Tensor:
+    value = _golden(data_id, token_id)
+    if (data_id, token_id) == broken:
+        value = value + 0.5 * torch.randn(value.shape, generator=torch.Generator().manual_seed(1))
+    return value.to(torch.float16)
+
+
+def _write_atb_tensor(dump_root: Path, token_id: int, tensor_path: str, tensor: torch.Tensor) -> Path:
+    path = dump_root / "tensors" / f"0_{os.getpid()}" / str(token_id) / tensor_path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_bin(path, tensor)
+    return path
+
+
+def _report(folder: Path) -> list[dict[str, str]]:
+    with open(folder / "cmp_report.csv", newline="", encoding="utf-8") as handle:
+        return list(csv.DictReader(handle))
+
+
+def test_seed_mapped_flow_keeps_every_token_and_compares_each_golden_tensor_with_its_bin(tmp_path: Path) -> None:
+    dump_dir = tmp_path / "dump_dir"
+    atb_root = dump_dir / "ait_dump"  # step 1 of the seed: the ATB dump, here written file by file
+    broken = (1, 1)
+    for token_id in (0, 1):
+        for data_id in (0, 1):
+            my_path = _write_atb_tensor(atb_root, token_id, NORM_PATH.format(layer=data_id),
+                                        _device_output(data_id, token_id, broken))
+            metadata = dump_data(token_id, data_id, _golden(data_id, token_id), str(my_path), str(dump_dir))
+    run_folder = dump_dir / "ait_dump" / f"{os.getpid()}_-1"
+    assert metadata == run_folder / "golden_tensor" / "metadata.json"
+    recorded = json.loads(metadata.read_text())
+    assert sorted(recorded) == ["0", "1"] and all(sorted(tokens) == ["0", "1"] for tokens in recorded.values())
+    assert recorded["1"]["1"] == ["1/1_tensor.safetensors", str(atb_root / "tensors" / f"0_{os.getpid()}" / "1" /
+                                                             NORM_PATH.format(layer=1))]
+    assert (run_folder / "golden_tensor" / "1" / "1_tensor.safetensors").is_file()
+
+    # Step 3: the seed gives the run folder as golden path and one .bin as my path.
+    one_bin = atb_root / "tensors" / f"0_{os.getpid()}" / "0" / NORM_PATH.format(layer=0)
+    assert main(["compare", "-gp", str(run_folder), "-mp", str(one_bin), "-o", str(tmp_path / "cmp")]) == 0
+    rows = _report(tmp_path / "cmp")
+    assert [(row["name"], row["token_id"]) for row in rows] == [("0", "0"), ("1", "0"), ("0", "1"), ("1", "1")]
+    assert {row["pairing_rule"] for row in rows} == {"manual_mapping"}
+    assert all(row["golden_dtype"] == "torch.float32" and row["my_dtype"] == "torch.float16" for row in rows)
+    verdicts = {(row["name"], row["token_id"]): row["verdict"] for row in rows}
+    assert verdicts.pop(("1", "1")) == "fail"
+    assert set(verdicts.values()) <= {"pass", "warn"}
+    assert rows[3]["my_data_path"].endswith("1/" + NORM_PATH.format(layer=1))
+
+    # The metadata.json itself is a golden path too, and the report is the same.
+    assert main(["compare", "-gp", str(metadata), "-mp", str(one_bin), "-o", str(tmp_path / "cmp2")]) == 0
+    assert [row["verdict"] for row in _report(tmp_path / "cmp2")] == [row["verdict"] for row in rows]
+
+
+def test_seed_sided_flow_pairs_golden_and_acl_metadata_by_data_id_and_token(tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)  # the seed writes {PID}_cmp_dump_data into the working directory
+    monkeypatch.delenv("ATB_OUTPUT_DIR", raising=False)
+    broken = (0, 1)
+    for token_id in (0, 1):
+        for data_id in (0, 1):
+            dump_data("golden", data_id, _golden(data_id, token_id), token_id=token_id)
+        # acl, high level: the model output tensor itself
+        dump_data("acl", 0, data_val=_device_output(0, token_id, broken), token_id=token_id)
+        # acl, low level: a tensor inside the ATB dump this process writes (here: written by hand)
+        tensor_path = NORM_PATH.format(layer=1)
+        _write_atb_tensor(tmp_path / "msit_dump_20240101_000000", token_id, tensor_path,
+                          _device_output(1, token_id, broken))
+        dump_data("acl", 1, tensor_path=tensor_path, token_id=token_id)
+    dump_dir = tmp_path / f"{os.getpid()}_cmp_dump_data"
+    acl = json.loads((dump_dir / "acl_tensor" / "metadata.json").read_text())
+    assert acl["1"]["1"]["atb_tensor_path"] == NORM_PATH.format(layer=1)
+    assert sorted(acl["0"]) == ["0", "1"]
+
+    assert main(["compare", "-gp", str(dump_dir / "golden_tensor" / "metadata.json"),
+                 "-mp", str(dump_dir / "acl_tensor" / "metadata.json"), "-o", str(tmp_path / "cmp")]) == 0
+    rows = _report(tmp_path / "cmp")
+    assert len(rows) == 4 and {row["pairing_rule"] for row in rows} == {"manual_mapping"}
+    verdicts = {(row["name"], row["token_id"]): row["verdict"] for row in rows}
+    assert verdicts.pop(("0", "1")) == "fail"
+    assert set(verdicts.values()) <= {"pass", "warn"}
+    low_level = next(row for row in rows if (row["name"], row["token_id"]) == ("1", "1"))
+    assert low_level["my_data_path"].endswith("1/" + NORM_PATH.format(layer=1))
+
+    # A folder holding both sides is ambiguous: one clear error naming both.
+    assert main(["compare", "-gp", str(dump_dir), "-mp", str(dump_dir), "-o", str(tmp_path / "cmp3")]) == 1
+
+
+_WRITER = textwrap.dedent("""
+    import sys, torch
+    from pathlib import Path
+    from llmcheck import dump_data
+    from llmcheck.plugins.manual.metadata_file import record_entry
+
+    shared, output, worker = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+    for index in range(60):
+        record_entry(shared, f"w{worker}_{index % 6}", str(index // 6), f"{index}.safetensors")
+        dump_data(index // 6, index % 6, torch.full((4,), float(index)), "device.bin", output)
+""")
+
+
+@pytest.mark.slow  # two Python processes importing torch
+def test_two_processes_writing_at_once_lose_no_entry(tmp_path: Path) -> None:
+    shared = tmp_path / "shared" / "golden_tensor"
+    script = tmp_path / "writer.py"
+    script.write_text(_WRITER)
+    workers = [subprocess.Popen([sys.executable, str(script), str(shared), str(tmp_path / "out"), str(worker)])
+               for worker in (0, 1)]
+    assert [worker.wait(timeout=120) for worker in workers] == [0, 0]
+    recorded = json.loads((shared / "metadata.json").read_text())
+    assert sorted(recorded) == [f"w{worker}_{data}" for worker in (0, 1) for data in range(6)]
+    assert all(sorted(tokens, key=int) == [str(token) for token in range(10)] for tokens in recorded.values())
+    runs = sorted((tmp_path / "out" / "ait_dump").iterdir())
+    assert [run.name for run in runs] == sorted(f"{worker.pid}_-1" for worker in workers)
+    for run in runs:
+        mapping = json.loads((run / "golden_tensor" / "metadata.json").read_text())
+        assert len(mapping) == 6 and all(len(tokens) == 10 for tokens in mapping.values())
+    assert list(shared.glob(".*.tmp")) == []
+
+
+def test_dump_data_rejects_wrong_arguments_with_clear_errors(tmp_path: Path) -> None:
+    with pytest.raises(UsageError, match="data_src must be 'golden' or 'acl'"):
+        dump_data("gold", 0, torch.ones(2), output_path=tmp_path)
+    with pytest.raises(UsageError, match="exactly one"):
+        dump_data("acl", 0, output_path=tmp_path)
+    with pytest.raises(PathOutsideDumpError, match="without '..'"):
+        dump_data("acl", 0, tensor_path="../../etc/passwd.bin", output_path=tmp_path)
+    with pytest.raises(UsageError, match="golden_data must be a torch.Tensor"):
+        dump_data(0, 0, [1.0, 2.0], "my.bin", tmp_path)
+    with pytest.raises(UsageError, match="token_id must be an int"):
+        dump_data(-1, 0, torch.ones(2), "my.bin", tmp_path)
+
+
+def test_compare_names_the_metadata_entry_whose_tensor_is_missing(tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    metadata = dump_data(0, 7, torch.ones(3), str(tmp_path / "never_written.bin"), str(tmp_path))
+    assert main(["compare", "-gp", str(metadata), "-mp", str(metadata), "-o", str(tmp_path / "cmp")]) == 1
+    error = capsys.readouterr().err.strip()
+    assert error.startswith("llmcheck: error: ") and "\n" not in error
+    assert "never_written.bin" in error
