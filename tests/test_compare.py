@@ -103,7 +103,7 @@ def test_report_files_follow_the_seed_columns_and_summarise_the_divergence(
     with wrong_rmsnorm_epsilon(tiny_llama, "model.layers.0.input_layernorm", 0.5):
         my_dump = capture_run(tiny_llama, INPUT_IDS, tmp_path / "my")
     out = tmp_path / "out"
-    assert main(["compare", "-gp", str(golden_dump.parent), "-mp", str(my_dump), "-o", str(out)]) == 0
+    assert main(["compare", "-gp", str(golden_dump.parent), "-mp", str(my_dump), "-o", str(out)]) == 3  # done, and failing pairs were found
     printed = capsys.readouterr().out
     assert "first introduced divergence: model.layers.0.input_layernorm step 0 output.0" in printed
     with open(out / "cmp_report.csv", newline="") as handle:
@@ -158,7 +158,7 @@ def test_an_edited_pairs_json_fed_back_with_mapping_decides_the_pairs(make_llmch
     golden = make_llmcheck_dump(tmp_path / "g", {"x": torch.ones(4), "y": torch.zeros(4)})
     my = make_llmcheck_dump(tmp_path / "m", {"p": torch.zeros(4), "q": torch.ones(4)})
     out = tmp_path / "out"
-    assert main(["compare", "-gp", str(golden), "-mp", str(my), "-o", str(out)]) == 0
+    assert main(["compare", "-gp", str(golden), "-mp", str(my), "-o", str(out)]) == 3
     document = json.loads((out / "pairs.json").read_text())
     assert [(p["golden"]["name"], p["my"]["name"], p["rule"]) for p in document["pairs"]] == [
         ("x", "p", "sequence"), ("y", "q", "sequence")]
@@ -178,7 +178,7 @@ def test_threshold_overrides_apply_per_name_pattern(make_llmcheck_dump, tmp_path
     thresholds.write_text(json.dumps([{"pattern": "attn.*", "metric": "relative_euclidean_distance",
                                        "warn": 0.01, "fail": 0.1}]))
     out = tmp_path / "out"
-    assert main(["compare", "-gp", str(golden), "-mp", str(my), "-o", str(out), "--thresholds", str(thresholds)]) == 0
+    assert main(["compare", "-gp", str(golden), "-mp", str(my), "-o", str(out), "--thresholds", str(thresholds)]) == 3
     with open(out / "cmp_report.csv", newline="") as handle:
         rows = {row["name"]: row for row in csv.DictReader(handle)}
     assert rows["attn.out"]["verdict"] == "pass"  # 1e-3 is within the overridden (0.01, 0.1)
@@ -192,7 +192,7 @@ def test_two_single_files_are_compared_directly_and_their_metrics_printed(
     np.save(tmp_path / "golden.npy", golden)
     torch.save(torch.from_numpy(golden * 1.01), tmp_path / "my.pt")
     assert main(["compare", "-gp", str(tmp_path / "golden.npy"), "-mp", str(tmp_path / "my.pt"),
-                 "-o", str(tmp_path / "out")]) == 0
+                 "-o", str(tmp_path / "out")]) == 3
     printed = capsys.readouterr().out
     assert "relative_euclidean_distance" in printed and "0.01" in printed and "fail" in printed
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())

@@ -70,7 +70,7 @@ def test_seed_mapped_flow_keeps_every_token_and_compares_each_golden_tensor_with
 
     # Step 3: the seed gives the run folder as golden path and one .bin as my path.
     one_bin = atb_root / "tensors" / f"0_{os.getpid()}" / "0" / NORM_PATH.format(layer=0)
-    assert main(["compare", "-gp", str(run_folder), "-mp", str(one_bin), "-o", str(tmp_path / "cmp")]) == 0
+    assert main(["compare", "-gp", str(run_folder), "-mp", str(one_bin), "-o", str(tmp_path / "cmp")]) == 3
     rows = _report(tmp_path / "cmp")
     assert [(row["name"], row["token_id"]) for row in rows] == [("0", "0"), ("1", "0"), ("0", "1"), ("1", "1")]
     assert {row["pairing_rule"] for row in rows} == {"manual_mapping"}
@@ -81,7 +81,7 @@ def test_seed_mapped_flow_keeps_every_token_and_compares_each_golden_tensor_with
     assert rows[3]["my_data_path"].endswith("1/" + NORM_PATH.format(layer=1))
 
     # The metadata.json itself is a golden path too, and the report is the same.
-    assert main(["compare", "-gp", str(metadata), "-mp", str(one_bin), "-o", str(tmp_path / "cmp2")]) == 0
+    assert main(["compare", "-gp", str(metadata), "-mp", str(one_bin), "-o", str(tmp_path / "cmp2")]) == 3
     assert [row["verdict"] for row in _report(tmp_path / "cmp2")] == [row["verdict"] for row in rows]
 
 
@@ -106,7 +106,7 @@ def test_seed_sided_flow_pairs_golden_and_acl_metadata_by_data_id_and_token(tmp_
     assert sorted(acl["0"]) == ["0", "1"]
 
     assert main(["compare", "-gp", str(dump_dir / "golden_tensor" / "metadata.json"),
-                 "-mp", str(dump_dir / "acl_tensor" / "metadata.json"), "-o", str(tmp_path / "cmp")]) == 0
+                 "-mp", str(dump_dir / "acl_tensor" / "metadata.json"), "-o", str(tmp_path / "cmp")]) == 3
     rows = _report(tmp_path / "cmp")
     assert len(rows) == 4 and {row["pairing_rule"] for row in rows} == {"manual_mapping"}
     verdicts = {(row["name"], row["token_id"]): row["verdict"] for row in rows}

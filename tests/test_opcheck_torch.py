@@ -72,7 +72,7 @@ def test_opcheck_replays_bf16_smollm2_ops_and_catches_the_planted_output(smollm2
         rows = list(csv.DictReader(handle))
     checked = [row for row in rows if row["precision_result"] in ("PASS", "FAILED")]
     failed = [row for row in checked if row["precision_result"] == "FAILED"]
-    assert code == 1
+    assert code == 3  # done, and failing outputs were found
     assert len(checked) > 300 and len({row["op_name"] for row in checked}) >= 15
     assert [row for row in rows if row["precision_result"] not in ("PASS", "FAILED")] == []
     planted = [row for row in failed if row["op_id"] == PLANTED]

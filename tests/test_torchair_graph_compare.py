@@ -45,7 +45,7 @@ def graph_runs(tmp_path_factory) -> dict[str, Path]:
 
 def _compare(golden: Path, golden_source: str, my: Path, output: Path) -> dict:
     assert main(["compare", "--golden-path", str(golden), "--my-path", str(my), "--golden-source", golden_source,
-                 "--my-source", "ge", "-o", str(output), "-j", "1"]) == 0
+                 "--my-source", "ge", "-o", str(output), "-j", "1"]) == 3
     return json.loads((output / "summary.json").read_text())
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from llmcheck.core.divergence import attribute, describe_row, first_divergence, first_introduced
-from llmcheck.core.errors import UsageError
+from llmcheck.core.errors import EXIT_FAILURE, EXIT_FAILURES_FOUND, EXIT_OK, UsageError
 from llmcheck.core.pairing import Pairing, merge_pairs
 from llmcheck.core.records import (
     VERDICT_ERROR,
@@ -284,7 +284,7 @@ def _check_output_dir(output_dir: Path) -> None:
 def compare_command(*, golden_path: Path, my_path: Path, golden_source: str | None, my_source: str | None,
                     output_dir: Path, metric_names: Sequence[str], mapping_path: Path | None, jobs: int | None,
                     thresholds_path: Path | None = None) -> int:
-    """Run ``llmcheck compare``: compare two runs, write the reports, print the summary; return 0 (1: no pairs)."""
+    """Run ``llmcheck compare`` and return its exit code: 0 no failure, 3 failing pairs found, 1 no pair at all."""
     from rich.console import Console
 
     from llmcheck.core.pairing import load_user_mapping
@@ -308,7 +308,9 @@ def compare_command(*, golden_path: Path, my_path: Path, golden_source: str | No
                                    user_mapping=user_mapping, threshold_overrides=overrides, workers=jobs)
     written = write_reports(result, output_dir)
     print_summary(result, console, written)
-    return 0 if result.rows else 1
+    if not result.rows:
+        return EXIT_FAILURE
+    return EXIT_FAILURES_FOUND if result.counts()["failures"] else EXIT_OK
 
 
 def compare_with_progress(golden: Dump, my: Dump, *, console: Any, **options: Any) -> CompareResult:

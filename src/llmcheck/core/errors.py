@@ -9,6 +9,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+#: Exit codes of every command: 0 done and nothing failed, 1 llmcheck failed (bad input, a
+#: broken dump), 2 a usage error, 3 done and the analysis found failing tensors or ops.
+EXIT_OK = 0
+EXIT_FAILURE = 1
+EXIT_USAGE = 2
+EXIT_FAILURES_FOUND = 3
+
 
 class LlmcheckError(Exception):
     """A failure the user can act on: names the file or flag, what is wrong and what to do."""

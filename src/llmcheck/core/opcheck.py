@@ -20,7 +20,7 @@ from multiprocessing import get_context
 from pathlib import Path
 from typing import Sequence
 
-from llmcheck.core.errors import DumpNotFoundError, UsageError
+from llmcheck.core.errors import EXIT_FAILURES_FOUND, EXIT_OK, DumpNotFoundError, UsageError
 from llmcheck.core.op_cases import OpCase, group_op_cases, position_order, select_op_cases
 from llmcheck.core.opcheck_run import FAILED, OpcheckRow, check_case
 from llmcheck.core.records import OpReference
@@ -125,7 +125,7 @@ def check_cases(cases: Sequence[OpCase], references: dict[str, OpReference | Non
 def opcheck_command(*, tensor_dir: Path, csv_path: Path | None, output_dir: Path, operation_ids: Sequence[str],
                     operation_names: Sequence[str], precision_metrics: Sequence[str], device_id: str | None,
                     jobs: int | None) -> int:
-    """Run opcheck on a dump and write its report; return 1 when an output failed its criterion, else 0."""
+    """Run opcheck on a dump and write its report; return 3 when an output failed its criterion, else 0."""
     from llmcheck.core.opcheck_report import print_summary, write_reports
     from llmcheck.core.plugins import get_plugins
 
@@ -158,4 +158,4 @@ def opcheck_command(*, tensor_dir: Path, csv_path: Path | None, output_dir: Path
     print_summary(rows, written, time.perf_counter() - started)
     if all(row.rel_precision_rate is None for row in rows):
         log.warning("no output could be checked; the reasons are in %s", written[0])
-    return 1 if any(row.precision_result == FAILED for row in rows) else 0
+    return EXIT_FAILURES_FOUND if any(row.precision_result == FAILED for row in rows) else EXIT_OK
