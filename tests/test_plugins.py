@@ -202,3 +202,19 @@ def test_hook_llmcheck_export_onnx(llmcheck_plugins, tmp_path: Path, capsys: pyt
     other.write_text("?")
     assert main(["export", "onnx", str(other)]) == 1
     assert "no plugin recognises this topology file" in capsys.readouterr().err
+
+
+def test_third_party_metric_is_a_column_of_every_compare(third_party_site: Path, make_llmcheck_dump,
+                                                         tmp_path: Path) -> None:
+    import csv
+
+    import torch
+
+    golden = make_llmcheck_dump(tmp_path / "golden", {"x": torch.ones(8)})
+    my = make_llmcheck_dump(tmp_path / "my", {"x": torch.full((8,), 1 + 2 ** -20)})  # 8 float32 ULPs off
+    result = _run_llmcheck(["compare", "-gp", str(golden), "-mp", str(my), "-o", str(tmp_path / "out"), "-j", "1"],
+                           third_party_site)
+    assert result.returncode in (0, 3), result.stderr
+    with open(tmp_path / "out" / "cmp_report.csv", newline="") as report:
+        (row,) = list(csv.DictReader(report))
+    assert float(row["max_ulp"]) == 8.0

@@ -17,21 +17,23 @@ The seed tool's defects are fixed here:
 from __future__ import annotations
 
 import math
+from abc import ABC, abstractmethod
 
 import numpy as np
 
 from llmcheck.core.pair_chunk import PairChunk, Workspace, dot
 
 
-class _ChunkAccumulator:
+class _ChunkAccumulator(ABC):
     """Base: ``update(golden, my)`` wraps the arrays in a chunk so both entry points share one code path."""
 
     def update(self, golden: np.ndarray, my: np.ndarray) -> None:
         """Fold in one chunk of both tensors, flattened, as float64 arrays of equal length."""
         self.update_chunk(PairChunk(golden, my, Workspace(golden.size)))
 
-    def update_chunk(self, chunk: PairChunk) -> None:  # pragma: no cover - abstract
-        raise NotImplementedError
+    @abstractmethod
+    def update_chunk(self, chunk: PairChunk) -> None:
+        """Fold in one chunk, reading the values several metrics share from it."""
 
 
 class CosineSimilarity(_ChunkAccumulator):
