@@ -243,3 +243,26 @@ def test_opcheck_xlsx_puts_checked_outputs_and_unchecked_ops_on_their_own_sheets
                               "precision_result")
     assert len(checked) == 1 + 17 and all(isinstance(row[7], (int, float)) for row in checked[1:])  # rates as numbers
     assert [row[:2] for row in list(book["addition_failed_cases"].values)[1:]] == [("1", "Decoder_layer")]
+
+
+def test_opcheck_takes_op_params_from_the_op_csv_given_with_c(tmp_path: Path) -> None:
+    generator = torch.Generator().manual_seed(3)
+    x = torch.randn(6, 64, generator=generator).to(FP16)
+    weight = (torch.randn(32, 64, generator=generator) * 0.125).to(FP16)
+    dump = AtbDumpWriter(tmp_path)
+    dump.op(0, "0_LinearOperation", None, [x, weight], [_device(x.float() @ weight.float().T)])  # no op_param.json
+    columns = ("CaseNum|CaseName|OpName|OpParam|InNum|InDType|InFormat|InShape|OutNum|OutDType|OutFormat|OutShape|"
+               "DataGenType|DataGenRange|InTensorFile|OutTensorFile|TestType|TestLevel|FromModel|SocVersion|"
+               "ExpectedError")
+    row = ["1", "LinearOperation_0", "LinearOperation_0",
+           json.dumps({"transposeA": False, "transposeB": True, "hasBias": False}), "2", "float16;float16", "nd;nd",
+           "6,64;32,64", "1", "float16", "nd", "6,32", "", "", "", "", "", "", "", "", ""]
+    op_csv = tmp_path / "operation_tensors_0.csv"
+    op_csv.write_text(columns + "\n" + "|".join(row) + "\n")
+
+    assert main(["opcheck", "-i", str(dump.root), "-o", str(tmp_path / "with_csv"), "-c", str(op_csv)]) == 0
+    (checked,) = _rows(tmp_path / "with_csv" / "opcheck_result.csv")
+    assert checked["precision_result"] == "PASS" and json.loads(checked["op_param"])["transposeB"] is True
+    main(["opcheck", "-i", str(dump.root), "-o", str(tmp_path / "without_csv")])
+    (unchecked,) = _rows(tmp_path / "without_csv" / "opcheck_result.csv")
+    assert unchecked["precision_result"] != "PASS"  # transposeB unknown: the shapes cannot multiply

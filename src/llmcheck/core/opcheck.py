@@ -67,7 +67,12 @@ def _with_csv_params(cases: list[OpCase], csv_path: Path) -> list[OpCase]:
         log.warning("%s: no plugin reads this op CSV; op parameters come from the dump's op_param.json files", csv_path)
         return cases
     by_op = {(case.op_id, case.step): case.params for case in group_op_cases(csv_dump.records)}
-    return [replace(case, params=by_op.get((case.op_id, case.step), {})) if not case.params else case
+
+    def recorded_op_param(case: OpCase) -> bool:
+        return any("op_param" in record.attrs for record in (*case.inputs.values(), *case.outputs.values()))
+
+    return [replace(case, params=by_op[(case.op_id, case.step)])
+            if not recorded_op_param(case) and (case.op_id, case.step) in by_op else case
             for case in cases]
 
 

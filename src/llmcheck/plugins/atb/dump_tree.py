@@ -42,7 +42,7 @@ from llmcheck.core.records import (
 from llmcheck.plugins.atb.acl_dtypes import NZ_FORMATS
 from llmcheck.plugins.atb.bin_format import BinHeader, no_data_reason, read_bin_header, tensor_data, tensor_shape
 from llmcheck.plugins.atb.cpu_profiling import parse_cpu_profiling_text, read_cpu_profiling_csv
-from llmcheck.plugins.atb.op_csv import read_op_csv
+from llmcheck.plugins.atb.op_csv import OP_CSV_COLUMNS, SEPARATOR, read_op_csv
 from llmcheck.plugins.atb.op_names import op_id_key, split_op_folder
 from llmcheck.plugins.atb.topology import read_topology, to_topology_node
 
@@ -363,6 +363,39 @@ def _single_file_dump(path: Path) -> Dump:
                 manifest={"format": "atb", "layout": "file", "file": path.name})
 
 
+def _op_csv_dump(path: Path) -> Dump:
+    """Return an op or kernel CSV as description-only records: each op's tensors with dtype, shape and params.
+
+    ``llmcheck opcheck -c operation_tensors_N.csv`` reads op parameters from it when a dump
+    has no ``op_param.json``; the execute count is the ``N`` of the file name.
+    """
+    match = re.match(r"^(?:operation|kernel)_tensors_(\d+)\.csv$", path.name)
+    step = int(match.group(1)) if match else 0
+    records: list[TensorRecord] = []
+    for row in read_op_csv(path):
+        op_id = row.op_id if row.op_id is not None else str(row.case_num)
+        for io, tensors in ((IO_INPUT, row.inputs), (IO_OUTPUT, row.outputs)):
+            for index, tensor in enumerate(tensors):
+                records.append(TensorRecord(
+                    key=RecordKey(name=op_id, io=io, position=str(index), step=step),
+                    dtype=tensor.dtype or tensor.atb_dtype, shape=tensor.shape, order=len(records),
+                    op_type=row.op_type, source_path=path.name,
+                    attrs={"op_name": row.op_name, "op_param": dict(row.op_param), "format": tensor.format,
+                           "no_data": "the op CSV describes tensors, it holds no data"},
+                ))
+    return Dump(source=SOURCE_NAME, root=path.parent, records=records,
+                manifest={"format": "atb", "layout": "op_csv", "file": path.name})
+
+
+def looks_like_op_csv(path: Path) -> bool:
+    """Return whether a file starts with the 21-column header of ATB's op and kernel CSVs."""
+    if path.suffix != ".csv" or not path.is_file():
+        return False
+    with open(path, "rb") as handle:
+        first_line = handle.readline(4096).decode("utf-8", "replace").rstrip("\r\n")
+    return tuple(first_line.split(SEPARATOR)) == OP_CSV_COLUMNS
+
+
 def looks_like_bin(path: Path) -> bool:
     """Return whether a file starts like an ATB tensor file (a ``name=value`` header line)."""
     if path.suffix != ".bin" or not path.is_file():
@@ -377,6 +410,8 @@ def load_atb_dump(path: Path) -> Dump | None:
     path = Path(path)
     layout = locate_dump(path)
     if layout is None:
+        if looks_like_op_csv(path):
+            return _op_csv_dump(path)
         return _single_file_dump(path) if looks_like_bin(path) else None
     absolute = path.absolute()
     scope = absolute if absolute.is_relative_to(layout.tensors_dir) and absolute != layout.tensors_dir else None
