@@ -310,3 +310,24 @@ def test_the_seed_mapping_folder_with_op_mapping_file_json_is_accepted(tmp_path:
     mapping = load_user_mapping(tmp_path)
     assert mapping.path == tmp_path / "op_mapping_file.json"
     assert mapping.entries == (("RmsNormOperation", "RMSNorm"), ("RmsNormOperation", "LlamaRMSNorm"))
+
+
+def test_statistics_only_dumps_still_name_the_module_that_introduced_the_error(tiny_llama, tmp_path: Path) -> None:
+    golden = capture_run(tiny_llama, INPUT_IDS, tmp_path / "golden", statistics_only=True)
+    assert all(record.data is None for record in _load(golden).records)
+    same = _compare(golden, capture_run(tiny_llama, INPUT_IDS, tmp_path / "same", statistics_only=True))
+    assert same.counts()["failures"] == 0 and same.counts()["errors"] == 0
+    with wrong_rmsnorm_epsilon(tiny_llama, "model.layers.1.post_attention_layernorm", 0.5):
+        my = capture_run(tiny_llama, INPUT_IDS, tmp_path / "my", statistics_only=True)
+    result = _compare(golden, my)
+    introduced = result.first_introduced
+    assert introduced is not None and introduced.golden.key.name == "model.layers.1.post_attention_layernorm"
+    assert introduced.deciding_metric == "l2norm_stat_relative_error"
+    assert "statistics only" in introduced.reason
+    out = tmp_path / "report"
+    assert main(["compare", "-gp", str(golden), "-mp", str(my), "-o", str(out), "-j", "1"]) == 3
+    with open(out / "cmp_report.csv", newline="") as report:
+        header = next(csv.reader(report))
+    assert header[-8:] == ["max_stat_absolute_error", "max_stat_relative_error", "min_stat_absolute_error",
+                           "min_stat_relative_error", "mean_stat_absolute_error", "mean_stat_relative_error",
+                           "l2norm_stat_absolute_error", "l2norm_stat_relative_error"]

@@ -32,6 +32,7 @@ from llmcheck.core.records import (
     TensorRecord,
     UserMapping,
 )
+from llmcheck.core.stats_compare import BOUNDED_METRIC, comparable_statistics, judge_statistics
 from llmcheck.core.verdicts import (
     NONFINITE_METRIC,
     ThresholdOverride,
@@ -133,11 +134,36 @@ def incomparable_reason(golden: TensorRecord, my: TensorRecord) -> str | None:
             return f"{side} dtype {record.dtype} cannot be compared"
     if golden.dtype.startswith("complex") != my.dtype.startswith("complex"):
         return f"dtype mismatch: golden {golden.dtype} vs my {my.dtype} (complex against real)"
+    return _shape_problem(golden, my)
+
+
+def _shape_problem(golden: TensorRecord, my: TensorRecord) -> str | None:
+    """Return why two shapes cannot be compared element by element (size-1 dims aside), or None."""
     if tuple(golden.shape) != tuple(my.shape):
         squeezed = [tuple(size for size in shape if size != 1) for shape in (golden.shape, my.shape)]
         if squeezed[0] != squeezed[1]:
             return f"shape mismatch: golden {_shape_text(golden.shape)} vs my {_shape_text(my.shape)}"
     return None
+
+
+def _statistics_row(index: int, pair: Pair, specs: Sequence[MetricSpec], overrides: Sequence[ThresholdOverride],
+                    run_floor: str | None) -> ComparisonRow | None:
+    """Return the row of a pair judged on its recorded statistics when a side kept no data, else None."""
+    golden, my = pair.golden, pair.my
+    assert golden is not None and my is not None
+    if (golden.data is not None and my.data is not None) or not comparable_statistics(golden.stats, my.stats):
+        return None
+    if _shape_problem(golden, my) is not None:
+        return None
+    judged_class = judging_class(golden.dtype, my.dtype, run_floor)
+    results, verdict, deciding, nonfinite = judge_statistics(golden.stats, my.stats, specs,  # type: ignore[arg-type]
+                                                             golden.key.name, judged_class, overrides)
+    sides = " and ".join(side for side, record in (("golden", golden), ("my", my)) if record.data is None)
+    reason = (f"statistics only (no tensor data on the {sides} side): judged on the L2 norms, "
+              f"a lower bound of {BOUNDED_METRIC}")
+    return ComparisonRow(index=index, golden=golden, my=my, rule=pair.rule, metrics=results, verdict=verdict,
+                         deciding_metric=deciding, reason=reason, golden_stats=golden.stats, my_stats=my.stats,
+                         nonfinite_mismatch=nonfinite, judged_as=judged_class)
 
 
 def _notes(golden: TensorRecord, my: TensorRecord) -> list[str]:
@@ -248,6 +274,8 @@ def _row(index: int, pair: Pair, specs: Sequence[MetricSpec], problem: str | Non
          overrides: Sequence[ThresholdOverride], run_floor: str | None) -> ComparisonRow:
     golden, my = pair.golden, pair.my
     assert golden is not None and my is not None
+    if problem is not None and (statistics_row := _statistics_row(index, pair, specs, overrides, run_floor)):
+        return statistics_row
     if problem is not None or measurement is None:
         return ComparisonRow(index=index, golden=golden, my=my, rule=pair.rule, metrics={}, verdict=VERDICT_ERROR,
                              reason=problem or "not measured", golden_stats=golden.stats, my_stats=my.stats)

@@ -97,9 +97,12 @@ def _count(stats: TensorStats | None, field: str) -> Any:
 
 
 def csv_header(result: "CompareResult") -> list[str]:
-    """Return the CSV header: the seed's 24 columns, llmcheck's, then any metric not named yet."""
+    """Return the CSV header: the seed's 24 columns, llmcheck's, any metric not named yet, then statistics columns."""
+    from llmcheck.core.stats_compare import statistics_columns
+
     named = set(SEED_METRICS) | set(OWN_COLUMNS)
-    return [*SEED_COLUMNS, *OWN_COLUMNS, *(spec.name for spec in result.metric_specs if spec.name not in named)]
+    return [*SEED_COLUMNS, *OWN_COLUMNS, *(spec.name for spec in result.metric_specs if spec.name not in named),
+            *statistics_columns([row.metrics for row in result.rows])]
 
 
 def csv_row(row: ComparisonRow, header: list[str]) -> list[Any]:
