@@ -312,7 +312,7 @@ def _check_output_dir(output_dir: Path) -> None:
 def compare_command(*, golden_path: Path, my_path: Path, golden_source: str | None, my_source: str | None,
                     output_dir: Path, metric_names: Sequence[str], mapping_path: Path | None, jobs: int | None,
                     thresholds_path: Path | None = None) -> int:
-    """Run ``llmcheck compare`` and return its exit code: 0 no failure, 3 failing pairs found, 1 no pair at all."""
+    """Run ``llmcheck compare`` and return its exit code: 0 all pass, 3 failing or unmeasurable pairs, 1 no pair at all."""
     from rich.console import Console
 
     from llmcheck.core.pairing import load_user_mapping
@@ -338,7 +338,8 @@ def compare_command(*, golden_path: Path, my_path: Path, golden_source: str | No
     print_summary(result, console, written)
     if not result.rows:
         return EXIT_FAILURE
-    return EXIT_FAILURES_FOUND if result.counts()["failures"] else EXIT_OK
+    counts = result.counts()
+    return EXIT_FAILURES_FOUND if counts["failures"] or counts["errors"] else EXIT_OK
 
 
 def compare_with_progress(golden: Dump, my: Dump, *, console: Any, **options: Any) -> CompareResult:

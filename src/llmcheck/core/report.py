@@ -214,6 +214,9 @@ def print_summary(result: "CompareResult", console: "Console", written: Mapping[
     if not result.rows:
         console.print("[bold yellow]no pairs: no pairing rule matched a golden record to a my record; check the "
                       "paths and sources, or pair them with --mapping[/]", highlight=False)
+    elif first is None and result.counts()["errors"]:
+        console.print(f"[bold magenta]no failing pair, but {result.counts()['errors']} pairs could not be measured "
+                      "(see cmp_fail_reason)[/]", highlight=False)
     elif first is None:
         console.print("[green]no divergence: every pair is within its thresholds[/]")
     else:
