@@ -14,6 +14,7 @@ Environment variables:
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from dataclasses import dataclass
@@ -25,7 +26,7 @@ from typing import Any
 import pluggy
 
 from llmcheck.core import hookspecs
-from llmcheck.core.errors import DumpNotFoundError, PluginError, UsageError
+from llmcheck.core.errors import DumpFormatError, DumpNotFoundError, PluginError, UsageError
 from llmcheck.core.records import (
     CaptureBackend,
     Dump,
@@ -173,9 +174,23 @@ class Plugins:
         written = self.manager.hook.llmcheck_export_onnx(topology_path=topology_path, level=level,
                                                          output_path=output_path)
         if written is None:
+            _raise_if_broken_json(topology_path)
             raise DumpNotFoundError("no plugin recognises this topology file", where=topology_path,
                                     hint="llmcheck export onnx reads ATB layer/model topology JSON")
         return Path(written)
+
+
+def _raise_if_broken_json(path: Path) -> None:
+    """Raise a format error naming the byte where a ``.json`` file stops being JSON (why nobody claimed it)."""
+    if path.suffix.lower() != ".json":
+        return
+    try:
+        json.loads(path.read_bytes())
+    except json.JSONDecodeError as exc:
+        raise DumpFormatError(f"not valid JSON: {exc.msg}", where=path, offset=exc.pos,
+                              hint="the file is truncated or corrupt") from None
+    except (UnicodeDecodeError, OSError):
+        return
 
 
 def _trace_to_stderr(manager: pluggy.PluginManager) -> None:
