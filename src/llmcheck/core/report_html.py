@@ -41,10 +41,15 @@ def _row_data(row: ComparisonRow, metric_names: list[str]) -> dict[str, Any]:
 
 def report_data(result: "CompareResult") -> dict[str, Any]:
     """Return what the page shows, as JSON-safe data."""
-    metric_names = [spec.name for spec in result.metric_specs]
+    from llmcheck.core.stats_compare import DECIDING_STAT
+
+    plotted = [(spec.name, spec.higher_is_better) for spec in result.metric_specs]
+    if any(DECIDING_STAT in row.metrics for row in result.rows):  # statistics-only pairs: plot what judged them
+        plotted.append((DECIDING_STAT, False))
+    metric_names = [name for name, _ in plotted]
     return json_safe({
         "summary": result.summary(),
-        "metrics": [{"name": spec.name, "higher_is_better": spec.higher_is_better} for spec in result.metric_specs],
+        "metrics": [{"name": name, "higher_is_better": higher} for name, higher in plotted],
         "rows": [_row_data(row, metric_names) for row in sorted(result.rows, key=lambda row: row.golden.order)],
         "unmatched_golden": [[item.record.key.label(), item.note]
                              for item in result.pairing.unmatched_golden[:UNMATCHED_LISTED]],
