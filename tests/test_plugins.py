@@ -161,9 +161,13 @@ def test_hook_llmcheck_map_pairs(llmcheck_plugins, tmp_path: Path) -> None:
 @pytest.fixture(scope="session")
 def third_party_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Install tests/third_party_plugin with pip into a private folder, as a user would install a plugin."""
+    import shutil
+
     site = tmp_path_factory.mktemp("third_party_site")
+    source = tmp_path_factory.mktemp("third_party_source") / "llmcheck-maxulp"
+    shutil.copytree(THIRD_PARTY, source)  # building writes build/ and egg-info beside the sources: not in the repo
     subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
-                    "--target", str(site), str(THIRD_PARTY)], check=True)
+                    "--target", str(site), str(source)], check=True)
     return site
 
 
