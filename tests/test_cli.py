@@ -60,3 +60,14 @@ def test_a_truncated_topology_json_is_one_error_naming_the_byte(tmp_path: Path, 
     assert main(["export", "onnx", str(topology)]) == 1
     assert capsys.readouterr().err == (f"llmcheck: error: {topology}: not valid JSON: Expecting value at byte 33 "
                                        "(the file is truncated or corrupt)\n")
+
+
+def test_dump_into_an_existing_dump_is_refused_before_the_program_runs(make_llmcheck_dump, tmp_path: Path,
+                                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    import torch
+
+    dump = make_llmcheck_dump(tmp_path / "runs", {"a": torch.ones(2)})
+    marker = tmp_path / "ran"
+    assert main(["dump", "--backend", "torch", "-o", str(dump), "--", "touch", str(marker)]) == 2
+    assert "new dumps are never written into a dump" in capsys.readouterr().err
+    assert not marker.exists() and [p.name for p in dump.iterdir() if p.is_dir()] == []

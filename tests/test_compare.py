@@ -331,3 +331,43 @@ def test_statistics_only_dumps_still_name_the_module_that_introduced_the_error(t
     assert header[-8:] == ["max_stat_absolute_error", "max_stat_relative_error", "min_stat_absolute_error",
                            "min_stat_relative_error", "mean_stat_absolute_error", "mean_stat_relative_error",
                            "l2norm_stat_absolute_error", "l2norm_stat_relative_error"]
+
+
+def test_metrics_without_thresholds_alone_are_refused_instead_of_passing_everything(
+        make_llmcheck_dump, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    golden = make_llmcheck_dump(tmp_path / "g", {"a": torch.ones(4)})
+    my = make_llmcheck_dump(tmp_path / "m", {"a": torch.full((4,), 9.0)})
+    assert main(["compare", "-gp", str(golden), "-mp", str(my), "-o", str(tmp_path / "out"),
+                 "--metric", "rmse", "sqnr"]) == 2
+    assert "none of the metrics rmse, sqnr has thresholds" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("entry", "message"), [
+    ({"patern": "*", "metric": "cosine_similarity", "warn": 0.9, "fail": 0.8}, "unknown key 'patern'"),
+    ({"pattern": "*", "metric": "relative_euclidean_distance", "warn": 0.01, "fail": 0.001}, "warn 0.01 is past fail"),
+    ({"pattern": "*", "metric": "cosine_similarity", "warn": 0.8, "fail": 0.9}, "warn 0.8 is past fail"),
+])
+def test_threshold_files_with_unknown_keys_or_reversed_limits_are_refused(
+        make_llmcheck_dump, tmp_path: Path, capsys: pytest.CaptureFixture[str], entry, message) -> None:
+    golden = make_llmcheck_dump(tmp_path / "g", {"a": torch.ones(4)})
+    thresholds = tmp_path / "thresholds.json"
+    thresholds.write_text(json.dumps([entry]))
+    assert main(["compare", "-gp", str(golden), "-mp", str(golden), "-o", str(tmp_path / "out"),
+                 "--thresholds", str(thresholds)]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_outputs_are_never_written_into_a_dump_by_any_command(make_llmcheck_dump, tmp_path: Path,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    dump = make_llmcheck_dump(tmp_path / "g", {"a": torch.ones(4)})
+    index_before = (dump / "index.jsonl").read_bytes()
+    assert main(["opcheck", "-i", str(dump), "-o", str(dump)]) == 2
+    assert main(["demo", "-o", str(dump / "sub")]) == 2
+    topology = tmp_path / "model.json"
+    topology.write_text(json.dumps({"modelName": "m", "inTensors": ["x"], "outTensors": ["y"], "nodes": [
+        {"opName": "RmsNormOperation_0", "opType": "RmsNormOperation", "inTensors": ["x"], "outTensors": ["y"]}]}))
+    assert main(["export", "onnx", str(topology), "-o", str(dump / "index.jsonl")]) == 2
+    assert main(["export", "onnx", str(topology), "-o", str(topology)]) == 2
+    errors = capsys.readouterr().err
+    assert errors.count("are never written into a dump") == 2 and "would be overwritten" in errors
+    assert (dump / "index.jsonl").read_bytes() == index_before and "modelName" in topology.read_text()

@@ -181,3 +181,32 @@ def test_statistics_ignore_non_finite_values_and_count_them() -> None:
     assert (stats.min, stats.max, stats.mean, stats.nan_count, stats.inf_count) == (1.0, 3.0, 2.0, 1, 1)
     empty = tensor_stats(torch.empty(0))
     assert empty.min is None and empty.nan_count == 0
+
+
+def test_index_lines_lost_after_the_dump_was_closed_are_reported_as_a_cut(tmp_path: Path) -> None:
+    with DumpWriter(tmp_path, "test") as writer:
+        for order in range(3):
+            writer.add(_record(f"t{order}", torch.ones(2), order), torch.ones(2))
+    index = writer.path / "index.jsonl"
+    index.write_text("".join(index.read_text().splitlines(keepends=True)[:2]))
+    dump = read_dump(writer.path)
+    assert len(dump.records) == 2 and "holds 2 of the 3 records" in dump.cut
+
+
+def test_unknown_dtype_in_the_index_is_named(tmp_path: Path) -> None:
+    with DumpWriter(tmp_path, "test") as writer:
+        writer.add(_record("a", torch.ones(2), 0), torch.ones(2))
+    index = writer.path / "index.jsonl"
+    index.write_text(index.read_text().replace('"float32"', '"float99"'))
+    with pytest.raises(DumpFormatError, match="unknown dtype 'float99'"):
+        read_dump(writer.path)
+
+
+def test_a_corrupt_manifest_is_reported_as_a_damaged_dump_not_as_no_dump(tmp_path: Path) -> None:
+    from llmcheck.core.plugins import get_plugins
+
+    with DumpWriter(tmp_path, "test") as writer:
+        writer.add(_record("a", torch.ones(2), 0), torch.ones(2))
+    (writer.path / "manifest.json").write_text("{")
+    with pytest.raises(DumpFormatError, match="manifest.json is not JSON"):
+        get_plugins().load_tensors(writer.path)

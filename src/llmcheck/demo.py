@@ -71,7 +71,9 @@ def run_demo(output: Path) -> int:
     from llmcheck.core.compare import compare_with_progress
     from llmcheck.core.plugins import get_plugins
     from llmcheck.core.report import print_summary, write_reports
+    from llmcheck.core.store import check_output_folder
 
+    check_output_folder(Path(output), "demo runs")
     console = Console(soft_wrap=True)
     started = time.perf_counter()
     run_folder = Path(output) / time.strftime("run_%Y%m%d_%H%M%S")

@@ -101,6 +101,9 @@ def dump(backend: str, exec_text: str | None, dump_types: Sequence[str], only_sa
         "seed": seed,
     }
     argv = split_command(exec_text, command)
+    from llmcheck.core.store import check_output_folder
+
+    check_output_folder(output, "new dumps")
     backends = get_plugins().capture_backends()
     if backend not in backends:
         raise UsageError(f"unknown backend {backend!r}", where="--backend",

@@ -296,19 +296,6 @@ def _row(index: int, pair: Pair, specs: Sequence[MetricSpec], problem: str | Non
                          nonfinite_mismatch=measurement.nonfinite_mismatch, judged_as=judged_class)
 
 
-def _check_output_dir(output_dir: Path) -> None:
-    """Refuse an output folder that is a file, or a dump or inside one (reports are never written into a dump)."""
-    from llmcheck.core.store import is_dump_dir
-
-    if output_dir.exists() and not output_dir.is_dir():
-        raise UsageError("exists and is not a folder", where=output_dir, hint="pass a folder with -o")
-    resolved = output_dir.resolve()
-    for folder in (resolved, *resolved.parents):
-        if is_dump_dir(folder):
-            raise UsageError(f"is inside the dump {folder}; reports are never written into a dump",
-                             where=output_dir, hint="pass another folder with -o")
-
-
 def compare_command(*, golden_path: Path, my_path: Path, golden_source: str | None, my_source: str | None,
                     output_dir: Path, metric_names: Sequence[str], mapping_path: Path | None, jobs: int | None,
                     thresholds_path: Path | None = None) -> int:
@@ -318,16 +305,21 @@ def compare_command(*, golden_path: Path, my_path: Path, golden_source: str | No
     from llmcheck.core.pairing import load_user_mapping
     from llmcheck.core.plugins import get_plugins
     from llmcheck.core.report import print_summary, write_reports
+    from llmcheck.core.store import check_output_folder
     from llmcheck.core.verdicts import load_threshold_overrides
 
     if jobs is not None and jobs < 1:
         raise UsageError(f"invalid value {jobs}", where="-j/--jobs", hint="give 1 or more worker processes")
     output_dir = Path(output_dir)
-    _check_output_dir(output_dir)
+    check_output_folder(output_dir)
     console = Console(soft_wrap=True)
     specs = select_metrics(metric_names)
-    overrides = (load_threshold_overrides(Path(thresholds_path), [spec.name for spec in specs])
+    overrides = (load_threshold_overrides(Path(thresholds_path), {spec.name: spec for spec in specs})
                  if thresholds_path is not None else [])
+    if not any(spec.thresholds for spec in specs) and not overrides:
+        raise UsageError(f"none of the metrics {', '.join(spec.name for spec in specs)} has thresholds, so no pair "
+                         "could pass or fail", where="--metric",
+                         hint="add relative_euclidean_distance or cosine_similarity, or give --thresholds")
     user_mapping = load_user_mapping(Path(mapping_path)) if mapping_path is not None else None
     plugins = get_plugins()
     golden = plugins.load_tensors(Path(golden_path), golden_source)

@@ -20,7 +20,7 @@ from multiprocessing import get_context
 from pathlib import Path
 from typing import Sequence
 
-from llmcheck.core.errors import EXIT_FAILURES_FOUND, EXIT_OK, DumpNotFoundError, UsageError
+from llmcheck.core.errors import EXIT_FAILURES_FOUND, EXIT_OK, DumpNotFoundError, LlmcheckError, UsageError
 from llmcheck.core.op_cases import OpCase, group_op_cases, position_order, select_op_cases
 from llmcheck.core.opcheck_run import FAILED, OpcheckRow, check_case
 from llmcheck.core.records import OpReference
@@ -63,9 +63,9 @@ def _with_csv_params(cases: list[OpCase], csv_path: Path) -> list[OpCase]:
                                 hint="give the operation_tensors_N.csv of the dump, or omit -c")
     try:
         csv_dump = get_plugins().load_tensors(Path(csv_path))
-    except DumpNotFoundError:
-        log.warning("%s: no plugin reads this op CSV; op parameters come from the dump's op_param.json files", csv_path)
-        return cases
+    except DumpNotFoundError as exc:
+        raise UsageError("not an op CSV any installed source reads", where=csv_path,
+                         hint="give the dump's operation_tensors_N.csv, or omit -c") from exc
     by_op = {(case.op_id, case.step): case.params for case in group_op_cases(csv_dump.records)}
 
     def recorded_op_param(case: OpCase) -> bool:
@@ -133,6 +133,7 @@ def opcheck_command(*, tensor_dir: Path, csv_path: Path | None, output_dir: Path
     """Run opcheck on a dump and write its report; return 3 when an output failed its criterion, else 0."""
     from llmcheck.core.opcheck_report import print_summary, write_reports
     from llmcheck.core.plugins import get_plugins
+    from llmcheck.core.store import check_output_folder
 
     started = time.perf_counter()
     unknown = [name for name in precision_metrics if name not in PRECISION_METRICS]
@@ -142,6 +143,7 @@ def opcheck_command(*, tensor_dir: Path, csv_path: Path | None, output_dir: Path
     if jobs is not None and jobs < 1:
         raise UsageError(f"invalid number of workers {jobs}", where="-j/--jobs", hint="give 1 or more")
     device = reference_device(device_id)
+    check_output_folder(Path(output_dir))
     plugins = get_plugins()
     dump = plugins.load_tensors(Path(tensor_dir))
     if dump.cut:
@@ -162,5 +164,7 @@ def opcheck_command(*, tensor_dir: Path, csv_path: Path | None, output_dir: Path
     written = write_reports(rows, Path(output_dir), list(precision_metrics))
     print_summary(rows, written, time.perf_counter() - started)
     if all(row.rel_precision_rate is None for row in rows):
-        log.warning("no output could be checked; the reasons are in %s", written[0])
+        # Zero checks is not a pass: a CI gate on opcheck must not go green on a dump it could not check.
+        raise LlmcheckError(f"no output of the {len(cases)} ops could be checked", where=tensor_dir,
+                            hint=f"the reasons are in {written[0]}; opcheck needs ATB ops or a torch op-level dump")
     return EXIT_FAILURES_FOUND if any(row.precision_result == FAILED for row in rows) else EXIT_OK

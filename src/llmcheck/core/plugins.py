@@ -171,6 +171,8 @@ class Plugins:
         topology_path = Path(topology_path)
         if not topology_path.is_file():
             raise DumpNotFoundError("no such topology file", where=topology_path)
+        if output_path is not None:
+            _check_onnx_output(Path(output_path), topology_path)
         written = self.manager.hook.llmcheck_export_onnx(topology_path=topology_path, level=level,
                                                          output_path=output_path)
         if written is None:
@@ -178,6 +180,19 @@ class Plugins:
             raise DumpNotFoundError("no plugin recognises this topology file", where=topology_path,
                                     hint="llmcheck export onnx reads ATB layer/model topology JSON")
         return Path(written)
+
+
+def _check_onnx_output(output_path: Path, topology_path: Path) -> None:
+    """Refuse an ONNX output that would overwrite the topology, a non-ONNX file, or write into a dump."""
+    from llmcheck.core.store import refuse_output_inside_dump
+
+    if output_path.resolve() == topology_path.resolve():
+        raise UsageError("is the topology file itself; it would be overwritten", where=output_path,
+                         hint="pass another -o, or omit it to write beside the topology")
+    if output_path.exists() and (output_path.is_dir() or output_path.suffix.lower() != ".onnx"):
+        raise UsageError("exists and is not an .onnx file; it would be overwritten", where=output_path,
+                         hint="pass a new .onnx path with -o")
+    refuse_output_inside_dump(output_path, "ONNX exports")
 
 
 def _raise_if_broken_json(path: Path) -> None:

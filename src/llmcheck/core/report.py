@@ -217,6 +217,9 @@ def print_summary(result: "CompareResult", console: "Console", written: Mapping[
     elif first is None and result.counts()["errors"]:
         console.print(f"[bold magenta]no failing pair, but {result.counts()['errors']} pairs could not be measured "
                       "(see cmp_fail_reason)[/]", highlight=False)
+    elif first is None and result.counts()["unmatched"]:
+        console.print(f"[yellow]no divergence among the {len(result.rows)} pairs, but {result.counts()['unmatched']} "
+                      "records have no counterpart and were not compared (see pairs.json)[/]", highlight=False)
     elif first is None:
         console.print("[green]no divergence: every pair is within its thresholds[/]")
     else:

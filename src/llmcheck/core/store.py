@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
-from llmcheck.core.errors import DumpFormatError, DumpNotFoundError, LlmcheckError
+from llmcheck.core.errors import DumpFormatError, DumpNotFoundError, LlmcheckError, UsageError
 from llmcheck.core.records import (
     DTYPE_ITEMSIZE,
     Dump,
@@ -127,6 +127,7 @@ def topology_from_json(tree: Mapping[str, Any]) -> TopologyNode:
 def new_dump_dir(output_dir: Path, suffix: str = "") -> Path:
     """Create and return a fresh ``llmcheck_dump_{timestamp}_{pid}[_suffix]`` folder; never reuse one."""
     output_dir = Path(output_dir)
+    check_output_folder(output_dir, "new dumps")
     try:
         output_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -357,14 +358,35 @@ class DumpWriter:
 
 
 def is_dump_dir(path: Path) -> bool:
-    """Return whether ``path`` is an llmcheck dump folder (it holds a manifest of this format)."""
+    """Return whether ``path`` is an llmcheck dump folder (it holds a manifest of this format).
+
+    A manifest that is not JSON beside an ``index.jsonl`` still marks a dump -- a damaged
+    one, which the reader then reports as such instead of "not a dump".
+    """
     manifest = Path(path) / MANIFEST_NAME
     if not manifest.is_file():
         return False
     try:
-        return json.loads(manifest.read_text()).get("format") == FORMAT_NAME
+        document = json.loads(manifest.read_text())
     except (OSError, ValueError):
-        return False
+        return (Path(path) / INDEX_NAME).is_file()
+    return isinstance(document, dict) and document.get("format") == FORMAT_NAME
+
+
+def refuse_output_inside_dump(output: Path, what: str = "reports") -> None:
+    """Raise a usage error when ``output`` is an llmcheck dump or lies inside one: dumps are never written into."""
+    resolved = Path(output).resolve()
+    for folder in (resolved, *resolved.parents):
+        if is_dump_dir(folder):
+            raise UsageError(f"is inside the dump {folder}; {what} are never written into a dump",
+                             where=output, hint="pass another folder with -o")
+
+
+def check_output_folder(output: Path, what: str = "reports") -> None:
+    """Raise a usage error for an output folder that is a file, or is (inside) an llmcheck dump."""
+    if Path(output).exists() and not Path(output).is_dir():
+        raise UsageError("exists and is not a folder", where=output, hint="pass a folder with -o")
+    refuse_output_inside_dump(output, what)
 
 
 def find_dumps(path: Path) -> list[Path]:
@@ -428,6 +450,9 @@ def read_dump(path: Path) -> Dump:
             line = json.loads(raw_line)
         except ValueError as exc:
             raise DumpFormatError(f"line {line_number} is not JSON: {exc}", where=index_path, offset=line_start) from exc
+        if line.get("dtype") not in DTYPE_ITEMSIZE:
+            raise DumpFormatError(f"line {line_number} has unknown dtype {line.get('dtype')!r}", where=index_path,
+                                  offset=line_start)
         data = None
         if "shard" in line:
             shard_name = line["shard"]
@@ -444,6 +469,9 @@ def read_dump(path: Path) -> Dump:
                 raise DumpFormatError(f"tensor {line['tensor']!r} of line {line_number} is not in the shard",
                                       where=shard)
             begin, end = entry["data_offsets"]
+            if not 0 <= begin <= end:
+                raise DumpFormatError(f"tensor {line['tensor']!r} has data_offsets [{begin}, {end}]", where=shard,
+                                      offset=8)
             expected = DTYPE_ITEMSIZE.get(line["dtype"], 0) * _numel(line["shape"])
             if end - begin != expected:
                 raise DumpFormatError(f"tensor {line['tensor']!r} holds {end - begin} bytes, its dtype and shape "
@@ -451,6 +479,10 @@ def read_dump(path: Path) -> Dump:
             data = TensorData(dtype=line["dtype"], shape=tuple(line["shape"]), path=shard,
                               offset=data_start + begin, nbytes=end - begin)
         records.append(record_from_json(line, data, f"{root.name}/{line.get('shard', INDEX_NAME)}:{line.get('tensor', line['name'])}"))
+    expected_records = manifest.get("records")
+    if isinstance(expected_records, int) and len(records) < expected_records and not cuts:
+        cuts.append(f"index.jsonl holds {len(records)} of the {expected_records} records the closed manifest counts "
+                    "(lines were lost after the dump was written)")
     for leftover in sorted(root.glob("shard_*.safetensors.tmp")):
         cuts.append(f"unfinished shard {leftover.name} was discarded")
     if "end_time" not in manifest:

@@ -98,8 +98,16 @@ class ThresholdOverride:
                 and fnmatch.fnmatchcase(name, self.pattern))
 
 
-def load_threshold_overrides(path: Path, known_metrics: Sequence[str]) -> list[ThresholdOverride]:
-    """Return the entries of a ``--thresholds`` file (JSON or YAML list), checked against the known metrics."""
+_OVERRIDE_KEYS = ("pattern", "metric", "warn", "fail", "dtype")
+
+
+def load_threshold_overrides(path: Path, known_metrics: Sequence[str] | Mapping[str, MetricSpec]
+                             ) -> list[ThresholdOverride]:
+    """Return the entries of a ``--thresholds`` file (JSON or YAML list), checked against the known metrics.
+
+    Given the metric specs (not just names), each entry's ``warn`` must be no worse than its
+    ``fail`` in the metric's direction: a reversed pair would silently never warn.
+    """
     from llmcheck.core.structured_file import read_structured_file
 
     entries = read_structured_file(path)
@@ -111,6 +119,10 @@ def load_threshold_overrides(path: Path, known_metrics: Sequence[str]) -> list[T
     for position, entry in enumerate(entries, start=1):
         if not isinstance(entry, Mapping):
             raise UsageError(f"entry {position} is not a mapping", where=path)
+        unknown_keys = [str(key) for key in entry if key not in _OVERRIDE_KEYS]
+        if unknown_keys:
+            raise UsageError(f"entry {position} has unknown key {unknown_keys[0]!r}", where=path,
+                             hint=f"keys: {', '.join(_OVERRIDE_KEYS)}")
         missing = [key for key in ("metric", "warn", "fail") if key not in entry]
         if missing:
             raise UsageError(f"entry {position} lacks {', '.join(missing)}", where=path)
@@ -125,6 +137,11 @@ def load_threshold_overrides(path: Path, known_metrics: Sequence[str]) -> list[T
             warn, fail = float(entry["warn"]), float(entry["fail"])
         except (TypeError, ValueError) as exc:
             raise UsageError(f"entry {position}: warn and fail must be numbers", where=path) from exc
+        spec = known_metrics.get(entry["metric"]) if isinstance(known_metrics, Mapping) else None
+        if spec is not None and (warn < fail if spec.higher_is_better else warn > fail):
+            direction = "higher" if spec.higher_is_better else "lower"
+            raise UsageError(f"entry {position}: warn {warn:g} is past fail {fail:g} ({entry['metric']} is better "
+                             f"{direction}, so warn must come before fail)", where=path)
         overrides.append(ThresholdOverride(pattern=str(entry.get("pattern", "*")), metric=str(entry["metric"]),
                                            warn=warn, fail=fail, dtype_class=dtype))
     return overrides
