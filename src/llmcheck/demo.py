@@ -36,6 +36,12 @@ def _load_model(console: Any) -> tuple[Any, Any, Any, str, int]:
     from llmcheck.core.errors import BackendUnavailableError
 
     try:
+        from transformers.utils import logging as transformers_logging
+
+        transformers_logging.disable_progress_bar()  # the demo reports its own steps and times
+    except ImportError:
+        pass  # load_smollm2 below says how to install transformers
+    try:
         model, tokenizer = load_smollm2()
     except BackendUnavailableError as exc:
         console.print(f"[yellow]notice:[/] {exc.one_line()}; using a seeded random 2-layer Llama instead "
