@@ -171,3 +171,15 @@ def test_compare_names_the_metadata_entry_whose_tensor_is_missing(tmp_path: Path
     error = capsys.readouterr().err.strip()
     assert error.startswith("llmcheck: error: ") and "\n" not in error
     assert "never_written.bin" in error
+
+
+def test_a_metadata_entry_climbing_out_of_the_dump_is_refused(tmp_path: Path,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    metadata = dump_data(0, 7, torch.ones(3), str(tmp_path / "my.bin"), str(tmp_path / "out"))
+    (tmp_path / "secret.npy").write_bytes(b"not for llmcheck")
+    mapping = json.loads(metadata.read_text())
+    mapping["7"]["0"][0] = "../../../secret.npy"
+    metadata.write_text(json.dumps(mapping))
+    assert main(["compare", "-gp", str(metadata), "-mp", str(metadata), "-o", str(tmp_path / "cmp")]) == 1
+    error = capsys.readouterr().err
+    assert "'../../../secret.npy', a path that climbs out of the dump" in error and error.count("\n") == 1

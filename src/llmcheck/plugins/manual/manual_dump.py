@@ -15,7 +15,7 @@ import os
 from pathlib import Path
 from typing import Any, Mapping
 
-from llmcheck.core.errors import DumpFormatError, DumpNotFoundError, LlmcheckError
+from llmcheck.core.errors import DumpFormatError, DumpNotFoundError, LlmcheckError, PathOutsideDumpError
 from llmcheck.core.records import Dump, RecordKey, TensorRecord
 from llmcheck.plugins.manual.metadata_file import METADATA_NAME, looks_like_metadata, read_metadata
 
@@ -75,6 +75,9 @@ def resolve_tensor_file(entry_path: str, metadata: Path) -> Path:
     metadata's folder, so a manual dump can be moved.
     """
     path = Path(entry_path)
+    if ".." in path.parts:  # dump_data never writes one: such an entry would read a file outside the dump
+        raise PathOutsideDumpError(f"names {entry_path!r}, a path that climbs out of the dump", where=metadata,
+                                   hint="entries are paths dump_data wrote, relative to metadata.json's folder")
     if path.is_absolute():
         candidates = [path]
     else:
