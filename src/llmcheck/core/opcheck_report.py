@@ -127,7 +127,7 @@ def print_summary(rows: Sequence[OpcheckRow], written: Sequence[Path], elapsed_s
     from rich.console import Console
     from rich.table import Table
 
-    console = Console(stderr=False, highlight=False)
+    console = Console(highlight=False, soft_wrap=True)
     counts = result_counts(rows)
     ops = len({(row.op_id, row.step, row.call_index) for row in rows})
     console.print(f"[bold]opcheck[/bold]: {ops} ops, {counts[PASS] + counts[FAILED]} outputs checked in "
