@@ -136,6 +136,8 @@ class Plugins:
                 found[item.name] = item
                 owners[item.name] = _owner
 
+            # One plugin at a time, through pluggy (so LLMCHECK_TRACE_PLUGINS still sees the call),
+            # lets ``register`` know whose item it is receiving.
             hook_caller = self.manager.subset_hook_caller(hook.name, remove_plugins=[
                 other.plugin for other in hook.get_hookimpls() if other is not impl])
             hook_caller(register=register)
