@@ -71,20 +71,25 @@ def test_dumped_tensors_equal_what_the_model_computed(tmp_path: Path, tiny_llama
         assert_same_stats(record.stats, tensor_stats(expected))
 
 
+class AddOneInPlace(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.add_(1)
+
+
+class InPlaceOuter(torch.nn.Module):
+    """``(x * 1 + 1) * 2`` where the ``+ 1`` is an in-place op in the child module ``inner``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = AddOneInPlace()
+        self.register_buffer("anchor", torch.zeros(1))  # gives the model a device for .to()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.inner(x * 1) * 2
+
+
 def test_inputs_are_saved_before_an_in_place_op_and_outputs_after(tmp_path: Path) -> None:
-    class AddOneInPlace(torch.nn.Module):
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            return x.add_(1)
-
-    class Outer(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.inner = AddOneInPlace()
-
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            return self.inner(x * 1) * 2
-
-    _, dump = _capture(Outer(), tmp_path, lambda m: m(torch.zeros(3)), save_time="both")
+    _, dump = _capture(InPlaceOuter(), tmp_path, lambda m: m(torch.zeros(3)), save_time="both")
     values = {(r.key.name, r.key.io, r.key.moment): r.data.load().tolist() for r in dump.records}
     assert values[("inner", "input", "before")] == [0.0, 0.0, 0.0]  # as the in-place op found it
     assert values[("inner", "input", "after")] == [1.0, 1.0, 1.0]

@@ -56,20 +56,9 @@ def test_cuda_capture_leaves_outputs_bitwise_identical_and_saves_the_device_valu
 
 
 def test_cuda_inputs_are_copied_before_an_in_place_op(tmp_path: Path) -> None:
-    class AddOneInPlace(torch.nn.Module):
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            return x.add_(1)
+    from test_torch_capture import InPlaceOuter
 
-    class Outer(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.inner = AddOneInPlace()
-            self.register_buffer("anchor", torch.zeros(1))
-
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            return self.inner(x * 1) * 2
-
-    model = Outer().to("cuda")
+    model = InPlaceOuter().to("cuda")
     with torch.no_grad(), register_hook(model, DumpConfig(dump_path=tmp_path, save_time="both")) as session:
         model(torch.zeros(1 << 20, device="cuda"))  # large enough that a late copy would see the change
     values = {(r.key.name, r.key.io, r.key.moment): r.data.load() for r in read_dump(session.path).records}
