@@ -371,3 +371,13 @@ def test_outputs_are_never_written_into_a_dump_by_any_command(make_llmcheck_dump
     errors = capsys.readouterr().err
     assert errors.count("are never written into a dump") == 2 and "would be overwritten" in errors
     assert (dump / "index.jsonl").read_bytes() == index_before and "modelName" in topology.read_text()
+
+
+def test_two_checkpoint_folders_are_compared_weight_by_weight(tiny_llama, tmp_path: Path) -> None:
+    tiny_llama.save_pretrained(tmp_path / "original")
+    with scaled_weight(tiny_llama, "model.layers.1.mlp.up_proj", 1.02):  # a conversion scale 2 % off
+        tiny_llama.save_pretrained(tmp_path / "converted")
+    result = _compare(tmp_path / "original", tmp_path / "converted")
+    assert result.golden.source == "file" and result.counts()["unmatched"] == 0
+    failing = [row.golden.key.name for row in result.rows if row.verdict == "fail"]
+    assert failing == ["model.layers.1.mlp.up_proj.weight"]

@@ -3,8 +3,8 @@
 * source ``llmcheck`` reads llmcheck's own dump format (``core/store.py``). A path may be one
   dump folder, a file inside it, or the folder given to ``llmcheck dump -o`` holding exactly
   one dump; with several dumps there, the error lists them so the user can pick one.
-* source ``file`` reads one ``.npy``, ``.pt``/``.pth`` or ``.safetensors`` file
-  (:mod:`llmcheck.plugins.native.single_file`).
+* source ``file`` reads one ``.npy``, ``.pt``/``.pth`` or ``.safetensors`` file, or a
+  checkpoint folder of ``.safetensors`` shards (:mod:`llmcheck.plugins.native.single_file`).
 * pairing by user mapping, exact key and sequence alignment
   (:mod:`llmcheck.plugins.native.pairing`).
 """
@@ -28,13 +28,17 @@ log = logging.getLogger("llmcheck.native")
 @hookimpl
 def llmcheck_register_sources(register: Callable[[SourceInfo], None]) -> None:
     register(SourceInfo(SOURCE_NAME, "llmcheck's own dump format (manifest.json, index.jsonl, safetensors shards)"))
-    register(SourceInfo(single_file.SOURCE_NAME, "one tensor file: .npy, .pt/.pth (weights_only), .safetensors"))
+    register(SourceInfo(single_file.SOURCE_NAME, "one tensor file (.npy, .pt/.pth with weights_only, .safetensors) "
+                                                 "or a checkpoint folder of .safetensors shards"))
 
 
 @hookimpl
 def llmcheck_load_tensors(path: Path, source: str | None) -> Dump | None:
-    if source in (None, single_file.SOURCE_NAME) and single_file.claims(path):
-        return single_file.load_file(path)
+    if source in (None, single_file.SOURCE_NAME):
+        if single_file.claims(path):
+            return single_file.load_file(path)
+        if single_file.claims_checkpoint(path):
+            return single_file.load_checkpoint(path)
     if source not in (None, SOURCE_NAME):
         return None
     dumps = find_dumps(path)

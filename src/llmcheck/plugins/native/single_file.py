@@ -1,5 +1,10 @@
 """Source "file": one tensor file (``.npy``, ``.pt``/``.pth``, ``.safetensors``) read as a small dump.
 
+A checkpoint folder (``config.json`` or ``model.safetensors.index.json`` beside
+``*.safetensors`` shards, as Hugging Face writes them) is read the same way, all shards
+together, so ``llmcheck compare -gp original/ -mp converted/`` finds which weight a
+conversion or quantisation round trip changed -- the seed tool's weight compare.
+
 ``llmcheck compare -gp a.npy -mp b.npy`` compares two files directly. A file holding one
 tensor gives one record named ``tensor``, so any two such files pair; a file holding many
 (a safetensors file, a ``.pt`` state dict) gives one record per tensor, named by its key,
@@ -37,6 +42,32 @@ _SAFETENSORS_DTYPES = {
 def claims(path: Path) -> bool:
     """Return whether ``path`` is a tensor file this source reads."""
     return path.is_file() and path.suffix.lower() in SUFFIXES
+
+
+#: Files that mark a folder as a model checkpoint whose ``*.safetensors`` shards hold its weights.
+CHECKPOINT_MARKERS = ("config.json", "model.safetensors.index.json")
+
+
+def claims_checkpoint(path: Path) -> bool:
+    """Return whether ``path`` is a checkpoint folder: a marker file beside ``*.safetensors`` shards."""
+    return (path.is_dir() and any((path / marker).is_file() for marker in CHECKPOINT_MARKERS)
+            and any(path.glob("*.safetensors")))
+
+
+def load_checkpoint(path: Path) -> Dump:
+    """Return every weight of a checkpoint folder's safetensors shards, one record per weight, named by its key."""
+    records: list[TensorRecord] = []
+    seen: dict[str, Path] = {}
+    shards = sorted(path.glob("*.safetensors"))
+    for shard in shards:
+        for record in _safetensors_records(shard):
+            if record.key.name in seen:
+                raise DumpFormatError(f"weight {record.key.name!r} is in two shards: {seen[record.key.name].name} "
+                                      f"and {shard.name}", where=path)
+            seen[record.key.name] = shard
+            records.append(record.with_changes(order=len(records)))
+    return Dump(source=SOURCE_NAME, root=path, records=records,
+                manifest={"checkpoint": str(path), "files": [shard.name for shard in shards]})
 
 
 def load_file(path: Path) -> Dump:
