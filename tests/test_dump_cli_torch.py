@@ -57,8 +57,12 @@ def test_dump_exec_captures_an_unmodified_script_and_returns_its_exit_code(tmp_p
     user_site = tmp_path / "user_site"
     user_site.mkdir()
     (user_site / "sitecustomize.py").write_text("import os\nos.environ['USER_SITE_RAN'] = 'yes'\n")
-    env = {**os.environ, "PYTHONPATH": str(user_site)}
-    command = f"{sys.executable} {script} result.json 3 'two words' \"it's\""
+    other_python = tmp_path / "bin" / "python"  # first on PATH, as an unactivated environment's python would be
+    other_python.parent.mkdir()
+    other_python.write_text("#!/bin/sh\necho 'the python on PATH ran' >&2\nexit 99\n")
+    other_python.chmod(0o755)
+    env = {**os.environ, "PYTHONPATH": str(user_site), "PATH": f"{other_python.parent}{os.pathsep}{os.environ['PATH']}"}
+    command = f"python {script} result.json 3 'two words' \"it's\""  # a bare python runs as llmcheck's own
     completed = _llmcheck("dump", "--backend", "torch", "-o", "out", "-er", "0,1", "-seed", "7", "--exec", command,
                           cwd=tmp_path, env=env)
     assert completed.returncode == 3, completed.stderr

@@ -16,6 +16,7 @@ import json
 import logging
 import os
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -95,6 +96,10 @@ def child_environment(config: DumpConfig, log_level: str, seed: int | None,
     return env
 
 
+#: Program names run with llmcheck's own interpreter (a path such as ``/usr/bin/python3`` is kept as given).
+BARE_PYTHON_NAMES = ("python", "python3")
+
+
 class TorchCaptureBackend:
     """The ``torch`` dump backend: capture any PyTorch program's modules or ATen operators."""
 
@@ -106,6 +111,11 @@ class TorchCaptureBackend:
         command = list(request.command)
         if not command:
             raise UsageError("no command to run", where="--exec")
+        if command[0] in BARE_PYTHON_NAMES:
+            # A bare "python" is whichever comes first on PATH, often one without torch (an
+            # unactivated environment); llmcheck's own interpreter has torch and llmcheck.
+            log.debug("running %r as %s", command[0], sys.executable)
+            command[0] = sys.executable
         config = config_from_options(request.options, request.output_dir, command)
         env = child_environment(config, request.log_level, request.options.get("seed"))
         output_dir = Path(config.dump_path)
