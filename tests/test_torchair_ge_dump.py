@@ -147,9 +147,11 @@ def test_fuzzed_bytes_raise_only_the_format_error(tmp_path, content):
     path = tmp_path / "Fuzz.fuzz.1.1.1"
     path.write_bytes(content)
     try:
-        read_ge_dump(path)
-    except DumpFormatError:
-        pass
+        dump = read_ge_dump(path)
+    except DumpFormatError as error:
+        assert error.where == str(path)  # the one-line error names the file
+    else:  # what parses only points at bytes the file has
+        assert all(t.data_offset + t.nbytes <= len(content) for t in (*dump.inputs, *dump.outputs))
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -163,12 +165,13 @@ def test_mutated_and_cut_real_files_raise_only_the_format_error(tmp_path, positi
         path.write_bytes(content)
         try:
             dump = read_ge_dump(path)
-        except DumpFormatError:
+        except DumpFormatError as error:
+            assert error.where == str(path)  # the one-line error names the file
             continue
         for tensor in (*dump.inputs, *dump.outputs):  # what parses must also load or fail cleanly
             data = tensor.tensor_data(path)
             if data is not None:
                 try:
-                    data.load()
-                except DumpFormatError:
-                    pass
+                    assert tuple(data.load().shape) == data.shape
+                except DumpFormatError as error:
+                    assert error.where is not None

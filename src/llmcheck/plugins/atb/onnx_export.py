@@ -250,5 +250,5 @@ def atb_json_to_onnx(atb_json_path: str | Path, model_level: int = -1, output_pa
         os.replace(temporary, target)
     except OSError as exc:
         raise LlmcheckError(f"cannot write the ONNX file: {exc.strerror}", where=target) from exc
-    log.info("wrote %s (%d nodes)", target, len(model.graph.node))
+    log.debug("wrote %s (%d nodes)", target, len(model.graph.node))
     return target

@@ -112,10 +112,7 @@ def _seed_if_asked(torch: Any) -> None:
     seed = int(seed_text)
     random.seed(seed)
     torch.manual_seed(seed)
-    try:
-        import numpy
+    import numpy  # a dependency of llmcheck, so always there
 
-        numpy.random.seed(seed)
-    except ImportError:
-        pass
+    numpy.random.seed(seed)
     torch.use_deterministic_algorithms(True, warn_only=True)
