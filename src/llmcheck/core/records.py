@@ -291,6 +291,12 @@ class MetricSpec:
     to ``(warn, fail)``: a value worse than ``warn`` is a warning, worse than ``fail`` a
     failure; "worse" means lower when ``higher_is_better``. A metric without thresholds
     is reported but never decides a verdict.
+
+    ``error_measure`` marks the scale-free error measure (0 = equal, relative to the golden
+    magnitude) that attribution compares between a row and its feeders, that growth factors
+    and repeated-structure baselines are computed on, and that a statistics-only pair's
+    relative L2-norm difference bounds from below. One registered metric holds this role
+    (the built-in ``relative_euclidean_distance``); the core names no metric itself.
     """
 
     name: str
@@ -298,6 +304,7 @@ class MetricSpec:
     higher_is_better: bool
     make_accumulator: Callable[[], MetricAccumulator]
     thresholds: Mapping[str, tuple[float, float]] = field(default_factory=dict)
+    error_measure: bool = False
 
     def thresholds_for(self, dtype: str) -> tuple[float, float] | None:
         """Return ``(warn, fail)`` for a dtype name, or ``None`` if this metric never judges it."""
@@ -306,13 +313,23 @@ class MetricSpec:
 
 @dataclass(frozen=True, slots=True)
 class MetricResult:
-    """One metric's value for one pair, with the thresholds it was judged against."""
+    """One metric's value for one pair, with the thresholds it was judged against and its direction."""
 
     name: str
     value: float
     verdict: str = VERDICT_PASS
     warn_threshold: float | None = None
     fail_threshold: float | None = None
+    higher_is_better: bool = False
+
+    def beyond(self, limit: float) -> bool:
+        """Return whether the value is worse than ``limit`` in this metric's direction."""
+        return self.value < limit if self.higher_is_better else self.value > limit
+
+    @property
+    def comparison(self) -> str:
+        """Return the sign a failure reason prints between value and threshold (``<`` when higher is better)."""
+        return "<" if self.higher_is_better else ">"
 
 
 @dataclass(frozen=True, slots=True)
@@ -327,6 +344,19 @@ class ComparisonRow:
     the data as measured (NaN and Inf counts included). ``attribution`` says whether a
     failing row's error was introduced here or inherited from the records that fed it
     (``fed_by``, their labels). ``judged_as`` is the dtype class whose thresholds applied.
+
+    What the verdict learnt about precision noise (``docs/metrics.md``, "Verdicts in reduced
+    precision"): ``error`` is the row's value of the error measure (the metric whose
+    :attr:`MetricSpec.error_measure` is set; for a statistics-only pair its L2-norm lower
+    bound), ``feeder_error`` the largest error among its feeders and ``growth`` their ratio
+    (how much error this place adds). ``structure`` is the record name with the repeated
+    block's index abstracted (``model.layers.{i}.mlp.down_proj``) and ``layer_index`` that
+    index; ``sibling_growth`` is the (lowest, highest) growth the same place shows in the
+    ``sibling_count`` other repeats. ``noise_error`` is the error of the same tensor in the
+    noise twin (``compare --noise-path``), and ``expected_error`` the error this place
+    should carry at this precision (the twin's, else the feeders' grown by the siblings'
+    median growth); ``None`` where unknown. ``evidence`` says in words why a row was judged
+    introduced or failing beyond the dtype table.
     """
 
     index: int
@@ -343,6 +373,16 @@ class ComparisonRow:
     attribution: str = ""
     fed_by: tuple[str, ...] = ()
     judged_as: str = ""
+    error: float | None = None
+    feeder_error: float | None = None
+    growth: float | None = None
+    structure: str = ""
+    layer_index: int | None = None
+    sibling_growth: tuple[float, float] | None = None
+    sibling_count: int = 0
+    noise_error: float | None = None
+    expected_error: float | None = None
+    evidence: str = ""
 
     def with_changes(self, **changes: Any) -> "ComparisonRow":
         """Return a copy with the given fields replaced."""

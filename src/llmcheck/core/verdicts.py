@@ -178,11 +178,11 @@ def judge(specs: Sequence[MetricSpec], values: Mapping[str, float], name: str, j
         value = values[spec.name]
         limits = thresholds_for(spec, name, judged_class, overrides)
         if limits is None:
-            results[spec.name] = MetricResult(spec.name, value)
+            results[spec.name] = MetricResult(spec.name, value, higher_is_better=spec.higher_is_better)
             continue
         warn, fail = limits
         metric_verdict = _metric_verdict(value, spec.higher_is_better, warn, fail)
-        results[spec.name] = MetricResult(spec.name, value, metric_verdict, warn, fail)
+        results[spec.name] = MetricResult(spec.name, value, metric_verdict, warn, fail, spec.higher_is_better)
         first_judged = first_judged or spec.name
         if _SEVERITY[metric_verdict] > _SEVERITY[verdict]:
             verdict, deciding = metric_verdict, spec.name

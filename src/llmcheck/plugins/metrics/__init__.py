@@ -33,10 +33,15 @@ _BUILTIN: tuple[tuple[str, str, bool, type], ...] = (
 )
 
 
+#: The scale-free error measure attribution and the precision-noise verdicts work on.
+ERROR_MEASURE = "relative_euclidean_distance"
+
+
 def builtin_metric_specs() -> list[MetricSpec]:
     """Return the built-in metrics in report order, each with its row of the threshold table."""
     return [MetricSpec(name=name, description=description, higher_is_better=higher_is_better,
-                       make_accumulator=accumulator, thresholds=DEFAULT_THRESHOLDS.get(name, {}))
+                       make_accumulator=accumulator, thresholds=DEFAULT_THRESHOLDS.get(name, {}),
+                       error_measure=name == ERROR_MEASURE)
             for name, description, higher_is_better, accumulator in _BUILTIN]
 
 
