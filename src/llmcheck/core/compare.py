@@ -16,7 +16,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from llmcheck.core.divergence import attribute, describe_row, first_divergence, first_introduced
+from llmcheck.core.divergence import (
+    INTRODUCED,
+    ErrorMeasure,
+    attribute,
+    describe_row,
+    first_divergence,
+    first_introduced,
+)
 from llmcheck.core.errors import EXIT_FAILURE, EXIT_FAILURES_FOUND, EXIT_OK, UsageError
 from llmcheck.core.pairing import Pairing, merge_pairs
 from llmcheck.core.records import (
@@ -32,7 +39,13 @@ from llmcheck.core.records import (
     TensorRecord,
     UserMapping,
 )
-from llmcheck.core.stats_compare import BOUNDED_METRIC, comparable_statistics, judge_statistics
+from llmcheck.core.stats_compare import (
+    DECIDING_STAT,
+    comparable_statistics,
+    error_measure_spec,
+    judge_statistics,
+    masked_statistics,
+)
 from llmcheck.core.verdicts import (
     NONFINITE_METRIC,
     ThresholdOverride,
@@ -83,7 +96,7 @@ class CompareResult:
 
     def summary(self) -> dict[str, Any]:
         """Return the content of summary.json."""
-        introduced = [row for row in self.rows if row.attribution == "introduced"]
+        introduced = [row for row in self.rows if row.attribution == INTRODUCED]
         throughput = self.tensor_bytes_read / self.elapsed_s / 1e9 if self.elapsed_s > 0 else None
         return {
             "format": SUMMARY_FORMAT, "format_version": 1,
@@ -157,10 +170,15 @@ def _statistics_row(index: int, pair: Pair, specs: Sequence[MetricSpec], overrid
         return None
     judged_class = judging_class(golden.dtype, my.dtype, run_floor)
     results, verdict, deciding, nonfinite = judge_statistics(golden.stats, my.stats, specs,  # type: ignore[arg-type]
-                                                             golden.key.name, judged_class, overrides)
+                                                             golden.key.name, judged_class, overrides,
+                                                             dtypes=(golden.dtype, my.dtype))
     sides = " and ".join(side for side, record in (("golden", golden), ("my", my)) if record.data is None)
+    bounded = error_measure_spec(specs)
     reason = (f"statistics only (no tensor data on the {sides} side): judged on the L2 norms, "
-              f"a lower bound of {BOUNDED_METRIC}")
+              f"a lower bound of {bounded.name if bounded else 'the error measure'}")
+    if masked_statistics(golden.stats, my.stats, (golden.dtype, my.dtype)):  # type: ignore[arg-type]
+        reason = (f"statistics only (no tensor data on the {sides} side): both sides hold their dtype's infinity "
+                  "sentinel (a mask), which dominates min, max, mean and L2 norm; not judged on them")
     return ComparisonRow(index=index, golden=golden, my=my, rule=pair.rule, metrics=results, verdict=verdict,
                          deciding_metric=deciding, reason=reason, golden_stats=golden.stats, my_stats=my.stats,
                          nonfinite_mismatch=nonfinite, judged_as=judged_class)
@@ -180,11 +198,16 @@ def _nonfinite_note(measurement: Any) -> str | None:
     golden, my = measurement.golden_stats, measurement.my_stats
     counts = f"golden {golden.nan_count} NaN, {golden.inf_count} Inf; my {my.nan_count} NaN, {my.inf_count} Inf"
     if measurement.nonfinite_mismatch:
-        return f"{measurement.nonfinite_mismatch} positions are NaN/Inf on one side only ({counts})"
+        return (f"{measurement.nonfinite_mismatch} positions are NaN/Inf on one side only, or a mask sentinel "
+                f"on one side only ({counts})")
+    notes = []
     if measurement.matching_nonfinite:
-        return (f"{measurement.matching_nonfinite} positions are the same NaN/Inf on both sides, "
-                f"left out of the metrics ({counts})")
-    return None
+        notes.append(f"{measurement.matching_nonfinite} positions are the same NaN/Inf on both sides, "
+                     f"left out of the metrics ({counts})")
+    if measurement.masked:
+        notes.append(f"{measurement.masked} positions hold the dtype's infinity sentinel (a mask) on both sides, "
+                     "left out of the metrics")
+    return "; ".join(notes) or None
 
 
 def _has_stats(record: TensorRecord) -> bool:
@@ -198,10 +221,15 @@ def _merged_stats(record: TensorRecord, measured: Any) -> Any:
 
 def compare_dumps(golden: Dump, my: Dump, *, metric_names: Sequence[str] | None = None,
                   user_mapping: UserMapping | None = None, threshold_overrides: Sequence[ThresholdOverride] = (),
-                  workers: int | None = None,
+                  workers: int | None = None, noise: Dump | None = None,
                   on_pairs_known: Callable[[int, int], None] | None = None,
                   on_measured: Callable[[int], None] | None = None) -> CompareResult:
     """Return the comparison of two loaded dumps: pairs, a judged row per pair, attribution.
+
+    ``noise`` is the noise twin (``compare --noise-path``): the golden program run at the
+    my-run's precision. Its error against the golden at each tensor is the rounding noise
+    expected there, and rows are judged against it instead of the dtype table
+    (``docs/metrics.md``, "Verdicts in reduced precision").
 
     ``workers`` worker processes (default: one per CPU) measure large compares; they are
     started with ``spawn``, so a script calling this needs the usual
@@ -249,10 +277,26 @@ def compare_dumps(golden: Dump, my: Dump, *, metric_names: Sequence[str] | None 
     run_floor = least_precise([name for name in run_classes if name])
     rows = [_row(index, pair, specs, problems.get(index), measurements.get(index), threshold_overrides, run_floor)
             for index, pair in enumerate(pairing.pairs)]
-    rows = attribute(rows)
+    measure_spec = error_measure_spec(specs)
+    measure = ErrorMeasure(measure_spec.name, DECIDING_STAT) if measure_spec is not None else None
+    noise_errors = (_noise_errors(golden, noise, measure, user_mapping, workers)
+                    if noise is not None and measure is not None else None)
+    rows = attribute(rows, measure, noise_errors, [item.record for item in pairing.unmatched_my])
     return CompareResult(golden=golden, my=my, pairing=pairing, rows=rows, metric_specs=specs,
                          elapsed_s=time.perf_counter() - started, tensor_bytes_read=bytes_read,
                          tensor_bytes_compared=sum(pair_bytes(pair) for pair in pairing.pairs))
+
+
+def _noise_errors(golden: Dump, noise: Dump, measure: ErrorMeasure, user_mapping: UserMapping | None,
+                  workers: int | None) -> dict[int, float]:
+    """Return the noise twin's error at each golden tensor, keyed by ``id()`` of the golden record."""
+    twin = compare_dumps(golden, noise, metric_names=[measure.metric], user_mapping=user_mapping, workers=workers)
+    errors: dict[int, float] = {}
+    for row in twin.rows:
+        error = measure.of(row)
+        if error is not None:
+            errors[id(row.golden)] = error
+    return errors
 
 
 def pair_bytes(pair: Pair) -> int:

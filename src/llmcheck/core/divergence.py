@@ -1,119 +1,293 @@
 """First divergence and attribution: where the error shows first, and where it is introduced.
 
-The *first divergence* is the first failing row in golden execution order. That is often
-not where the defect is -- everything downstream of a defect fails too -- so each failing
-row is compared with the rows that fed it:
+The *first divergence* is the first failing row in golden execution order. That is rarely
+where the defect is -- everything downstream of a defect carries its error -- so each row is
+held against the rows that fed it (:mod:`llmcheck.core.feeders`) and judged by the error it
+**adds**, against the error this place **should** add at this precision:
 
-* the call's own input records (same name, step and call index), when the capture kept them;
-* otherwise the nearest earlier record of the same step that is neither part of this call
-  nor inside this module (the tensor most likely to have been its input).
+* **Noise twin** (``compare --noise-path``): a third run, the golden program at the my-run's
+  precision. Its error at each tensor is the honest rounding noise there; a row fails when
+  its error is well above its twin's (:data:`TWIN_FAIL_FACTOR`), whatever the dtype table says.
+* **Bit-exact feeders**: a row whose feeders agree bit for bit and which does not, by more
+  than its dtype's rounding floor, introduces the difference itself.
+* **Repeated structure** (:mod:`llmcheck.core.repeats`): the same module in the other layers
+  shows how much error this place grows and adds; a row far above that (at least
+  :data:`OUTLIER_FACTOR` times its expected error, and :data:`SPREAD_Z` robust standard
+  deviations past the siblings' own scatter, growing more than every sibling, adding more
+  than the rounding floor) fails as introduced even under the dtype's fail threshold.
+* **The dtype table** (:mod:`llmcheck.core.verdicts`) still fails what is past it.
 
-A failing row is *introduced* when every feeder passes or only warns (its inputs agree and
-its output does not); *inherited* when a feeder already fails; *amplified* when a feeder
-fails but this row's relative euclidean distance is more than ten times the feeder's (the
-error grows here); *unknown* when nothing fed it. Module outputs are recorded after their
-children's, so the first *introduced* row in execution order is the deepest module whose
-inputs agree and whose output does not -- not its parent, whose output fails later.
+A failing row is *introduced* when no feeder fails, *inherited* when a feeder fails and this
+row carries that error on (rows that carry at least :data:`CARRY_FRACTION` of a failing
+feeder's error fail with it), *amplified* when a feeder fails but this row adds error beyond
+its baseline, *inherited from an unmatched op* when a record only one run has produced its
+input, *encloses* when it is a module whose output fails only because an introduced row lies
+inside it, and *unknown* when nothing fed it. The first *introduced* row in execution order
+is the deepest module whose inputs agree and whose output does not.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
+from dataclasses import dataclass
+from typing import Any, Hashable, Mapping, Sequence
 
+from llmcheck.core.feeders import FeederIndex, Feeding, call_of, inside
 from llmcheck.core.records import (
-    IO_INPUT,
-    IO_OUTPUT,
     VERDICT_ERROR,
     VERDICT_FAIL,
+    VERDICT_PASS,
+    VERDICT_WARN,
     ComparisonRow,
+    MetricResult,
+    TensorRecord,
 )
-from llmcheck.core.verdicts import NONFINITE_METRIC
+from llmcheck.core.repeats import Baseline, sibling_baseline, sibling_groups, structure_keys
+from llmcheck.core.verdicts import NONFINITE_METRIC, is_float_dtype
 
 INTRODUCED = "introduced"
 INHERITED = "inherited"
 AMPLIFIED = "amplified"
+ENCLOSES = "encloses"
+INHERITED_FROM_UNMATCHED = "inherited_from_unmatched"
 UNKNOWN = "unknown"
 #: A failing row whose error exceeds its failing feeders' by this factor is labelled amplified.
 AMPLIFICATION_FACTOR = 10.0
-#: The scale-free error measure compared between a row and its feeders.
-ERROR_METRIC = "relative_euclidean_distance"
+#: A row fails with its failing feeder when it carries at least this fraction of the feeder's error.
+CARRY_FRACTION = 0.5
+#: A row fails as introduced when its error is this many times the error its siblings predict.
+OUTLIER_FACTOR = 2.0
+#: ... and add more than this many rounding floors beyond it: trained models have single layers
+#: that add three units of round-off more than their siblings, a defect worth finding adds more.
+GROWTH_FLOOR_FACTOR = 4.0
+#: ... or this many robust standard deviations of the siblings' own scatter around their line, if more.
+SPREAD_Z = 4.0
+#: With a noise twin, a row warns / fails when its error is this many times its twin's.
+TWIN_WARN_FACTOR = 1.5
+TWIN_FAIL_FACTOR = 3.0
+#: The smallest error that is a defect rather than rounding or reduction order, per judged class:
+#: about one unit round-off in the low precisions, and what another kernel's summation order
+#: gives in fp32. An error below it is never *introduced* on growth or exactness alone.
+ROUNDING_FLOOR = {"fp64": 1e-12, "fp32": 1e-6, "fp16": 4.9e-4, "bf16": 3.9e-3, "fp8": 6.3e-2}
+
+#: Pseudo-metrics naming why a row failed beyond the dtype table (``deciding_metric``).
+GROWTH_METRIC = "error_vs_expected"
+TWIN_METRIC = "error_vs_noise_twin"
+EXACT_INPUTS_METRIC = "error_with_exact_inputs"
+CARRIED_METRIC = "carried_error"
+#: The label of each metric a row can fail on that is not a registered metric.
+PSEUDO_METRICS = (GROWTH_METRIC, TWIN_METRIC, EXACT_INPUTS_METRIC, CARRIED_METRIC)
 
 
-def _call(row: ComparisonRow) -> tuple[str, int, int]:
+@dataclass(frozen=True)
+class ErrorMeasure:
+    """Which metric values are a row's error: the error measure, or its statistics-only lower bound."""
+
+    metric: str
+    statistics_bound: str | None = None
+
+    def of(self, row: ComparisonRow) -> float | None:
+        """Return the row's error, or None where it has none (an error row, an int tensor)."""
+        for name in (self.metric, self.statistics_bound):
+            result = row.metrics.get(name) if name else None
+            if result is not None and math.isfinite(result.value):
+                return result.value
+        return None
+
+
+def _floor(row: ComparisonRow) -> float:
+    return ROUNDING_FLOOR.get(row.judged_as, ROUNDING_FLOOR["fp32"])
+
+
+def _slot(row: ComparisonRow) -> Hashable:
     key = row.golden.key
-    return key.name, key.step, key.call_index
+    return (key.io, key.position, key.step, key.call_index, key.moment, row.golden.op_type, tuple(row.golden.shape))
 
 
-def _inside(name: str, module: str, parents: dict[str, str]) -> bool:
-    """Return whether record name ``name`` lies inside module ``module`` (by parent links or by path)."""
-    if name.startswith((module + ".", module + "/")):
-        return True
-    seen: set[str] = set()
-    current = parents.get(name)
-    while current is not None and current not in seen:  # a malformed dump may hold a cycle
-        if current == module:
-            return True
-        seen.add(current)
-        current = parents.get(current)
-    return False
+def _label_text(record: TensorRecord) -> str:
+    return record.key.label()
 
 
-def _error(row: ComparisonRow) -> float | None:
-    result = row.metrics.get(ERROR_METRIC)
-    return result.value if result is not None and math.isfinite(result.value) else None
+class _Judge:
+    """Walks the rows in golden order once, judging each against its feeders, siblings and twin."""
+
+    def __init__(self, rows: Sequence[ComparisonRow], measure: ErrorMeasure,
+                 noise_errors: Mapping[int, float] | None, unmatched_my: Sequence[TensorRecord]) -> None:
+        self.ordered = sorted(rows, key=lambda row: row.golden.order)
+        self.measure = measure
+        self.noise_errors = noise_errors
+        self.errors = {id(row): measure.of(row) for row in self.ordered}
+        self.feeders = FeederIndex(self.ordered, unmatched_my)
+        self.feeding = {id(row): self.feeders.feeding(row) for row in self.ordered}
+        places = structure_keys([(row.golden.key.name, _slot(row)) for row in self.ordered])
+        self.places = {id(row): place for row, place in zip(self.ordered, places)}
+        self.siblings = sibling_groups(places, [_slot(row) for row in self.ordered])
+        self.feeder_errors = {id(row): self._feeder_error(self.feeding[id(row)]) for row in self.ordered}
+        self.judged: dict[int, ComparisonRow] = {}
+
+    def _feeder_error(self, feeding: Feeding) -> float | None:
+        errors = [self.errors[id(row)] for row in feeding.rows]
+        known = [error for error in errors if error is not None]
+        return max(known) if known else None
+
+    def baseline(self, position: int) -> Baseline | None:
+        pairs = []
+        for sibling_position in self.siblings.get(position, ()):
+            sibling = self.ordered[sibling_position]
+            error, feeder_error = self.errors[id(sibling)], self.feeder_errors[id(sibling)]
+            if error is not None and feeder_error is not None:
+                pairs.append((feeder_error, error))
+        return sibling_baseline(pairs)
+
+    def run(self) -> dict[int, ComparisonRow]:
+        for position, row in enumerate(self.ordered):
+            self.judged[id(row)] = self._judge(position, row)
+        self._mark_enclosing()
+        return self.judged
+
+    def _judge(self, position: int, row: ComparisonRow) -> ComparisonRow:
+        error = self.errors[id(row)]
+        feeding = self.feeding[id(row)]
+        feeder_error = self.feeder_errors[id(row)]
+        place = self.places[id(row)]
+        baseline = self.baseline(position) if place is not None else None
+        growth = None
+        if error is not None and feeder_error is not None:
+            growth = error / feeder_error if feeder_error > 0 else (1.0 if error == 0 else math.inf)
+        twin = self.noise_errors.get(id(row.golden)) if self.noise_errors is not None else None
+        expected = twin if twin is not None else (
+            baseline.expected(feeder_error) if baseline is not None and feeder_error is not None else None)
+        changes: dict[str, Any] = {
+            "error": error, "feeder_error": feeder_error, "growth": growth, "noise_error": twin,
+            "expected_error": expected,
+            "structure": place.structure if place is not None else "",
+            "layer_index": place.index if place is not None else None,
+            "sibling_count": baseline.sibling_count if baseline is not None else 0,
+            "sibling_growth": ((baseline.growth_low, baseline.growth_high)
+                               if baseline is not None and math.isfinite(baseline.growth_low) else None),
+            "fed_by": tuple(_label_text(r.golden) for r in feeding.rows)
+            + tuple(f"{_label_text(record)} (my-run only)" for record in feeding.unmatched),
+        }
+        verdict, deciding, metrics = row.verdict, row.deciding_metric, dict(row.metrics)
+        evidence = ""
+        judgeable = (error is not None and row.verdict != VERDICT_ERROR and not row.nonfinite_mismatch
+                     and is_float_dtype(row.golden.dtype) and is_float_dtype(row.my.dtype))
+        failing_feeders = [r for r in feeding.rows if self.judged.get(id(r), r).verdict == VERDICT_FAIL]
+        anomaly: tuple[str, float, float, str] | None = None
+        if judgeable:
+            assert error is not None
+            if twin is not None:
+                verdict, deciding, metrics, evidence = self._twin_verdict(row, error, twin, metrics)
+            anomaly = self._anomaly(row, error, feeding, feeder_error, growth, baseline, twin)
+            if anomaly is not None and verdict != VERDICT_FAIL and not failing_feeders:
+                name, value, limit, evidence = anomaly
+                verdict, deciding = VERDICT_FAIL, name
+                metrics[name] = MetricResult(name, value, VERDICT_FAIL, None, limit)
+            elif anomaly is not None and not evidence:
+                evidence = anomaly[3]
+            if failing_feeders and verdict != VERDICT_FAIL:
+                carried = max((self.errors[id(r)] or 0.0) for r in failing_feeders)
+                if carried > 0 and error >= CARRY_FRACTION * carried and error > _floor(row):
+                    verdict, deciding = VERDICT_FAIL, CARRIED_METRIC
+                    metrics[CARRIED_METRIC] = MetricResult(CARRIED_METRIC, error / carried, VERDICT_FAIL,
+                                                           None, CARRY_FRACTION)
+                    evidence = (f"carries the error of {failing_feeders[0].golden.key.label()} "
+                                f"({carried:.3g} there, {error:.3g} here)")
+        changes.update(verdict=verdict, deciding_metric=deciding, metrics=metrics, evidence=evidence)
+        if verdict == VERDICT_FAIL:
+            changes["attribution"] = self._label(row, error, feeding, failing_feeders, anomaly)
+        return row.with_changes(**changes)
+
+    def _twin_verdict(self, row: ComparisonRow, error: float, twin: float, metrics: dict[str, MetricResult]
+                      ) -> tuple[str, str | None, dict[str, MetricResult], str]:
+        """Return the verdict from the noise twin alone: error against the twin's error at this tensor."""
+        floor = _floor(row)
+        fail_limit = max(TWIN_FAIL_FACTOR * twin, twin + floor)
+        warn_limit = max(TWIN_WARN_FACTOR * twin, twin + floor / 2)
+        verdict = VERDICT_FAIL if error > fail_limit else VERDICT_WARN if error > warn_limit else VERDICT_PASS
+        ratio = error / twin if twin > 0 else (math.inf if error > 0 else 1.0)
+        metrics = {name: MetricResult(result.name, result.value, VERDICT_PASS, result.warn_threshold,
+                                      result.fail_threshold, result.higher_is_better)
+                   for name, result in metrics.items()}
+        metrics[TWIN_METRIC] = MetricResult(TWIN_METRIC, ratio, verdict, TWIN_WARN_FACTOR, TWIN_FAIL_FACTOR)
+        evidence = (f"error {error:.3g} against {twin:.3g} in the noise twin ({ratio:.3g}x)"
+                    if verdict != VERDICT_PASS else "")
+        return verdict, TWIN_METRIC, metrics, evidence
+
+    def _anomaly(self, row: ComparisonRow, error: float, feeding: Feeding, feeder_error: float | None,
+                 growth: float | None, baseline: Baseline | None, twin: float | None
+                 ) -> tuple[str, float, float, str] | None:
+        """Return (pseudo-metric, value, limit, evidence) when this row adds error it should not, else None."""
+        floor = _floor(row)
+        if error <= floor or feeder_error is None or feeding.unmatched:
+            return None
+        if twin is not None:
+            return None  # the twin already judged this row on its own expected error
+        if baseline is not None:
+            expected = baseline.expected(feeder_error)
+            grows_most = growth is not None and (math.isnan(baseline.growth_high) or growth > baseline.growth_high)
+            factor = max(OUTLIER_FACTOR, math.exp(SPREAD_Z * baseline.log_spread))
+            added = math.sqrt(max(error * error - expected * expected, 0.0))
+            if error > factor * expected and added > GROWTH_FLOOR_FACTOR * floor and grows_most:
+                ratio = error / expected if expected > 0 else math.inf
+                low, high = baseline.growth_low, baseline.growth_high
+                grows = (f"error grows {growth:.3g}x here ({feeder_error:.3g} -> {error:.3g})"
+                         if feeder_error > 0 else f"error {error:.3g} appears here with bit-exact inputs")
+                others = (f"this module grows it {low:.3g}-{high:.3g}x in the other {baseline.sibling_count} repeats"
+                          if math.isfinite(low) else f"its {baseline.sibling_count} other repeats add {expected:.3g}")
+                return GROWTH_METRIC, ratio, factor, f"{grows}; {others}"
+            return None
+        if feeder_error == 0 and row.golden.dtype == row.my.dtype:
+            # Same precision on both sides: exact inputs must give exact outputs, unless the
+            # kernel differs, whose summation order stays under the rounding floor.
+            return (EXACT_INPUTS_METRIC, error, floor,
+                    f"its inputs are bit-exact and it differs by {error:.3g} (rounding floor {floor:g})")
+        return None
+
+    def _label(self, row: ComparisonRow, error: float | None, feeding: Feeding,
+               failing_feeders: Sequence[ComparisonRow], anomaly: tuple[str, float, float, str] | None) -> str:
+        if feeding.unmatched:
+            return INHERITED_FROM_UNMATCHED
+        if not feeding.rows:
+            return UNKNOWN
+        if not failing_feeders:
+            if any(self.judged.get(id(r), r).verdict == VERDICT_ERROR for r in feeding.rows):
+                return UNKNOWN
+            return INTRODUCED
+        inherited = [self.errors[id(r)] for r in failing_feeders]
+        finite = error is not None and None not in inherited and not any(
+            self.judged.get(id(r), r).nonfinite_mismatch for r in (row, *failing_feeders))
+        if anomaly is not None or (finite and error > AMPLIFICATION_FACTOR * max(inherited)):  # type: ignore[operator,type-var]
+            return AMPLIFIED
+        return INHERITED
+
+    def _mark_enclosing(self) -> None:
+        """Relabel an introduced module output that only encloses an earlier introduced row of its call."""
+        introduced = [(id(row), self.judged[id(row)]) for row in self.ordered
+                      if self.judged[id(row)].attribution == INTRODUCED]
+        parents = self.feeders.parents
+        for position, (original_id, row) in enumerate(introduced):
+            name, step, _ = call_of(row.golden)
+            inner = next((earlier for _, earlier in introduced[:position] if earlier.golden.key.step == step
+                          and inside(earlier.golden.key.name, name, parents)), None)
+            if inner is not None:
+                self.judged[original_id] = row.with_changes(
+                    attribution=ENCLOSES,
+                    evidence=f"encloses {inner.golden.key.label()}, where the error is introduced")
 
 
-def _feeders(position: int, ordered: Sequence[ComparisonRow], inputs_of: dict[tuple[str, int, int], list[ComparisonRow]],
-             parents: dict[str, str]) -> list[ComparisonRow]:
-    row = ordered[position]
-    if row.golden.key.io == IO_OUTPUT:
-        own_inputs = [r for r in inputs_of.get(_call(row), []) if r.golden.order < row.golden.order]
-        if own_inputs:
-            return own_inputs
-    name, step, _ = _call(row)
-    for earlier_position in range(position - 1, -1, -1):
-        earlier = ordered[earlier_position]
-        if earlier.golden.key.step != step:
-            break
-        if _call(earlier) == _call(row) or _inside(earlier.golden.key.name, name, parents):
-            continue
-        return [earlier]
-    return []
+def attribute(rows: Sequence[ComparisonRow], measure: ErrorMeasure | None = None,
+              noise_errors: Mapping[int, float] | None = None,
+              unmatched_my: Sequence[TensorRecord] = ()) -> list[ComparisonRow]:
+    """Return the rows (same order) judged against their feeders, siblings and noise twin, with attribution set.
 
-
-def _label(row: ComparisonRow, feeders: Sequence[ComparisonRow]) -> str:
-    if not feeders:
-        return UNKNOWN
-    failing = [feeder for feeder in feeders if feeder.verdict == VERDICT_FAIL]
-    if not failing:
-        return UNKNOWN if any(feeder.verdict == VERDICT_ERROR for feeder in feeders) else INTRODUCED
-    own = _error(row)
-    inherited = [_error(feeder) for feeder in failing]
-    finite = own is not None and None not in inherited and not any(r.nonfinite_mismatch for r in (row, *failing))
-    if finite and own > AMPLIFICATION_FACTOR * max(inherited):  # type: ignore[operator,type-var]
-        return AMPLIFIED
-    return INHERITED
-
-
-def attribute(rows: Sequence[ComparisonRow]) -> list[ComparisonRow]:
-    """Return the rows (in the same order) with ``attribution`` and ``fed_by`` set on every failing row."""
-    ordered = sorted(rows, key=lambda row: row.golden.order)
-    inputs_of: dict[tuple[str, int, int], list[ComparisonRow]] = {}
-    parents: dict[str, str] = {}
-    for row in ordered:
-        if row.golden.key.io == IO_INPUT:
-            inputs_of.setdefault(_call(row), []).append(row)
-        if row.golden.parent:
-            parents.setdefault(row.golden.key.name, row.golden.parent)
-    attributed: dict[int, ComparisonRow] = {}
-    for position, row in enumerate(ordered):
-        if row.verdict != VERDICT_FAIL:
-            continue
-        feeders = _feeders(position, ordered, inputs_of, parents)
-        attributed[id(row)] = row.with_changes(attribution=_label(row, feeders),
-                                               fed_by=tuple(feeder.golden.key.label() for feeder in feeders))
-    return [attributed.get(id(row), row) for row in rows]
+    ``measure`` names the error measure (without one, rows keep their table verdicts and are
+    only labelled); ``noise_errors`` maps ``id(golden record)`` to the noise twin's error at
+    that tensor; ``unmatched_my`` are the my-run records no pair holds (possible producers).
+    """
+    judge = _Judge(rows, measure or ErrorMeasure(metric=""), noise_errors, unmatched_my)
+    judged = judge.run()
+    return [judged.get(id(row), row) for row in rows]
 
 
 def first_divergence(rows: Sequence[ComparisonRow]) -> ComparisonRow | None:
@@ -126,8 +300,12 @@ def first_introduced(rows: Sequence[ComparisonRow]) -> ComparisonRow | None:
     return min((row for row in rows if row.attribution == INTRODUCED), key=lambda row: row.golden.order, default=None)
 
 
+def _rounded(value: float | None) -> float | None:
+    return None if value is None or not math.isfinite(value) else float(f"{value:.6g}")
+
+
 def describe_row(row: ComparisonRow | None) -> dict[str, Any] | None:
-    """Return a failing row as summary.json shows it: where, which metric, by how much, against what."""
+    """Return a row as summary.json shows it: where, which measure, by how much, against what, and why."""
     if row is None:
         return None
     key = row.golden.key
@@ -136,6 +314,11 @@ def describe_row(row: ComparisonRow | None) -> dict[str, Any] | None:
         "call_index": key.call_index, "op_type": row.golden.op_type, "my_name": row.my.key.name,
         "verdict": row.verdict, "metric": row.deciding_metric, "value": None, "threshold": None,
         "warn_threshold": None, "attribution": row.attribution, "fed_by": list(row.fed_by), "reason": row.reason,
+        "evidence": row.evidence, "error": _rounded(row.error), "feeder_error": _rounded(row.feeder_error),
+        "growth": _rounded(row.growth), "structure": row.structure, "layer_index": row.layer_index,
+        "sibling_growth": [_rounded(value) for value in row.sibling_growth] if row.sibling_growth else None,
+        "sibling_count": row.sibling_count, "noise_error": _rounded(row.noise_error),
+        "expected_error": _rounded(row.expected_error),
     }
     if row.deciding_metric == NONFINITE_METRIC:
         described.update(value=row.nonfinite_mismatch, threshold=0, warn_threshold=0)

@@ -30,6 +30,7 @@ import numpy as np
 from llmcheck.core.errors import LlmcheckError
 from llmcheck.core.pair_chunk import PairChunk, Workspace
 from llmcheck.core.records import DTYPE_ITEMSIZE, MetricSpec, TensorData, TensorStats
+from llmcheck.core.sentinels import classify, may_hold_sentinels, sentinel_limit
 from llmcheck.core.tensor_chunks import ChunkReader
 
 log = logging.getLogger("llmcheck.compare")
@@ -79,14 +80,19 @@ class _SideStats:
     nan: int = 0
     inf: int = 0
 
-    def add_finite(self, values: np.ndarray) -> None:
+    squares: float = 0.0
+
+    def add_finite(self, values: np.ndarray, sum_of_squares: float | None = None) -> None:
+        """Fold in finite values (``sum_of_squares`` when the caller already has it)."""
         if self.wanted and values.size:
             self.low = min(self.low, float(values.min()))
             self.high = max(self.high, float(values.max()))
             self.total += float(values.sum())
             self.finite += values.size
+            self.squares += float(np.dot(values, values)) if sum_of_squares is None else sum_of_squares
 
-    def result(self, l2_squared: float) -> TensorStats:
+    def result(self) -> TensorStats:
+        l2_squared = self.squares
         if not self.wanted:
             return TensorStats(nan_count=self.nan, inf_count=self.inf)
         defined = self.finite > 0
@@ -105,6 +111,7 @@ class PairMeasurement:
     my_stats: TensorStats
     nonfinite_mismatch: int = 0
     matching_nonfinite: int = 0
+    masked: int = 0
     bytes_read: int = 0
     notes: list[str] = field(default_factory=list)
 
@@ -116,8 +123,8 @@ def measure_pair(job: PairJob, specs: Sequence[MetricSpec], workspace: Workspace
     chunk_updates = [getattr(acc, "update_chunk", None) for acc in accumulators]
     golden_side = _SideStats(job.golden_needs_stats)
     my_side = _SideStats(job.my_needs_stats)
-    golden_sq = my_sq = 0.0
-    mismatch = matching_nonfinite = 0
+    mismatch = matching_nonfinite = masked = 0
+    golden_limit, my_limit = sentinel_limit(job.golden.dtype), sentinel_limit(job.my.dtype)
     with ChunkReader(job.golden) as golden_reader, ChunkReader(job.my) as my_reader:
         if golden_reader.size != my_reader.size:
             raise ValueError(f"pair {job.index}: {golden_reader.size} golden values against {my_reader.size}")
@@ -127,45 +134,65 @@ def measure_pair(job: PairJob, specs: Sequence[MetricSpec], workspace: Workspace
             golden = golden_reader.read(start, workspace.buffer("golden", count), workspace.buffer)
             my = my_reader.read(start, workspace.buffer("my", count), workspace.buffer)
             chunk = PairChunk(golden, my, workspace)
-            if not (math.isfinite(chunk.sum_sq_golden()) and math.isfinite(chunk.sum_sq_my())):
-                chunk, chunk_mismatch, chunk_matching = _finite_part(golden, my, golden_side, my_side, workspace)
-                mismatch += chunk_mismatch
-                matching_nonfinite += chunk_matching
-            golden_side.add_finite(chunk.golden)
-            my_side.add_finite(chunk.my)
-            golden_sq += chunk.sum_sq_golden()
-            my_sq += chunk.sum_sq_my()
+            if (may_hold_sentinels(chunk.sum_sq_golden(), golden_limit)
+                    or may_hold_sentinels(chunk.sum_sq_my(), my_limit)):
+                chunk, agreement = _ordinary_part(golden, my, golden_limit, my_limit, golden_side, my_side, workspace)
+                mismatch += agreement.mismatch
+                matching_nonfinite += agreement.matching_nonfinite
+                masked += agreement.masked
+            else:
+                golden_side.add_finite(chunk.golden, chunk.sum_sq_golden())
+                my_side.add_finite(chunk.my, chunk.sum_sq_my())
             for accumulator, update_chunk in zip(accumulators, chunk_updates):
                 if update_chunk is not None:
                     update_chunk(chunk)
                 else:
                     accumulator.update(chunk.golden, chunk.my)
     values = {spec.name: float(acc.result()) for spec, acc in zip(specs, accumulators)}
-    return PairMeasurement(index=job.index, values=values, golden_stats=golden_side.result(golden_sq),
-                           my_stats=my_side.result(my_sq), nonfinite_mismatch=mismatch,
-                           matching_nonfinite=matching_nonfinite, bytes_read=job.nbytes)
+    return PairMeasurement(index=job.index, values=values, golden_stats=golden_side.result(),
+                           my_stats=my_side.result(), nonfinite_mismatch=mismatch,
+                           matching_nonfinite=matching_nonfinite, masked=masked, bytes_read=job.nbytes)
 
 
-def _finite_part(golden: np.ndarray, my: np.ndarray, golden_side: _SideStats, my_side: _SideStats,
-                 workspace: Workspace) -> tuple[PairChunk, int, int]:
-    """Count NaN/Inf on both sides and return the chunk of positions finite on both, mismatches, agreements."""
-    golden_finite = np.isfinite(golden)
-    my_finite = np.isfinite(my)
-    for side, values, finite in ((golden_side, golden, golden_finite), (my_side, my, my_finite)):
+@dataclass
+class _Agreement:
+    """How the non-ordinary positions of a chunk agree: one-sided, matching NaN/Inf, matching mask sentinels."""
+
+    mismatch: int = 0
+    matching_nonfinite: int = 0
+    masked: int = 0
+
+
+def _ordinary_part(golden: np.ndarray, my: np.ndarray, golden_limit: float, my_limit: float,
+                   golden_side: _SideStats, my_side: _SideStats, workspace: Workspace
+                   ) -> tuple[PairChunk, _Agreement]:
+    """Return the chunk of positions ordinary on both sides, and how the other positions agree.
+
+    NaN and Inf are counted on each side; positions where both sides hold the same NaN, Inf
+    or mask sentinel (:mod:`llmcheck.core.sentinels`) agree and are left out of the metrics,
+    any other non-ordinary position is a mismatch.
+    """
+    golden_kind = classify(golden, golden_limit)
+    my_kind = classify(my, my_limit)
+    for side, values in ((golden_side, golden), (my_side, my)):
+        finite = np.isfinite(values)
         nan = int(np.count_nonzero(np.isnan(values)))
         side.nan += nan
         side.inf += int(values.size - np.count_nonzero(finite)) - nan
-    both_finite = golden_finite & my_finite
-    neither = ~(golden_finite | my_finite)
-    same = neither & ((golden == my) | (np.isnan(golden) & np.isnan(my)))
-    matching = int(np.count_nonzero(same))
-    mismatch = int(golden.size - np.count_nonzero(both_finite)) - matching
-    kept = int(np.count_nonzero(both_finite))
+        side.add_finite(values if finite.all() else values[finite])
+    ordinary = (golden_kind == 0) & (my_kind == 0)
+    agree = (golden_kind == my_kind) & ~ordinary
+    infinite = np.isinf(golden) & np.isinf(my)
+    agreement = _Agreement()
+    agreement.matching_nonfinite = int(np.count_nonzero(agree & (infinite | (golden_kind == 1))))
+    agreement.masked = int(np.count_nonzero(agree)) - agreement.matching_nonfinite
+    kept = int(np.count_nonzero(ordinary))
+    agreement.mismatch = int(golden.size) - kept - agreement.matching_nonfinite - agreement.masked
     golden_kept = workspace.buffer("golden_finite", kept)
     my_kept = workspace.buffer("my_finite", kept)
-    np.compress(both_finite, golden, out=golden_kept)
-    np.compress(both_finite, my, out=my_kept)
-    return PairChunk(golden_kept, my_kept, workspace), mismatch, matching
+    np.compress(ordinary, golden, out=golden_kept)
+    np.compress(ordinary, my, out=my_kept)
+    return PairChunk(golden_kept, my_kept, workspace), agreement
 
 
 # --- running many pairs ------------------------------------------------------------------

@@ -25,15 +25,19 @@ from llmcheck.core.records import (
     MetricSpec,
     TensorStats,
 )
+from llmcheck.core.sentinels import is_sentinel
 from llmcheck.core.verdicts import NONFINITE_METRIC, ThresholdOverride, judge
 
 #: The statistics compared, in the seed's column order.
 STAT_FIELDS = ("max", "min", "mean", "l2norm")
 STAT_COLUMNS = tuple(f"{field}_stat_{kind}_error" for field in STAT_FIELDS for kind in ("absolute", "relative"))
-#: The element-wise metric whose thresholds judge the L2-norm difference (it bounds that metric from below).
-BOUNDED_METRIC = "relative_euclidean_distance"
 DECIDING_STAT = "l2norm_stat_relative_error"
 _FP32_EPS = 1.1920928955078125e-07
+
+
+def error_measure_spec(specs: Sequence[MetricSpec]) -> MetricSpec | None:
+    """Return the metric whose role is the error measure (its thresholds judge the L2-norm difference), or None."""
+    return next((spec for spec in specs if spec.error_measure), None)
 
 
 def comparable_statistics(golden: TensorStats | None, my: TensorStats | None) -> bool:
@@ -54,21 +58,45 @@ def statistics_errors(golden: TensorStats, my: TensorStats) -> dict[str, float]:
     return errors
 
 
+def _sentinel_signs(stats: TensorStats, dtype: str) -> tuple[bool, bool]:
+    return is_sentinel(stats.min, dtype) and (stats.min or 0) < 0, is_sentinel(stats.max, dtype) and (stats.max or 0) > 0
+
+
+def masked_statistics(golden: TensorStats, my: TensorStats, dtypes: tuple[str, str] | None) -> bool:
+    """Return whether both sides' statistics are dominated by the same mask sentinels (and so say nothing)."""
+    if dtypes is None:
+        return False
+    golden_signs, my_signs = _sentinel_signs(golden, dtypes[0]), _sentinel_signs(my, dtypes[1])
+    return any(golden_signs) and golden_signs == my_signs
+
+
 def judge_statistics(golden: TensorStats, my: TensorStats, specs: Sequence[MetricSpec], name: str,
-                     judged_class: str, overrides: Sequence[ThresholdOverride] = ()
+                     judged_class: str, overrides: Sequence[ThresholdOverride] = (),
+                     dtypes: tuple[str, str] | None = None
                      ) -> tuple[dict[str, MetricResult], str, str | None, int]:
-    """Return the statistics results, the verdict, the deciding column and the NaN/Inf count difference."""
+    """Return the statistics results, the verdict, the deciding column and the NaN/Inf count difference.
+
+    ``dtypes`` (golden, my) lets a mask be recognised: when both sides' min or max is their
+    dtype's infinity sentinel (:mod:`llmcheck.core.sentinels`), the statistics are the mask's,
+    and the row is not judged on them; a sentinel on one side only fails it.
+    """
     errors = statistics_errors(golden, my)
     results: dict[str, MetricResult] = {column: MetricResult(column, value) for column, value in errors.items()}
     verdict, deciding = VERDICT_PASS, None
-    bounded = next((spec for spec in specs if spec.name == BOUNDED_METRIC), None)
+    bounded = error_measure_spec(specs)
+    if dtypes is not None and _sentinel_signs(golden, dtypes[0]) != _sentinel_signs(my, dtypes[1]):
+        results[NONFINITE_METRIC] = MetricResult(NONFINITE_METRIC, 1.0, VERDICT_FAIL, 0.0, 0.0)
+        return results, VERDICT_FAIL, NONFINITE_METRIC, 1
+    if masked_statistics(golden, my, dtypes):
+        return results, VERDICT_PASS, None, 0
     if bounded is not None and DECIDING_STAT in errors:
-        judged, verdict, deciding = judge([bounded], {BOUNDED_METRIC: errors[DECIDING_STAT]}, name, judged_class,
+        judged, verdict, deciding = judge([bounded], {bounded.name: errors[DECIDING_STAT]}, name, judged_class,
                                           overrides)
         if deciding is not None:
             as_bounded = judged[deciding]
             results[DECIDING_STAT] = MetricResult(DECIDING_STAT, as_bounded.value, as_bounded.verdict,
-                                                  as_bounded.warn_threshold, as_bounded.fail_threshold)
+                                                  as_bounded.warn_threshold, as_bounded.fail_threshold,
+                                                  as_bounded.higher_is_better)
             deciding = DECIDING_STAT
     nonfinite_difference = sum(abs((getattr(my, field) or 0) - (getattr(golden, field) or 0))
                                for field in ("nan_count", "inf_count"))

@@ -1,0 +1,162 @@
+"""Feeders: which paired rows fed a row, so a row's error can be held against the error it received.
+
+Three rules, tried in order:
+
+1. **An output's own inputs**: the input records of the same call (name, step, call index)
+   saved before the output.
+2. **The producer of an input**: the output that produced the same tensor earlier in the
+   golden run. A capture stores one tensor once however many records see it, so the two
+   records share their bytes (same file, offset and size); where a source keeps a copy per
+   op (ATB, GE), the same shape, dtype and statistics identify it. An input row is fed by
+   that producer -- ``model.layers.3.input_layernorm input.0`` by ``model.layers.2
+   output.0`` -- never by whatever record happens to come just before it.
+3. **The nearest earlier record** of the same step that is neither part of this call nor
+   inside this module: the tensor most likely to have been its input. For an input that no
+   recorded output produced (the product inside an MLP, a residual sum), the inputs of the
+   enclosing module's call feed it too: whatever a module computes derives from them.
+
+A record that only the my-run has (an extra op, unmatched) may be the producer too: the
+my-side tensor of an input row is looked up among the my-run's unmatched records, and a
+row fed by one is reported as *inherited from an unmatched op*.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Hashable, Sequence
+
+from llmcheck.core.records import IO_INPUT, IO_OUTPUT, ComparisonRow, TensorRecord, TensorStats
+
+
+@dataclass(frozen=True)
+class Feeding:
+    """The rows that fed one row, and the unmatched records (either run) that fed it, if any."""
+
+    rows: tuple[ComparisonRow, ...] = ()
+    unmatched: tuple[TensorRecord, ...] = ()
+
+
+def call_of(record: TensorRecord) -> tuple[str, int, int]:
+    """Return what identifies one call: its name, step and call index."""
+    key = record.key
+    return key.name, key.step, key.call_index
+
+
+def inside(name: str, module: str, parents: dict[str, str]) -> bool:
+    """Return whether record name ``name`` lies inside module ``module`` (by parent links or by path)."""
+    if name.startswith((module + ".", module + "/")):
+        return True
+    seen: set[str] = set()
+    current = parents.get(name)
+    while current is not None and current not in seen:  # a malformed dump may hold a cycle
+        if current == module:
+            return True
+        seen.add(current)
+        current = parents.get(current)
+    return False
+
+
+def _stats_signature(record: TensorRecord, stats: TensorStats | None) -> tuple[Hashable, ...] | None:
+    if stats is None or stats.l2norm is None or stats.max is None:
+        return None
+    return ("stats", record.key.step, record.dtype, tuple(record.shape), stats.min, stats.max, stats.mean,
+            stats.l2norm, stats.nan_count, stats.inf_count)
+
+
+def tensor_identities(record: TensorRecord, stats: TensorStats | None) -> list[tuple[Hashable, ...]]:
+    """Return what identifies the tensor a record holds within its run: its bytes, then its statistics."""
+    identities: list[tuple[Hashable, ...]] = []
+    data = record.data
+    if data is not None and data.loader is None and data.path is not None and data.nbytes:
+        identities.append(("bytes", record.key.step, str(data.path), data.offset, data.nbytes, record.dtype))
+    signature = _stats_signature(record, stats)
+    if signature is not None:
+        identities.append(signature)
+    return identities
+
+
+class FeederIndex:
+    """Finds the feeders of every row of one compare (built once, queried row by row in golden order)."""
+
+    def __init__(self, ordered_rows: Sequence[ComparisonRow], unmatched_my: Sequence[TensorRecord] = ()) -> None:
+        self.ordered = list(ordered_rows)
+        self.position = {id(row): index for index, row in enumerate(self.ordered)}
+        self.inputs_of: dict[tuple[str, int, int], list[ComparisonRow]] = {}
+        self.inputs_by_name: dict[tuple[str, int], list[ComparisonRow]] = {}
+        self.parents: dict[str, str] = {}
+        # identity -> [(golden order, row)] of the outputs that hold it, in golden order
+        self.producers: dict[tuple[Hashable, ...], list[ComparisonRow]] = {}
+        for row in self.ordered:
+            if row.golden.key.io == IO_INPUT:
+                self.inputs_of.setdefault(call_of(row.golden), []).append(row)
+                self.inputs_by_name.setdefault((row.golden.key.name, row.golden.key.step), []).append(row)
+            if row.golden.parent:
+                self.parents.setdefault(row.golden.key.name, row.golden.parent)
+            if row.golden.key.io == IO_OUTPUT:
+                for identity in tensor_identities(row.golden, row.golden_stats):
+                    self.producers.setdefault(identity, []).append(row)
+        self.unmatched_producers: dict[tuple[Hashable, ...], TensorRecord] = {}
+        for record in unmatched_my:
+            if record.key.io == IO_OUTPUT:
+                for identity in tensor_identities(record, record.stats):
+                    self.unmatched_producers[identity] = record
+
+    def feeding(self, row: ComparisonRow) -> Feeding:
+        """Return the rows (and unmatched records) that fed ``row``."""
+        if row.golden.key.io == IO_OUTPUT:
+            own_inputs = [r for r in self.inputs_of.get(call_of(row.golden), []) if r.golden.order < row.golden.order]
+            if own_inputs:
+                return Feeding(rows=tuple(own_inputs))
+        else:
+            producer = self._producer(row)
+            if producer is not None:
+                return Feeding(rows=(producer,))
+            lone = self._unmatched_producer(row)
+            if lone is not None:
+                return Feeding(unmatched=(lone,))
+        earlier = self._nearest_earlier(row)
+        fed = [earlier] if earlier is not None else []
+        if row.golden.key.io == IO_INPUT:
+            # A tensor made inside a module from no recorded output (a residual sum, the product
+            # inside an MLP) derives from the module's own inputs as much as from the record before it.
+            fed.extend(r for r in self._enclosing_inputs(row) if r is not earlier)
+        return Feeding(rows=tuple(fed))
+
+    def _enclosing_inputs(self, row: ComparisonRow) -> list[ComparisonRow]:
+        parent = row.golden.parent
+        if not parent:
+            return []
+        calls = [r for r in self.inputs_by_name.get((parent, row.golden.key.step), ())
+                 if r.golden.order < row.golden.order]
+        if not calls:
+            return []
+        latest_call = calls[-1].golden.key.call_index
+        return [r for r in calls if r.golden.key.call_index == latest_call]
+
+    def _producer(self, row: ComparisonRow) -> ComparisonRow | None:
+        for identity in tensor_identities(row.golden, row.golden_stats):
+            candidates = [r for r in self.producers.get(identity, ()) if r.golden.order < row.golden.order
+                          and call_of(r.golden) != call_of(row.golden)]
+            if candidates:
+                return candidates[-1]
+        return None
+
+    def _unmatched_producer(self, row: ComparisonRow) -> TensorRecord | None:
+        if not self.unmatched_producers:
+            return None
+        for identity in tensor_identities(row.my, row.my_stats):
+            record = self.unmatched_producers.get(identity)
+            if record is not None and record.order < row.my.order:
+                return record
+        return None
+
+    def _nearest_earlier(self, row: ComparisonRow) -> ComparisonRow | None:
+        name, step, _ = call_of(row.golden)
+        for earlier_position in range(self.position[id(row)] - 1, -1, -1):
+            earlier = self.ordered[earlier_position]
+            if earlier.golden.key.step != step:
+                break
+            if call_of(earlier.golden) == call_of(row.golden) or inside(earlier.golden.key.name, name, self.parents):
+                continue
+            return earlier
+        return None
