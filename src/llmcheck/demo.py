@@ -70,8 +70,17 @@ def _next_token(tokenizer: Any, logits: Any) -> str:
     return repr(tokenizer.decode([token_id])) if tokenizer is not None else f"token {token_id}"
 
 
-def run_demo(output: Path) -> int:
-    """Run the demo into ``output`` and return 0 when the compare names the injected module (1 otherwise)."""
+#: ``--dtype`` names and the torch dtypes they stand for.
+DEMO_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+
+
+def run_demo(output: Path, dtype: str = "fp32") -> int:
+    """Run the demo into ``output`` and return 0 when the compare names the injected module (1 otherwise).
+
+    With ``dtype`` below fp32 the my-run runs in that precision against the fp32 golden, and
+    a third run -- the golden program at the my-run's precision, the *noise twin* -- tells
+    rounding noise from the defect.
+    """
     from rich.console import Console
 
     from llmcheck.core.compare import compare_with_progress
@@ -95,9 +104,16 @@ def run_demo(output: Path) -> int:
     with _step(console, "golden run: float32, every module's inputs and outputs captured"):
         golden_dump, golden_logits = _run(model, input_ids, run_folder / "golden")
     console.print(f"  dump: {golden_dump}", highlight=False)
+    noise_dump = None
+    if dtype != "fp32":
+        model = model.to(getattr(torch, DEMO_DTYPES[dtype]))
+        with _step(console, f"noise twin: the golden program in {DEMO_DTYPES[dtype]}, no defect (its error is the "
+                            "rounding noise to expect)"):
+            noise_dump, _ = _run(model, input_ids, run_folder / "noise")
+        console.print(f"  dump: {noise_dump}", highlight=False)
     norm = dict(model.named_modules())[defective]
     correct_epsilon = norm.variance_epsilon
-    with _step(console, f"my run: the same, but {defective} uses epsilon {WRONG_EPSILON:g} "
+    with _step(console, f"my run: {DEMO_DTYPES[dtype]}, and {defective} uses epsilon {WRONG_EPSILON:g} "
                         f"instead of {correct_epsilon:.0e}"):
         norm.variance_epsilon = WRONG_EPSILON
         try:
@@ -105,12 +121,13 @@ def run_demo(output: Path) -> int:
         finally:
             norm.variance_epsilon = correct_epsilon
     console.print(f"  dump: {my_dump}", highlight=False)
-    console.print(f"  next token: golden {_next_token(tokenizer, golden_logits)}, my {_next_token(tokenizer, my_logits)} "
+    console.print(f"  next token: golden {_next_token(tokenizer, golden_logits)}, my {_next_token(tokenizer, my_logits.float())} "
                   "-- the output alone does not show the defect", highlight=False)
     plugins = get_plugins()
     with _step(console, "comparing every pair of tensors"):
         result = compare_with_progress(plugins.load_tensors(golden_dump), plugins.load_tensors(my_dump),
-                                       console=console)
+                                       console=console,
+                                       noise=plugins.load_tensors(noise_dump) if noise_dump is not None else None)
     written = write_reports(result, run_folder / "report")
     console.print()
     print_summary(result, console, written)

@@ -128,10 +128,14 @@ def dump(backend: str, exec_text: str | None, dump_types: Sequence[str], only_sa
 @click.option("-j", "--jobs", default=None, type=int, help="Worker processes (default: CPU count).")
 @click.option("--thresholds", "thresholds", default=None, type=click.Path(path_type=Path),
               help="Threshold overrides (JSON or YAML list of {pattern, metric, warn, fail[, dtype]}).")
+@click.option("--noise-path", "noise_path", default=None, type=click.Path(path_type=Path),
+              help="Noise twin: the golden program run at the my-run's precision (same capture). Rows are judged "
+                   "against its error instead of the dtype table.")
+@click.option("--noise-source", default=None, help="Force the source plugin reading --noise-path.")
 @log_level_option
 def compare(golden_path: Path, my_path: Path, golden_source: str | None, my_source: str | None, output: Path,
             metrics: Sequence[str], mapping: Path | None, jobs: int | None, thresholds: Path | None,
-            log_level: str) -> None:
+            noise_path: Path | None, noise_source: str | None, log_level: str) -> None:
     """Pair two runs, measure every pair, and name the first divergence."""
     _configure_logging(log_level)
     from llmcheck.core.compare import compare_command
@@ -139,6 +143,7 @@ def compare(golden_path: Path, my_path: Path, golden_source: str | None, my_sour
     raise SystemExit(compare_command(
         golden_path=golden_path, my_path=my_path, golden_source=golden_source, my_source=my_source,
         output_dir=output, metric_names=list(metrics), mapping_path=mapping, jobs=jobs, thresholds_path=thresholds,
+        noise_path=noise_path, noise_source=noise_source,
     ))
 
 
@@ -227,13 +232,16 @@ def plugins(as_json: bool) -> None:
 @cli.command()
 @click.option("-o", "--output", default="./llmcheck_demo", show_default=True, type=click.Path(file_okay=False, path_type=Path),
               help="Folder for both dumps and the compare report.")
+@click.option("--dtype", "dtype", type=click.Choice(["fp32", "bf16", "fp16"]), default="fp32", show_default=True,
+              help="Precision of the my-run. Below fp32 the demo also records a noise twin (the golden program at "
+                   "that precision) and compares against it, as docs/commands/compare.md describes.")
 @log_level_option
-def demo(output: Path, log_level: str) -> None:
+def demo(output: Path, dtype: str, log_level: str) -> None:
     """Run the whole job on a bundled real model: golden run, defective run, compare, report."""
     _configure_logging(log_level)
     from llmcheck.demo import run_demo
 
-    raise SystemExit(run_demo(output))
+    raise SystemExit(run_demo(output, dtype=dtype))
 
 
 # --- entry point -----------------------------------------------------------------------

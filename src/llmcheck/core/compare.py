@@ -19,6 +19,7 @@ from typing import Any, Callable, Sequence
 from llmcheck.core.divergence import (
     INTRODUCED,
     ErrorMeasure,
+    NoiseTwin,
     attribute,
     describe_row,
     first_divergence,
@@ -73,6 +74,7 @@ class CompareResult:
     elapsed_s: float
     tensor_bytes_read: int
     tensor_bytes_compared: int = 0
+    noise: Dump | None = None
 
     def counts(self) -> dict[str, int]:
         """Return the number of pairs, of rows per verdict, and of unmatched records per side."""
@@ -104,6 +106,8 @@ class CompareResult:
                        "cut": self.golden.cut},
             "my": {"path": str(self.my.root), "source": self.my.source, "records": len(self.my.records),
                    "cut": self.my.cut},
+            "noise": ({"path": str(self.noise.root), "source": self.noise.source, "records": len(self.noise.records)}
+                      if self.noise is not None else None),
             "counts": self.counts(),
             "first_divergence": describe_row(self.first_divergence),
             "first_introduced": describe_row(self.first_introduced),
@@ -128,7 +132,9 @@ def select_metrics(metric_names: Sequence[str] | None) -> list[MetricSpec]:
     if unknown:
         raise UsageError(f"unknown metric {unknown[0]!r}", where="--metric",
                          hint=f"known: {', '.join(registered) or 'none'}")
-    wanted = set(metric_names)
+    # The error measure is always measured: attribution, growth and the statistics-only bound
+    # work on it, whichever metrics the user wants to see judged.
+    wanted = set(metric_names) | {name for name, spec in registered.items() if spec.error_measure}
     return [spec for name, spec in registered.items() if name in wanted]
 
 
@@ -221,7 +227,7 @@ def _merged_stats(record: TensorRecord, measured: Any) -> Any:
 
 def compare_dumps(golden: Dump, my: Dump, *, metric_names: Sequence[str] | None = None,
                   user_mapping: UserMapping | None = None, threshold_overrides: Sequence[ThresholdOverride] = (),
-                  workers: int | None = None, noise: Dump | None = None,
+                  workers: int | None = None, noise: Dump | None = None, same_program: bool = False,
                   on_pairs_known: Callable[[int, int], None] | None = None,
                   on_measured: Callable[[int], None] | None = None) -> CompareResult:
     """Return the comparison of two loaded dumps: pairs, a judged row per pair, attribution.
@@ -229,7 +235,9 @@ def compare_dumps(golden: Dump, my: Dump, *, metric_names: Sequence[str] | None 
     ``noise`` is the noise twin (``compare --noise-path``): the golden program run at the
     my-run's precision. Its error against the golden at each tensor is the rounding noise
     expected there, and rows are judged against it instead of the dtype table
-    (``docs/metrics.md``, "Verdicts in reduced precision").
+    (``docs/metrics.md``, "Verdicts in reduced precision"). ``same_program`` says both runs
+    are one program at one precision (the my-run against its twin): any difference behind
+    bit-exact inputs is then introduced, however small.
 
     ``workers`` worker processes (default: one per CPU) measure large compares; they are
     started with ``spawn``, so a script calling this needs the usual
@@ -279,24 +287,19 @@ def compare_dumps(golden: Dump, my: Dump, *, metric_names: Sequence[str] | None 
             for index, pair in enumerate(pairing.pairs)]
     measure_spec = error_measure_spec(specs)
     measure = ErrorMeasure(measure_spec.name, DECIDING_STAT) if measure_spec is not None else None
-    noise_errors = (_noise_errors(golden, noise, measure, user_mapping, workers)
-                    if noise is not None and measure is not None else None)
-    rows = attribute(rows, measure, noise_errors, [item.record for item in pairing.unmatched_my])
+    twin = _noise_twin(golden, my, noise, measure, workers) if noise is not None and measure is not None else None
+    rows = attribute(rows, measure, twin, [item.record for item in pairing.unmatched_my], same_program)
     return CompareResult(golden=golden, my=my, pairing=pairing, rows=rows, metric_specs=specs,
                          elapsed_s=time.perf_counter() - started, tensor_bytes_read=bytes_read,
-                         tensor_bytes_compared=sum(pair_bytes(pair) for pair in pairing.pairs))
+                         tensor_bytes_compared=sum(pair_bytes(pair) for pair in pairing.pairs), noise=noise)
 
 
-def _noise_errors(golden: Dump, noise: Dump, measure: ErrorMeasure, user_mapping: UserMapping | None,
-                  workers: int | None) -> dict[int, float]:
-    """Return the noise twin's error at each golden tensor, keyed by ``id()`` of the golden record."""
-    twin = compare_dumps(golden, noise, metric_names=[measure.metric], user_mapping=user_mapping, workers=workers)
-    errors: dict[int, float] = {}
-    for row in twin.rows:
-        error = measure.of(row)
-        if error is not None:
-            errors[id(row.golden)] = error
-    return errors
+def _noise_twin(golden: Dump, my: Dump, noise: Dump, measure: ErrorMeasure, workers: int | None) -> NoiseTwin:
+    """Return the noise twin's error at each golden tensor, and the my-run judged against the twin."""
+    against_golden = compare_dumps(golden, noise, metric_names=[measure.metric], workers=workers)
+    errors = {id(row.golden): error for row in against_golden.rows if (error := measure.of(row)) is not None}
+    against_my = compare_dumps(noise, my, metric_names=[measure.metric], workers=workers, same_program=True)
+    return NoiseTwin(errors=errors, against_my={id(row.my): row for row in against_my.rows})
 
 
 def pair_bytes(pair: Pair) -> int:
@@ -342,7 +345,8 @@ def _row(index: int, pair: Pair, specs: Sequence[MetricSpec], problem: str | Non
 
 def compare_command(*, golden_path: Path, my_path: Path, golden_source: str | None, my_source: str | None,
                     output_dir: Path, metric_names: Sequence[str], mapping_path: Path | None, jobs: int | None,
-                    thresholds_path: Path | None = None) -> int:
+                    thresholds_path: Path | None = None, noise_path: Path | None = None,
+                    noise_source: str | None = None) -> int:
     """Run ``llmcheck compare`` and return its exit code: 0 all pass, 3 failing or unmeasurable pairs, 1 no pair at all."""
     from rich.console import Console
 
@@ -360,16 +364,19 @@ def compare_command(*, golden_path: Path, my_path: Path, golden_source: str | No
     specs = select_metrics(metric_names)
     overrides = (load_threshold_overrides(Path(thresholds_path), {spec.name: spec for spec in specs})
                  if thresholds_path is not None else [])
-    if not any(spec.thresholds for spec in specs) and not overrides:
-        raise UsageError(f"none of the metrics {', '.join(spec.name for spec in specs)} has thresholds, so no pair "
+    named = [spec for spec in specs if not metric_names or spec.name in metric_names]
+    if not any(spec.thresholds for spec in named) and not overrides:
+        raise UsageError(f"none of the metrics {', '.join(spec.name for spec in named)} has thresholds, so no pair "
                          "could pass or fail", where="--metric",
                          hint="add relative_euclidean_distance or cosine_similarity, or give --thresholds")
     user_mapping = load_user_mapping(Path(mapping_path)) if mapping_path is not None else None
     plugins = get_plugins()
     golden = plugins.load_tensors(Path(golden_path), golden_source)
     my = plugins.load_tensors(Path(my_path), my_source)
+    noise = plugins.load_tensors(Path(noise_path), noise_source) if noise_path is not None else None
     result = compare_with_progress(golden, my, console=console, metric_names=[spec.name for spec in specs],
-                                   user_mapping=user_mapping, threshold_overrides=overrides, workers=jobs)
+                                   user_mapping=user_mapping, threshold_overrides=overrides, workers=jobs,
+                                   noise=noise)
     written = write_reports(result, output_dir)
     print_summary(result, console, written)
     if not result.rows:

@@ -70,13 +70,18 @@ TWIN_FAIL_FACTOR = 3.0
 #: gives in fp32. An error below it is never *introduced* on growth or exactness alone.
 ROUNDING_FLOOR = {"fp64": 1e-12, "fp32": 1e-6, "fp16": 4.9e-4, "bf16": 3.9e-3, "fp8": 6.3e-2}
 
+#: Below this, a difference behind bit-exact inputs at equal dtypes is summation order, not a defect:
+#: another fp32 kernel reorders its sums; in fp16 and bf16 any difference behind exact inputs counts.
+EXACT_FLOOR = {"fp64": 1e-12, "fp32": 1e-6}
+
 #: Pseudo-metrics naming why a row failed beyond the dtype table (``deciding_metric``).
 GROWTH_METRIC = "error_vs_expected"
 TWIN_METRIC = "error_vs_noise_twin"
+TWIN_DIFFERENCE_METRIC = "differs_from_noise_twin"
 EXACT_INPUTS_METRIC = "error_with_exact_inputs"
 CARRIED_METRIC = "carried_error"
 #: The label of each metric a row can fail on that is not a registered metric.
-PSEUDO_METRICS = (GROWTH_METRIC, TWIN_METRIC, EXACT_INPUTS_METRIC, CARRIED_METRIC)
+PSEUDO_METRICS = (GROWTH_METRIC, TWIN_METRIC, TWIN_DIFFERENCE_METRIC, EXACT_INPUTS_METRIC, CARRIED_METRIC)
 
 
 @dataclass(frozen=True)
@@ -111,11 +116,12 @@ def _label_text(record: TensorRecord) -> str:
 class _Judge:
     """Walks the rows in golden order once, judging each against its feeders, siblings and twin."""
 
-    def __init__(self, rows: Sequence[ComparisonRow], measure: ErrorMeasure,
-                 noise_errors: Mapping[int, float] | None, unmatched_my: Sequence[TensorRecord]) -> None:
+    def __init__(self, rows: Sequence[ComparisonRow], measure: ErrorMeasure, twin: "NoiseTwin | None",
+                 unmatched_my: Sequence[TensorRecord], same_program: bool = False) -> None:
+        self.same_program = same_program
         self.ordered = sorted(rows, key=lambda row: row.golden.order)
         self.measure = measure
-        self.noise_errors = noise_errors
+        self.twin = twin
         self.errors = {id(row): measure.of(row) for row in self.ordered}
         self.feeders = FeederIndex(self.ordered, unmatched_my)
         self.feeding = {id(row): self.feeders.feeding(row) for row in self.ordered}
@@ -154,7 +160,8 @@ class _Judge:
         growth = None
         if error is not None and feeder_error is not None:
             growth = error / feeder_error if feeder_error > 0 else (1.0 if error == 0 else math.inf)
-        twin = self.noise_errors.get(id(row.golden)) if self.noise_errors is not None else None
+        twin = self.twin.errors.get(id(row.golden)) if self.twin is not None else None
+        twin_row = self.twin.against_my.get(id(row.my)) if self.twin is not None else None
         expected = twin if twin is not None else (
             baseline.expected(feeder_error) if baseline is not None and feeder_error is not None else None)
         changes: dict[str, Any] = {
@@ -178,14 +185,22 @@ class _Judge:
             assert error is not None
             if twin is not None:
                 verdict, deciding, metrics, evidence = self._twin_verdict(row, error, twin, metrics)
-            anomaly = self._anomaly(row, error, feeding, feeder_error, growth, baseline, twin)
+            anomaly = (self._twin_anomaly(twin_row) if self.twin is not None
+                       else self._anomaly(row, error, feeding, feeder_error, growth, baseline))
             if anomaly is not None and verdict != VERDICT_FAIL and not failing_feeders:
                 name, value, limit, evidence = anomaly
                 verdict, deciding = VERDICT_FAIL, name
                 metrics[name] = MetricResult(name, value, VERDICT_FAIL, None, limit)
             elif anomaly is not None and not evidence:
                 evidence = anomaly[3]
-            if failing_feeders and verdict != VERDICT_FAIL:
+            if self.twin is not None and twin_row is not None and twin_row.verdict == VERDICT_FAIL \
+                    and verdict != VERDICT_FAIL and failing_feeders:
+                # Downstream of a defect, the my-run departs from its twin: the error is carried on.
+                verdict, deciding = VERDICT_FAIL, TWIN_DIFFERENCE_METRIC
+                metrics[TWIN_DIFFERENCE_METRIC] = MetricResult(TWIN_DIFFERENCE_METRIC, twin_row.error or 0.0,
+                                                               VERDICT_FAIL, None, 0.0)
+                evidence = f"departs from the noise twin by {twin_row.error or 0.0:.3g}, as its inputs do"
+            elif self.twin is None and failing_feeders and verdict != VERDICT_FAIL:
                 carried = max((self.errors[id(r)] or 0.0) for r in failing_feeders)
                 if carried > 0 and error >= CARRY_FRACTION * carried and error > _floor(row):
                     verdict, deciding = VERDICT_FAIL, CARRIED_METRIC
@@ -214,35 +229,44 @@ class _Judge:
                     if verdict != VERDICT_PASS else "")
         return verdict, TWIN_METRIC, metrics, evidence
 
+    @staticmethod
+    def _twin_anomaly(twin_row: ComparisonRow | None) -> tuple[str, float, float, str] | None:
+        """Return the anomaly the my-run shows against the noise twin (same precision), if it introduces one there."""
+        if twin_row is None or twin_row.verdict != VERDICT_FAIL or twin_row.attribution != INTRODUCED:
+            return None
+        value = twin_row.error if twin_row.error is not None else math.nan
+        why = twin_row.evidence or f"{twin_row.deciding_metric} fails"
+        deciding = twin_row.metrics.get(twin_row.deciding_metric or "")
+        limit = deciding.fail_threshold if deciding is not None and deciding.fail_threshold is not None else 0.0
+        return (TWIN_DIFFERENCE_METRIC, value, limit,
+                f"against the noise twin (same program, same precision) it is introduced here: {why}")
+
     def _anomaly(self, row: ComparisonRow, error: float, feeding: Feeding, feeder_error: float | None,
-                 growth: float | None, baseline: Baseline | None, twin: float | None
-                 ) -> tuple[str, float, float, str] | None:
+                 growth: float | None, baseline: Baseline | None) -> tuple[str, float, float, str] | None:
         """Return (pseudo-metric, value, limit, evidence) when this row adds error it should not, else None."""
+        if feeder_error is None or feeding.unmatched:
+            return None
+        # Same precision on both sides: exact inputs must give exact outputs, whatever the
+        # size of the difference -- except that another fp32 kernel sums in another order.
+        exact_floor = 0.0 if self.same_program else EXACT_FLOOR.get(row.judged_as, 0.0)
+        if feeder_error == 0 and row.golden.dtype == row.my.dtype and error > exact_floor:
+            return (EXACT_INPUTS_METRIC, error, exact_floor, f"its inputs are bit-exact and it differs by {error:.3g}")
         floor = _floor(row)
-        if error <= floor or feeder_error is None or feeding.unmatched:
+        if error <= floor or baseline is None:
             return None
-        if twin is not None:
-            return None  # the twin already judged this row on its own expected error
-        if baseline is not None:
-            expected = baseline.expected(feeder_error)
-            grows_most = growth is not None and (math.isnan(baseline.growth_high) or growth > baseline.growth_high)
-            factor = max(OUTLIER_FACTOR, math.exp(SPREAD_Z * baseline.log_spread))
-            added = math.sqrt(max(error * error - expected * expected, 0.0))
-            if error > factor * expected and added > GROWTH_FLOOR_FACTOR * floor and grows_most:
-                ratio = error / expected if expected > 0 else math.inf
-                low, high = baseline.growth_low, baseline.growth_high
-                grows = (f"error grows {growth:.3g}x here ({feeder_error:.3g} -> {error:.3g})"
-                         if feeder_error > 0 else f"error {error:.3g} appears here with bit-exact inputs")
-                others = (f"this module grows it {low:.3g}-{high:.3g}x in the other {baseline.sibling_count} repeats"
-                          if math.isfinite(low) else f"its {baseline.sibling_count} other repeats add {expected:.3g}")
-                return GROWTH_METRIC, ratio, factor, f"{grows}; {others}"
+        expected = baseline.expected(feeder_error)
+        grows_most = growth is not None and (math.isnan(baseline.growth_high) or growth > baseline.growth_high)
+        factor = max(OUTLIER_FACTOR, math.exp(SPREAD_Z * baseline.log_spread))
+        added = math.sqrt(max(error * error - expected * expected, 0.0))
+        if not (error > factor * expected and added > GROWTH_FLOOR_FACTOR * floor and grows_most):
             return None
-        if feeder_error == 0 and row.golden.dtype == row.my.dtype:
-            # Same precision on both sides: exact inputs must give exact outputs, unless the
-            # kernel differs, whose summation order stays under the rounding floor.
-            return (EXACT_INPUTS_METRIC, error, floor,
-                    f"its inputs are bit-exact and it differs by {error:.3g} (rounding floor {floor:g})")
-        return None
+        ratio = error / expected if expected > 0 else math.inf
+        low, high = baseline.growth_low, baseline.growth_high
+        grows = (f"error grows {growth:.3g}x here ({feeder_error:.3g} -> {error:.3g})"
+                 if feeder_error > 0 else f"error {error:.3g} appears here with bit-exact inputs")
+        others = (f"this module grows it {low:.3g}-{high:.3g}x in the other {baseline.sibling_count} repeats"
+                  if math.isfinite(low) else f"its {baseline.sibling_count} other repeats add {expected:.3g}")
+        return GROWTH_METRIC, ratio, factor, f"{grows}; {others}"
 
     def _label(self, row: ComparisonRow, error: float | None, feeding: Feeding,
                failing_feeders: Sequence[ComparisonRow], anomaly: tuple[str, float, float, str] | None) -> str:
@@ -276,16 +300,32 @@ class _Judge:
                     evidence=f"encloses {inner.golden.key.label()}, where the error is introduced")
 
 
+@dataclass(frozen=True)
+class NoiseTwin:
+    """What the noise twin says: its error against the golden at each tensor, and the my-run judged against it.
+
+    ``errors`` maps ``id()`` of a golden record to the twin's error there (the rounding noise
+    expected at that tensor). ``against_my`` maps ``id()`` of a my record to the row of the
+    my-run compared with the twin: same program, same precision, so everything before a
+    defect agrees bit for bit and the defect stands out however small it is against the noise.
+    """
+
+    errors: Mapping[int, float]
+    against_my: Mapping[int, ComparisonRow]
+
+
 def attribute(rows: Sequence[ComparisonRow], measure: ErrorMeasure | None = None,
-              noise_errors: Mapping[int, float] | None = None,
-              unmatched_my: Sequence[TensorRecord] = ()) -> list[ComparisonRow]:
+              twin: NoiseTwin | None = None,
+              unmatched_my: Sequence[TensorRecord] = (), same_program: bool = False) -> list[ComparisonRow]:
     """Return the rows (same order) judged against their feeders, siblings and noise twin, with attribution set.
 
     ``measure`` names the error measure (without one, rows keep their table verdicts and are
-    only labelled); ``noise_errors`` maps ``id(golden record)`` to the noise twin's error at
-    that tensor; ``unmatched_my`` are the my-run records no pair holds (possible producers).
+    only labelled); ``twin`` is what the noise twin says; ``unmatched_my`` are the my-run
+    records no pair holds (possible producers of a row's input). ``same_program`` says the
+    two runs are one program at one precision on one machine (the my-run against its noise
+    twin): there any difference behind bit-exact inputs is introduced, however small.
     """
-    judge = _Judge(rows, measure or ErrorMeasure(metric=""), noise_errors, unmatched_my)
+    judge = _Judge(rows, measure or ErrorMeasure(metric=""), twin, unmatched_my, same_program)
     judged = judge.run()
     return [judged.get(id(row), row) for row in rows]
 

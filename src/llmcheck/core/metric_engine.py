@@ -180,8 +180,11 @@ def _ordinary_part(golden: np.ndarray, my: np.ndarray, golden_limit: float, my_l
         side.nan += nan
         side.inf += int(values.size - np.count_nonzero(finite)) - nan
         side.add_finite(values if finite.all() else values[finite])
-    ordinary = (golden_kind == 0) & (my_kind == 0)
-    agree = (golden_kind == my_kind) & ~ordinary
+    golden_finite_sentinel = (golden_kind >= 2) & np.isfinite(golden)
+    my_finite_sentinel = (my_kind >= 2) & np.isfinite(my)
+    agree = (golden_kind == my_kind) & (golden_kind != 0)
+    # A finite sentinel facing an ordinary value is measured as the number it is.
+    ordinary = ~agree & (((golden_kind == 0) | golden_finite_sentinel) & ((my_kind == 0) | my_finite_sentinel))
     infinite = np.isinf(golden) & np.isinf(my)
     agreement = _Agreement()
     agreement.matching_nonfinite = int(np.count_nonzero(agree & (infinite | (golden_kind == 1))))

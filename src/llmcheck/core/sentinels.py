@@ -6,9 +6,10 @@ fp16 mask against its fp32 golden is 100 % wrong at every masked position, and t
 would be named the culprit of every fp16 port. Here a value at or beyond
 :data:`SENTINEL_FRACTION` of its own dtype's largest magnitude (or an infinity) is a
 *sentinel*: positions where both sides hold a sentinel of the same sign agree and are left
-out of the metrics (counted, like matching NaN/Inf); a sentinel on one side only is a
-mismatch, like a one-sided Inf. fp8 has no sentinels: its scaled values routinely sit near
-its small maximum.
+out of the metrics (counted, like matching NaN/Inf). A finite sentinel on one side only is
+measured as the number it is (fp16's 65504 against an fp32 65504 agrees; an fp32 mask value
+against an fp16 -10, a lost mask, is a huge error); an infinity or NaN on one side only is a
+mismatch. fp8 has no sentinels: its scaled values routinely sit near its small maximum.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import math
 import numpy as np
 
 #: A value this close to its dtype's largest finite magnitude (or beyond it) stands for infinity.
-SENTINEL_FRACTION = 0.5
+SENTINEL_FRACTION = 0.9
 _LARGEST: dict[str, float] = {
     "float64": float(np.finfo(np.float64).max), "float32": float(np.finfo(np.float32).max),
     "float16": float(np.finfo(np.float16).max), "bfloat16": 3.3895313892515355e38,

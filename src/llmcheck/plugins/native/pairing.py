@@ -4,9 +4,12 @@
   pairs of an edited ``pairs.json``.
 * ``exact_key`` (priority 20): the same key on both sides -- same name, io, position, step,
   call index and moment. Two runs of one model captured the same way pair completely.
+* ``op_sequence`` (priority 20): inside a module whose op-level records differ between the
+  runs (a kernel swapped), the ops are aligned in execution order on op name, io and shape.
 * ``sequence`` (priority 0): for two runs of differently-named graphs of the same kind of
-  dump (two torch dumps, two FX dumps), the records no exact key matched are aligned in execution order (longest common subsequence, per step) on
-  what does not depend on naming: io, shape and whether the dtype is a float.
+  dump (two torch dumps, two FX dumps), the records no exact key matched are aligned in
+  execution order (longest common subsequence, per step and module scope) on what does not
+  depend on naming: io, shape and whether the dtype is a float.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from llmcheck.core.records import Dump, Pair, RecordKey, TensorRecord, UserMappi
 RULE_USER = "user_mapping"
 RULE_EXACT = "exact_key"
 RULE_SEQUENCE = "sequence"
+RULE_OP_SEQUENCE = "op_sequence"
 PRIORITY_USER = 100
 PRIORITY_EXACT = 20
 PRIORITY_SEQUENCE = 0
@@ -38,43 +42,128 @@ def map_pairs(golden: Dump, my: Dump, user_mapping: UserMapping | None) -> list[
         return proposals
     paired_golden = {id(pair.golden) for pair in exact}
     paired_my = {id(pair.my) for pair in exact}
-    proposals.extend(sequence_pairs([r for r in golden.records if id(r) not in paired_golden],
-                                    [r for r in my.records if id(r) not in paired_my]))
+    # Ops of a module both runs have were aligned by name already: a leftover there is an op
+    # one run executes and the other does not, never a counterpart to guess by shape.
+    shared_scopes = {_op_scope(r) for r in golden.records} & {_op_scope(r) for r in my.records} - {None}
+    proposals.extend(sequence_pairs(
+        [r for r in golden.records if id(r) not in paired_golden and _op_scope(r) not in shared_scopes],
+        [r for r in my.records if id(r) not in paired_my and _op_scope(r) not in shared_scopes]))
     return proposals
 
 
 def exact_key_pairs(golden: Dump, my: Dump) -> list[Pair]:
-    """Return a pair for every key present on both sides."""
+    """Return a pair for every key present on both sides, op scopes whose op sequences differ aside.
+
+    Op-level records are named ``{module}/{op}`` with a call index counted inside the module:
+    when the two runs execute different ops in one module (an attention kernel swapped for
+    its eager ops), ``aten.view.default[3]`` names different tensors on the two sides. The ops
+    of such a scope are aligned in execution order on their op name, io, slot and shape
+    instead (rule ``op_sequence``), and what has no counterpart stays unmatched.
+    """
+    golden_ops, my_ops = _op_scopes(golden.records), _op_scopes(my.records)
+    diverged = {group for group in golden_ops.keys() & my_ops.keys()
+                if [record.key for record in golden_ops[group]] != [record.key for record in my_ops[group]]}
     mine = my.by_key()
-    return [Pair(record, mine[record.key], RULE_EXACT, PRIORITY_EXACT)
-            for record in golden.records if record.key in mine]
+    pairs = [Pair(record, mine[record.key], RULE_EXACT, PRIORITY_EXACT)
+             for record in golden.records if record.key in mine and _op_scope(record) not in diverged]
+    for group in sorted(diverged, key=str):
+        golden_calls, my_calls = _op_calls(golden_ops[group]), _op_calls(my_ops[group])
+        matcher = difflib.SequenceMatcher(None, [_call_signature(call) for call in golden_calls],
+                                          [_call_signature(call) for call in my_calls], autojunk=False)
+        for block in matcher.get_matching_blocks():
+            for offset in range(block.size):
+                golden_call, my_call = golden_calls[block.a + offset], my_calls[block.b + offset]
+                pairs.extend(Pair(golden_record, my_record, RULE_OP_SEQUENCE, PRIORITY_EXACT)
+                             for golden_record, my_record in zip(golden_call, my_call))
+    return pairs
+
+
+def _op_calls(records: list[TensorRecord]) -> list[list[TensorRecord]]:
+    """Return the records of a scope grouped by op call (name and call index), in execution order."""
+    calls: dict[tuple[str, int], list[TensorRecord]] = {}
+    for record in records:
+        calls.setdefault((record.key.name, record.key.call_index), []).append(record)
+    return list(calls.values())
+
+
+def _call_signature(call: list[TensorRecord]) -> tuple[object, ...]:
+    """Return what must agree for two op calls to be the same op: its name and each tensor's slot and shape."""
+    return (call[0].key.name,) + tuple(_op_signature(record)[1:] for record in call)
+
+
+def _op_scope(record: TensorRecord) -> tuple[int, str] | None:
+    name = record.key.name
+    return (record.key.step, name.rsplit("/", 1)[0]) if "/" in name else None
+
+
+def _op_scopes(records: Iterable[TensorRecord]) -> dict[tuple[int, str], list[TensorRecord]]:
+    scopes: dict[tuple[int, str], list[TensorRecord]] = defaultdict(list)
+    for record in records:
+        scope = _op_scope(record)
+        if scope is not None:
+            scopes[scope].append(record)
+    return scopes
+
+
+def _op_signature(record: TensorRecord) -> tuple[object, ...]:
+    key = record.key
+    return key.name, key.io, key.position, key.moment, tuple(record.shape), record.dtype.startswith(
+        ("float", "bfloat", "complex"))
 
 
 def _signature(record: TensorRecord) -> tuple[str, tuple[int, ...], bool]:
     return record.key.io, tuple(record.shape), record.dtype.startswith(("float", "bfloat", "complex"))
 
 
+def _scope(record: TensorRecord) -> str:
+    """Return the module scope a record belongs to: its parent, else the part of its name before ``/``."""
+    if record.parent:
+        return record.parent
+    name = record.key.name
+    return name.rsplit("/", 1)[0] if "/" in name else ""
+
+
 def sequence_pairs(golden_records: list[TensorRecord], my_records: list[TensorRecord]) -> list[Pair]:
-    """Return pairs aligning two record lists in execution order, step by step, on io, shape and float-ness."""
+    """Return pairs aligning two record lists in execution order, per step and module scope, on io, shape and float-ness.
+
+    Alignment stays inside one module scope (``model.layers.0.self_attn``) where both runs have
+    that scope: an attention kernel swapped for its eager ops inside layer 0 must not pair
+    layer 0's leftovers with layer 1's. Records of scopes only one run has (a renamed module
+    tree) are then aligned per step, as one sequence.
+    """
     pairs: list[Pair] = []
-    golden_steps = _by_step(golden_records)
-    my_steps = _by_step(my_records)
-    for step in sorted(golden_steps.keys() & my_steps.keys()):
-        golden_side, my_side = golden_steps[step], my_steps[step]
-        matcher = difflib.SequenceMatcher(None, [_signature(r) for r in golden_side],
-                                          [_signature(r) for r in my_side], autojunk=False)
-        for block in matcher.get_matching_blocks():
-            for offset in range(block.size):
-                pairs.append(Pair(golden_side[block.a + offset], my_side[block.b + offset], RULE_SEQUENCE,
-                                  PRIORITY_SEQUENCE))
+    golden_groups = _by_step_and_scope(golden_records)
+    my_groups = _by_step_and_scope(my_records)
+    shared = golden_groups.keys() & my_groups.keys()
+    for group in sorted(shared, key=str):
+        pairs.extend(_aligned(golden_groups[group], my_groups[group]))
+    golden_rest = _by_step(r for group, records in golden_groups.items() if group not in shared for r in records)
+    my_rest = _by_step(r for group, records in my_groups.items() if group not in shared for r in records)
+    for step in sorted(golden_rest.keys() & my_rest.keys()):
+        pairs.extend(_aligned(golden_rest[step], my_rest[step]))
     return pairs
+
+
+def _aligned(golden_side: list[TensorRecord], my_side: list[TensorRecord]) -> list[Pair]:
+    """Return the pairs of the longest common subsequence of two record lists (by signature)."""
+    matcher = difflib.SequenceMatcher(None, [_signature(r) for r in golden_side],
+                                      [_signature(r) for r in my_side], autojunk=False)
+    return [Pair(golden_side[block.a + offset], my_side[block.b + offset], RULE_SEQUENCE, PRIORITY_SEQUENCE)
+            for block in matcher.get_matching_blocks() for offset in range(block.size)]
 
 
 def _by_step(records: Iterable[TensorRecord]) -> dict[int, list[TensorRecord]]:
     steps: dict[int, list[TensorRecord]] = defaultdict(list)
-    for record in records:
+    for record in sorted(records, key=lambda record: record.order):
         steps[record.key.step].append(record)
     return steps
+
+
+def _by_step_and_scope(records: Iterable[TensorRecord]) -> dict[tuple[int, str], list[TensorRecord]]:
+    groups: dict[tuple[int, str], list[TensorRecord]] = defaultdict(list)
+    for record in records:
+        groups[(record.key.step, _scope(record))].append(record)
+    return groups
 
 
 def _pattern(text: str) -> re.Pattern[str]:
