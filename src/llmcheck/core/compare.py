@@ -251,6 +251,7 @@ def compare_dumps(golden: Dump, my: Dump, *, metric_names: Sequence[str] | None 
     started = time.perf_counter()
     specs = select_metrics(metric_names)
     pairing = merge_pairs(golden, my, get_plugins().map_pairs(golden, my, user_mapping))
+    run_dtypes = [_run_dtype(dump) for dump in (golden, my)]
     jobs: dict[tuple[Any, ...], PairJob] = {}
     same_data_as: dict[int, int] = {}
     problems: dict[int, str] = {}
@@ -261,7 +262,8 @@ def compare_dumps(golden: Dump, my: Dump, *, metric_names: Sequence[str] | None 
             problems[index] = problem
             continue
         job = PairJob(index=index, golden=pair.golden.data, my=pair.my.data,  # type: ignore[arg-type]
-                      golden_needs_stats=not _has_stats(pair.golden), my_needs_stats=not _has_stats(pair.my))
+                      golden_needs_stats=not _has_stats(pair.golden), my_needs_stats=not _has_stats(pair.my),
+                      golden_run_dtype=run_dtypes[0], my_run_dtype=run_dtypes[1])
         # A capture stores a tensor once however many records see it (a module's output is the
         # next one's input): pairs over the same bytes on both sides are measured once.
         identity = _data_identity(job)
@@ -300,6 +302,15 @@ def _noise_twin(golden: Dump, my: Dump, noise: Dump, measure: ErrorMeasure, work
     errors = {id(row.golden): error for row in against_golden.rows if (error := measure.of(row)) is not None}
     against_my = compare_dumps(noise, my, metric_names=[measure.metric], workers=workers, same_program=True)
     return NoiseTwin(errors=errors, against_my={id(row.my): row for row in against_my.rows})
+
+
+def _run_dtype(dump: Dump) -> str | None:
+    """Return the dtype name of the float class most of a run's tensors have."""
+    counts: dict[str, int] = {}
+    for record in dump.records:
+        if is_float_dtype(record.dtype) and not record.dtype.startswith("complex"):
+            counts[record.dtype] = counts.get(record.dtype, 0) + 1
+    return max(counts, key=counts.__getitem__) if counts else None
 
 
 def pair_bytes(pair: Pair) -> int:

@@ -30,7 +30,7 @@ import numpy as np
 from llmcheck.core.errors import LlmcheckError
 from llmcheck.core.pair_chunk import PairChunk, Workspace
 from llmcheck.core.records import DTYPE_ITEMSIZE, MetricSpec, TensorData, TensorStats
-from llmcheck.core.sentinels import classify, may_hold_sentinels, sentinel_limit
+from llmcheck.core.sentinels import classify, may_hold_sentinels, sentinel_limit_in_run
 from llmcheck.core.tensor_chunks import ChunkReader
 
 log = logging.getLogger("llmcheck.compare")
@@ -45,13 +45,20 @@ BATCH_TARGET_BYTES = 64 * 1024 * 1024
 
 @dataclass(frozen=True)
 class PairJob:
-    """One pair to measure: both data handles, and whether each side's statistics must be computed."""
+    """One pair to measure: both data handles, and whether each side's statistics must be computed.
+
+    ``golden_run_dtype`` / ``my_run_dtype`` name the dtype most tensors of each run have: an
+    fp16 run's mask keeps the value -65504 when an fp32 softmax receives it, and it is still
+    that run's "minus infinity" (:func:`llmcheck.core.sentinels.sentinel_limit_in_run`).
+    """
 
     index: int
     golden: TensorData
     my: TensorData
     golden_needs_stats: bool = True
     my_needs_stats: bool = True
+    golden_run_dtype: str | None = None
+    my_run_dtype: str | None = None
 
     @property
     def nbytes(self) -> int:
@@ -124,7 +131,8 @@ def measure_pair(job: PairJob, specs: Sequence[MetricSpec], workspace: Workspace
     golden_side = _SideStats(job.golden_needs_stats)
     my_side = _SideStats(job.my_needs_stats)
     mismatch = matching_nonfinite = masked = 0
-    golden_limit, my_limit = sentinel_limit(job.golden.dtype), sentinel_limit(job.my.dtype)
+    golden_limit = sentinel_limit_in_run(job.golden.dtype, job.golden_run_dtype)
+    my_limit = sentinel_limit_in_run(job.my.dtype, job.my_run_dtype)
     with ChunkReader(job.golden) as golden_reader, ChunkReader(job.my) as my_reader:
         if golden_reader.size != my_reader.size:
             raise ValueError(f"pair {job.index}: {golden_reader.size} golden values against {my_reader.size}")

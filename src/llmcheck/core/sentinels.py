@@ -54,3 +54,12 @@ def classify(values: np.ndarray, limit: float) -> np.ndarray:
 def is_sentinel(value: float | None, dtype: str) -> bool:
     """Return whether one recorded value (a statistic such as a tensor's min) is a sentinel of ``dtype``."""
     return value is not None and (math.isinf(value) or abs(value) >= sentinel_limit(dtype))
+
+
+def sentinel_limit_in_run(dtype: str, run_dtype: str | None) -> float:
+    """Return the sentinel limit of a ``dtype`` tensor in a run whose tensors are mostly ``run_dtype``.
+
+    The tighter of the two: an fp32 tensor of an fp16 run (a softmax input upcast from fp16)
+    holds the fp16 mask value -65504, which is that run's minus infinity.
+    """
+    return min(sentinel_limit(dtype), sentinel_limit(run_dtype) if run_dtype else math.inf)

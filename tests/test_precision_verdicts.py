@@ -1,0 +1,200 @@
+"""Verdicts in reduced precision: a defect the dtype table passes is named, clean low-precision runs never fail.
+
+Real seeded transformers models, captured with llmcheck's own torch capture and compared
+in-process, as a user's script would.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from llmcheck import DumpConfig, register_hook
+from llmcheck.core.compare import compare_dumps
+from llmcheck.core.plugins import get_plugins
+
+torch.set_num_threads(1)
+
+DEFECTIVE = "model.layers.2.mlp.down_proj"
+
+
+def _llama(attention: str = "sdpa") -> torch.nn.Module:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(hidden_size=128, intermediate_size=256, num_hidden_layers=6, num_attention_heads=4,
+                         num_key_value_heads=2, vocab_size=512, max_position_embeddings=128,
+                         attn_implementation=attention)
+    model = LlamaForCausalLM(config).eval()
+    for parameter in model.parameters():  # trained-model scale: an O(1) residual stream
+        if parameter.dim() == 2:
+            torch.nn.init.normal_(parameter, std=1 / math.sqrt(parameter.shape[1]))
+    return model
+
+
+IDS = torch.randint(0, 512, (1, 32), generator=torch.Generator().manual_seed(0))
+
+
+def _dump(model: torch.nn.Module, folder: Path, **options):
+    with register_hook(model, DumpConfig(dump_path=str(folder), token_range=[0], tensor_part=2, **options)) as handle:
+        with torch.no_grad():
+            model(IDS)
+    return get_plugins().load_tensors(Path(handle.path))
+
+
+def _scaled(model: torch.nn.Module, factor: float = 1.05) -> torch.nn.Module:
+    defective = copy.deepcopy(model)
+    with torch.no_grad():
+        dict(defective.named_modules())[DEFECTIVE].weight.mul_(factor)
+    return defective
+
+
+@pytest.fixture(scope="module")
+def llama() -> torch.nn.Module:
+    return _llama()
+
+
+@pytest.fixture(scope="module")
+def fp32_golden(llama, tmp_path_factory):
+    return _dump(llama, tmp_path_factory.mktemp("golden"))
+
+
+def _introduced(result) -> list[str]:
+    return [row.golden.key.label() for row in result.rows if row.attribution == "introduced"]
+
+
+def test_bf16_weight_five_percent_off_is_named_although_the_bf16_table_passes_it(llama, fp32_golden, tmp_path):
+    my = _dump(_scaled(llama).to(torch.bfloat16), tmp_path)
+    result = compare_dumps(fp32_golden, my, workers=1)
+    culprit = result.first_introduced
+    assert culprit is not None and culprit.golden.key.name == DEFECTIVE and culprit.golden.key.io == "output"
+    # the table alone would pass it: bf16 fails at 0.1, the row is at about 0.05
+    assert culprit.metrics["relative_euclidean_distance"].verdict != "fail"
+    assert culprit.deciding_metric == "error_vs_expected" and culprit.verdict == "fail"
+    assert culprit.growth > 2 * culprit.sibling_growth[1] and culprit.sibling_count == 5
+    assert "error grows" in culprit.evidence and "in the other 5 repeats" in culprit.evidence
+    assert culprit.structure == "model.layers.{i}.mlp.down_proj" and culprit.layer_index == 2
+    # one defect, one introduced row; its mlp only encloses it
+    assert _introduced(result) == [culprit.golden.key.label()]
+    mlp = next(row for row in result.rows if row.golden.key.name == "model.layers.2.mlp" and row.golden.key.io == "output")
+    assert mlp.attribution in ("encloses", "")
+    described = result.summary()["first_introduced"]
+    assert described["growth"] == pytest.approx(culprit.growth, rel=1e-5) and described["evidence"] == culprit.evidence
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_clean_low_precision_run_never_fails_and_names_no_culprit(llama, fp32_golden, tmp_path, dtype):
+    result = compare_dumps(fp32_golden, _dump(copy.deepcopy(llama).to(dtype), tmp_path), workers=1)
+    assert result.counts()["failures"] == 0 and result.first_introduced is None
+    assert result.counts()["warnings"] > 0 or dtype == torch.float16  # the noise is there, and judged as noise
+
+
+def test_bf16_against_bf16_golden_names_the_first_row_that_differs_behind_bit_exact_inputs(llama, tmp_path):
+    bf16 = copy.deepcopy(llama).to(torch.bfloat16)
+    golden = _dump(bf16, tmp_path / "golden")
+    result = compare_dumps(golden, _dump(_scaled(bf16), tmp_path / "my"), workers=1)
+    culprit = result.first_introduced
+    assert culprit is not None and culprit.golden.key.name == DEFECTIVE
+    assert culprit.feeder_error == 0.0 and culprit.deciding_metric == "error_with_exact_inputs"
+    assert all(row.error in (0.0, None) for row in result.rows if row.golden.order < culprit.golden.order)
+
+
+def test_statistics_only_capture_names_the_defect_in_bf16(llama, tmp_path):
+    golden = _dump(llama, tmp_path / "golden", statistics_only=True)
+    my = _dump(_scaled(llama).to(torch.bfloat16), tmp_path / "my", statistics_only=True)
+    result = compare_dumps(golden, my, workers=1)
+    assert result.first_introduced is not None and result.first_introduced.golden.key.name == DEFECTIVE
+    clean = compare_dumps(golden, _dump(copy.deepcopy(llama).to(torch.bfloat16), tmp_path / "clean",
+                                        statistics_only=True), workers=1)
+    assert clean.counts()["failures"] == 0
+
+
+def test_noise_twin_finds_a_defect_smaller_than_the_rounding_noise(llama, fp32_golden, tmp_path):
+    bf16 = copy.deepcopy(llama).to(torch.bfloat16)
+    twin = _dump(bf16, tmp_path / "twin")
+    norm = dict(bf16.named_modules())["model.layers.3.post_attention_layernorm"]
+    norm.variance_epsilon = 1e-2  # the demo's defect: a hard-coded epsilon
+    my = _dump(bf16, tmp_path / "my")
+    without = compare_dumps(fp32_golden, my, workers=1)
+    with_twin = compare_dumps(fp32_golden, my, workers=1, noise=twin)
+    culprit = with_twin.first_introduced
+    assert culprit is not None and culprit.golden.key.name == "model.layers.3.post_attention_layernorm"
+    assert culprit.deciding_metric == "differs_from_noise_twin" and culprit.noise_error is not None
+    assert "noise twin" in culprit.evidence
+    assert with_twin.summary()["noise"]["records"] == len(twin.records)
+    # without the twin the same row sits inside the bf16 noise
+    same_row = next(row for row in without.rows if row.golden.key == culprit.golden.key)
+    assert same_row.verdict != "fail"
+
+
+def test_attention_kernel_swap_sdpa_to_eager_gives_no_failure_at_op_level(tmp_path):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    def tiny(attention: str) -> torch.nn.Module:
+        torch.manual_seed(0)
+        config = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4,
+                             num_key_value_heads=2, vocab_size=256, attn_implementation=attention)
+        return LlamaForCausalLM(config).eval()
+
+    ids = IDS[:, :16] % 256
+
+    def dump(model: torch.nn.Module, folder: Path):
+        with register_hook(model, DumpConfig(dump_path=str(folder), token_range=[0], mode="op")) as handle:
+            with torch.no_grad():
+                model(ids)
+        return get_plugins().load_tensors(Path(handle.path))
+
+    result = compare_dumps(dump(tiny("sdpa"), tmp_path / "g"), dump(tiny("eager"), tmp_path / "m"), workers=1)
+    counts = result.counts()
+    assert counts["failures"] == 0 and counts["errors"] == 0 and counts["pairs"] > 300
+    # the flash-attention op has no eager counterpart: it stays unmatched, never paired across layers
+    assert any("_scaled_dot_product" in item.record.key.name for item in result.pairing.unmatched_golden)
+    assert all(pair.golden.key.name.split("/")[0] == pair.my.key.name.split("/")[0] for pair in result.pairing.pairs)
+
+
+def test_additive_mask_sentinels_agree_across_dtypes_and_a_lost_mask_does_not(tmp_path):
+    from llmcheck.core.metric_engine import PairJob, measure_pair
+    from llmcheck.core.pair_chunk import Workspace
+    from llmcheck.core.records import TensorData
+    from llmcheck.plugins.metrics import builtin_metric_specs
+
+    def data(tensor: torch.Tensor, name: str) -> TensorData:
+        path = tmp_path / name
+        raw = tensor.contiguous().view(torch.uint8).numpy().tobytes() if tensor.dtype == torch.bfloat16 \
+            else tensor.numpy().tobytes()
+        path.write_bytes(raw)
+        return TensorData(dtype=str(tensor.dtype).removeprefix("torch."), shape=tuple(tensor.shape), path=path,
+                          nbytes=len(raw))
+
+    scores = torch.tensor([[0.5, -1.0, 2.0, 0.25]])
+    golden = torch.where(torch.tensor([[True, True, False, False]]), scores, torch.finfo(torch.float32).min)
+    for dtype in (torch.float16, torch.bfloat16):
+        mask = torch.where(torch.tensor([[True, True, False, False]]), scores.to(dtype), torch.finfo(dtype).min)
+        measured = measure_pair(PairJob(0, data(golden, "g"), data(mask, f"m{dtype}")), builtin_metric_specs(),
+                                Workspace(64))
+        assert measured.masked == 2 and measured.nonfinite_mismatch == 0
+        assert measured.values["relative_euclidean_distance"] == 0.0
+    lost = measure_pair(PairJob(0, data(golden, "g"), data(torch.full((1, 4), -10.0, dtype=torch.float16), "lost")),
+                        builtin_metric_specs(), Workspace(64))
+    assert lost.values["max_absolute_error"] > 1e30  # an fp32 mask value against -10 is measured as the number it is
+    overflow = measure_pair(PairJob(0, data(torch.tensor([70000.0]), "big"),
+                                    data(torch.tensor([math.inf], dtype=torch.float16), "inf")),
+                            builtin_metric_specs(), Workspace(64))
+    assert overflow.nonfinite_mismatch == 1  # an fp16 overflow is never mistaken for a mask
+    assert np.isfinite(overflow.golden_stats.max)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("capture", ["module", "op", "statistics"])
+def test_eager_attention_with_finfo_min_mask_gives_no_false_culprit(tmp_path, dtype, capture):
+    model = _llama("eager")
+    options = {"statistics_only": True} if capture == "statistics" else {"mode": "op"} if capture == "op" else {}
+    golden = _dump(model, tmp_path / "golden", **options)
+    result = compare_dumps(golden, _dump(copy.deepcopy(model).to(dtype), tmp_path / "my", **options), workers=1)
+    assert result.counts()["failures"] == 0, [row.golden.key.label() for row in result.rows if row.verdict == "fail"][:5]
+    assert result.first_introduced is None
