@@ -3,40 +3,18 @@
 from __future__ import annotations
 
 import re
-import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
 import torch
 
 from compare_runs import capture_run, wrong_rmsnorm_epsilon
+from headless_browser import render
 from llmcheck.core.compare import compare_dumps
 from llmcheck.core.plugins import get_plugins
 from llmcheck.core.report import write_reports
 
 pytestmark = pytest.mark.slow  # each test starts a browser (a few seconds)
-
-BROWSERS = ("chromium", "chromium-browser", "google-chrome")
-
-
-def _browser() -> str:
-    for name in BROWSERS:
-        found = shutil.which(name)
-        if found:
-            return found
-    pytest.fail("no headless browser found: apt-get install -y chromium (.ci/run does this)")
-
-
-def render(page: Path) -> tuple[str, str]:
-    """Return the DOM after the page's scripts ran, and the browser's log (console messages included)."""
-    completed = subprocess.run(
-        [_browser(), "--headless", "--disable-gpu", "--no-sandbox", "--enable-logging=stderr", "--v=0",
-         "--dump-dom", page.resolve().as_uri()],
-        capture_output=True, text=True, timeout=120)
-    assert completed.returncode == 0, completed.stderr[-2000:]
-    return completed.stdout, completed.stderr
-
 
 def body_attributes(dom: str) -> str:
     """Return the attributes of the rendered page's <body> tag (the page marks success or error there)."""
