@@ -371,9 +371,8 @@ def compare_command(*, golden_path: Path, my_path: Path, golden_source: str | No
                          hint="add relative_euclidean_distance or cosine_similarity, or give --thresholds")
     user_mapping = load_user_mapping(Path(mapping_path)) if mapping_path is not None else None
     plugins = get_plugins()
-    golden = plugins.load_tensors(Path(golden_path), golden_source)
-    my = plugins.load_tensors(Path(my_path), my_source)
-    noise = plugins.load_tensors(Path(noise_path), noise_source) if noise_path is not None else None
+    golden, my = plugins.load_runs(Path(golden_path), golden_source, Path(my_path), my_source)
+    noise = plugins.load_tensors(Path(noise_path), noise_source, "--noise-source") if noise_path is not None else None
     result = compare_with_progress(golden, my, console=console, metric_names=[spec.name for spec in specs],
                                    user_mapping=user_mapping, threshold_overrides=overrides, workers=jobs,
                                    noise=noise)
