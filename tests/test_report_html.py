@@ -8,6 +8,7 @@ One self-contained file, no console error. A screenshot is saved for CI and the 
 
 from __future__ import annotations
 
+import copy
 import html
 import re
 import shutil
@@ -50,15 +51,16 @@ def section(dom: str, section_id: str) -> str:
 
 @pytest.fixture(scope="module")
 def compared(tmp_path_factory: pytest.TempPathFactory):
-    """A six-layer Llama whose layer-3 MLP output projection is scaled by 1.05, compared with the intact model."""
+    """A six-layer Llama in float32 against its bfloat16 copy whose layer-3 MLP output projection is scaled by 1.05."""
     from llmcheck.bundled_model import random_llama
 
     model = random_llama(seed=0, num_layers=6)
     input_ids = torch.tensor([[5, 9, 200, 31, 7, 64, 12, 250]])
     folder = tmp_path_factory.mktemp("html")
     golden = capture_run(model, input_ids, folder / "golden")
-    with scaled_weight(model, DEFECT, 1.05):
-        my = capture_run(model, input_ids, folder / "my")
+    model_bf16 = copy.deepcopy(model).to(torch.bfloat16)
+    with scaled_weight(model_bf16, DEFECT, 1.05):
+        my = capture_run(model_bf16, input_ids, folder / "my")
     plugins = get_plugins()
     return compare_dumps(plugins.load_tensors(golden), plugins.load_tensors(my), workers=1), folder
 
@@ -110,8 +112,12 @@ def test_headline_chart_plots_each_layer_and_names_the_culprit(compared, rendere
     culprit = re.search(r'<text id="culprit"[^>]*>([^<]*)</text>', headline).group(1)
     assert culprit == f"introduced here: {DEFECT} step 0 output.0"
     assert headline.count("<circle") == len(ticks)
-    failing = re.findall(r'<circle [^>]*fill="#c62828"', headline)
-    assert len(failing) == 2 + 2 + 1  # layers 3, 4, 5, the final norm and lm_head
+    verdicts = {row.golden.key.name: row.verdict for row in result.rows
+                if row.golden.key.io == "output" and row.golden.key.position == "0"}
+    failing = [name for name in verdicts if re.fullmatch(r"model\.(layers\.\d+|embed_tokens|norm)|lm_head", name)
+               and verdicts[name] == "fail"]
+    assert len(re.findall(r'<circle [^>]*fill="#c62828"', headline)) == len(failing)
+    assert re.search(r'<path id="culprit-point"', headline)  # the culprit's own error, in its layer
 
 
 def test_heat_map_has_layers_down_and_submodule_kinds_across_with_the_culprit_outlined(rendered) -> None:
@@ -199,3 +205,8 @@ def test_the_expected_noise_band_and_growth_colouring_appear_when_the_verdict_gi
     assert re.search(r'<button type="button" class="mode" data-mode="growth" aria-pressed="false" title="">', heat)
     story = html.unescape(re.search(r'id="story">(.*?)</p>', dom).group(1))
     assert f"introduced at {DEFECT} step 0 output.0 (Linear): adds 50x the error its siblings add" in story
+    growth_view, _ = render_with_hash(page, "heat=growth")
+    cells = [(cls, int(green)) for cls, green in
+             re.findall(r'<td class="([^"]*)"[^>]*background: rgb\(\d+, (\d+), \d+\)', section(growth_view, "heat"))]
+    hottest = min(green for _, green in cells)  # the scale runs from pale yellow to red: least green is hottest
+    assert [cls for cls, green in cells if green == hottest] == ["culprit"]

@@ -54,11 +54,12 @@ def _depth_views(result: "CompareResult", measure: MetricSpec | None) -> dict[st
     introduced, first = result.first_introduced, result.first_divergence
     step = drawn_step(result.rows, introduced, first)
     if step is None:
-        return {"step": None, "points": [], "introduced": None, "culprit": None, "heatmap": None}
+        return {"step": None, "points": [], "introduced": None, "culprit": None, "culprit_error": None, "heatmap": None}
     points = depth_points(result.rows, step, measure)
     return {
         "step": step, "points": points, "introduced": introduced_point(points, introduced),
         "culprit": introduced.golden.key.label() if introduced is not None else None,
+        "culprit_error": row_error(introduced, measure) if introduced is not None else None,
         "heatmap": heatmap(result.rows, step, measure),
     }
 
