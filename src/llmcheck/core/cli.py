@@ -74,7 +74,8 @@ def cli() -> None:
 # --- dump ------------------------------------------------------------------------------
 
 
-@cli.command(context_settings={"ignore_unknown_options": False}, short_help="Run a program with capture on and write a dump.")
+@cli.command(context_settings={"ignore_unknown_options": False},
+             short_help="Run a program with capture on and write a dump.")
 @click.option("--backend", default="torch", show_default=True, help="Dump backend (see 'llmcheck plugins').")
 @click.option("--exec", "exec_text", help='Command to run, e.g. --exec "python infer.py --x 1" (no shell).')
 @click.option("--type", "dump_types", multiple=True, type=click.Choice(DUMP_TYPES),
@@ -157,7 +158,10 @@ def dump(backend: str, exec_text: str | None, dump_types: Sequence[str], only_sa
 def compare(golden_path: Path, my_path: Path, golden_source: str | None, my_source: str | None, output: Path,
             metrics: Sequence[str], mapping: Path | None, jobs: int | None, thresholds: Path | None,
             noise_path: Path | None, noise_source: str | None, log_level: str) -> None:
-    """Pair two runs, measure every pair, and name the first divergence: llmcheck compare -gp golden -mp my -o report."""
+    """Pair two runs, measure every pair, and name the first divergence.
+
+    Example: llmcheck compare -gp golden -mp my -o report
+    """
     _configure_logging(log_level)
     from llmcheck.core.compare import compare_command
 
@@ -184,7 +188,10 @@ def compare(golden_path: Path, my_path: Path, golden_source: str | None, my_sour
 @log_level_option
 def opcheck(tensor_dir: Path, csv_path: Path | None, output: Path, operation_ids: str, operation_name: str | None,
             precision_metrics: Sequence[str], device_id: str | None, jobs: int | None, log_level: str) -> None:
-    """Check single operators offline: recompute each op from its dumped inputs and compare: llmcheck opcheck -i DUMP/tensors -o checks."""
+    """Check single operators offline: recompute each op from its dumped inputs and compare.
+
+    Example: llmcheck opcheck -i DUMP/tensors -o checks
+    """
     _configure_logging(log_level)
     ids = parse_operation_ids(operation_ids, "-ids/--operation-ids")
     names = parse_names(operation_name) if operation_name else []

@@ -145,7 +145,8 @@ class Plugins:
 
     # --- resolvers ---
 
-    def load_tensors(self, path: Path, source: str | None = None, source_flag: str = "--golden-source/--my-source") -> Dump:
+    def load_tensors(self, path: Path, source: str | None = None,
+                     source_flag: str = "--golden-source/--my-source") -> Dump:
         """Return the dump at ``path`` as read by the first plugin that claims it.
 
         ``source`` forces one source plugin; ``source_flag`` is the flag that forced it, named
@@ -157,7 +158,8 @@ class Plugins:
             raise UsageError(f"unknown dump source {source!r}", where=path, hint=f"known sources: {known}")
         if not path.exists():
             raise DumpNotFoundError("no such file or directory", where=path,
-                                    hint="check the path: give a dump folder, a folder holding one dump, or a tensor file")
+                                    hint="check the path: give a dump folder, a folder holding one dump, "
+                                         "or a tensor file")
         dump = self.manager.hook.llmcheck_load_tensors(path=path, source=source)
         if dump is not None:
             return dump
@@ -178,7 +180,8 @@ class Plugins:
         """Return the golden and my dumps; when both paths are wrong, one error names both problems."""
         loaded: list[Dump] = []
         problems: list[LlmcheckError] = []
-        for path, source, flag in ((golden_path, golden_source, "--golden-source"), (my_path, my_source, "--my-source")):
+        sides = ((golden_path, golden_source, "--golden-source"), (my_path, my_source, "--my-source"))
+        for path, source, flag in sides:
             try:
                 loaded.append(self.load_tensors(path, source, flag))
             except LlmcheckError as exc:

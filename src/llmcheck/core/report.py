@@ -180,7 +180,8 @@ def worst_rows(result: "CompareResult", count: int = 10) -> list[ComparisonRow]:
 
     def badness(row: ComparisonRow) -> tuple[int, int, float]:
         error = row_error(row, measure)
-        return _SEVERITY.get(row.verdict, 0), row.nonfinite_mismatch, -1.0 if error is None or math.isnan(error) else error
+        value = -1.0 if error is None or math.isnan(error) else error
+        return _SEVERITY.get(row.verdict, 0), row.nonfinite_mismatch, value
 
     return sorted((row for row in result.rows if row.verdict in _SEVERITY), key=badness, reverse=True)[:count]
 

@@ -17,7 +17,15 @@ from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from llmcheck.core.depth_profile import depth_points, drawn_step, error_measure, heatmap, introduced_point, placement, row_error
+from llmcheck.core.depth_profile import (
+    depth_points,
+    drawn_step,
+    error_measure,
+    heatmap,
+    introduced_point,
+    placement,
+    row_error,
+)
 from llmcheck.core.records import ComparisonRow, MetricSpec
 from llmcheck.core.report import json_safe
 
@@ -79,7 +87,8 @@ def report_data(result: "CompareResult") -> dict[str, Any]:
         "story": story(result),
         "error_measure": measure.name if measure is not None else None,
         "metrics": [{"name": name, "higher_is_better": higher} for name, higher in plotted],
-        "rows": [_row_data(row, metric_names, measure) for row in sorted(result.rows, key=lambda row: row.golden.order)],
+        "rows": [_row_data(row, metric_names, measure)
+                 for row in sorted(result.rows, key=lambda row: row.golden.order)],
         "depth": _depth_views(result, measure),
         "unmatched_golden": [[item.record.key.label(), item.note]
                              for item in result.pairing.unmatched_golden[:UNMATCHED_LISTED]],

@@ -1,4 +1,4 @@
-"""The story of a compare in one sentence: what was compared, the verdict, the culprit and its evidence, the output effect.
+"""The story of a compare in one sentence: what was compared, the verdict, the culprit, the output effect.
 
 The report's first line. A user should not have to read a table to learn whether the runs
 agree, where the error starts and whether the output changed.
@@ -27,7 +27,10 @@ def final_output(result: "CompareResult") -> ComparisonRow | None:
 
 
 def next_tokens(row: ComparisonRow) -> tuple[int, int] | None:
-    """Return the arg-max over the last axis at the last position of both sides (the next token, for logits)."""
+    """Return the arg-max over the last axis at the last position of both sides (the next token, for logits).
+
+    Only the last position's row is read: the data is memory-mapped, so a long sequence's logits cost one row.
+    """
     if row.golden.data is None or row.my.data is None or len(row.golden.shape) < 2 or row.golden.shape[-1] < 2 \
             or row.golden.shape != row.my.shape:
         return None
@@ -53,7 +56,9 @@ def output_effect(result: "CompareResult") -> str:
         text = f"at the output ({label}) the runs differ by {measure.name} {describe(error)} ({row.verdict})"
     else:
         text = f"the output ({label}) is judged {row.verdict}"
-    tokens = next_tokens(row) if row.golden.shape and row.golden.shape[-1] >= 32 else None
+    key = row.golden.key
+    holds_logits = "logits" in key.position or key.name.endswith("lm_head")  # HF's output field, or the head module
+    tokens = next_tokens(row) if holds_logits else None
     if tokens is not None:
         golden_token, my_token = tokens
         text += (f" and the next token is the same (id {golden_token})" if golden_token == my_token else
@@ -76,7 +81,8 @@ def story(result: "CompareResult") -> str:
     else:
         verdict = f"{counts['failures']} fail"
         culprit_row = introduced or first
-        where = culprit_row.golden.key.label() + (f" ({culprit_row.golden.op_type})" if culprit_row.golden.op_type else "")
+        op_type = culprit_row.golden.op_type
+        where = culprit_row.golden.key.label() + (f" ({op_type})" if op_type else "")
         evidence = culprit_row.evidence or measure_text(culprit_row)
         if introduced is not None:
             inputs = ", while its inputs agree" if introduced.fed_by else ""

@@ -229,9 +229,7 @@ class TensorSink:
         """
         batch, self._batch = self._batch, _Batch()
         if not batch.records:
-            if finished_step is not None and self.progress is not None:
-                self.progress.batch_written(step=finished_step, records=self.records_added,
-                                            tensor_bytes=self.bytes_handed_over, step_done=True)
+            self._tell_progress(finished_step, step_done=True)
             return
         slots = batch.slots
         vectors: list[torch.Tensor] = [slot.vector for slot in slots]  # type: ignore[misc]
@@ -260,13 +258,16 @@ class TensorSink:
             )
             self.writer.add(record, slots[pending.slot].host if has_slot else None)  # type: ignore[index]
         self.records_added += len(batch.records)
+        self.bytes_handed_over += sum(slot.host.numel() * slot.host.element_size() for slot in slots
+                                      if slot.host is not None)
         self.writer.flush()
-        if self.progress is not None:
-            self.bytes_handed_over += sum(slot.host.numel() * slot.host.element_size() for slot in slots
-                                          if slot.host is not None)
-            step = batch.records[-1].key.step if finished_step is None else finished_step
+        self._tell_progress(batch.records[-1].key.step if finished_step is None else finished_step,
+                            step_done=finished_step is not None)
+
+    def _tell_progress(self, step: int | None, *, step_done: bool) -> None:
+        if self.progress is not None and step is not None:
             self.progress.batch_written(step=step, records=self.records_added, tensor_bytes=self.bytes_handed_over,
-                                        step_done=finished_step is not None)
+                                        step_done=step_done)
 
     def finish(self) -> None:
         """End the progress display (the dump is complete)."""
