@@ -37,9 +37,10 @@ def browser_command(*arguments: str) -> list[str]:
 
 
 def render(page: Path) -> tuple[str, str]:
-    """Return the DOM after the page's scripts ran, and the browser's log (console messages included)."""
+    """Return the DOM after the scripts ran in a 1280 px window, and the browser's log (console messages included)."""
     completed = subprocess.run(
-        browser_command("--enable-logging=stderr", "--v=0", "--dump-dom", page.resolve().as_uri()),
+        browser_command("--window-size=1280,1000", "--enable-logging=stderr", "--v=0", "--dump-dom",
+                        page.resolve().as_uri()),
         capture_output=True, text=True, timeout=120)
     assert completed.returncode == 0, completed.stderr[-2000:]
     return completed.stdout, completed.stderr

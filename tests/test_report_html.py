@@ -210,3 +210,23 @@ def test_the_expected_noise_band_and_growth_colouring_appear_when_the_verdict_gi
              re.findall(r'<td class="([^"]*)"[^>]*background: rgb\(\d+, (\d+), \d+\)', section(growth_view, "heat"))]
     hottest = min(green for _, green in cells)  # the scale runs from pale yellow to red: least green is hottest
     assert [cls for cls, green in cells if green == hottest] == ["culprit"]
+
+
+def test_a_report_of_two_tensor_files_without_layers_renders_too(tmp_path: Path,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    import numpy as np
+
+    from llmcheck.core.cli import main
+
+    np.save(tmp_path / "golden.npy", np.linspace(-1, 1, 4096, dtype=np.float32))
+    np.save(tmp_path / "my.npy", np.linspace(-1, 1, 4096, dtype=np.float32) * 1.01)
+    assert main(["compare", "-gp", str(tmp_path / "golden.npy"), "-mp", str(tmp_path / "my.npy"),
+                 "-o", str(tmp_path / "report")]) == 3
+    capsys.readouterr()
+    dom, browser_log = render(tmp_path / "report" / "report.html")
+    assert console_errors(browser_log) == [] and 'data-rendered="ok"' in body_attributes(dom)
+    story = html.unescape(re.search(r'id="story">(.*?)</p>', dom).group(1))
+    assert story.startswith("Compared my run my.npy (file) with golden golden.npy (file), 1 pair: 1 fail; "
+                            "the first failing tensor is tensor step 0 output.0: relative_euclidean_distance 0.0099")
+    assert section(dom, "depth").count("<circle") == 1
+    assert "no repeated layers found in the record names" in section(dom, "heat")

@@ -70,7 +70,7 @@ def story(result: "CompareResult") -> str:
     """Return the compare in one sentence."""
     counts = result.counts()
     compared = (f"Compared my run {result.my.root.name} ({result.my.source}) with golden {result.golden.root.name} "
-                f"({result.golden.source}), {counts['pairs']} pairs")
+                f"({result.golden.source}), {counts['pairs']} pair{'' if counts['pairs'] == 1 else 's'}")
     if not result.rows:
         return compared + ": no pair was formed, so nothing could be judged."
     introduced, first = result.first_introduced, result.first_divergence
