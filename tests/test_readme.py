@@ -26,3 +26,18 @@ def test_ci_script_runs_the_readme_test_command_verbatim() -> None:
     ci = (ROOT / ".ci" / "run").read_text()
     assert run_tests in ci.splitlines() or any(line.strip() == run_tests for line in ci.splitlines())
     assert ci.index("torch==2.13.0") < ci.index("-e '.[test]'")
+
+
+def test_readme_names_the_browser_and_its_install_command_and_ci_requires_it() -> None:
+    from headless_browser import INSTALL_HINT, REQUIRE_ENV
+
+    readme = (ROOT / "README.md").read_text()
+    assert "chromium" in readme and f"`{INSTALL_HINT}`" in readme and REQUIRE_ENV in readme
+    ci = (ROOT / ".ci" / "run").read_text()
+    _, run_tests = _readme_commands()
+    assert ci.index(f"export {REQUIRE_ENV}=1") < ci.index(run_tests)
+
+
+def test_the_default_output_folders_of_demo_and_compare_are_git_ignored() -> None:
+    ignored = (ROOT / ".gitignore").read_text().splitlines()
+    assert "llmcheck_demo/" in ignored and "llmcheck_compare/" in ignored

@@ -1,41 +1,35 @@
-"""report.html renders in a real browser (headless Chromium): summary, charts, table, no console error."""
+"""report.html tells the story at a glance, checked in a real browser (headless Chromium).
+
+The page: one sentence at the top, the headline chart of the error along the model's depth
+with the culprit named, the module heat map, the per-metric charts folded away (each drawing
+only the pairs its metric judged), a table that fits 1280 px with a details drawer per row.
+One self-contained file, no console error. A screenshot is saved for CI and the docs.
+"""
 
 from __future__ import annotations
 
+import copy
+import html
 import re
 import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
 import torch
 
-from compare_runs import capture_run, wrong_rmsnorm_epsilon
+from compare_runs import capture_run, scaled_weight
+from headless_browser import render, screenshot
 from llmcheck.core.compare import compare_dumps
 from llmcheck.core.plugins import get_plugins
 from llmcheck.core.report import write_reports
 
 pytestmark = pytest.mark.slow  # each test starts a browser (a few seconds)
 
-BROWSERS = ("chromium", "chromium-browser", "google-chrome")
-
-
-def _browser() -> str:
-    for name in BROWSERS:
-        found = shutil.which(name)
-        if found:
-            return found
-    pytest.fail("no headless browser found: apt-get install -y chromium (.ci/run does this)")
-
-
-def render(page: Path) -> tuple[str, str]:
-    """Return the DOM after the page's scripts ran, and the browser's log (console messages included)."""
-    completed = subprocess.run(
-        [_browser(), "--headless", "--disable-gpu", "--no-sandbox", "--enable-logging=stderr", "--v=0",
-         "--dump-dom", page.resolve().as_uri()],
-        capture_output=True, text=True, timeout=120)
-    assert completed.returncode == 0, completed.stderr[-2000:]
-    return completed.stdout, completed.stderr
+ROOT = Path(__file__).resolve().parent.parent
+DEFECT = "model.layers.3.mlp.down_proj"
+#: Where the screenshots go: out/ is ignored by git, CI keeps it as an artifact.
+SCREENSHOTS = ROOT / "out" / "screenshots"
+DOCS_IMAGE = ROOT / "docs" / "images" / "compare-report.png"
 
 
 def body_attributes(dom: str) -> str:
@@ -50,36 +44,139 @@ def console_errors(browser_log: str) -> list[str]:
     return [line for line in browser_log.splitlines() if "CONSOLE" in line or "Uncaught" in line]
 
 
+def section(dom: str, section_id: str) -> str:
+    """Return the rendered HTML of one <section> of the page."""
+    return dom.split(f'<section id="{section_id}">', 1)[1].split("</section>", 1)[0]
+
+
 @pytest.fixture(scope="module")
-def report_page(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def compared(tmp_path_factory: pytest.TempPathFactory):
+    """A six-layer Llama in float32 against its bfloat16 copy whose layer-3 MLP output projection is scaled by 1.05."""
     from llmcheck.bundled_model import random_llama
 
-    model = random_llama(seed=0)
-    input_ids = torch.tensor([[5, 9, 200, 31, 7, 64]])
+    model = random_llama(seed=0, num_layers=6)
+    input_ids = torch.tensor([[5, 9, 200, 31, 7, 64, 12, 250]])
     folder = tmp_path_factory.mktemp("html")
     golden = capture_run(model, input_ids, folder / "golden")
-    with wrong_rmsnorm_epsilon(model, "model.layers.1.input_layernorm", 0.5):
-        my = capture_run(model, input_ids, folder / "my")
+    model_bf16 = copy.deepcopy(model).to(torch.bfloat16)
+    with scaled_weight(model_bf16, DEFECT, 1.05):
+        my = capture_run(model_bf16, input_ids, folder / "my")
     plugins = get_plugins()
-    result = compare_dumps(plugins.load_tensors(golden), plugins.load_tensors(my), workers=1)
+    return compare_dumps(plugins.load_tensors(golden), plugins.load_tensors(my), workers=1), folder
+
+
+@pytest.fixture(scope="module")
+def report_page(compared) -> Path:
+    result, folder = compared
     return write_reports(result, folder / "report")["html"]
 
 
+@pytest.fixture(scope="module")
+def rendered(report_page: Path) -> tuple[str, str]:
+    return render(report_page)
+
+
 def test_report_is_one_self_contained_file(report_page: Path) -> None:
-    html = report_page.read_text()
-    assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", html)  # nothing fetched from a network
-    assert "<script src" not in html and "<link" not in html
+    text = report_page.read_text()
+    assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", text)  # nothing fetched from a network
+    assert "<script src" not in text and "<link" not in text
 
 
-def test_report_renders_in_headless_chromium_without_console_errors(report_page: Path) -> None:
-    dom, browser_log = render(report_page)
+def test_report_renders_without_console_errors_and_fits_1280_px(rendered: tuple[str, str]) -> None:
+    dom, browser_log = rendered
     assert console_errors(browser_log) == []
-    assert 'data-rendered="ok"' in body_attributes(dom) and "data-render-error" not in body_attributes(dom)
+    attributes = body_attributes(dom)
+    assert 'data-rendered="ok"' in attributes and "data-render-error" not in attributes
+    width = int(re.search(r'data-page-width="(\d+)"', attributes).group(1))
+    assert width <= 1280
+
+
+def test_the_story_is_one_sentence_at_the_top_naming_the_culprit_and_the_output_effect(compared, rendered) -> None:
+    result, _ = compared
+    dom, _ = rendered
+    story = html.unescape(re.search(r'<p class="story fail" id="story">(.*?)</p>', dom).group(1))
+    assert story.count(". ") == 0 and story.endswith(".")
+    assert f"{result.counts()['failures']} fail" in story
+    assert f"the error is introduced at {DEFECT} step 0 output.0 (Linear)" in story
+    assert "while its inputs agree" in story and "at the output (" in story and "next token" in story
+    assert dom.count('id="story"') == 1 and "first introduced divergence:" not in dom  # told once
+
+
+def test_headline_chart_plots_each_layer_and_names_the_culprit(compared, rendered) -> None:
+    result, _ = compared
+    dom, _ = rendered
+    headline = section(dom, "depth")
+    ticks = [html.unescape(tick) for tick in re.findall(r'<text class="tick"[^>]*>([^<]*)</text>', headline)]
+    assert ticks[:2] == ["embed_tokens", "rotary_emb"] and ticks[-2:] == ["norm", "lm_head"]
+    assert [tick for tick in ticks if tick.startswith("layers.")] == [f"layers.{i}" for i in range(6)]
+    culprit = re.search(r'<text id="culprit"[^>]*>([^<]*)</text>', headline).group(1)
+    assert culprit == f"introduced here: {DEFECT} step 0 output.0"
+    assert headline.count("<circle") == len(ticks)
+    verdicts = {row.golden.key.name: row.verdict for row in result.rows
+                if row.golden.key.io == "output" and row.golden.key.position == "0"}
+    failing = [name for name in verdicts if re.fullmatch(r"model\.(layers\.\d+|embed_tokens|norm)|lm_head", name)
+               and verdicts[name] == "fail"]
+    assert len(re.findall(r'<circle [^>]*fill="#c62828"', headline)) == len(failing)
+    assert re.search(r'<path id="culprit-point"', headline)  # the culprit's own error, in its layer
+
+
+def test_heat_map_has_layers_down_and_submodule_kinds_across_with_the_culprit_outlined(rendered) -> None:
+    dom, _ = rendered
+    heat = section(dom, "heat")
+    kinds = re.findall(r'<th class="kind"><span>([^<]*)</span>', heat)
+    assert kinds[0] == "input_layernorm" and {"self_attn.q_proj", "mlp.down_proj"} <= set(kinds)
+    assert re.findall(r"<th>layer (\d+)</th>", heat) == [str(i) for i in range(6)]
+    assert heat.count('class="culprit"') == 1
+    assert heat.count("<td") == 6 * len(kinds)
+
+
+def test_each_metric_chart_draws_only_the_pairs_it_judged(compared, rendered) -> None:
+    result, _ = compared
+    dom, _ = rendered
+    plots = section(dom, "plots")
+    assert '<details class="plots">' in plots  # folded away by default
+    judged = {spec.name: sum(1 for row in result.rows if row.metrics[spec.name].fail_threshold is not None)
+              for spec in result.metric_specs}
+    titles = [html.unescape(title) for title in re.findall(r'<div class="chart"><h3>([^<]*)</h3>', plots)]
+    assert len(titles) == len(result.metric_specs)
+    for title in titles:
+        name = title.split(" ", 1)[0]
+        expected = f"{judged[name]} pairs judged" if judged[name] else "no thresholds: reported, judges no pair"
+        assert expected in title, title
+
+
+def test_table_lists_every_pair_with_a_details_drawer(compared, report_page: Path, tmp_path: Path) -> None:
+    result, _ = compared
+    opened = tmp_path / "opened.html"
+    introduced = result.first_introduced
+    shutil.copy(report_page, opened)
+    dom, _ = render(opened)
     rows = re.findall(r'<tr class="row-(\w+)', dom)
-    assert len(rows) == len(get_plugins().load_tensors(next((report_page.parent.parent / "golden").iterdir())).records)
-    assert rows.count("fail") > 0 and rows.count("pass") > 0  # failing rows carry their highlight class
-    assert dom.count('<div class="chart">') == 9 and dom.count('class="series"') == 9  # one curve per metric
-    assert "first introduced divergence: </span>model.layers.1.input_layernorm step 0 output.0" in dom
+    assert len(rows) == len(result.rows) and rows.count("fail") == result.counts()["failures"]
+    assert dom.count("<button") >= len(result.rows)
+    dom_with_drawer, _ = render_with_hash(opened, f"details-{introduced.index}")
+    drawer = dom_with_drawer.split(f'id="drawer-{introduced.index}"', 1)[1].split("</tr>", 1)[0]
+    assert "<dt>op type</dt><dd>Linear</dd>" in drawer and "<dt>fed by</dt>" in drawer
+
+
+def render_with_hash(page: Path, fragment: str) -> tuple[str, str]:
+    """Render the page opened at ``#fragment`` (the page opens that row's drawer)."""
+    from headless_browser import browser_command
+    import subprocess
+
+    completed = subprocess.run(browser_command("--dump-dom", page.resolve().as_uri() + "#" + fragment),
+                               capture_output=True, text=True, timeout=120)
+    assert completed.returncode == 0, completed.stderr[-2000:]
+    return completed.stdout, completed.stderr
+
+
+def test_screenshot_of_the_report_is_saved_for_ci_and_the_docs(report_page: Path) -> None:
+    png = screenshot(report_page, SCREENSHOTS / "compare-report.png")
+    data = png.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    width, height = int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
+    assert (width, height) == (1280, 1400) and len(data) > 50_000  # a drawn page, not a blank one
+    assert DOCS_IMAGE.exists() and "images/compare-report.png" in (ROOT / "docs" / "commands" / "compare.md").read_text()
 
 
 def test_the_console_check_catches_a_broken_page(report_page: Path, tmp_path: Path) -> None:
@@ -88,3 +185,48 @@ def test_the_console_check_catches_a_broken_page(report_page: Path, tmp_path: Pa
     dom, browser_log = render(broken)
     assert 'data-rendered="ok"' not in body_attributes(dom)
     assert any("notDefinedAnywhere" in line for line in console_errors(browser_log))
+
+
+def test_the_expected_noise_band_and_growth_colouring_appear_when_the_verdict_gives_them(compared,
+                                                                                         tmp_path: Path) -> None:
+    import dataclasses
+
+    result, _ = compared
+    rows = [row.with_changes(expected_error=1e-6, growth=(50.0 if row.golden.key.name == DEFECT else 1.0),
+                             evidence="adds 50x the error its siblings add" if row.golden.key.name == DEFECT else "")
+            for row in result.rows]
+    page = write_reports(dataclasses.replace(result, rows=rows), tmp_path / "report")["html"]
+    dom, browser_log = render(page)
+    assert console_errors(browser_log) == []
+    headline = section(dom, "depth")
+    assert '<path class="envelope"' in headline and 'class="threshold-fail"' not in headline
+    assert "green band: the error expected from the precision alone" in headline
+    heat = section(dom, "heat")
+    assert re.search(r'<button type="button" class="mode" data-mode="growth" aria-pressed="false" title="">', heat)
+    story = html.unescape(re.search(r'id="story">(.*?)</p>', dom).group(1))
+    assert f"introduced at {DEFECT} step 0 output.0 (Linear): adds 50x the error its siblings add" in story
+    growth_view, _ = render_with_hash(page, "heat=growth")
+    cells = [(cls, int(green)) for cls, green in
+             re.findall(r'<td class="([^"]*)"[^>]*background: rgb\(\d+, (\d+), \d+\)', section(growth_view, "heat"))]
+    hottest = min(green for _, green in cells)  # the scale runs from pale yellow to red: least green is hottest
+    assert [cls for cls, green in cells if green == hottest] == ["culprit"]
+
+
+def test_a_report_of_two_tensor_files_without_layers_renders_too(tmp_path: Path,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    import numpy as np
+
+    from llmcheck.core.cli import main
+
+    np.save(tmp_path / "golden.npy", np.linspace(-1, 1, 4096, dtype=np.float32))
+    np.save(tmp_path / "my.npy", np.linspace(-1, 1, 4096, dtype=np.float32) * 1.01)
+    assert main(["compare", "-gp", str(tmp_path / "golden.npy"), "-mp", str(tmp_path / "my.npy"),
+                 "-o", str(tmp_path / "report")]) == 3
+    capsys.readouterr()
+    dom, browser_log = render(tmp_path / "report" / "report.html")
+    assert console_errors(browser_log) == [] and 'data-rendered="ok"' in body_attributes(dom)
+    story = html.unescape(re.search(r'id="story">(.*?)</p>', dom).group(1))
+    assert story.startswith("Compared my run my.npy (file) with golden golden.npy (file), 1 pair: 1 fail; "
+                            "the first failing tensor is tensor step 0 output.0: relative_euclidean_distance 0.0099")
+    assert section(dom, "depth").count("<circle") == 1
+    assert "no repeated layers found in the record names" in section(dom, "heat")

@@ -46,7 +46,26 @@ def _configure_logging(level: str) -> None:
     logging.getLogger("llmcheck").setLevel(numeric)
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+#: ``llmcheck --help``'s closing lines: an example per command and the exit codes (``\b`` keeps the layout).
+OVERVIEW_EPILOG = """\b
+Examples:
+  llmcheck demo                       the whole job on the bundled SmolLM2-135M
+  llmcheck dump --backend torch -o golden --exec "python infer.py"
+  llmcheck compare -gp golden -mp my -o report
+  llmcheck opcheck -i DUMP/tensors -o checks
+  llmcheck export onnx DUMP/layer/model.json --level 1
+  llmcheck plugins --json
+
+\b
+Exit codes:
+  0  done, nothing failed
+  1  llmcheck could not do the job (bad input, a broken dump)
+  2  usage error (a wrong flag or value)
+  3  done, and compare or opcheck found failing tensors or ops
+"""
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]}, epilog=OVERVIEW_EPILOG)
 @click.version_option(__version__, prog_name="llmcheck")
 def cli() -> None:
     """Find where an LLM's numbers go wrong: dump two runs, pair and compare every tensor, name the first divergence."""
@@ -55,7 +74,8 @@ def cli() -> None:
 # --- dump ------------------------------------------------------------------------------
 
 
-@cli.command(context_settings={"ignore_unknown_options": False})
+@cli.command(context_settings={"ignore_unknown_options": False},
+             short_help="Run a program with capture on and write a dump.")
 @click.option("--backend", default="torch", show_default=True, help="Dump backend (see 'llmcheck plugins').")
 @click.option("--exec", "exec_text", help='Command to run, e.g. --exec "python infer.py --x 1" (no shell).')
 @click.option("--type", "dump_types", multiple=True, type=click.Choice(DUMP_TYPES),
@@ -63,7 +83,8 @@ def cli() -> None:
 @click.option("-sd", "--only-save-desc", is_flag=True, help="Save tensor descriptions only, no data.")
 @click.option("-ids", "--save-operation-ids", default="", help="Dump only these op ids, e.g. 2,3_1.")
 @click.option("-er", "--execute-range", default="0,0", show_default=True,
-              help="Steps (tokens) to dump: inclusive pairs, e.g. 3,5,7,7, or 'all'.")
+              help="Steps (tokens) to dump, as closed ranges LOW,HIGH: 0,4 is steps 0 to 4, 3,5,7,7 is steps "
+                   "3, 4, 5 and 7; or 'all'. (In Python, DumpConfig(token_range=[0, 4]) lists steps: 0 and 4.)")
 @click.option("-child", "--save-operation-child", default="True", show_default=True,
               help="With -ids, also dump the children of the chosen ops (True/False).")
 @click.option("-time", "--save-time", default=3, type=int, show_default=True,
@@ -115,8 +136,9 @@ def dump(backend: str, exec_text: str | None, dump_types: Sequence[str], only_sa
 # --- compare ---------------------------------------------------------------------------
 
 
-@cli.command()
-@click.option("-gp", "--golden-path", required=True, type=click.Path(path_type=Path), help="Trusted run: a dump, a folder of dumps, or one tensor file.")
+@cli.command(short_help="Pair two runs, measure every pair, name where the error starts.")
+@click.option("-gp", "--golden-path", required=True, type=click.Path(path_type=Path),
+              help="Trusted run: a dump, a folder holding exactly one dump, or one tensor file.")
 @click.option("-mp", "--my-path", required=True, type=click.Path(path_type=Path), help="Run under suspicion, same kinds as --golden-path.")
 @click.option("--golden-source", default=None, help="Force the source plugin reading --golden-path (e.g. fx).")
 @click.option("--my-source", default=None, help="Force the source plugin reading --my-path (e.g. ge).")
@@ -136,7 +158,10 @@ def dump(backend: str, exec_text: str | None, dump_types: Sequence[str], only_sa
 def compare(golden_path: Path, my_path: Path, golden_source: str | None, my_source: str | None, output: Path,
             metrics: Sequence[str], mapping: Path | None, jobs: int | None, thresholds: Path | None,
             noise_path: Path | None, noise_source: str | None, log_level: str) -> None:
-    """Pair two runs, measure every pair, and name the first divergence."""
+    """Pair two runs, measure every pair, and name the first divergence.
+
+    Example: llmcheck compare -gp golden -mp my -o report
+    """
     _configure_logging(log_level)
     from llmcheck.core.compare import compare_command
 
@@ -150,7 +175,7 @@ def compare(golden_path: Path, my_path: Path, golden_source: str | None, my_sour
 # --- opcheck ---------------------------------------------------------------------------
 
 
-@cli.command()
+@cli.command(short_help="Recompute single ops from their dumped inputs, check outputs.")
 @click.option("-i", "--input", "tensor_dir", required=True, type=click.Path(path_type=Path), help="Tensor folder of a dump (ATB or torch op level).")
 @click.option("-c", "--csv-path", default=None, type=click.Path(path_type=Path), help="Op CSV of the dump (older ATB dumps).")
 @click.option("-o", "--output", default="./", show_default=True, type=click.Path(file_okay=False, path_type=Path), help="Folder for opcheck_result.csv.")
@@ -163,7 +188,10 @@ def compare(golden_path: Path, my_path: Path, golden_source: str | None, my_sour
 @log_level_option
 def opcheck(tensor_dir: Path, csv_path: Path | None, output: Path, operation_ids: str, operation_name: str | None,
             precision_metrics: Sequence[str], device_id: str | None, jobs: int | None, log_level: str) -> None:
-    """Check single operators offline: recompute each op from its dumped inputs and compare."""
+    """Check single operators offline: recompute each op from its dumped inputs and compare.
+
+    Example: llmcheck opcheck -i DUMP/tensors -o checks
+    """
     _configure_logging(log_level)
     ids = parse_operation_ids(operation_ids, "-ids/--operation-ids")
     names = parse_names(operation_name) if operation_name else []
@@ -178,7 +206,7 @@ def opcheck(tensor_dir: Path, csv_path: Path | None, output: Path, operation_ids
 # --- export ----------------------------------------------------------------------------
 
 
-@cli.group()
+@cli.group(short_help="Export a dump's topology as ONNX, for Netron.")
 def export() -> None:
     """Export a dump's topology for viewing (Netron)."""
 
@@ -200,7 +228,7 @@ def export_onnx(topology: Path, level: int, output: Path | None, log_level: str)
 # --- plugins ---------------------------------------------------------------------------
 
 
-@cli.command()
+@cli.command(short_help="List the installed plugins, backends, sources and metrics.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON: name, distribution, version, hooks.")
 def plugins(as_json: bool) -> None:
     """List the installed plugins and what they provide."""
@@ -229,7 +257,7 @@ def plugins(as_json: bool) -> None:
 # --- demo ------------------------------------------------------------------------------
 
 
-@cli.command()
+@cli.command(short_help="Run the whole job on a bundled real model, with a report.")
 @click.option("-o", "--output", default="./llmcheck_demo", show_default=True, type=click.Path(file_okay=False, path_type=Path),
               help="Folder for both dumps and the compare report.")
 @click.option("--dtype", "dtype", type=click.Choice(["fp32", "bf16", "fp16"]), default="fp32", show_default=True,

@@ -382,9 +382,8 @@ def compare_command(*, golden_path: Path, my_path: Path, golden_source: str | No
                          hint="add relative_euclidean_distance or cosine_similarity, or give --thresholds")
     user_mapping = load_user_mapping(Path(mapping_path)) if mapping_path is not None else None
     plugins = get_plugins()
-    golden = plugins.load_tensors(Path(golden_path), golden_source)
-    my = plugins.load_tensors(Path(my_path), my_source)
-    noise = plugins.load_tensors(Path(noise_path), noise_source) if noise_path is not None else None
+    golden, my = plugins.load_runs(Path(golden_path), golden_source, Path(my_path), my_source)
+    noise = plugins.load_tensors(Path(noise_path), noise_source, "--noise-source") if noise_path is not None else None
     result = compare_with_progress(golden, my, console=console, metric_names=[spec.name for spec in specs],
                                    user_mapping=user_mapping, threshold_overrides=overrides, workers=jobs,
                                    noise=noise)
@@ -396,10 +395,17 @@ def compare_command(*, golden_path: Path, my_path: Path, golden_source: str | No
     return EXIT_FAILURES_FOUND if counts["failures"] or counts["errors"] else EXIT_OK
 
 
-def compare_with_progress(golden: Dump, my: Dump, *, console: Any, **options: Any) -> CompareResult:
-    """Return :func:`compare_dumps` of two dumps while a progress bar counts the tensor bytes measured."""
+def compare_with_progress(golden: Dump, my: Dump, *, console: Any, progress_interval_s: float = 2.0,
+                          **options: Any) -> CompareResult:
+    """Return :func:`compare_dumps` of two dumps while a progress bar (a log line per tenth when piped) counts bytes."""
     from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
 
+    from llmcheck.core.progress_log import ProgressLog
+
+    if not console.is_terminal:  # a CI log or a pipe: a bar would draw nothing there
+        lines = ProgressLog("comparing", log, min_interval_s=progress_interval_s)
+        return compare_dumps(golden, my, on_pairs_known=lambda pairs, tensor_bytes: lines.start(tensor_bytes),
+                             on_measured=lines.advance, **options)
     with Progress(TextColumn("comparing"), BarColumn(), DownloadColumn(binary_units=False), TransferSpeedColumn(),
                   TimeRemainingColumn(), console=console, transient=True) as progress:
         task = progress.add_task("compare", total=None)

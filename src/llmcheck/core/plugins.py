@@ -26,7 +26,7 @@ from typing import Any
 import pluggy
 
 from llmcheck.core import hookspecs
-from llmcheck.core.errors import DumpFormatError, DumpNotFoundError, PluginError, UsageError
+from llmcheck.core.errors import DumpFormatError, DumpNotFoundError, LlmcheckError, PluginError, UsageError
 from llmcheck.core.records import (
     CaptureBackend,
     Dump,
@@ -145,20 +145,68 @@ class Plugins:
 
     # --- resolvers ---
 
-    def load_tensors(self, path: Path, source: str | None = None) -> Dump:
-        """Return the dump at ``path`` as read by the first plugin that claims it."""
+    def load_tensors(self, path: Path, source: str | None = None,
+                     source_flag: str = "--golden-source/--my-source") -> Dump:
+        """Return the dump at ``path`` as read by the first plugin that claims it.
+
+        ``source`` forces one source plugin; ``source_flag`` is the flag that forced it, named
+        in the error when the path is not that kind of dump (which then says what it is).
+        """
         path = Path(path)
         if source is not None and source not in self.sources():
             known = ", ".join(sorted(self.sources())) or "none"
             raise UsageError(f"unknown dump source {source!r}", where=path, hint=f"known sources: {known}")
         if not path.exists():
-            raise DumpNotFoundError("no such file or directory", where=path)
+            raise DumpNotFoundError("no such file or directory", where=path,
+                                    hint="check the path: give a dump folder, a folder holding one dump, "
+                                         "or a tensor file")
         dump = self.manager.hook.llmcheck_load_tensors(path=path, source=source)
+        if dump is not None:
+            return dump
+        known = ", ".join(sorted(self.sources())) or "none"
+        if source is None:
+            raise DumpNotFoundError("no plugin recognises this as a dump", where=path,
+                                    hint=f"known sources: {known}; 'llmcheck plugins' lists what each reads")
+        actual = self._what_it_is(path)
+        if actual is None:
+            raise DumpNotFoundError(f"not a {source} dump, nor any other kind llmcheck reads", where=path,
+                                    hint=f"check the path; known sources: {known}")
+        name, what = actual
+        raise DumpNotFoundError(f"not a {source} dump: it is {what}", where=path,
+                                hint=f"drop {source_flag} to read it as {name}, or give the path of the {source} dump")
+
+    def load_runs(self, golden_path: Path, golden_source: str | None, my_path: Path,
+                  my_source: str | None) -> tuple[Dump, Dump]:
+        """Return the golden and my dumps; when both paths are wrong, one error names both problems."""
+        loaded: list[Dump] = []
+        problems: list[LlmcheckError] = []
+        sides = ((golden_path, golden_source, "--golden-source"), (my_path, my_source, "--my-source"))
+        for path, source, flag in sides:
+            try:
+                loaded.append(self.load_tensors(path, source, flag))
+            except LlmcheckError as exc:
+                problems.append(exc)
+        if len(problems) == 1:
+            raise problems[0]
+        if problems:
+            both = LlmcheckError("; ".join(problem.one_line() for problem in problems))
+            both.exit_code = max(problem.exit_code for problem in problems)
+            raise both
+        return loaded[0], loaded[1]
+
+    def _what_it_is(self, path: Path) -> tuple[str, str] | None:
+        """Return the source name that reads ``path`` and words for what it holds (``an llmcheck torch dump``)."""
+        try:
+            dump = self.manager.hook.llmcheck_load_tensors(path=path, source=None)
+        except LlmcheckError:
+            return None
         if dump is None:
-            known = ", ".join(sorted(self.sources())) or "none"
-            what = f"not a {source} dump" if source else "no plugin recognises this as a dump"
-            raise DumpNotFoundError(what, where=path, hint=f"known sources: {known}; force one with --golden-source/--my-source")
-        return dump
+            return None
+        backend = dump.manifest.get("backend")
+        if isinstance(backend, str) and backend:
+            article = "an" if dump.source[:1].lower() in "aefilmnorsx" else "a"  # as spoken: "an llmcheck", "an fx"
+            return dump.source, f"{article} {dump.source} {backend} dump"
+        return dump.source, f"what source {dump.source!r} reads ({self.sources()[dump.source].description})"
 
     def map_pairs(self, golden: Dump, my: Dump, user_mapping: UserMapping | None) -> list[Pair]:
         """Return every pair proposed by every plugin (the core resolves competing proposals)."""
@@ -172,7 +220,8 @@ class Plugins:
         """Return the ONNX file written from a topology file by the first plugin that claims it."""
         topology_path = Path(topology_path)
         if not topology_path.is_file():
-            raise DumpNotFoundError("no such topology file", where=topology_path)
+            raise DumpNotFoundError("no such topology file", where=topology_path,
+                                    hint="check the path; a dump's topology is its layer/model JSON file")
         if output_path is not None:
             _check_onnx_output(Path(output_path), topology_path)
         written = self.manager.hook.llmcheck_export_onnx(topology_path=topology_path, level=level,

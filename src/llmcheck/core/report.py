@@ -13,6 +13,7 @@ import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
+from llmcheck.core.depth_profile import error_measure, row_error
 from llmcheck.core.pairing import write_pairs_json
 from llmcheck.core.records import VERDICT_ERROR, VERDICT_FAIL, VERDICT_WARN, ComparisonRow, TensorStats
 
@@ -174,13 +175,29 @@ _SEVERITY = {VERDICT_FAIL: 3, VERDICT_ERROR: 2, VERDICT_WARN: 1}
 
 
 def worst_rows(result: "CompareResult", count: int = 10) -> list[ComparisonRow]:
-    """Return up to ``count`` non-passing rows, worst first (verdict, NaN/Inf mismatch, relative error)."""
+    """Return up to ``count`` non-passing rows, worst first: verdict, NaN/Inf mismatch, then the error measure."""
+    measure = error_measure(result.metric_specs)
+
     def badness(row: ComparisonRow) -> tuple[int, int, float]:
-        error = row.metrics.get("relative_euclidean_distance")
-        value = error.value if error is not None and not math.isnan(error.value) else 0.0
+        error = row_error(row, measure)
+        value = -1.0 if error is None or math.isnan(error) else error
         return _SEVERITY.get(row.verdict, 0), row.nonfinite_mismatch, value
 
     return sorted((row for row in result.rows if row.verdict in _SEVERITY), key=badness, reverse=True)[:count]
+
+
+def measure_text(row: ComparisonRow) -> str:
+    """Return the deciding metric against its fail threshold in the metric's own direction (``psnr 10 < 20``)."""
+    deciding = row.metrics.get(row.deciding_metric or "")
+    if deciding is None or deciding.fail_threshold is None:
+        return row.reason or row.verdict
+    if deciding.verdict == VERDICT_WARN and deciding.warn_threshold is not None:
+        return (f"{deciding.name} {describe(deciding.value)} {deciding.comparison} "
+                f"{describe(deciding.warn_threshold)} (warn threshold)")
+    if deciding.verdict == VERDICT_FAIL or math.isnan(deciding.value):
+        return f"{deciding.name} {describe(deciding.value)} {deciding.comparison} {describe(deciding.fail_threshold)}"
+    within = "\u2265" if deciding.higher_is_better else "\u2264"  # a passing value is on the good side
+    return f"{deciding.name} {describe(deciding.value)} {within} {describe(deciding.fail_threshold)}"
 
 
 def divergence_line(row: ComparisonRow) -> str:
@@ -189,14 +206,8 @@ def divergence_line(row: ComparisonRow) -> str:
     where = key.label()
     if row.my.key.name != key.name:
         where += f" (my: {row.my.key.name})"
-    deciding = row.metrics.get(row.deciding_metric or "")
-    if deciding is not None and deciding.fail_threshold is not None:
-        comparison = "<" if deciding.name in ("cosine_similarity", "sqnr") else ">"
-        measure = f"{deciding.name} {describe(deciding.value)} {comparison} {describe(deciding.fail_threshold)}"
-    else:
-        measure = row.reason or row.verdict
     attribution = f", {row.attribution}" if row.attribution else ""
-    return f"{where}: {measure}{attribution}"
+    return f"{where}: {measure_text(row)}{attribution}"
 
 
 def print_summary(result: "CompareResult", console: "Console", written: Mapping[str, Path] | None = None) -> None:
@@ -228,19 +239,31 @@ def print_summary(result: "CompareResult", console: "Console", written: Mapping[
             console.print(f"[bold]first introduced divergence: {divergence_line(introduced)}[/]", highlight=False)
             if introduced.fed_by:
                 console.print(f"  its inputs agree: {', '.join(introduced.fed_by)}", markup=False)
+            if introduced.evidence:
+                console.print(f"  evidence: {introduced.evidence}", markup=False, highlight=False)
     if result.golden.source == result.my.source == "file" and len(result.rows) <= 20:
         _print_metric_table(result, console)
     else:
-        worst = worst_rows(result)
-        if worst:
-            console.print(f"{len(worst)} worst rows (data_id, verdict, record, deciding metric, attribution):")
-            for row in worst:
-                deciding = row.metrics.get(row.deciding_metric or "")
-                measure = f"{row.deciding_metric} {describe(deciding.value)}" if deciding else row.reason
-                console.print(f"  {row.index:>5} [{_STYLE[row.verdict]}]{row.verdict:<5}[/] {row.golden.key.label()}  "
-                              f"{measure}  {row.attribution or '-'}", highlight=False)
+        _print_worst_rows(result, console)
     if written:
         console.print("wrote " + ", ".join(str(path) for path in written.values()), markup=False)
+
+
+def _print_worst_rows(result: "CompareResult", console: "Console") -> None:
+    """Print the worst rows with the measure they are sorted by (the error measure), and what decided each."""
+    worst = worst_rows(result)
+    if not worst:
+        return
+    measure = error_measure(result.metric_specs)
+    shown = measure.name if measure is not None else "deciding metric"
+    console.print(f"{len(worst)} worst rows by {shown} (data_id, verdict, record, {shown}, attribution, deciding):",
+                  highlight=False)
+    for row in worst:
+        error = row_error(row, measure)
+        value = describe(error) if error is not None else (row.reason or "-")
+        decided = "" if row.deciding_metric == (measure.name if measure else None) else f"  ({measure_text(row)})"
+        console.print(f"  {row.index:>5} [{_STYLE[row.verdict]}]{row.verdict:<5}[/] {row.golden.key.label()}  "
+                      f"{value}  {row.attribution or '-'}{decided}", highlight=False, markup=True)
 
 
 def _print_metric_table(result: "CompareResult", console: "Console") -> None:

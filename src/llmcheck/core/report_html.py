@@ -1,9 +1,13 @@
 """report.html: one self-contained file (inline CSS and JS, no network) a user opens in any browser.
 
-The page holds the summary, a chart of every metric along execution order (the error
-growth curve through the layers, thresholds and the first introduced divergence marked),
-and the table of pairs -- sortable, filterable, failing rows highlighted. The report data is
-embedded as JSON in the page (``report_template.html`` next to this module is the page).
+The page tells the story first: one sentence (what was compared, the verdict, the culprit
+and its evidence, the output effect), then the headline chart -- the error measure along the
+model's depth, the expected-noise envelope as a band, the introduced divergence marked and
+named -- and the module heat map (layers down, submodule kinds across). The per-metric
+charts (each drawing only the pairs that metric judged) are folded away; the table of pairs
+fits 1280 px, with a details drawer per row. The page names no metric: the error measure is
+the metric holding that role, and each metric's direction comes with its results. The
+data is embedded as JSON (``report_template.html`` next to this module is the page).
 """
 
 from __future__ import annotations
@@ -13,7 +17,16 @@ from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from llmcheck.core.records import ComparisonRow
+from llmcheck.core.depth_profile import (
+    depth_points,
+    drawn_step,
+    error_measure,
+    heatmap,
+    introduced_point,
+    placement,
+    row_error,
+)
+from llmcheck.core.records import ComparisonRow, MetricSpec
 from llmcheck.core.report import json_safe
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -25,32 +38,58 @@ DATA_PLACEHOLDER = "/*LLMCHECK_DATA*/"
 UNMATCHED_LISTED = 500
 
 
-def _row_data(row: ComparisonRow, metric_names: list[str]) -> dict[str, Any]:
+def _row_data(row: ComparisonRow, metric_names: list[str], measure: MetricSpec | None) -> dict[str, Any]:
     key = row.golden.key
     results = [row.metrics.get(name) for name in metric_names]
     return {
         "id": row.index, "name": key.name, "call": key.call_index, "step": key.step, "io": key.io,
         "pos": key.position, "mn": row.my.key.name, "op": row.golden.op_type, "gd": row.golden.dtype,
         "md": row.my.dtype, "shape": str(list(row.golden.shape)), "v": row.verdict, "d": row.deciding_metric,
-        "a": row.attribution, "rule": row.rule, "why": row.reason, "fb": list(row.fed_by),
+        "a": row.attribution, "rule": row.rule, "why": row.reason, "fb": list(row.fed_by), "ja": row.judged_as,
         "m": [result.value if result else None for result in results],
         "wt": [result.warn_threshold if result else None for result in results],
         "ft": [result.fail_threshold if result else None for result in results],
+        "mv": [result.verdict if result and result.fail_threshold is not None else None for result in results],
+        "cmp": [result.comparison if result else None for result in results],
+        "e": row_error(row, measure), "fe": row.feeder_error, "g": row.growth, "x": row.expected_error,
+        "ne": row.noise_error, "st": row.structure or placement(row).structure,
+        "sg": list(row.sibling_growth) if row.sibling_growth else None, "sc": row.sibling_count, "ev": row.evidence,
+    }
+
+
+def _depth_views(result: "CompareResult", measure: MetricSpec | None) -> dict[str, Any]:
+    """Return the headline chart's points and the heat map of the drawn step."""
+    introduced, first = result.first_introduced, result.first_divergence
+    step = drawn_step(result.rows, introduced, first)
+    if step is None:
+        return {"step": None, "points": [], "introduced": None, "culprit": None, "culprit_error": None, "heatmap": None}
+    points = depth_points(result.rows, step, measure)
+    return {
+        "step": step, "points": points, "introduced": introduced_point(points, introduced),
+        "culprit": introduced.golden.key.label() if introduced is not None else None,
+        "culprit_error": row_error(introduced, measure) if introduced is not None else None,
+        "heatmap": heatmap(result.rows, step, measure),
     }
 
 
 def report_data(result: "CompareResult") -> dict[str, Any]:
     """Return what the page shows, as JSON-safe data."""
+    from llmcheck.core.report_story import story
     from llmcheck.core.stats_compare import DECIDING_STAT
 
     plotted = [(spec.name, spec.higher_is_better) for spec in result.metric_specs]
     if any(DECIDING_STAT in row.metrics for row in result.rows):  # statistics-only pairs: plot what judged them
         plotted.append((DECIDING_STAT, False))
     metric_names = [name for name, _ in plotted]
+    measure = error_measure(result.metric_specs)
     return json_safe({
         "summary": result.summary(),
+        "story": story(result),
+        "error_measure": measure.name if measure is not None else None,
         "metrics": [{"name": name, "higher_is_better": higher} for name, higher in plotted],
-        "rows": [_row_data(row, metric_names) for row in sorted(result.rows, key=lambda row: row.golden.order)],
+        "rows": [_row_data(row, metric_names, measure)
+                 for row in sorted(result.rows, key=lambda row: row.golden.order)],
+        "depth": _depth_views(result, measure),
         "unmatched_golden": [[item.record.key.label(), item.note]
                              for item in result.pairing.unmatched_golden[:UNMATCHED_LISTED]],
         "unmatched_my": [[item.record.key.label(), item.note] for item in result.pairing.unmatched_my[:UNMATCHED_LISTED]],

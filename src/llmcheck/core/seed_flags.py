@@ -7,6 +7,7 @@ is one clear usage error naming the flag.
 
 from __future__ import annotations
 
+import logging
 import re
 import shlex
 from typing import Sequence
@@ -15,6 +16,10 @@ from llmcheck.core.errors import UsageError
 
 DUMP_TYPES = ("model", "layer", "op", "kernel", "tensor", "cpu_profiling", "onnx", "stats")
 LOG_LEVELS = ("debug", "info", "warning", "warn", "error", "fatal", "critical")
+log = logging.getLogger("llmcheck.cli")
+
+#: Shell operators: inside ``--exec`` they reach the program as plain arguments (no shell runs it).
+SHELL_OPERATORS = frozenset({">", ">>", "<", "2>", "2>>", "&>", "2>&1", "|", "|&", "||", "&&", ";", "&"})
 _OP_ID = re.compile(r"^\d+(_\d+)*$")
 _TRUE = {"true", "1", "yes", "y", "on"}
 _FALSE = {"false", "0", "no", "n", "off"}
@@ -89,6 +94,13 @@ def split_command(exec_text: str | None, trailing: Sequence[str]) -> list[str]:
         raise UsageError(f"cannot split the command: {exc}", where="--exec") from exc
     if not argv:
         raise UsageError("the command is empty", where="--exec")
+    operators = [arg for arg in argv if arg in SHELL_OPERATORS]
+    if operators:
+        named = list(dict.fromkeys(operators))
+        what = f"{named[0]!r} reaches the program as a plain argument" if len(named) == 1 else \
+            f"{', '.join(map(repr, named))} reach the program as plain arguments"
+        log.warning("--exec: %s: the command runs without a shell (write the command, redirections included, into "
+                    "a shell script and pass --exec \"bash run.sh\")", what)
     return argv
 
 

@@ -19,7 +19,7 @@ def read_structured_file(path: Path) -> Any:
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError as exc:
-        raise UsageError("no such file", where=path) from exc
+        raise UsageError("no such file", where=path, hint="check the path") from exc
     except (OSError, UnicodeDecodeError) as exc:
         raise UsageError(f"cannot read the file: {exc}", where=path) from exc
     if path.suffix.lower() in (".yaml", ".yml"):

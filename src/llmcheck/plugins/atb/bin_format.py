@@ -119,7 +119,7 @@ def _read_header_bytes(path: Path) -> tuple[bytes, int, int]:
     try:
         handle = open(path, "rb")
     except FileNotFoundError as exc:
-        raise _fail(path, "no such file", None) from exc
+        raise _fail(path, "no such file", None, "check the path; ATB tensors are the .bin files of a dump") from exc
     except OSError as exc:
         raise _fail(path, f"cannot open: {exc.strerror}", None) from exc
     with handle:

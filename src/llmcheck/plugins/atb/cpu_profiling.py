@@ -33,7 +33,7 @@ def parse_cpu_profiling_text(path: Path) -> dict[str, dict[str, str]]:
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError as exc:
-        raise DumpFormatError("no such cpu profiling file", where=path) from exc
+        raise DumpFormatError("no such cpu profiling file", where=path, hint="check the path") from exc
     except UnicodeDecodeError as exc:
         raise DumpFormatError("cpu profiling file is not UTF-8 text", where=path, offset=exc.start) from None
     latest: dict[str, dict[str, str]] = {}
@@ -108,7 +108,7 @@ def read_cpu_profiling_csv(path: Path) -> dict[str, dict[str, float]]:
         with open(path, encoding="utf-8", newline="") as handle:
             rows = list(csv.DictReader(handle))
     except FileNotFoundError as exc:
-        raise DumpFormatError("no such cpu profiling CSV", where=path) from exc
+        raise DumpFormatError("no such cpu profiling CSV", where=path, hint="check the path") from exc
     by_op: dict[str, dict[str, float]] = {}
     for row_number, row in enumerate(rows, start=2):
         op_name = row.get("opname")

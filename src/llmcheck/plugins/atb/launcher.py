@@ -151,7 +151,8 @@ class AtbCaptureBackend:
         try:
             completed = subprocess.run(list(request.command), env=environment, check=False)
         except FileNotFoundError as exc:
-            raise UsageError(f"cannot run {request.command[0]!r}: no such program", where="--exec") from exc
+            raise UsageError(f"cannot run {request.command[0]!r}: no such program", where="--exec",
+                             hint="check the program name, or give its full path") from exc
         except PermissionError as exc:
             raise UsageError(f"cannot run {request.command[0]!r}: permission denied", where="--exec") from exc
         except KeyboardInterrupt:

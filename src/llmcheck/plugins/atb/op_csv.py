@@ -83,7 +83,7 @@ def read_op_csv(path: Path) -> list[OpCsvRow]:
     try:
         text = path.read_bytes().decode("utf-8")
     except FileNotFoundError as exc:
-        raise DumpFormatError("no such op CSV", where=path) from exc
+        raise DumpFormatError("no such op CSV", where=path, hint="check the path given with -c/--csv-path") from exc
     except UnicodeDecodeError as exc:
         raise DumpFormatError("op CSV is not UTF-8 text", where=path, offset=exc.start) from None
     lines = text.splitlines(keepends=True)

@@ -118,7 +118,7 @@ def read_topology(path: Path) -> AtbGraphNode:
     try:
         document = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError as exc:
-        raise DumpFormatError("no such topology file", where=path) from exc
+        raise DumpFormatError("no such topology file", where=path, hint="check the path") from exc
     except UnicodeDecodeError as exc:
         raise DumpFormatError("topology is not UTF-8 text", where=path, offset=exc.start) from None
     except json.JSONDecodeError as exc:

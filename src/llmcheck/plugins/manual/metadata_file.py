@@ -61,7 +61,7 @@ def read_metadata(path: Path) -> dict[str, dict[str, Any]]:
     try:
         text = Path(path).read_text(encoding="utf-8")
     except FileNotFoundError as exc:
-        raise DumpFormatError("no such metadata file", where=path) from exc
+        raise DumpFormatError("no such metadata file", where=path, hint="check the path") from exc
     except OSError as exc:
         raise DumpFormatError(f"cannot read: {exc.strerror}", where=path) from exc
     try:

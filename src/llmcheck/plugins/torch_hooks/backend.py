@@ -127,7 +127,8 @@ class TorchCaptureBackend:
         try:
             completed = subprocess.run(command, env=env, check=False)
         except FileNotFoundError as exc:
-            raise UsageError(f"cannot run {command[0]!r}: no such program", where="--exec") from exc
+            raise UsageError(f"cannot run {command[0]!r}: no such program", where="--exec",
+                             hint="check the program name, or give its full path") from exc
         except PermissionError as exc:
             raise UsageError(f"cannot run {command[0]!r}: permission denied", where="--exec") from exc
         exit_code = completed.returncode if completed.returncode >= 0 else 128 - completed.returncode

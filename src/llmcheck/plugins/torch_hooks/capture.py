@@ -197,6 +197,7 @@ class CaptureSession:
             self._write_topology()
         finally:
             self.writer.close()
+            self.sink.finish()
         if self._graph is not None:
             write_graph_onnx(self._graph, self.path / ONNX_FILE, type(self.model).__name__)  # type: ignore[operator]
 
@@ -351,7 +352,7 @@ class CaptureSession:
         if self._dumping:
             self._dumping = False
             self.steps_dumped.append(self.step)
-            self.sink.hand_over()  # type: ignore[union-attr]
+            self.sink.hand_over(finished_step=self.step)  # type: ignore[union-attr]
         if self.writer is not None:
             self._write_topology()
 

@@ -35,6 +35,7 @@ from llmcheck.core.records import DTYPE_ITEMSIZE, RecordKey, TensorRecord
 from llmcheck.core.statistics import segmented_stats_vectors, stats_from_vectors, stats_vector
 from llmcheck.core.store import DumpWriter
 from llmcheck.core.tensor_io import dtype_name
+from llmcheck.plugins.torch_hooks.dump_progress import DumpProgress
 
 #: CPU tensors up to this many elements are measured with their batch, not one by one.
 SMALL_TENSOR_ELEMENTS = 1 << 16
@@ -151,8 +152,12 @@ def synchronize(devices: Iterable[torch.device]) -> None:
 class TensorSink:
     """Collects captured tensors of one dump and hands them to the :class:`DumpWriter` in batches."""
 
-    def __init__(self, writer: DumpWriter, *, rank: int, statistics_only: bool, max_pending_bytes: int) -> None:
+    def __init__(self, writer: DumpWriter, *, rank: int, statistics_only: bool, max_pending_bytes: int,
+                 progress: DumpProgress | None = None) -> None:
         self.writer = writer
+        #: told of every batch handed over (``None``: nobody is watching, see :mod:`.dump_progress`)
+        self.progress = progress if progress is not None else DumpProgress.for_this_process()
+        self.bytes_handed_over = 0
         self.rank = rank
         self.statistics_only = statistics_only
         self.max_pending_bytes = max_pending_bytes
@@ -217,10 +222,14 @@ class TensorSink:
         self._identities += 1
         return self._identities
 
-    def hand_over(self) -> None:
-        """Measure the batch's deferred copies, move device ones to the host (one sync), write and flush."""
+    def hand_over(self, finished_step: int | None = None) -> None:
+        """Measure the batch's deferred copies, move device ones to the host (one sync), write and flush.
+
+        ``finished_step`` is the step this hand-over closes (``None`` mid-step or at close).
+        """
         batch, self._batch = self._batch, _Batch()
         if not batch.records:
+            self._tell_progress(finished_step, step_done=True)
             return
         slots = batch.slots
         vectors: list[torch.Tensor] = [slot.vector for slot in slots]  # type: ignore[misc]
@@ -249,4 +258,18 @@ class TensorSink:
             )
             self.writer.add(record, slots[pending.slot].host if has_slot else None)  # type: ignore[index]
         self.records_added += len(batch.records)
+        self.bytes_handed_over += sum(slot.host.numel() * slot.host.element_size() for slot in slots
+                                      if slot.host is not None)
         self.writer.flush()
+        self._tell_progress(batch.records[-1].key.step if finished_step is None else finished_step,
+                            step_done=finished_step is not None)
+
+    def _tell_progress(self, step: int | None, *, step_done: bool) -> None:
+        if self.progress is not None and step is not None:
+            self.progress.batch_written(step=step, records=self.records_added, tensor_bytes=self.bytes_handed_over,
+                                        step_done=step_done)
+
+    def finish(self) -> None:
+        """End the progress display (the dump is complete)."""
+        if self.progress is not None:
+            self.progress.close()

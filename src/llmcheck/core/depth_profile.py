@@ -1,0 +1,151 @@
+"""The error along the model's depth: the headline chart's points and the module heat map of a compare.
+
+A user looks for where the error starts. Two views answer that at a glance:
+
+* the *depth profile*: the error measure of each decoder layer's output and of the named
+  modules around the layers (embedding, final norm, head), in execution order, with the
+  expected-noise envelope of each point and the introduced divergence marked;
+* the *module heat map*: decoder layers down, submodule kinds across (``input_layernorm``,
+  ``self_attn.q_proj``, ..., ``mlp.down_proj``), each cell one submodule's output -- one
+  repeated-structure outlier stands out in a column.
+
+Rows carry ``structure`` and ``layer_index`` from the verdict; older results without them
+get the same from the record name here (the first all-digit path part is the layer index).
+Only one step is drawn: the introduced divergence's, else the first divergence's, else the first.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from llmcheck.core.records import IO_OUTPUT, ComparisonRow, MetricSpec
+
+_INDEX_PART = re.compile(r"(?<![^./])(\d+)(?=[./]|$)")
+#: Heat map columns beyond this many submodule kinds are left out (op-level dumps have hundreds).
+MAX_HEATMAP_KINDS = 40
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """Where a record sits in the repeated structure: the name with the index abstracted, the index, the block."""
+
+    structure: str
+    layer_index: int | None
+    block: str  # the repeated block's own name (``model.layers.3``), "" outside any
+    kind: str  # the part after the block (``mlp.down_proj``), "" for the block itself or outside
+
+
+def placement(row: ComparisonRow) -> Placement:
+    """Return the row's place in the repeated structure (from the verdict's fields, else from its name)."""
+    name = row.golden.key.name
+    match = _INDEX_PART.search(name)
+    structure, index = row.structure, row.layer_index
+    if not structure:
+        structure = name if match is None else f"{name[:match.start()]}{{i}}{name[match.end():]}"
+        index = None if match is None else int(match.group(1))
+    if index is None or match is None:
+        return Placement(structure, None, "", "")
+    block = name[:match.end()]
+    return Placement(structure, index, block, name[match.end():].lstrip("./"))
+
+
+def error_measure(specs: Sequence[MetricSpec]) -> MetricSpec | None:
+    """Return the registered metric holding the error-measure role, if any."""
+    return next((spec for spec in specs if spec.error_measure), None)
+
+
+def row_error(row: ComparisonRow, measure: MetricSpec | None) -> float | None:
+    """Return the row's value of the error measure (the verdict's ``error``, else the measured metric)."""
+    if row.error is not None:
+        return row.error
+    result = row.metrics.get(measure.name) if measure is not None else None
+    return result.value if result is not None else None
+
+
+def drawn_step(rows: Sequence[ComparisonRow], introduced: ComparisonRow | None,
+               first: ComparisonRow | None) -> int | None:
+    """Return the step the depth views show."""
+    for row in (introduced, first):
+        if row is not None:
+            return row.golden.key.step
+    return min((row.golden.key.step for row in rows), default=None)
+
+
+def _main_outputs(rows: Sequence[ComparisonRow], step: int) -> list[ComparisonRow]:
+    """Return the first output tensor of each call's first run in ``step`` (one row per module), in execution order."""
+    chosen: dict[str, ComparisonRow] = {}
+    for row in sorted(rows, key=lambda row: row.golden.order):
+        key = row.golden.key
+        if key.step == step and key.io == IO_OUTPUT and key.call_index == 0 and key.name not in chosen:
+            chosen[key.name] = row
+    return list(chosen.values())
+
+
+def _point_label(name: str, place: Placement) -> str:
+    if place.block == name:
+        return ".".join(name.split(".")[-2:])  # layers.3
+    return name.rsplit(".", 1)[-1]
+
+
+def depth_points(rows: Sequence[ComparisonRow], step: int, measure: MetricSpec | None) -> list[dict[str, Any]]:
+    """Return the headline chart's points: each decoder layer's output and each named module around the layers."""
+    outputs = _main_outputs(rows, step)
+    places = {row.golden.key.name: placement(row) for row in outputs}
+    blocks = {place.block for place in places.values() if place.block}
+    points = []
+    for row in outputs:
+        name = row.golden.key.name
+        place = places[name]
+        if blocks:
+            inside_block = place.block and place.block != name
+            holds_blocks = any(block.startswith(name + ".") for block in blocks) or name == "root"
+            if inside_block or holds_blocks:
+                continue
+        deciding = row.metrics.get(measure.name) if measure is not None else None
+        points.append({
+            "id": row.index, "name": name, "label": _point_label(name, place), "layer": place.layer_index,
+            "error": row_error(row, measure), "expected": row.expected_error, "verdict": row.verdict,
+            "fail": deciding.fail_threshold if deciding is not None else None,
+        })
+    return points
+
+
+def introduced_point(points: Sequence[dict[str, Any]], introduced: ComparisonRow | None) -> int | None:
+    """Return the index of the point holding the introduced divergence (the point itself or the layer around it)."""
+    if introduced is None:
+        return None
+    name = introduced.golden.key.name
+    for index, point in enumerate(points):
+        if name == point["name"] or name.startswith((point["name"] + ".", point["name"] + "/")):
+            return index
+    return None
+
+
+def heatmap(rows: Sequence[ComparisonRow], step: int, measure: MetricSpec | None) -> dict[str, Any] | None:
+    """Return the module heat map (layers down, submodule kinds across), or ``None`` without repeated blocks."""
+    cells: dict[tuple[int, str], ComparisonRow] = {}
+    kinds: dict[str, int] = {}
+    for row in _main_outputs(rows, step):
+        place = placement(row)
+        if place.layer_index is None or not place.kind:
+            continue
+        kinds[place.kind] = kinds.get(place.kind, 0) + 1
+        cells.setdefault((place.layer_index, place.kind), row)
+    if not cells:
+        return None
+    kept = [kind for kind, _ in sorted(kinds.items(), key=lambda item: -item[1])[:MAX_HEATMAP_KINDS]]
+    kept_set = set(kept)
+    columns = [kind for kind in kinds if kind in kept_set]  # first-run order
+    layers = sorted({layer for layer, _ in cells})
+
+    def cell(row: ComparisonRow | None) -> dict[str, Any] | None:
+        if row is None:
+            return None
+        return {"id": row.index, "error": row_error(row, measure), "growth": row.growth,
+                "verdict": row.verdict, "attribution": row.attribution}
+
+    return {"layers": layers, "kinds": columns, "cells": [[cell(cells.get((layer, kind))) for kind in columns]
+                                                          for layer in layers]}
+
