@@ -162,6 +162,9 @@ class TensorRecord:
     the topology, ``op_type`` the module class, ATen overload or accelerator op type.
     ``source_path`` is where a user finds the tensor on disk (shown in reports).
     ``attrs`` carries source-specific facts (op parameters, recorded call arguments).
+    ``digest`` is a checksum of the tensor's bytes that the source recorded instead of (or
+    besides) the data (msprobe's md5 mode); two records whose sources recorded digests the
+    same way are bit-identical exactly when their digests are equal.
     """
 
     key: RecordKey
@@ -176,6 +179,7 @@ class TensorRecord:
     data: TensorData | None = None
     source_path: str = ""
     attrs: Mapping[str, Any] = field(default_factory=dict)
+    digest: str | None = None
 
     @property
     def numel(self) -> int:
