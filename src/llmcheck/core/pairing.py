@@ -14,6 +14,11 @@ user pair (priority 100). A mapping file may instead hold name patterns, JSON or
 
     {"model.layers.*.mlp": "decoder.blocks.*.ffn"}          # golden pattern -> my pattern
     [{"golden": "lm_head", "my": "output_layer"}]            # the same as a list
+    [{"golden": "*.down_proj", "rule": "tp_unshard(sum)"}]   # a rule for a pairing plugin
+
+A rule entry states how records whose golden name matches are to be paired; the pairing
+plugin whose rule it names reads it from :attr:`UserMapping.rules` (the tensor-parallel
+rules, ``docs/commands/compare.md``).
 
 ``*`` matches any run of characters; records pair when the parts matched by the ``*`` agree
 and their io, position, step and call index agree. The seed tool's ``-mf FOLDER`` (a folder
@@ -97,8 +102,11 @@ def merge_pairs(golden: Dump, my: Dump, proposals: Sequence[Pair]) -> Pairing:
 
 def key_to_json(key: RecordKey) -> dict[str, Any]:
     """Return a record key as the JSON object pairs.json uses."""
-    return {"name": key.name, "io": key.io, "position": key.position, "step": key.step,
-            "call_index": key.call_index, "moment": key.moment}
+    document = {"name": key.name, "io": key.io, "position": key.position, "step": key.step,
+                "call_index": key.call_index, "moment": key.moment}
+    if key.rank:  # only multi-rank runs name a rank: single-process pairs.json files stay as they were
+        document["rank"] = key.rank
+    return document
 
 
 def key_from_json(value: Any, where: Path, what: str) -> RecordKey:
@@ -108,9 +116,9 @@ def key_from_json(value: Any, where: Path, what: str) -> RecordKey:
     try:
         return RecordKey(name=value["name"], io=str(value.get("io", "output")), position=str(value.get("position", "0")),
                          step=int(value.get("step", 0)), call_index=int(value.get("call_index", 0)),
-                         moment=str(value.get("moment", "after")))
+                         moment=str(value.get("moment", "after")), rank=int(value.get("rank", 0)))
     except (TypeError, ValueError) as exc:
-        raise UsageError(f"{what}: step and call_index must be integers", where=where) from exc
+        raise UsageError(f"{what}: step, call_index and rank must be integers", where=where) from exc
 
 
 def write_pairs_json(path: Path, pairing: Pairing, golden: Dump, my: Dump) -> None:
@@ -139,6 +147,7 @@ def load_user_mapping(path: Path) -> UserMapping:
     if path.is_dir():  # the seed tool's -mf took a folder holding op_mapping_file.json
         path = path / SEED_MAPPING_NAME
     content = read_structured_file(path)
+    rules: list[tuple[str, str]] = []
     if isinstance(content, Mapping) and content.get("format") == PAIRS_FORMAT:
         pairs = content.get("pairs")
         if not isinstance(pairs, list):
@@ -156,8 +165,12 @@ def load_user_mapping(path: Path) -> UserMapping:
     elif isinstance(content, list):
         items = []
         for position, entry in enumerate(content, start=1):
+            if isinstance(entry, Mapping) and "rule" in entry and "my" not in entry:
+                rules.append(_rule_entry(entry, position, path))
+                continue
             if not isinstance(entry, Mapping) or "golden" not in entry or "my" not in entry:
-                raise UsageError(f"entry {position} needs 'golden' and 'my' name patterns", where=path)
+                raise UsageError(f"entry {position} needs 'golden' and 'my' name patterns "
+                                 "(or 'golden' and a 'rule')", where=path)
             items.append((entry["golden"], entry["my"]))
     else:
         raise UsageError("a mapping file holds {golden pattern: my pattern} or a list of {golden, my}", where=path)
@@ -168,4 +181,13 @@ def load_user_mapping(path: Path) -> UserMapping:
         if golden_pattern.count("*") != my_pattern.count("*"):
             raise UsageError(f"mapping {golden_pattern!r} -> {my_pattern!r}: both sides need the same number of '*'",
                              where=path)
-    return UserMapping(path=path, entries=tuple((str(g), str(m)) for g, m in items))
+    return UserMapping(path=path, entries=tuple((str(g), str(m)) for g, m in items), rules=tuple(rules))
+
+
+def _rule_entry(entry: Mapping[str, Any], position: int, path: Path) -> tuple[str, str]:
+    """Return ``(golden name pattern, rule)`` of a ``{"golden": pattern, "rule": text}`` entry."""
+    pattern, rule = entry.get("golden"), entry.get("rule")
+    if not isinstance(pattern, str) or not pattern or not isinstance(rule, str) or not rule:
+        raise UsageError(f"entry {position}: a rule entry needs a 'golden' name pattern and a 'rule' text",
+                         where=path)
+    return pattern, rule

@@ -36,6 +36,7 @@ from llmcheck.core.records import (
     TensorData,
     TensorRecord,
     TensorStats,
+    merge_rank_dumps,
 )
 from llmcheck.plugins.msprobe.entry_names import parent_name, parse_entry_name
 from llmcheck.plugins.msprobe.tensor_files import TENSOR_SUFFIXES, tensor_loader
@@ -106,10 +107,19 @@ def load_msprobe_dump(path: Path) -> Dump | None:
     if not folders:
         return None
     ranks = sorted({folder.rank for folder in folders})
-    if len(ranks) > 1:
+    if len(set(folder.path.name for folder in folders if folder.step == folders[0].step)) > len(ranks):
         listing = ", ".join(str(folder.path) for folder in folders if folder.step == folders[0].step)
-        raise DumpNotFoundError(f"holds the msprobe dumps of {len(ranks)} ranks: {listing}", where=path,
-                                hint="pass one rank folder (step*/rank*)")
+        raise DumpNotFoundError(f"holds the msprobe dumps of several processes of one rank: {listing}",
+                                where=path, hint="pass one step*/proc* folder")
+    root = folders[0].path if len(folders) == 1 else Path(path)
+    rank_dumps = [_rank_dump([folder for folder in folders if folder.rank == rank], root) for rank in ranks]
+    if len(rank_dumps) == 1:
+        return rank_dumps[0]
+    return merge_rank_dumps(rank_dumps, ranks, root)  # the ranks of one distributed run, read as one run
+
+
+def _rank_dump(folders: list[RankFolder], root: Path) -> Dump:
+    """Return every step of one rank as a dump."""
     records: list[TensorRecord] = []
     headers = []
     for folder in sorted(folders, key=lambda folder: folder.step):
@@ -117,14 +127,13 @@ def load_msprobe_dump(path: Path) -> Dump | None:
         headers.append(header)
         parents = _read_optional_json(folder.path / CONSTRUCT_JSON)
         stacks = _stacks(_read_optional_json(folder.path / STACK_JSON))
-        records.extend(_entry_records(folder, entries, parents, stacks, header, first_order=len(records)))
+        records.extend(_entry_records(folder, entries, parents, stacks, first_order=len(records)))
     missing = sum(1 for record in records if record.attrs.get("data_missing"))
     if missing:
         log.warning("%s: %d tensor files named in dump.json are absent; those records are judged on statistics",
-                    path, missing)
-    root = folders[0].path if len(folders) == 1 else Path(path)
+                    root, missing)
     manifest = {"format": "msprobe", "task": headers[0].get("task"), "level": headers[0].get("level"),
-                "framework": headers[0].get("framework"), "rank": ranks[0],
+                "framework": headers[0].get("framework"), "rank": folders[0].rank,
                 "steps": sorted({folder.step for folder in folders})}
     return Dump(source=SOURCE_NAME, root=root, records=records, manifest=manifest)
 
@@ -206,7 +215,7 @@ def tensor_items(value: Any, position: str = "") -> Iterator[tuple[str, dict[str
 
 
 def _entry_records(folder: RankFolder, entries: Mapping[str, Any], parents: Any, stacks: dict[str, tuple[str, ...]],
-                   header: Mapping[str, Any], first_order: int) -> list[TensorRecord]:
+                   first_order: int) -> list[TensorRecord]:
     data_folder = folder.path / TENSOR_FOLDER
     parent_of = parents if isinstance(parents, dict) else {}
     records: list[TensorRecord] = []
