@@ -146,6 +146,16 @@ def test_the_peer_fixture_dump_reads_with_statistics_parents_and_stacks() -> Non
     assert backward and {r.key.io for r in backward} == {"input", "output"}
 
 
+def test_the_rank_folders_of_one_step_are_read_as_one_multi_rank_run(tmp_path: Path) -> None:
+    for rank in (0, 1):
+        shutil.copytree(PEER_DUMP, tmp_path / "step0" / f"rank{rank}")
+    dump = _load(tmp_path)
+    assert dump.ranks == (0, 1) and len(dump.records) == 2 * 39
+    assert len(dump.by_key()) == len(dump.records)  # the ranks' records keep apart
+    assert dump.records[1].key.label() == "Tensor.__add__ step 0 input.0 (before) rank 1"
+    assert len(_load(tmp_path / "step0" / "rank1").records) == 39
+
+
 @pytest.mark.parametrize("entry, expected", [
     ("Module.model.layers.2.mlp.LlamaMLP.forward.0", ("model.layers.2.mlp", "LlamaMLP", 0)),
     ("Module.model.layers.2.mlp.LlamaMLP.forward.3", ("model.layers.2.mlp", "LlamaMLP", 3)),

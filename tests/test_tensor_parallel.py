@@ -102,7 +102,13 @@ def test_llmcheck_compare_prints_the_culprit_rank_and_writes_the_rule_to_pairs_j
     pairs = json.loads((tmp_path / "out" / "pairs.json").read_text())["pairs"]
     gathered = next(pair for pair in pairs if pair["golden"]["name"] == "layers.0.mlp.up_proj"
                     and pair["golden"]["io"] == "output" and pair["my"].get("rank") == -1)
-    assert gathered["rule"] == "tp_unshard(dim=-1, ranks=0..1)"
+    assert gathered["rule"] == "tp_unshard(dim=-1, ranks=0..1)" and gathered["derived"] is True
+    # fed back as the mapping, the pairs come out the same: derived pairs are rebuilt by their rule
+    first = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert main(["compare", "-gp", str(golden), "-mp", first["my"]["path"], "--mapping",
+                 str(tmp_path / "out" / "pairs.json"), "-o", str(tmp_path / "again"), "-j", "1"]) == code
+    again = json.loads((tmp_path / "again" / "summary.json").read_text())
+    assert again["counts"] == first["counts"] and again["first_introduced"] == first["first_introduced"]
 
 
 @pytest.mark.slow

@@ -122,13 +122,20 @@ def key_from_json(value: Any, where: Path, what: str) -> RecordKey:
 
 
 def write_pairs_json(path: Path, pairing: Pairing, golden: Dump, my: Dump) -> None:
-    """Write pairs.json: every kept pair with its rule, then the unmatched records of each side."""
+    """Write pairs.json: every kept pair with its rule, then the unmatched records of each side.
+
+    A pair with a side a plugin built rather than read (shards gathered into one tensor, the
+    part of a golden tensor one rank holds) is marked ``"derived": true``: fed back with
+    ``--mapping`` it is left to the rule that built it, since its keys alone name another pair.
+    """
+    loaded = {id(record) for record in golden.records} | {id(record) for record in my.records}
     document = {
         "format": PAIRS_FORMAT, "format_version": PAIRS_FORMAT_VERSION,
         "golden_root": str(golden.root), "my_root": str(my.root),
         "how_to_edit": "fix or add pairs, then rerun: llmcheck compare ... --mapping pairs.json",
         "pairs": [{"golden": key_to_json(pair.golden.key), "my": key_to_json(pair.my.key),  # type: ignore[union-attr]
-                   "rule": pair.rule, "priority": pair.priority, **({"note": pair.note} if pair.note else {})}
+                   "rule": pair.rule, "priority": pair.priority, **({"note": pair.note} if pair.note else {}),
+                   **({} if id(pair.golden) in loaded and id(pair.my) in loaded else {"derived": True})}
                   for pair in pairing.pairs],
         "unmatched_golden": [{**key_to_json(item.record.key), "note": item.note} for item in pairing.unmatched_golden],
         "unmatched_my": [{**key_to_json(item.record.key), "note": item.note} for item in pairing.unmatched_my],
@@ -156,6 +163,8 @@ def load_user_mapping(path: Path) -> UserMapping:
         for position, pair in enumerate(pairs, start=1):
             if not isinstance(pair, Mapping):
                 raise UsageError(f"pair {position} is not an object", where=path)
+            if pair.get("derived"):  # built by a plugin's rule (gathered shards): that rule builds it again
+                continue
             key_pairs.append((key_from_json(pair.get("golden"), path, f"pair {position} golden"),
                               key_from_json(pair.get("my"), path, f"pair {position} my")))
         return UserMapping(path=path, entries=(), key_pairs=tuple(key_pairs))

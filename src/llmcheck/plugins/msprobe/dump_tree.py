@@ -102,7 +102,7 @@ def _rank_folder(path: Path) -> RankFolder:
 
 
 def load_msprobe_dump(path: Path) -> Dump | None:
-    """Return the msprobe dump at ``path`` (every step of one rank), or None when it holds none."""
+    """Return the msprobe dump at ``path`` (every step; several ranks as one run), or None when it holds none."""
     folders = find_rank_folders(path)
     if not folders:
         return None
