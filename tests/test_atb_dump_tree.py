@@ -126,14 +126,24 @@ def test_model_topology_wins_over_layers_and_is_named_by_layer_ids(tmp_path):
     assert layer.children[4].children[0].name == "3_4_0"
 
 
-def test_several_device_pid_runs_must_be_chosen_and_one_can_be(tmp_path):
+def test_one_folder_per_device_is_one_multi_rank_run_and_one_device_can_be_chosen(tmp_path):
     root = tmp_path / TREE.name
     shutil.copytree(TREE, root)
     shutil.copytree(root / "tensors" / "0_4242", root / "tensors" / "1_4243")
-    with pytest.raises(DumpNotFoundError, match=r"2 runs .*tensors/0_4242, tensors/1_4243"):
-        load(root)
+    both = load(root)
+    assert both.ranks == (0, 1) and both.manifest["ranks"] == [0, 1]
+    assert len(both.records) == 2 * len(load(root / "tensors" / "0_4242").records)
+    assert {record.device for record in both.records if record.key.rank == 1} == {"npu:1"}
     chosen = load(root / "tensors" / "1_4243")
     assert chosen.manifest["run"] == "1_4243" and chosen.records[0].device == "npu:1"
+
+
+def test_two_processes_on_one_device_are_two_runs_to_choose_from(tmp_path):
+    root = tmp_path / TREE.name
+    shutil.copytree(TREE, root)
+    shutil.copytree(root / "tensors" / "0_4242", root / "tensors" / "0_4243")
+    with pytest.raises(DumpNotFoundError, match=r"2 runs .*tensors/0_4242, tensors/0_4243"):
+        load(root)
 
 
 def test_a_corrupt_tensor_file_in_the_tree_is_one_error_naming_it(tmp_path):

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from llmcheck.core.digests import digest_row, judged_on_digests
 from llmcheck.core.divergence import (
     INTRODUCED,
     ErrorMeasure,
@@ -332,6 +333,8 @@ def _row(index: int, pair: Pair, specs: Sequence[MetricSpec], problem: str | Non
          overrides: Sequence[ThresholdOverride], run_floor: str | None) -> ComparisonRow:
     golden, my = pair.golden, pair.my
     assert golden is not None and my is not None
+    if problem is not None and judged_on_digests(pair):
+        return digest_row(index, pair, _statistics_row(index, pair, specs, overrides, run_floor))
     if problem is not None and (statistics_row := _statistics_row(index, pair, specs, overrides, run_floor)):
         return statistics_row
     if problem is not None or measurement is None:

@@ -14,6 +14,11 @@ user pair (priority 100). A mapping file may instead hold name patterns, JSON or
 
     {"model.layers.*.mlp": "decoder.blocks.*.ffn"}          # golden pattern -> my pattern
     [{"golden": "lm_head", "my": "output_layer"}]            # the same as a list
+    [{"golden": "*.down_proj", "rule": "tp_unshard(sum)"}]   # a rule for a pairing plugin
+
+A rule entry states how records whose golden name matches are to be paired; the pairing
+plugin whose rule it names reads it from :attr:`UserMapping.rules` (the tensor-parallel
+rules, ``docs/commands/compare.md``).
 
 ``*`` matches any run of characters; records pair when the parts matched by the ``*`` agree
 and their io, position, step and call index agree. The seed tool's ``-mf FOLDER`` (a folder
@@ -97,8 +102,11 @@ def merge_pairs(golden: Dump, my: Dump, proposals: Sequence[Pair]) -> Pairing:
 
 def key_to_json(key: RecordKey) -> dict[str, Any]:
     """Return a record key as the JSON object pairs.json uses."""
-    return {"name": key.name, "io": key.io, "position": key.position, "step": key.step,
-            "call_index": key.call_index, "moment": key.moment}
+    document = {"name": key.name, "io": key.io, "position": key.position, "step": key.step,
+                "call_index": key.call_index, "moment": key.moment}
+    if key.rank:  # only multi-rank runs name a rank: single-process pairs.json files stay as they were
+        document["rank"] = key.rank
+    return document
 
 
 def key_from_json(value: Any, where: Path, what: str) -> RecordKey:
@@ -108,19 +116,26 @@ def key_from_json(value: Any, where: Path, what: str) -> RecordKey:
     try:
         return RecordKey(name=value["name"], io=str(value.get("io", "output")), position=str(value.get("position", "0")),
                          step=int(value.get("step", 0)), call_index=int(value.get("call_index", 0)),
-                         moment=str(value.get("moment", "after")))
+                         moment=str(value.get("moment", "after")), rank=int(value.get("rank", 0)))
     except (TypeError, ValueError) as exc:
-        raise UsageError(f"{what}: step and call_index must be integers", where=where) from exc
+        raise UsageError(f"{what}: step, call_index and rank must be integers", where=where) from exc
 
 
 def write_pairs_json(path: Path, pairing: Pairing, golden: Dump, my: Dump) -> None:
-    """Write pairs.json: every kept pair with its rule, then the unmatched records of each side."""
+    """Write pairs.json: every kept pair with its rule, then the unmatched records of each side.
+
+    A pair with a side a plugin built rather than read (shards gathered into one tensor, the
+    part of a golden tensor one rank holds) is marked ``"derived": true``: fed back with
+    ``--mapping`` it is left to the rule that built it, since its keys alone name another pair.
+    """
+    loaded = {id(record) for record in golden.records} | {id(record) for record in my.records}
     document = {
         "format": PAIRS_FORMAT, "format_version": PAIRS_FORMAT_VERSION,
         "golden_root": str(golden.root), "my_root": str(my.root),
         "how_to_edit": "fix or add pairs, then rerun: llmcheck compare ... --mapping pairs.json",
         "pairs": [{"golden": key_to_json(pair.golden.key), "my": key_to_json(pair.my.key),  # type: ignore[union-attr]
-                   "rule": pair.rule, "priority": pair.priority, **({"note": pair.note} if pair.note else {})}
+                   "rule": pair.rule, "priority": pair.priority, **({"note": pair.note} if pair.note else {}),
+                   **({} if id(pair.golden) in loaded and id(pair.my) in loaded else {"derived": True})}
                   for pair in pairing.pairs],
         "unmatched_golden": [{**key_to_json(item.record.key), "note": item.note} for item in pairing.unmatched_golden],
         "unmatched_my": [{**key_to_json(item.record.key), "note": item.note} for item in pairing.unmatched_my],
@@ -139,6 +154,7 @@ def load_user_mapping(path: Path) -> UserMapping:
     if path.is_dir():  # the seed tool's -mf took a folder holding op_mapping_file.json
         path = path / SEED_MAPPING_NAME
     content = read_structured_file(path)
+    rules: list[tuple[str, str]] = []
     if isinstance(content, Mapping) and content.get("format") == PAIRS_FORMAT:
         pairs = content.get("pairs")
         if not isinstance(pairs, list):
@@ -147,6 +163,8 @@ def load_user_mapping(path: Path) -> UserMapping:
         for position, pair in enumerate(pairs, start=1):
             if not isinstance(pair, Mapping):
                 raise UsageError(f"pair {position} is not an object", where=path)
+            if pair.get("derived"):  # built by a plugin's rule (gathered shards): that rule builds it again
+                continue
             key_pairs.append((key_from_json(pair.get("golden"), path, f"pair {position} golden"),
                               key_from_json(pair.get("my"), path, f"pair {position} my")))
         return UserMapping(path=path, entries=(), key_pairs=tuple(key_pairs))
@@ -156,8 +174,12 @@ def load_user_mapping(path: Path) -> UserMapping:
     elif isinstance(content, list):
         items = []
         for position, entry in enumerate(content, start=1):
+            if isinstance(entry, Mapping) and "rule" in entry and "my" not in entry:
+                rules.append(_rule_entry(entry, position, path))
+                continue
             if not isinstance(entry, Mapping) or "golden" not in entry or "my" not in entry:
-                raise UsageError(f"entry {position} needs 'golden' and 'my' name patterns", where=path)
+                raise UsageError(f"entry {position} needs 'golden' and 'my' name patterns "
+                                 "(or 'golden' and a 'rule')", where=path)
             items.append((entry["golden"], entry["my"]))
     else:
         raise UsageError("a mapping file holds {golden pattern: my pattern} or a list of {golden, my}", where=path)
@@ -168,4 +190,13 @@ def load_user_mapping(path: Path) -> UserMapping:
         if golden_pattern.count("*") != my_pattern.count("*"):
             raise UsageError(f"mapping {golden_pattern!r} -> {my_pattern!r}: both sides need the same number of '*'",
                              where=path)
-    return UserMapping(path=path, entries=tuple((str(g), str(m)) for g, m in items))
+    return UserMapping(path=path, entries=tuple((str(g), str(m)) for g, m in items), rules=tuple(rules))
+
+
+def _rule_entry(entry: Mapping[str, Any], position: int, path: Path) -> tuple[str, str]:
+    """Return ``(golden name pattern, rule)`` of a ``{"golden": pattern, "rule": text}`` entry."""
+    pattern, rule = entry.get("golden"), entry.get("rule")
+    if not isinstance(pattern, str) or not pattern or not isinstance(rule, str) or not rule:
+        raise UsageError(f"entry {position}: a rule entry needs a 'golden' name pattern and a 'rule' text",
+                         where=path)
+    return pattern, rule

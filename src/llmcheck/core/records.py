@@ -26,6 +26,9 @@ IO_KINDS = (IO_INPUT, IO_OUTPUT)
 MOMENT_BEFORE = "before"
 MOMENT_AFTER = "after"
 
+#: The rank of a record gathered from the shards every rank of a multi-rank run holds.
+ALL_RANKS = -1
+
 #: Bytes per element of every dtype name llmcheck understands (torch's names).
 DTYPE_ITEMSIZE: dict[str, int] = {
     "float64": 8, "float32": 4, "float16": 2, "bfloat16": 2,
@@ -58,7 +61,9 @@ class RecordKey:
     node name; ``call_index`` counts calls of that name within one step (a module run twice
     in one forward gets 0 and 1, never an overwrite); ``step`` is the forward/token index;
     ``position`` is the tensor's path inside the call's inputs or outputs (``"0"``,
-    ``"1.0"``, ``"last_hidden_state"``).
+    ``"1.0"``, ``"last_hidden_state"``). ``rank`` tells the processes of a multi-rank run
+    apart when their dumps are read as one run (0 in a single-process run);
+    :data:`ALL_RANKS` marks a tensor gathered from every rank's shard.
     """
 
     name: str
@@ -67,12 +72,14 @@ class RecordKey:
     step: int = 0
     call_index: int = 0
     moment: str = MOMENT_AFTER
+    rank: int = 0
 
     def label(self) -> str:
-        """Return a short human label, e.g. ``model.layers.3.mlp[1] step 0 output.0``."""
+        """Return a short human label, e.g. ``model.layers.3.mlp[1] step 0 output.0 rank 1``."""
         call = f"[{self.call_index}]" if self.call_index else ""
         moment = " (before)" if self.moment == MOMENT_BEFORE else ""
-        return f"{self.name}{call} step {self.step} {self.io}.{self.position}{moment}"
+        rank = "" if self.rank == 0 else " all ranks" if self.rank == ALL_RANKS else f" rank {self.rank}"
+        return f"{self.name}{call} step {self.step} {self.io}.{self.position}{moment}{rank}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,6 +169,9 @@ class TensorRecord:
     the topology, ``op_type`` the module class, ATen overload or accelerator op type.
     ``source_path`` is where a user finds the tensor on disk (shown in reports).
     ``attrs`` carries source-specific facts (op parameters, recorded call arguments).
+    ``digest`` is a checksum of the tensor's bytes that the source recorded instead of (or
+    besides) the data (msprobe's md5 mode); two records whose sources recorded digests the
+    same way are bit-identical exactly when their digests are equal.
     """
 
     key: RecordKey
@@ -176,6 +186,7 @@ class TensorRecord:
     data: TensorData | None = None
     source_path: str = ""
     attrs: Mapping[str, Any] = field(default_factory=dict)
+    digest: str | None = None
 
     @property
     def numel(self) -> int:
@@ -228,6 +239,28 @@ class Dump:
         """Return the records indexed by key (the last record wins on a duplicate key)."""
         return {record.key: record for record in self.records}
 
+    @property
+    def ranks(self) -> tuple[int, ...]:
+        """Return the ranks whose records this dump holds, ascending (``(0,)`` for one process)."""
+        return tuple(sorted({record.key.rank for record in self.records})) or (0,)
+
+
+def merge_rank_dumps(dumps: Sequence[Dump], ranks: Sequence[int], root: Path) -> Dump:
+    """Return the dumps of the ranks of one multi-rank run as one run, each record keyed by its rank.
+
+    Records keep their own execution order within a rank; the ranks ran side by side, so the
+    merged order interleaves them (the n-th record of every rank, then the (n+1)-th).
+    """
+    merged: list[tuple[int, int, TensorRecord]] = []
+    for dump, rank in zip(dumps, ranks):
+        for position, record in enumerate(dump.records):
+            merged.append((position, rank, record.with_changes(key=replace(record.key, rank=rank), rank=rank)))
+    merged.sort(key=lambda item: (item[0], item[1]))
+    records = [record.with_changes(order=order) for order, (_, _, record) in enumerate(merged)]
+    cuts = [f"rank {rank}: {dump.cut}" for dump, rank in zip(dumps, ranks) if dump.cut]
+    return Dump(source=dumps[0].source, root=root, records=records, topology=dumps[0].topology,
+                manifest={**dumps[0].manifest, "ranks": list(ranks)}, cut="; ".join(cuts) or None)
+
 
 @dataclass(frozen=True, slots=True)
 class SourceInfo:
@@ -259,12 +292,16 @@ class UserMapping:
     """The user's ``--mapping`` file: golden name patterns to my name patterns, in file order.
 
     ``key_pairs`` holds exact record-key pairs, read from an edited ``pairs.json`` fed back
-    with ``--mapping`` (the user audited the pairing and fixed or added pairs).
+    with ``--mapping`` (the user audited the pairing and fixed or added pairs). ``rules``
+    holds ``(golden name pattern, rule text)`` entries, in file order: how the records a
+    pattern matches are to be paired (``tp_unshard(sum)``); the pairing plugin that owns
+    the rule reads them, the others ignore them.
     """
 
     path: Path
     entries: tuple[tuple[str, str], ...]
     key_pairs: tuple[tuple[RecordKey, RecordKey], ...] = ()
+    rules: tuple[tuple[str, str], ...] = ()
 
 
 VERDICT_PASS = "pass"

@@ -15,7 +15,8 @@ Each tensor file is one :class:`~llmcheck.core.records.TensorRecord`: key name =
 count, ``moment`` = the ``before``/``after`` folder. Records come in execution order:
 by execute count, then depth first through the op tree with an op's ``before`` tensors
 ahead of its children and its ``after`` tensors behind them. Only headers are read here;
-the data stays on disk behind lazy handles.
+the data stays on disk behind lazy handles. One ``{device}_{pid}`` folder per device is a
+multi-rank run, read as one run whose records carry the device as their rank.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from llmcheck.core.records import (
     RecordKey,
     TensorRecord,
     TopologyNode,
+    merge_rank_dumps,
 )
 from llmcheck.plugins.atb.acl_dtypes import NZ_FORMATS
 from llmcheck.plugins.atb.bin_format import BinHeader, no_data_reason, read_bin_header, tensor_data, tensor_shape
@@ -421,11 +423,20 @@ def load_atb_dump(path: Path) -> Dump | None:
     if not runs:
         raise DumpNotFoundError("ATB dump holds no tensors", where=path,
                                 hint="dump with --type tensor (the topology and CSV files alone cannot be compared)")
-    if len(runs) > 1:
+    devices = [int(_RUN_FOLDER.match(run.name).group(1)) for run in runs]  # type: ignore[union-attr]
+    if len(set(devices)) < len(devices):  # two processes on one device: two runs, not the ranks of one
         listing = ", ".join(run.relative_to(layout.root).as_posix() for run in runs)
         raise DumpNotFoundError(f"ATB dump holds {len(runs)} runs (device_pid folders): {listing}", where=path,
-                                hint="pass one of them as the path")
-    run = runs[0]
+                                hint="pass one of them as the path; one folder per device is read as one "
+                                     "multi-rank run")
+    if len(runs) > 1:
+        return merge_rank_dumps([_run_dump(layout, run, scope) for run in runs], [max(d, 0) for d in devices],
+                                layout.root)
+    return _run_dump(layout, runs[0], scope)
+
+
+def _run_dump(layout: DumpLayout, run: Path, scope: Path | None) -> Dump:
+    """Return the records of one ``{device}_{pid}`` folder of an ATB dump."""
     device, pid = (int(part) for part in _RUN_FOLDER.match(run.name).groups())  # type: ignore[union-attr]
     walk = _Walk(layout=layout, run=run, device=device, scope=scope, records=[])
     steps = sorted((int(child.name), child) for child in run.iterdir() if child.is_dir() and child.name.isdigit())

@@ -1,8 +1,10 @@
 """Built-in plugin 'native': llmcheck's own dumps, single tensor files, and the built-in pairing rules.
 
 * source ``llmcheck`` reads llmcheck's own dump format (``core/store.py``). A path may be one
-  dump folder, a file inside it, or the folder given to ``llmcheck dump -o`` holding exactly
-  one dump; with several dumps there, the error lists them so the user can pick one.
+  dump folder, a file inside it, or the folder given to ``llmcheck dump -o`` holding one
+  dump, or the ranks of one multi-rank run (one dump per rank, read as one run whose records
+  carry their rank in the key); with several dumps of one rank there, the error lists them
+  so the user can pick one.
 * source ``file`` reads one ``.npy``, ``.pt``/``.pth`` or ``.safetensors`` file, or a
   checkpoint folder of ``.safetensors`` shards (:mod:`llmcheck.plugins.native.single_file`).
 * pairing by user mapping, exact key and sequence alignment
@@ -17,7 +19,7 @@ from typing import Callable
 
 from llmcheck.core.errors import DumpNotFoundError
 from llmcheck.core.hookspecs import hookimpl
-from llmcheck.core.records import Dump, Pair, SourceInfo, UserMapping
+from llmcheck.core.records import Dump, Pair, SourceInfo, UserMapping, merge_rank_dumps
 from llmcheck.core.store import find_dumps, read_dump
 from llmcheck.plugins.native import pairing, single_file
 
@@ -44,14 +46,18 @@ def llmcheck_load_tensors(path: Path, source: str | None) -> Dump | None:
     dumps = find_dumps(path)
     if not dumps:
         return None
-    if len(dumps) > 1:
-        listing = ", ".join(dump.name for dump in dumps)
+    loaded = [read_dump(folder) for folder in dumps]
+    for folder, dump in zip(dumps, loaded):
+        if dump.cut:
+            log.warning("%s: dump is cut short: %s", folder, dump.cut)
+    if len(loaded) == 1:
+        return loaded[0]
+    ranks = [int(dump.manifest.get("rank", 0) or 0) for dump in loaded]
+    if len(set(ranks)) < len(ranks):  # two runs, not the ranks of one run
+        listing = ", ".join(folder.name for folder in dumps)
         raise DumpNotFoundError(f"holds {len(dumps)} dumps: {listing}", where=path,
-                                hint="pass one of them as the path")
-    dump = read_dump(dumps[0])
-    if dump.cut:
-        log.warning("%s: dump is cut short: %s", dumps[0], dump.cut)
-    return dump
+                                hint="pass one of them as the path; the ranks of one run are read together")
+    return merge_rank_dumps(loaded, ranks, Path(path))
 
 
 @hookimpl

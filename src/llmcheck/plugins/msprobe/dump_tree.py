@@ -1,0 +1,282 @@
+"""Reading an msprobe PyTorch dump: its ``step{N}/rank{R}`` tree and the files of each rank folder.
+
+msprobe writes, per step and rank (``proc{PID}`` when the run was not distributed)::
+
+    step{N}/rank{R}/
+      dump.json            per API or module call: input_args, input_kwargs, parameters, output
+      construct.json       each entry's parent entry (the module tree)
+      stack.json           the Python stack of each call
+      dump_tensor_data/    {entry}.{input|output|kwargs|parameters}.{i}.pt  (task "tensor" only)
+
+Every tensor entry of ``dump.json`` (an item with a ``dtype`` and a ``shape``) becomes one
+:class:`~llmcheck.core.records.TensorRecord`: keyed as :mod:`.entry_names` says, with the
+statistics msprobe recorded (``Max``/``Min``/``Mean``/``Norm``), the checksum of its md5
+mode as the record's ``digest``, and, in tensor mode, a lazy handle to its ``.pt`` file.
+Records are in ``dump.json`` order (msprobe writes a call when it finishes, so a module's
+entry follows its children's), steps in turn.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator, Mapping
+
+from llmcheck.core.errors import DumpFormatError, DumpNotFoundError
+from llmcheck.core.records import (
+    IO_INPUT,
+    IO_OUTPUT,
+    MOMENT_AFTER,
+    MOMENT_BEFORE,
+    Dump,
+    RecordKey,
+    TensorData,
+    TensorRecord,
+    TensorStats,
+    merge_rank_dumps,
+)
+from llmcheck.plugins.msprobe.entry_names import parent_name, parse_entry_name
+from llmcheck.plugins.msprobe.tensor_files import TENSOR_SUFFIXES, tensor_loader
+
+SOURCE_NAME = "msprobe"
+DUMP_JSON = "dump.json"
+CONSTRUCT_JSON = "construct.json"
+STACK_JSON = "stack.json"
+TENSOR_FOLDER = "dump_tensor_data"
+_STEP_FOLDER = re.compile(r"step(\d+)\Z")
+_RANK_FOLDER = re.compile(r"(rank|proc)(\d*)\Z")
+#: msprobe's statistic names and the TensorStats fields they fill.
+_STATISTICS = {"Max": "max", "Min": "min", "Mean": "mean", "Norm": "l2norm"}
+#: How many bytes of a dump.json are read to recognise it (its header keys come first).
+_SNIFF_BYTES = 4096
+
+log = logging.getLogger("llmcheck.msprobe")
+
+
+@dataclass(frozen=True, slots=True)
+class RankFolder:
+    """One ``dump.json`` folder of an msprobe tree, with the step and rank its path names."""
+
+    path: Path
+    step: int
+    rank: int
+
+
+def looks_like_dump_json(path: Path) -> bool:
+    """Return whether a file is an msprobe ``dump.json`` (its header names a task and a framework or level)."""
+    if path.name != DUMP_JSON or not path.is_file():
+        return False
+    try:
+        with open(path, "rb") as handle:
+            head = handle.read(_SNIFF_BYTES)
+    except OSError:
+        return False
+    return b'"task"' in head and (b'"framework"' in head or b'"level"' in head)
+
+
+def find_rank_folders(path: Path) -> list[RankFolder]:
+    """Return the msprobe rank folders at or below ``path`` (a dump.json, a rank, step or dump root folder)."""
+    path = Path(path)
+    if path.is_file():
+        path = path.parent
+    if not path.is_dir():
+        return []
+    candidates = [path / DUMP_JSON, *sorted(path.glob(f"*/{DUMP_JSON}")), *sorted(path.glob(f"*/*/{DUMP_JSON}"))]
+    folders = []
+    for dump_json in candidates:
+        if looks_like_dump_json(dump_json):
+            folders.append(_rank_folder(dump_json.parent))
+            if dump_json.parent == path:
+                break  # the user named one rank folder: its own dump only
+    return sorted(folders, key=lambda folder: (folder.rank, folder.step))
+
+
+def _rank_folder(path: Path) -> RankFolder:
+    rank_match = _RANK_FOLDER.match(path.name)
+    rank = int(rank_match.group(2)) if rank_match and rank_match.group(1) == "rank" and rank_match.group(2) else 0
+    step_match = _STEP_FOLDER.match(path.parent.name)
+    return RankFolder(path, int(step_match.group(1)) if step_match else 0, rank)
+
+
+def load_msprobe_dump(path: Path) -> Dump | None:
+    """Return the msprobe dump at ``path`` (every step; several ranks as one run), or None when it holds none."""
+    folders = find_rank_folders(path)
+    if not folders:
+        return None
+    ranks = sorted({folder.rank for folder in folders})
+    if len(set(folder.path.name for folder in folders if folder.step == folders[0].step)) > len(ranks):
+        listing = ", ".join(str(folder.path) for folder in folders if folder.step == folders[0].step)
+        raise DumpNotFoundError(f"holds the msprobe dumps of several processes of one rank: {listing}",
+                                where=path, hint="pass one step*/proc* folder")
+    root = folders[0].path if len(folders) == 1 else Path(path)
+    rank_dumps = [_rank_dump([folder for folder in folders if folder.rank == rank], root) for rank in ranks]
+    if len(rank_dumps) == 1:
+        return rank_dumps[0]
+    return merge_rank_dumps(rank_dumps, ranks, root)  # the ranks of one distributed run, read as one run
+
+
+def _rank_dump(folders: list[RankFolder], root: Path) -> Dump:
+    """Return every step of one rank as a dump."""
+    records: list[TensorRecord] = []
+    headers = []
+    for folder in sorted(folders, key=lambda folder: folder.step):
+        header, entries = _read_dump_json(folder.path / DUMP_JSON)
+        headers.append(header)
+        parents = _read_optional_json(folder.path / CONSTRUCT_JSON)
+        stacks = _stacks(_read_optional_json(folder.path / STACK_JSON))
+        records.extend(_entry_records(folder, entries, parents, stacks, first_order=len(records)))
+    missing = sum(1 for record in records if record.attrs.get("data_missing"))
+    if missing:
+        log.warning("%s: %d tensor files named in dump.json are absent; those records are judged on statistics",
+                    root, missing)
+    manifest = {"format": "msprobe", "task": headers[0].get("task"), "level": headers[0].get("level"),
+                "framework": headers[0].get("framework"), "rank": folders[0].rank,
+                "steps": sorted({folder.step for folder in folders})}
+    return Dump(source=SOURCE_NAME, root=root, records=records, manifest=manifest)
+
+
+def _read_dump_json(path: Path) -> tuple[dict[str, Any], Mapping[str, Any]]:
+    try:
+        document = json.loads(path.read_bytes())
+    except ValueError as exc:
+        raise DumpFormatError(f"not valid JSON ({exc})", where=path,
+                              hint="the dump was cut short or edited; re-run the msprobe dump") from exc
+    except OSError as exc:
+        raise DumpFormatError(f"cannot be read: {exc}", where=path) from exc
+    entries = document.get("data") if isinstance(document, dict) else None
+    if not isinstance(entries, dict):
+        raise DumpFormatError("has no 'data' object of entries", where=path,
+                              hint="an msprobe dump.json holds {task, level, framework, data: {entry: ...}}")
+    return {key: value for key, value in document.items() if key != "data"}, entries
+
+
+def _read_optional_json(path: Path) -> Any:
+    if not path.is_file():
+        return {}
+    try:
+        return json.loads(path.read_bytes())
+    except ValueError as exc:
+        raise DumpFormatError(f"not valid JSON ({exc})", where=path,
+                              hint="the dump was cut short or edited; re-run the msprobe dump") from exc
+
+
+def _stacks(document: Any) -> dict[str, tuple[str, ...]]:
+    """Return each entry's stack lines, from either stack.json layout msprobe has written."""
+    stacks: dict[str, tuple[str, ...]] = {}
+    if not isinstance(document, dict):
+        return stacks
+    for key, value in document.items():
+        # newer msprobe: {"0": [[entry names], [stack lines]]}; older: {entry name: [stack lines]}
+        if (isinstance(value, list) and len(value) == 2 and isinstance(value[0], list)
+                and isinstance(value[1], list)):
+            for entry in value[0]:
+                stacks[str(entry)] = tuple(str(line) for line in value[1])
+        elif isinstance(value, list):
+            stacks[key] = tuple(str(line) for line in value)
+    return stacks
+
+
+def _io_of(section: str) -> tuple[str, str]:
+    """Return the io and the position prefix of a section of an entry (``input_kwargs``, ``parameters``, ...)."""
+    if section in ("input_args", "input"):
+        return IO_INPUT, ""
+    if section == "input_kwargs":
+        return IO_INPUT, ""
+    if section == "output":
+        return IO_OUTPUT, ""
+    if section == "parameters":
+        return IO_INPUT, "parameters."
+    return IO_OUTPUT, f"{section}."
+
+
+def _section_rank(section: str) -> int:
+    """Return where a section's records go in execution order: inputs, then parameters, then outputs."""
+    return 0 if section.startswith("input") else 1 if section == "parameters" else 2
+
+
+def is_tensor_entry(item: Any) -> bool:
+    """Return whether a dump.json item describes a tensor (it has a dtype and a shape)."""
+    return isinstance(item, dict) and "dtype" in item and "shape" in item
+
+
+def tensor_items(value: Any, position: str = "") -> Iterator[tuple[str, dict[str, Any]]]:
+    """Yield ``(position, item)`` for every tensor item inside an entry section, depth first."""
+    if is_tensor_entry(value):
+        yield position, value
+    elif isinstance(value, dict):
+        for name, inner in value.items():
+            yield from tensor_items(inner, f"{position}.{name}" if position else str(name))
+    elif isinstance(value, list):
+        for index, inner in enumerate(value):
+            yield from tensor_items(inner, f"{position}.{index}" if position else str(index))
+
+
+def _entry_records(folder: RankFolder, entries: Mapping[str, Any], parents: Any, stacks: dict[str, tuple[str, ...]],
+                   first_order: int) -> list[TensorRecord]:
+    data_folder = folder.path / TENSOR_FOLDER
+    parent_of = parents if isinstance(parents, dict) else {}
+    records: list[TensorRecord] = []
+    for entry, sections in entries.items():
+        if not isinstance(sections, dict):
+            raise DumpFormatError(f"entry {entry!r} is not an object", where=folder.path / DUMP_JSON)
+        name = parse_entry_name(entry)
+        attrs_base: dict[str, Any] = {"msprobe_entry": entry}
+        if entry in stacks:
+            attrs_base["stack"] = stacks[entry]
+        parent = parent_name(parent_of.get(entry))
+        for section, value in sorted(sections.items(), key=lambda item: _section_rank(item[0])):
+            io, prefix = _io_of(section)
+            for position, item in tensor_items(value):
+                key = RecordKey(name=name.record_name, io=io, position=prefix + position, step=folder.step,
+                                call_index=name.call_index, moment=MOMENT_BEFORE if io == IO_INPUT else MOMENT_AFTER)
+                records.append(_record(key, item, name.op_type, parent, folder, data_folder,
+                                       first_order + len(records), attrs_base))
+    return records
+
+
+def _record(key: RecordKey, item: Mapping[str, Any], op_type: str, parent: str | None, folder: RankFolder,
+            data_folder: Path, order: int, attrs_base: Mapping[str, Any]) -> TensorRecord:
+    where = folder.path / DUMP_JSON
+    dtype = str(item["dtype"]).removeprefix("torch.")
+    try:
+        shape = tuple(int(size) for size in item["shape"])
+    except (TypeError, ValueError) as exc:
+        raise DumpFormatError(f"{attrs_base['msprobe_entry']}: shape {item['shape']!r} is not a list of integers",
+                              where=where) from exc
+    attrs = dict(attrs_base)
+    data = None
+    source_path = str(where)
+    data_name = item.get("data_name")
+    if isinstance(data_name, str) and data_name not in ("", "-1"):
+        tensor_path = data_folder / data_name
+        source_path = str(tensor_path)
+        if tensor_path.suffix not in TENSOR_SUFFIXES:
+            raise DumpFormatError(f"{data_name}: tensor files of this kind are not read", where=where,
+                                  hint=f"llmcheck reads {', '.join(TENSOR_SUFFIXES)} msprobe tensor files")
+        if tensor_path.is_file():
+            data = TensorData(dtype=dtype, shape=shape, path=tensor_path, loader=tensor_loader(tensor_path))
+        else:
+            attrs["data_missing"] = True
+    digest = item.get("md5")
+    return TensorRecord(key=key, dtype=dtype, shape=shape, order=order, device=str(item.get("device", "cpu")),
+                        rank=folder.rank, op_type=op_type, parent=parent, stats=_stats(item, where), data=data,
+                        source_path=source_path, attrs=attrs, digest=str(digest) if digest is not None else None)
+
+
+def _stats(item: Mapping[str, Any], where: Path) -> TensorStats | None:
+    values: dict[str, float | None] = {}
+    for column, field_name in _STATISTICS.items():
+        value = item.get(column)
+        if value is None:
+            values[field_name] = None
+            continue
+        try:
+            values[field_name] = float(value)  # bools (a bool tensor's Max/Min) and "nan"/"inf" strings too
+        except (TypeError, ValueError) as exc:
+            raise DumpFormatError(f"statistic {column}={value!r} is not a number", where=where) from exc
+    if all(value is None for value in values.values()):
+        return None
+    return TensorStats(**values)

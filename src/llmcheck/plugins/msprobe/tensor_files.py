@@ -1,0 +1,68 @@
+"""msprobe's tensor files (``dump_tensor_data/*.pt``), loaded without ever running a pickle.
+
+msprobe saves each tensor with ``torch.save``: a pickle inside a zip. llmcheck loads it with
+``torch.load(weights_only=True)``, which unpickles tensors and plain containers only, and
+then requires the content to be one tensor: a file holding anything else -- an object whose
+unpickling would run code, a dict, a number -- is refused with a one-line error naming the
+file. ``.npy`` files (msprobe's numpy arrays) are read with ``allow_pickle=False``.
+"""
+
+from __future__ import annotations
+
+import pickle
+from functools import partial
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from llmcheck.core.errors import DumpFormatError
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
+#: Tensor-file suffixes llmcheck reads, each with a loader that executes no pickled code.
+TENSOR_SUFFIXES = (".pt", ".npy")
+_REFUSED_HINT = "llmcheck loads msprobe tensors with torch.load(weights_only=True) only; re-dump the tensor"
+
+
+def load_pt_tensor(path: Path) -> "torch.Tensor":
+    """Return the one tensor a ``.pt`` file holds, loaded with ``weights_only=True``."""
+    import torch
+
+    try:
+        try:  # memory-mapped: only the bytes a chunk needs are read
+            content = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        except RuntimeError as exc:
+            if "mmap" not in str(exc):
+                raise
+            content = torch.load(path, map_location="cpu", weights_only=True)  # the legacy (non-zip) format
+    except pickle.UnpicklingError as exc:
+        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise DumpFormatError(f"refused: not loadable with weights_only=True ({first_line})", where=path,
+                              hint=_REFUSED_HINT) from exc
+    except (RuntimeError, EOFError, ValueError, OSError) as exc:
+        raise DumpFormatError(f"not a readable torch tensor file: {str(exc).strip().splitlines()[0]}",
+                              where=path) from exc
+    if not isinstance(content, torch.Tensor):
+        raise DumpFormatError(f"refused: holds a {type(content).__name__}, not a tensor", where=path,
+                              hint=_REFUSED_HINT)
+    return content
+
+
+def load_npy_tensor(path: Path) -> "torch.Tensor":
+    """Return the array a ``.npy`` file holds as a tensor, read with ``allow_pickle=False``."""
+    import numpy as np
+    import torch
+
+    try:
+        array = np.load(path, allow_pickle=False)
+    except (ValueError, OSError, EOFError) as exc:
+        raise DumpFormatError(f"refused: not a plain .npy array ({str(exc).strip().splitlines()[0]})",
+                              where=path) from exc
+    return torch.from_numpy(np.ascontiguousarray(array))
+
+
+def tensor_loader(path: Path) -> "partial[torch.Tensor]":
+    """Return a picklable loader of a tensor file (worker processes measure pairs too)."""
+    if path.suffix == ".npy":
+        return partial(load_npy_tensor, path)
+    return partial(load_pt_tensor, path)
