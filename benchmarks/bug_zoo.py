@@ -362,7 +362,7 @@ def defect_layer(arch: Arch, defect_name: str) -> int:
     """Return the decoder layer a defect goes into: it varies with the defect and the architecture."""
     defect_index = list(DEFECTS).index(defect_name)
     arch_index = list(ARCHS).index(arch.name)
-    return (3 * defect_index + arch_index + 1) % arch.num_layers
+    return (defect_index + arch_index + 1) % arch.num_layers
 
 
 # --------------------------------------------------------------------------- settings
@@ -812,6 +812,19 @@ def run_zoo(settings: Sequence[str], archs: Sequence[str], defects: Sequence[str
     return results
 
 
+def defect_catalogue(archs: Sequence[str], defects: Sequence[str]) -> list[str]:
+    """Return one line per defect and arch: where it is injected and the culprits that count as a hit."""
+    lines = []
+    for arch_name in archs:
+        arch = ARCHS[arch_name]
+        model = build_model(arch)
+        for name in defects:
+            layer = defect_layer(arch, name)
+            accepted = DEFECTS[name].inject(copy.deepcopy(model), arch, arch.layer(layer))
+            lines.append(f"{arch.name:<6} {name:<20} L{layer}  accepted: {', '.join(c.text() for c in accepted)}")
+    return lines
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -822,6 +835,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--archs", help=f"comma-separated, of: {', '.join(ARCHS)}")
     parser.add_argument("--defects", help=f"comma-separated, of: {', '.join(DEFECTS)}")
     parser.add_argument("--json", type=Path, help="write every case's result and the tables here")
+    parser.add_argument("--list", action="store_true", help="print each defect's layer and accepted culprits, run nothing")
     parser.add_argument("--peer", action="store_true",
                         help="also run msprobe (mindstudio-probe) on the same cases and print its hit rate beside")
     options = parser.parse_args(argv)
@@ -830,6 +844,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     archs = _names(options.archs or (",".join(QUICK_ARCHS) if options.quick else None), list(ARCHS), "--archs")
     defects = _names(options.defects or (",".join(QUICK_DEFECTS) if options.quick else None), list(DEFECTS),
                      "--defects")
+    if options.list:
+        torch.set_num_threads(1)
+        for name in defects:
+            print(f"{name:<20} {DEFECTS[name].what}")
+        print()
+        print("\n".join(defect_catalogue(archs, defects)))
+        return 0
     peer = None
     if options.peer:
         problem = msprobe_problem()
