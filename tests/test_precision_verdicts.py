@@ -198,3 +198,20 @@ def test_eager_attention_with_finfo_min_mask_gives_no_false_culprit(tmp_path, dt
     result = compare_dumps(golden, _dump(copy.deepcopy(model).to(dtype), tmp_path / "my", **options), workers=1)
     assert result.counts()["failures"] == 0, [row.golden.key.label() for row in result.rows if row.verdict == "fail"][:5]
     assert result.first_introduced is None
+
+
+def test_an_op_only_the_my_run_executes_is_named_as_the_suspect(tmp_path):
+    model = _llama()
+    golden = _dump(model, tmp_path / "golden", mode="op")
+    my_model = copy.deepcopy(model)
+    mlp = dict(my_model.named_modules())["model.layers.2.mlp"]
+    plain_forward = mlp.forward
+    mlp.forward = lambda hidden: plain_forward(hidden) * 0.9  # a stray scale in the ported MLP
+    result = compare_dumps(golden, _dump(my_model, tmp_path / "my", mode="op"), workers=1)
+    suspects = result.summary()["suspects"]
+    assert [entry["name"] for entry in suspects["my_only"]][:1] == ["model.layers.2.mlp/aten.mul.Tensor"]
+    assert "the my-run executes 1 operation here that the golden run does not: model.layers.2.mlp/aten.mul.Tensor" \
+        in suspects["sentence"]
+    fed_by_stray = [row for row in result.rows if row.attribution == "inherited_from_unmatched"]
+    assert fed_by_stray and all("(my-run only)" in " ".join(row.fed_by) for row in fed_by_stray)
+    assert result.first_introduced is None or "model.layers.2" in result.first_introduced.golden.key.name

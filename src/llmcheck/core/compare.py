@@ -26,6 +26,7 @@ from llmcheck.core.divergence import (
     first_divergence,
     first_introduced,
 )
+from llmcheck.core.suspects import Suspects, find_suspects
 from llmcheck.core.errors import EXIT_FAILURE, EXIT_FAILURES_FOUND, EXIT_OK, UsageError
 from llmcheck.core.pairing import Pairing, merge_pairs
 from llmcheck.core.records import (
@@ -97,6 +98,11 @@ class CompareResult:
         """Return the first row whose error is introduced there (the deepest such module)."""
         return first_introduced(self.rows)
 
+    @property
+    def suspects(self) -> Suspects:
+        """Return the operations only one run executes, where the error starts (``core/suspects.py``)."""
+        return find_suspects(self.rows, self.pairing, self.first_introduced or self.first_divergence)
+
     def summary(self) -> dict[str, Any]:
         """Return the content of summary.json."""
         introduced = [row for row in self.rows if row.attribution == INTRODUCED]
@@ -112,6 +118,7 @@ class CompareResult:
             "counts": self.counts(),
             "first_divergence": describe_row(self.first_divergence),
             "first_introduced": describe_row(self.first_introduced),
+            "suspects": self.suspects.as_json(),
             "introduced": [describe_row(row) for row in introduced[:50]],
             "metrics": [spec.name for spec in self.metric_specs],
             "thresholds": {spec.name: {cls: list(limits) for cls, limits in spec.thresholds.items()}
@@ -286,7 +293,8 @@ def compare_dumps(golden: Dump, my: Dump, *, metric_names: Sequence[str] | None 
         measurements[index] = dataclasses.replace(measurements[first_index], index=index, bytes_read=0)
     run_classes = (run_precision([record.dtype for record in dump.records]) for dump in (golden, my))
     run_floor = least_precise([name for name in run_classes if name])
-    rows = [_row(index, pair, specs, problems.get(index), measurements.get(index), threshold_overrides, run_floor)
+    rows = [_row(index, pair, specs, problems.get(index), measurements.get(index), threshold_overrides, run_floor,
+                 metric_names)
             for index, pair in enumerate(pairing.pairs)]
     measure_spec = error_measure_spec(specs)
     measure = ErrorMeasure(measure_spec.name, DECIDING_STAT) if measure_spec is not None else None
@@ -329,8 +337,20 @@ def _data_identity(job: Any) -> tuple[Any, ...]:
     return side(job.golden) + side(job.my)
 
 
+def judging_specs(specs: Sequence[MetricSpec], chosen: Sequence[str] | None) -> list[MetricSpec]:
+    """Return the specs with thresholds only on the metrics the user chose (all when none were named).
+
+    The error measure is measured whatever ``--metric`` says (attribution works on it) but
+    judges a full-tensor pair only when chosen; a statistics-only pair is judged on it always.
+    """
+    if not chosen:
+        return list(specs)
+    return [spec if spec.name in chosen else dataclasses.replace(spec, thresholds={}) for spec in specs]
+
+
 def _row(index: int, pair: Pair, specs: Sequence[MetricSpec], problem: str | None, measurement: Any,
-         overrides: Sequence[ThresholdOverride], run_floor: str | None) -> ComparisonRow:
+         overrides: Sequence[ThresholdOverride], run_floor: str | None,
+         chosen: Sequence[str] | None = None) -> ComparisonRow:
     golden, my = pair.golden, pair.my
     assert golden is not None and my is not None
     if problem is not None and judged_on_digests(pair):
@@ -341,7 +361,8 @@ def _row(index: int, pair: Pair, specs: Sequence[MetricSpec], problem: str | Non
         return ComparisonRow(index=index, golden=golden, my=my, rule=pair.rule, metrics={}, verdict=VERDICT_ERROR,
                              reason=problem or "not measured", golden_stats=golden.stats, my_stats=my.stats)
     judged_class = judging_class(golden.dtype, my.dtype, run_floor)
-    results, verdict, deciding = judge(specs, measurement.values, golden.key.name, judged_class, overrides)
+    results, verdict, deciding = judge(judging_specs(specs, chosen), measurement.values, golden.key.name,
+                                       judged_class, overrides)
     notes = _notes(golden, my)
     nonfinite = _nonfinite_note(measurement)
     if nonfinite:
@@ -387,7 +408,7 @@ def compare_command(*, golden_path: Path, my_path: Path, golden_source: str | No
     plugins = get_plugins()
     golden, my = plugins.load_runs(Path(golden_path), golden_source, Path(my_path), my_source)
     noise = plugins.load_tensors(Path(noise_path), noise_source, "--noise-source") if noise_path is not None else None
-    result = compare_with_progress(golden, my, console=console, metric_names=[spec.name for spec in specs],
+    result = compare_with_progress(golden, my, console=console, metric_names=list(metric_names) or None,
                                    user_mapping=user_mapping, threshold_overrides=overrides, workers=jobs,
                                    noise=noise)
     written = write_reports(result, output_dir)

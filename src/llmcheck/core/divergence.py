@@ -42,6 +42,7 @@ from llmcheck.core.records import (
     MetricResult,
     TensorRecord,
 )
+from llmcheck.core.suspects import MY_ONLY_SUFFIX
 from llmcheck.core.repeats import Baseline, sibling_baseline, sibling_groups, structure_keys
 from llmcheck.core.verdicts import NONFINITE_METRIC, is_float_dtype
 
@@ -137,13 +138,14 @@ class _Judge:
         return max(known) if known else None
 
     def baseline(self, position: int) -> Baseline | None:
+        """Return what the row's repeats in the other layers say, or None where it has none."""
         pairs = []
         for sibling_position in self.siblings.get(position, ()):
             sibling = self.ordered[sibling_position]
             error, feeder_error = self.errors[id(sibling)], self.feeder_errors[id(sibling)]
             if error is not None and feeder_error is not None:
                 pairs.append((feeder_error, error))
-        return sibling_baseline(pairs)
+        return sibling_baseline(pairs, _floor(self.ordered[position]))
 
     def run(self) -> dict[int, ComparisonRow]:
         for position, row in enumerate(self.ordered):
@@ -173,7 +175,7 @@ class _Judge:
             "sibling_growth": ((baseline.growth_low, baseline.growth_high)
                                if baseline is not None and math.isfinite(baseline.growth_low) else None),
             "fed_by": tuple(_label_text(r.golden) for r in feeding.rows)
-            + tuple(f"{_label_text(record)} (my-run only)" for record in feeding.unmatched),
+            + tuple(_label_text(record) + MY_ONLY_SUFFIX for record in feeding.unmatched),
         }
         verdict, deciding, metrics = row.verdict, row.deciding_metric, dict(row.metrics)
         evidence = ""
@@ -200,7 +202,7 @@ class _Judge:
                 metrics[TWIN_DIFFERENCE_METRIC] = MetricResult(TWIN_DIFFERENCE_METRIC, twin_row.error or 0.0,
                                                                VERDICT_FAIL, None, 0.0)
                 evidence = f"departs from the noise twin by {twin_row.error or 0.0:.3g}, as its inputs do"
-            elif self.twin is None and failing_feeders and verdict != VERDICT_FAIL:
+            elif self.twin is None and failing_feeders and verdict != VERDICT_FAIL and not feeding.guessed:
                 carried = max((self.errors[id(r)] or 0.0) for r in failing_feeders)
                 if carried > 0 and error >= CARRY_FRACTION * carried and error > _floor(row):
                     verdict, deciding = VERDICT_FAIL, CARRIED_METRIC
@@ -258,7 +260,7 @@ class _Judge:
         grows_most = growth is not None and (math.isnan(baseline.growth_high) or growth > baseline.growth_high)
         factor = max(OUTLIER_FACTOR, math.exp(SPREAD_Z * baseline.log_spread))
         added = math.sqrt(max(error * error - expected * expected, 0.0))
-        if not (error > factor * expected and added > GROWTH_FLOOR_FACTOR * floor and grows_most):
+        if not (error + floor > factor * (expected + floor) and added > GROWTH_FLOOR_FACTOR * floor and grows_most):
             return None
         ratio = error / expected if expected > 0 else math.inf
         low, high = baseline.growth_low, baseline.growth_high

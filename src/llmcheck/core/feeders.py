@@ -30,10 +30,15 @@ from llmcheck.core.records import IO_INPUT, IO_OUTPUT, ComparisonRow, TensorReco
 
 @dataclass(frozen=True)
 class Feeding:
-    """The rows that fed one row, and the unmatched records (either run) that fed it, if any."""
+    """The rows that fed one row, and the unmatched records (either run) that fed it, if any.
+
+    ``guessed`` is set when the nearest earlier record stands in for feeders the dump does
+    not name: good enough to say where an error starts, not to make a row fail with it.
+    """
 
     rows: tuple[ComparisonRow, ...] = ()
     unmatched: tuple[TensorRecord, ...] = ()
+    guessed: bool = False
 
 
 def call_of(record: TensorRecord) -> tuple[str, int, int]:
@@ -109,18 +114,20 @@ class FeederIndex:
                 return Feeding(rows=tuple(own_inputs))
         else:
             producer = self._producer(row)
-            if producer is not None:
-                return Feeding(rows=(producer,))
+            # The my-side tensor may come from an op only the my-run executes (a stray scale):
+            # then that op, not the golden producer's counterpart, is where it was made.
             lone = self._unmatched_producer(row)
             if lone is not None:
-                return Feeding(unmatched=(lone,))
+                return Feeding(rows=(producer,) if producer is not None else (), unmatched=(lone,))
+            if producer is not None:
+                return Feeding(rows=(producer,))
         earlier = self._nearest_earlier(row)
         fed = [earlier] if earlier is not None else []
         if row.golden.key.io == IO_INPUT:
             # A tensor made inside a module from no recorded output (a residual sum, the product
             # inside an MLP) derives from the module's own inputs as much as from the record before it.
             fed.extend(r for r in self._enclosing_inputs(row) if r is not earlier)
-        return Feeding(rows=tuple(fed))
+        return Feeding(rows=tuple(fed), guessed=True)
 
     def _enclosing_inputs(self, row: ComparisonRow) -> list[ComparisonRow]:
         parent = row.golden.parent

@@ -117,8 +117,11 @@ def _theil_sen(points: Sequence[tuple[float, float]]) -> tuple[float, float]:
     return slope, intercept
 
 
-def sibling_baseline(siblings: Sequence[tuple[float, float]]) -> Baseline | None:
+def sibling_baseline(siblings: Sequence[tuple[float, float]], floor: float = 0.0) -> Baseline | None:
     """Return the baseline of a place from its siblings' (feeder error, error) pairs, or None without siblings.
+
+    ``floor`` (the rounding floor of the judged dtype) regularises the siblings' scatter:
+    ``log((y + floor) / (expected + floor))``.
 
     One sibling cannot separate growth from added error: its own error, or its growth applied
     to this row's input, whichever is larger, is the expectation (``slope`` from its growth,
@@ -134,8 +137,9 @@ def sibling_baseline(siblings: Sequence[tuple[float, float]]) -> Baseline | None
         return Baseline(1, low, high, slope, error * error)
     slope, added_squared = _theil_sen([(feeder * feeder, error * error) for feeder, error in siblings])
     baseline = Baseline(len(siblings), low, high, slope, added_squared)
-    residuals = [math.log(error / expected) for feeder, error in siblings
-                 if error > 0 and (expected := baseline.expected(feeder)) > 0]
+    # Scatter far below the rounding floor is noise on noise: the floor keeps it from widening the bar.
+    residuals = [math.log((error + floor) / (expected + floor)) for feeder, error in siblings
+                 if error + floor > 0 and (expected := baseline.expected(feeder)) + floor > 0]
     if len(residuals) < 3:
         return baseline
     centre = median(residuals)

@@ -241,6 +241,9 @@ def print_summary(result: "CompareResult", console: "Console", written: Mapping[
                 console.print(f"  its inputs agree: {', '.join(introduced.fed_by)}", markup=False)
             if introduced.evidence:
                 console.print(f"  evidence: {introduced.evidence}", markup=False, highlight=False)
+        suspects = result.suspects.sentence()
+        if suspects:
+            console.print(f"[bold]suspects:[/] {suspects}", highlight=False)
     if result.golden.source == result.my.source == "file" and len(result.rows) <= 20:
         _print_metric_table(result, console)
     else:

@@ -1,0 +1,81 @@
+"""Suspects: operations only one run executes, found where the error starts.
+
+When the suspect run executes extra operations (a stray scale, a cast, an extra add), an
+op-level capture records them but they have no golden counterpart: they stay unmatched and
+are never measured, and the blame would land downstream. So the records one run has alone
+are named as suspects when they sit where the error starts -- between the last agreeing pair
+and the first introduced (else the first failing) row, in that run's execution order -- or
+when they produced the input of a row labelled ``inherited_from_unmatched``. The same holds
+for golden-only records (an operation the my-run skips).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from llmcheck.core.pairing import Pairing
+from llmcheck.core.records import VERDICT_PASS, VERDICT_WARN, ComparisonRow, TensorRecord
+
+#: Where a row's feeder was a record only the my-run has, its label ends with this.
+MY_ONLY_SUFFIX = " (my-run only)"
+
+
+@dataclass(frozen=True)
+class Suspects:
+    """The one-sided records named as suspects, per side, in execution order."""
+
+    my_only: tuple[TensorRecord, ...] = ()
+    golden_only: tuple[TensorRecord, ...] = ()
+
+    def operations(self, side: str) -> list[str]:
+        """Return the distinct operations (name and call) of one side's suspects, in order."""
+        records = self.my_only if side == "my" else self.golden_only
+        seen: dict[tuple[str, int], str] = {}
+        for record in records:
+            call = f"[{record.key.call_index}]" if record.key.call_index else ""
+            seen.setdefault((record.key.name, record.key.call_index), record.key.name + call)
+        return list(seen.values())
+
+    def sentence(self) -> str:
+        """Return what a user reads: which operations one run executes here and the other does not."""
+        parts = []
+        for side, other, verb in (("my", "golden", "executes"), ("golden", "my", "executes")):
+            operations = self.operations(side)
+            if operations:
+                shown = ", ".join(operations[:5]) + (", ..." if len(operations) > 5 else "")
+                parts.append(f"the {side}-run {verb} {len(operations)} operation{'s' if len(operations) != 1 else ''} "
+                             f"here that the {other} run does not: {shown}")
+        return "; ".join(parts)
+
+    def as_json(self) -> dict[str, Any]:
+        """Return the suspects as summary.json shows them."""
+        def describe(record: TensorRecord) -> dict[str, Any]:
+            key = record.key
+            return {"name": key.name, "io": key.io, "position": key.position, "step": key.step,
+                    "call_index": key.call_index, "op_type": record.op_type}
+
+        return {"sentence": self.sentence(), "my_only": [describe(r) for r in self.my_only],
+                "golden_only": [describe(r) for r in self.golden_only]}
+
+
+def find_suspects(rows: Sequence[ComparisonRow], pairing: Pairing, anchor: ComparisonRow | None) -> Suspects:
+    """Return the one-sided records where the error starts (before ``anchor``) or that fed a row."""
+    if anchor is None:
+        return Suspects()
+    agreeing = [row for row in rows if row.verdict in (VERDICT_PASS, VERDICT_WARN)]
+    fed_labels = {label.removesuffix(MY_ONLY_SUFFIX) for row in rows for label in row.fed_by
+                  if label.endswith(MY_ONLY_SUFFIX)}
+
+    def window(records: Sequence[TensorRecord], anchor_record: TensorRecord, side: str) -> tuple[TensorRecord, ...]:
+        last_agreeing = max((getattr(row, side).order for row in agreeing
+                             if getattr(row, side).order < anchor_record.order
+                             and getattr(row, side).key.step == anchor_record.key.step), default=-1)
+        return tuple(record for record in records
+                     if (last_agreeing < record.order < anchor_record.order
+                         and record.key.step == anchor_record.key.step)
+                     or (side == "my" and record.key.label() in fed_labels))
+
+    return Suspects(
+        my_only=window([item.record for item in pairing.unmatched_my], anchor.my, "my"),
+        golden_only=window([item.record for item in pairing.unmatched_golden], anchor.golden, "golden"))
