@@ -41,6 +41,7 @@ OWN_COLUMNS = (
     "name", "step", "io", "position", "call_index", "my_name", "verdict", "deciding_metric", "deciding_value",
     "warn_threshold", "fail_threshold", "judged_as", "pairing_rule", "attribution", "fed_by", "rmse", "sqnr",
     "golden_nan_count", "golden_inf_count", "my_nan_count", "my_inf_count", "nonfinite_mismatch",
+    "error", "feeder_error", "growth", "structure", "sibling_growth", "expected_error", "noise_error", "evidence",
 )
 def describe(value: Any) -> str:
     """Return a metric value as reports print it (``inf``, ``nan``, or 6 significant digits)."""
@@ -125,6 +126,12 @@ def csv_row(row: ComparisonRow, header: list[str]) -> list[Any]:
         "golden_nan_count": _count(row.golden_stats, "nan_count"), "golden_inf_count": _count(row.golden_stats, "inf_count"),
         "my_nan_count": _count(row.my_stats, "nan_count"), "my_inf_count": _count(row.my_stats, "inf_count"),
         "nonfinite_mismatch": row.nonfinite_mismatch,
+        "error": _number(row.error), "feeder_error": _number(row.feeder_error), "growth": _number(row.growth),
+        "structure": row.structure,
+        "sibling_growth": (f"{describe(row.sibling_growth[0])}-{describe(row.sibling_growth[1])}"
+                           if row.sibling_growth else ""),
+        "expected_error": _number(row.expected_error), "noise_error": _number(row.noise_error),
+        "evidence": row.evidence,
     }
     for prefix, stats in (("golden", row.golden_stats), ("my", row.my_stats)):
         for column, value in zip(("max_value", "min_value", "mean_value"), _stats_cells(stats)):
