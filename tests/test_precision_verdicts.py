@@ -215,3 +215,16 @@ def test_an_op_only_the_my_run_executes_is_named_as_the_suspect(tmp_path):
     fed_by_stray = [row for row in result.rows if row.attribution == "inherited_from_unmatched"]
     assert fed_by_stray and all("(my-run only)" in " ".join(row.fed_by) for row in fed_by_stray)
     assert result.first_introduced is None or "model.layers.2" in result.first_introduced.golden.key.name
+
+
+def test_op_level_weights_that_differ_beyond_bf16_rounding_are_introduced_where_they_enter(llama, tmp_path):
+    golden = _dump(llama, tmp_path / "golden", mode="op")
+    clean = compare_dumps(golden, _dump(copy.deepcopy(llama).to(torch.bfloat16), tmp_path / "clean", mode="op"),
+                          workers=1)
+    assert clean.counts()["failures"] == 0  # weights rounded to bf16 are not a defect
+    assert any(row.golden.attrs.get("parameter") == f"{DEFECTIVE}.weight" for row in clean.rows)
+    result = compare_dumps(golden, _dump(_scaled(llama).to(torch.bfloat16), tmp_path / "my", mode="op"), workers=1)
+    culprit = result.first_introduced
+    assert culprit is not None and culprit.golden.attrs.get("parameter") == f"{DEFECTIVE}.weight"
+    assert culprit.deciding_metric == "weights_beyond_rounding"
+    assert culprit.evidence.startswith("weights differ from golden beyond bfloat16 rounding")

@@ -27,6 +27,7 @@ from llmcheck.core.divergence import (
     first_introduced,
 )
 from llmcheck.core.suspects import Suspects, find_suspects
+from llmcheck.core.weights import check_weights
 from llmcheck.core.errors import EXIT_FAILURE, EXIT_FAILURES_FOUND, EXIT_OK, UsageError
 from llmcheck.core.pairing import Pairing, merge_pairs
 from llmcheck.core.records import (
@@ -299,7 +300,8 @@ def compare_dumps(golden: Dump, my: Dump, *, metric_names: Sequence[str] | None 
     measure_spec = error_measure_spec(specs)
     measure = ErrorMeasure(measure_spec.name, DECIDING_STAT) if measure_spec is not None else None
     twin = _noise_twin(golden, my, noise, measure, workers) if noise is not None and measure is not None else None
-    rows = attribute(rows, measure, twin, [item.record for item in pairing.unmatched_my], same_program)
+    rows = attribute(rows, measure, twin, [item.record for item in pairing.unmatched_my], same_program,
+                     check_weights(rows))
     return CompareResult(golden=golden, my=my, pairing=pairing, rows=rows, metric_specs=specs,
                          elapsed_s=time.perf_counter() - started, tensor_bytes_read=bytes_read,
                          tensor_bytes_compared=sum(pair_bytes(pair) for pair in pairing.pairs), noise=noise)

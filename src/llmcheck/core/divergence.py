@@ -45,6 +45,7 @@ from llmcheck.core.records import (
 from llmcheck.core.suspects import MY_ONLY_SUFFIX
 from llmcheck.core.repeats import Baseline, sibling_baseline, sibling_groups, structure_keys
 from llmcheck.core.verdicts import NONFINITE_METRIC, is_float_dtype
+from llmcheck.core.weights import WeightFinding
 
 INTRODUCED = "introduced"
 INHERITED = "inherited"
@@ -81,8 +82,10 @@ TWIN_METRIC = "error_vs_noise_twin"
 TWIN_DIFFERENCE_METRIC = "differs_from_noise_twin"
 EXACT_INPUTS_METRIC = "error_with_exact_inputs"
 CARRIED_METRIC = "carried_error"
+WEIGHTS_METRIC = "weights_beyond_rounding"
 #: The label of each metric a row can fail on that is not a registered metric.
-PSEUDO_METRICS = (GROWTH_METRIC, TWIN_METRIC, TWIN_DIFFERENCE_METRIC, EXACT_INPUTS_METRIC, CARRIED_METRIC)
+PSEUDO_METRICS = (GROWTH_METRIC, TWIN_METRIC, TWIN_DIFFERENCE_METRIC, EXACT_INPUTS_METRIC, CARRIED_METRIC,
+                  WEIGHTS_METRIC)
 
 
 @dataclass(frozen=True)
@@ -118,8 +121,10 @@ class _Judge:
     """Walks the rows in golden order once, judging each against its feeders, siblings and twin."""
 
     def __init__(self, rows: Sequence[ComparisonRow], measure: ErrorMeasure, twin: "NoiseTwin | None",
-                 unmatched_my: Sequence[TensorRecord], same_program: bool = False) -> None:
+                 unmatched_my: Sequence[TensorRecord], same_program: bool = False,
+                 weights: Mapping[int, WeightFinding] | None = None) -> None:
         self.same_program = same_program
+        self.weights = weights or {}
         self.ordered = sorted(rows, key=lambda row: row.golden.order)
         self.measure = measure
         self.twin = twin
@@ -210,9 +215,14 @@ class _Judge:
                                                            None, CARRY_FRACTION)
                     evidence = (f"carries the error of {failing_feeders[0].golden.key.label()} "
                                 f"({carried:.3g} there, {error:.3g} here)")
+        weight = self.weights.get(id(row))
+        if weight is not None:  # a leaf: whatever fed the op, these values were loaded wrong
+            verdict, deciding, evidence = VERDICT_FAIL, WEIGHTS_METRIC, weight.evidence
+            metrics[WEIGHTS_METRIC] = MetricResult(WEIGHTS_METRIC, float(weight.beyond), VERDICT_FAIL, None, 0.0)
         changes.update(verdict=verdict, deciding_metric=deciding, metrics=metrics, evidence=evidence)
         if verdict == VERDICT_FAIL:
-            changes["attribution"] = self._label(row, error, feeding, failing_feeders, anomaly)
+            changes["attribution"] = (INTRODUCED if weight is not None
+                                      else self._label(row, error, feeding, failing_feeders, anomaly))
         return row.with_changes(**changes)
 
     def _twin_verdict(self, row: ComparisonRow, error: float, twin: float, metrics: dict[str, MetricResult]
@@ -318,16 +328,19 @@ class NoiseTwin:
 
 def attribute(rows: Sequence[ComparisonRow], measure: ErrorMeasure | None = None,
               twin: NoiseTwin | None = None,
-              unmatched_my: Sequence[TensorRecord] = (), same_program: bool = False) -> list[ComparisonRow]:
+              unmatched_my: Sequence[TensorRecord] = (), same_program: bool = False,
+              weights: Mapping[int, WeightFinding] | None = None) -> list[ComparisonRow]:
     """Return the rows (same order) judged against their feeders, siblings and noise twin, with attribution set.
 
     ``measure`` names the error measure (without one, rows keep their table verdicts and are
     only labelled); ``twin`` is what the noise twin says; ``unmatched_my`` are the my-run
     records no pair holds (possible producers of a row's input). ``same_program`` says the
     two runs are one program at one precision on one machine (the my-run against its noise
-    twin): there any difference behind bit-exact inputs is introduced, however small.
+    twin): there any difference behind bit-exact inputs is introduced, however small. ``weights``
+    maps ``id(row)`` to what :func:`llmcheck.core.weights.check_weights` found: parameters that
+    differ from the golden beyond rounding fail as introduced.
     """
-    judge = _Judge(rows, measure or ErrorMeasure(metric=""), twin, unmatched_my, same_program)
+    judge = _Judge(rows, measure or ErrorMeasure(metric=""), twin, unmatched_my, same_program, weights)
     judged = judge.run()
     return [judged.get(id(row), row) for row in rows]
 

@@ -112,6 +112,7 @@ class CaptureSession:
         self._topology_size_written = -1
         self._op_mode: OpCaptureMode | None = None
         self._op_names: dict[Any, str] = {}
+        self._parameter_names: tuple[int, dict[tuple[int, tuple[int, ...], Any], str]] | None = None
         self._parents = {name: parent_name(name) for name in self.selection.ids}
         self._leaf_modules = {name or ROOT_NAME for name, module in model.named_modules()
                               if next(module.children(), None) is None}
@@ -304,12 +305,26 @@ class CaptureSession:
             self.busy = False
         return result
 
+    def _parameter_name(self, tensor: torch.Tensor) -> str | None:
+        """Return the model parameter a tensor is (same storage, shape and dtype), or None.
+
+        Op-level records of weights carry it as ``attrs["parameter"]``: compare checks them
+        against the golden weights rounded to the my-run's dtype, since loading or converting
+        weights wrongly is the most common porting defect.
+        """
+        if self._parameter_names is None or self._parameter_names[0] != self.step:
+            self._parameter_names = (self.step, {(p.data_ptr(), tuple(p.shape), p.dtype): n
+                                                 for n, p in self.model.named_parameters()})
+        return self._parameter_names[1].get((tensor.data_ptr(), tuple(tensor.shape), tensor.dtype))
+
     def _save_op(self, name: str, tensors: list[tuple[str, torch.Tensor]], io: str, call_index: int, moment: str,
                  op_type: str, module_name: str, attrs: dict[str, Any]) -> None:
         graph = self._graph if self._graph_open else None
         for position, tensor in tensors:
             key = RecordKey(name=name, io=io, position=position, step=self.step, call_index=call_index, moment=moment)
-            identity = self.sink.add(key, tensor, op_type=op_type, parent=module_name, attrs=attrs,  # type: ignore[union-attr]
+            parameter = self._parameter_name(tensor) if io == IO_INPUT and tensor.layout == torch.strided else None
+            record_attrs = {**attrs, "parameter": parameter} if parameter else attrs
+            identity = self.sink.add(key, tensor, op_type=op_type, parent=module_name, attrs=record_attrs,  # type: ignore[union-attr]
                                      op_output=io == IO_OUTPUT)
             if graph is not None:
                 self._add_to_graph(graph, key, identity, tensor, op_type, module_name, attrs)
