@@ -34,8 +34,9 @@ result (``o_proj``'s input *is* the attention function's output -- nothing finer
 it). Naming the decoder layer for a defect inside its MLP is a miss: something finer could
 see it. At op level a record ``{module}/{aten op}`` is a hit when its module is accepted
 (any of its operators' inputs or outputs; an input-only acceptance needs an input row).
-A case is a HIT when ``result.first_introduced`` is accepted; a clean control is a FALSE
-CULPRIT when it has any failing row or names a culprit.
+A case is a HIT when the culprit llmcheck names (``result.culprit``: the first introduced
+row, else the first op only one run executes where the error starts) is accepted; a clean
+control is a FALSE CULPRIT when it has any failing row or names a culprit.
 
 Settings (``SETTINGS``): my-run dtype against golden dtype, each with full module-level
 capture and statistics-only capture; op-level capture for fp32 and bf16; and, when the
@@ -484,18 +485,22 @@ def is_accepted(name: str, io: str, accepted: Sequence[Accepted], capture: str) 
 def score(setting: Setting, arch: str, defect: str, layer: int | None, accepted: Sequence[Accepted], result: Any,
           elapsed_s: float) -> CaseResult:
     """Return the case's result read from a ``CompareResult``."""
-    introduced = result.first_introduced
+    # The culprit llmcheck names: the first introduced row, else (where the error enters through
+    # ops only one run executes) the first of those suspect ops; older versions name only the first.
+    named = getattr(result, "culprit", None)
+    if named is None and result.first_introduced is not None:
+        named = result.first_introduced.golden
     counts = result.counts()
     introduced_rows = sum(1 for row in result.rows if row.attribution == "introduced")
     blamed, blamed_module, hit, false_culprit = "nothing", None, None, None
-    if introduced is not None:
-        key = introduced.golden.key
-        blamed, blamed_module = f"{key.name} ({key.io} {key.position})", key.name
+    if named is not None:
+        key = named.key
+        suspect = " [op one run only]" if result.first_introduced is None else ""
+        blamed, blamed_module = f"{key.name} ({key.io} {key.position}){suspect}", key.name
     if defect == CLEAN:
-        false_culprit = counts["failures"] > 0 or introduced is not None
+        false_culprit = counts["failures"] > 0 or named is not None
     else:
-        hit = introduced is not None and is_accepted(introduced.golden.key.name, introduced.golden.key.io, accepted,
-                                                     setting.capture)
+        hit = named is not None and is_accepted(named.key.name, named.key.io, accepted, setting.capture)
     return CaseResult(setting=setting.name, arch=arch, defect=defect, layer=layer,
                       accepted=[culprit.text() for culprit in accepted], blamed=blamed, blamed_module=blamed_module,
                       hit=hit, false_culprit=false_culprit, introduced_rows=introduced_rows,

@@ -100,6 +100,19 @@ class CompareResult:
         return first_introduced(self.rows)
 
     @property
+    def culprit(self) -> TensorRecord | None:
+        """Return the record named as where the error starts: the first introduced row, else the first suspect.
+
+        A defect that changes which ops run (an activation swapped for another, a stray scale)
+        introduces its error through ops only one run has: no pair is introduced, the rows
+        they feed are ``inherited_from_unmatched``, and the first of those ops is the culprit.
+        """
+        introduced = self.first_introduced
+        if introduced is not None:
+            return introduced.golden
+        return self.suspects.first()
+
+    @property
     def suspects(self) -> Suspects:
         """Return the operations only one run executes, where the error starts (``core/suspects.py``)."""
         return find_suspects(self.rows, self.pairing, self.first_introduced or self.first_divergence)
@@ -120,6 +133,10 @@ class CompareResult:
             "first_divergence": describe_row(self.first_divergence),
             "first_introduced": describe_row(self.first_introduced),
             "suspects": self.suspects.as_json(),
+            "culprit": (None if (culprit := self.culprit) is None else
+                        {"name": culprit.key.name, "io": culprit.key.io, "position": culprit.key.position,
+                         "step": culprit.key.step, "call_index": culprit.key.call_index,
+                         "one_run_only": self.first_introduced is None}),
             "introduced": [describe_row(row) for row in introduced[:50]],
             "metrics": [spec.name for spec in self.metric_specs],
             "thresholds": {spec.name: {cls: list(limits) for cls, limits in spec.thresholds.items()}

@@ -42,7 +42,7 @@ from llmcheck.core.records import (
     MetricResult,
     TensorRecord,
 )
-from llmcheck.core.suspects import MY_ONLY_SUFFIX
+from llmcheck.core.suspects import INHERITED_FROM_UNMATCHED, MY_ONLY_SUFFIX
 from llmcheck.core.repeats import Baseline, sibling_baseline, sibling_groups, structure_keys
 from llmcheck.core.verdicts import NONFINITE_METRIC, is_float_dtype
 from llmcheck.core.weights import WeightFinding
@@ -51,7 +51,6 @@ INTRODUCED = "introduced"
 INHERITED = "inherited"
 AMPLIFIED = "amplified"
 ENCLOSES = "encloses"
-INHERITED_FROM_UNMATCHED = "inherited_from_unmatched"
 UNKNOWN = "unknown"
 #: A failing row whose error exceeds its failing feeders' by this factor is labelled amplified.
 AMPLIFICATION_FACTOR = 10.0
@@ -255,8 +254,12 @@ class _Judge:
 
     def _anomaly(self, row: ComparisonRow, error: float, feeding: Feeding, feeder_error: float | None,
                  growth: float | None, baseline: Baseline | None) -> tuple[str, float, float, str] | None:
-        """Return (pseudo-metric, value, limit, evidence) when this row adds error it should not, else None."""
-        if feeder_error is None or feeding.unmatched:
+        """Return (pseudo-metric, value, limit, evidence) when this row adds error it should not, else None.
+
+        A row whose input an op only the my-run has produced is judged the same way: it then
+        fails as inherited from that op (the label says so), not as introduced.
+        """
+        if feeder_error is None:
             return None
         # Same precision on both sides: exact inputs must give exact outputs, whatever the
         # size of the difference -- except that another fp32 kernel sums in another order.

@@ -19,6 +19,11 @@ from llmcheck.core.records import VERDICT_PASS, VERDICT_WARN, ComparisonRow, Ten
 
 #: Where a row's feeder was a record only the my-run has, its label ends with this.
 MY_ONLY_SUFFIX = " (my-run only)"
+#: The attribution of a failing row whose input an op only the my-run has produced.
+INHERITED_FROM_UNMATCHED = "inherited_from_unmatched"
+#: Op types that only convert a dtype: a run at another precision executes them legitimately,
+#: so they are named among the suspects but are the culprit only when nothing else is.
+CAST_OP_MARKERS = ("_to_copy", "aten.to.", "aten.to_", "type_as", "Cast")
 
 
 @dataclass(frozen=True)
@@ -27,6 +32,13 @@ class Suspects:
 
     my_only: tuple[TensorRecord, ...] = ()
     golden_only: tuple[TensorRecord, ...] = ()
+
+    def first(self) -> TensorRecord | None:
+        """Return the suspect named as the culprit: the first that is not a mere dtype cast, else the first."""
+        records = self.my_only or self.golden_only
+        return next((record for record in records if not any(marker in (record.op_type or record.key.name)
+                                                               for marker in CAST_OP_MARKERS)),
+                    next(iter(records), None))
 
     def operations(self, side: str) -> list[str]:
         """Return the distinct operations (name and call) of one side's suspects, in order."""
@@ -64,8 +76,8 @@ def find_suspects(rows: Sequence[ComparisonRow], pairing: Pairing, anchor: Compa
     if anchor is None:
         return Suspects()
     agreeing = [row for row in rows if row.verdict in (VERDICT_PASS, VERDICT_WARN)]
-    fed_labels = {label.removesuffix(MY_ONLY_SUFFIX) for row in rows for label in row.fed_by
-                  if label.endswith(MY_ONLY_SUFFIX)}
+    fed_labels = {label.removesuffix(MY_ONLY_SUFFIX) for row in rows if row.attribution == INHERITED_FROM_UNMATCHED
+                  for label in row.fed_by if label.endswith(MY_ONLY_SUFFIX)}
 
     def window(records: Sequence[TensorRecord], anchor_record: TensorRecord, side: str) -> tuple[TensorRecord, ...]:
         last_agreeing = max((getattr(row, side).order for row in agreeing
