@@ -135,6 +135,7 @@ class _Judge:
         self.siblings = sibling_groups(places, [_slot(row) for row in self.ordered])
         self.feeder_errors = {id(row): self._feeder_error(self.feeding[id(row)]) for row in self.ordered}
         self.judged: dict[int, ComparisonRow] = {}
+        self.introduced_steps: set[int] = set()
 
     def _feeder_error(self, feeding: Feeding) -> float | None:
         errors = [self.errors[id(row)] for row in feeding.rows]
@@ -264,11 +265,11 @@ class _Judge:
         # Same precision on both sides: exact inputs must give exact outputs, whatever the
         # size of the difference -- except that another fp32 kernel sums in another order.
         exact_floor = 0.0 if self.same_program else EXACT_FLOOR.get(row.judged_as, 0.0)
-        if feeder_error == 0 and row.golden.dtype == row.my.dtype and error > exact_floor:
+        if feeder_error == 0 and row.golden.dtype == row.my.dtype and error > exact_floor and not feeding.guessed:
             return (EXACT_INPUTS_METRIC, error, exact_floor, f"its inputs are bit-exact and it differs by {error:.3g}")
         floor = _floor(row)
-        if error <= floor or baseline is None:
-            return None
+        if error <= floor or baseline is None or (feeder_error > 0 and not baseline.saw_received_error):
+            return None  # siblings that all received exact inputs say nothing about growing an error
         expected = baseline.expected(feeder_error)
         grows_most = growth is not None and (math.isnan(baseline.growth_high) or growth > baseline.growth_high)
         factor = max(OUTLIER_FACTOR, math.exp(SPREAD_Z * baseline.log_spread))
@@ -292,6 +293,12 @@ class _Judge:
         if not failing_feeders:
             if any(self.judged.get(id(r), r).verdict == VERDICT_ERROR for r in feeding.rows):
                 return UNKNOWN
+            step = row.golden.key.step
+            if (row.golden.data is None or row.my.data is None) and step in self.introduced_steps:
+                # Statistics only: agreeing norms do not prove agreeing inputs, and an earlier row
+                # of this step already differs -- this one most likely carries that error on.
+                return INHERITED
+            self.introduced_steps.add(step)
             return INTRODUCED
         inherited = [self.errors[id(r)] for r in failing_feeders]
         finite = error is not None and None not in inherited and not any(

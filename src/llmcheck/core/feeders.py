@@ -125,11 +125,13 @@ class FeederIndex:
         fed = [earlier] if earlier is not None else []
         if row.golden.key.io == IO_INPUT:
             # A tensor made inside a module from no recorded output (a residual sum, the product
-            # inside an MLP) derives from the module's own inputs as much as from the record before it.
-            fed.extend(r for r in self._enclosing_inputs(row) if r is not earlier)
+            # inside an MLP, an attention's result) derives from the module's own inputs and from
+            # whatever its children produced before it in this call.
+            fed.extend(r for r in self._enclosing_call(row) if r is not earlier)
         return Feeding(rows=tuple(fed), guessed=True)
 
-    def _enclosing_inputs(self, row: ComparisonRow) -> list[ComparisonRow]:
+    def _enclosing_call(self, row: ComparisonRow) -> list[ComparisonRow]:
+        """Return the inputs of the enclosing module's latest call and its children's outputs since then."""
         parent = row.golden.parent
         if not parent:
             return []
@@ -138,7 +140,11 @@ class FeederIndex:
         if not calls:
             return []
         latest_call = calls[-1].golden.key.call_index
-        return [r for r in calls if r.golden.key.call_index == latest_call]
+        inputs = [r for r in calls if r.golden.key.call_index == latest_call]
+        start = self.position[id(inputs[0])]
+        children = [r for r in self.ordered[start:self.position[id(row)]]
+                    if r.golden.key.io == IO_OUTPUT and inside(r.golden.key.name, parent, self.parents)]
+        return inputs + children
 
     def _producer(self, row: ComparisonRow) -> ComparisonRow | None:
         for identity in tensor_identities(row.golden, row.golden_stats):

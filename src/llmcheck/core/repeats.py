@@ -82,6 +82,8 @@ class Baseline:
     ``log_spread`` is how far the siblings themselves scatter around that line (a robust
     standard deviation of ``log(y / expected)``): trained models have layers that differ, and
     a place whose repeats scatter widely needs a larger excess before one of them stands out.
+    ``saw_received_error`` is False when no sibling received any error: they say what the
+    place adds to exact inputs, nothing about how it grows an error it receives.
     """
 
     sibling_count: int
@@ -90,6 +92,7 @@ class Baseline:
     slope: float
     added_squared: float
     log_spread: float = 0.0
+    saw_received_error: bool = True
 
     def expected(self, feeder_error: float) -> float:
         """Return the error this place should show when it receives ``feeder_error``."""
@@ -131,12 +134,13 @@ def sibling_baseline(siblings: Sequence[tuple[float, float]], floor: float = 0.0
         return None
     growths = [g for g in (_growth(error, feeder) for feeder, error in siblings) if g is not None]
     low, high = min(growths, default=math.nan), max(growths, default=math.nan)
+    saw = any(feeder > 0 for feeder, _ in siblings)
     if len(siblings) == 1:
         feeder, error = siblings[0]
         slope = (error / feeder) ** 2 if feeder > 0 else 0.0
-        return Baseline(1, low, high, slope, error * error)
+        return Baseline(1, low, high, slope, error * error, saw_received_error=saw)
     slope, added_squared = _theil_sen([(feeder * feeder, error * error) for feeder, error in siblings])
-    baseline = Baseline(len(siblings), low, high, slope, added_squared)
+    baseline = Baseline(len(siblings), low, high, slope, added_squared, saw_received_error=saw)
     # Scatter far below the rounding floor is noise on noise: the floor keeps it from widening the bar.
     residuals = [math.log((error + floor) / (expected + floor)) for feeder, error in siblings
                  if error + floor > 0 and (expected := baseline.expected(feeder)) + floor > 0]
@@ -144,7 +148,7 @@ def sibling_baseline(siblings: Sequence[tuple[float, float]], floor: float = 0.0
         return baseline
     centre = median(residuals)
     spread = 1.4826 * median(abs(residual - centre) for residual in residuals)
-    return Baseline(len(siblings), low, high, slope, added_squared, log_spread=spread)
+    return Baseline(len(siblings), low, high, slope, added_squared, log_spread=spread, saw_received_error=saw)
 
 
 def sibling_groups(places: Sequence[Place | None], slots: Sequence[Hashable]) -> dict[int, list[int]]:
