@@ -8,9 +8,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from llmcheck.core.depth_profile import error_measure, row_error
 from llmcheck.core.errors import LlmcheckError
-from llmcheck.core.records import IO_OUTPUT, ComparisonRow
+from llmcheck.core.records import IO_OUTPUT, ComparisonRow, TensorData
+from llmcheck.core.verdicts import is_float_dtype
 from llmcheck.core.report import describe, measure_text
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -34,14 +37,22 @@ def next_tokens(row: ComparisonRow) -> tuple[int, int] | None:
     if row.golden.data is None or row.my.data is None or len(row.golden.shape) < 2 or row.golden.shape[-1] < 2 \
             or row.golden.shape != row.my.shape:
         return None
+    if not (is_float_dtype(row.golden.dtype) and is_float_dtype(row.my.dtype)) or "complex" in row.golden.dtype:
+        return None
+    width = row.golden.shape[-1]
     try:
-        golden, my = row.golden.data.load(), row.my.data.load()
+        return int(_last_row(row.golden.data, width).argmax()), int(_last_row(row.my.data, width).argmax())
     except (LlmcheckError, OSError, ValueError, RuntimeError):
         return None
-    if not golden.is_floating_point():
-        return None
-    last = golden.shape[-1]
-    return int(golden.reshape(-1, last)[-1].float().argmax()), int(my.reshape(-1, last)[-1].float().argmax())
+
+
+def _last_row(data: TensorData, width: int) -> np.ndarray:
+    """Return the last ``width`` values of a tensor as float64, decoded with numpy (no torch import for a report)."""
+    from llmcheck.core.tensor_chunks import ChunkReader
+
+    with ChunkReader(data) as reader:
+        return reader.read(reader.size - width, np.empty(width),
+                           lambda name, size, dtype=np.float64: np.empty(size, dtype=dtype))
 
 
 def output_effect(result: "CompareResult") -> str:

@@ -57,6 +57,8 @@ def _identity(record: TensorRecord) -> tuple[Any, ...]:
 
 def check_weights(rows: Sequence[ComparisonRow]) -> dict[int, WeightFinding]:
     """Return, keyed by ``id(row)``, the parameter rows whose my-run weights differ beyond rounding."""
+    if not any(parameter_of(row) for row in rows):
+        return {}  # most dumps hold no parameters: no torch import for them
     import torch
 
     findings: dict[int, WeightFinding] = {}
