@@ -212,6 +212,11 @@ def test_an_op_only_the_my_run_executes_is_named_as_the_suspect(tmp_path):
     assert [entry["name"] for entry in suspects["my_only"]][:1] == ["model.layers.2.mlp/aten.mul.Tensor"]
     assert "the my-run executes 1 operation here that the golden run does not: model.layers.2.mlp/aten.mul.Tensor" \
         in suspects["sentence"]
+    from llmcheck.core.report import write_reports
+
+    html = write_reports(result, tmp_path / "report")["html"].read_text()
+    assert "suspects: the my-run executes 1 operation here that the golden run does not" in html
+    assert result.summary()["culprit"]["name"] == "model.layers.2.mlp/aten.mul.Tensor"
     fed_by_stray = [row for row in result.rows if row.attribution == "inherited_from_unmatched"]
     assert fed_by_stray and all("(my-run only)" in " ".join(row.fed_by) for row in fed_by_stray)
     assert result.first_introduced is None or "model.layers.2" in result.first_introduced.golden.key.name

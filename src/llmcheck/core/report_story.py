@@ -95,10 +95,15 @@ def story(result: "CompareResult") -> str:
         op_type = culprit_row.golden.op_type
         where = culprit_row.golden.key.label() + (f" ({op_type})" if op_type else "")
         evidence = culprit_row.evidence or measure_text(culprit_row)
+        suspects = result.suspects.sentence()
         if introduced is not None:
             inputs = ", while its inputs agree" if introduced.fed_by else ""
             culprit = f"; the error is introduced at {where}: {evidence}{inputs}"
+        elif suspects:
+            culprit = f"; the first failing tensor is {where}, fed by operations only one run executes"
         else:
             culprit = f"; the first failing tensor is {where}: {evidence} (where it is introduced is unknown)"
+        if suspects:
+            culprit += f"; suspects: {suspects}"
     effect = output_effect(result)
     return f"{compared}: {verdict}{culprit}" + (f"; {effect}" if effect else "") + "."
