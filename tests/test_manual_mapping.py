@@ -183,3 +183,58 @@ def test_a_metadata_entry_climbing_out_of_the_dump_is_refused(tmp_path: Path,
     assert main(["compare", "-gp", str(metadata), "-mp", str(metadata), "-o", str(tmp_path / "cmp")]) == 1
     error = capsys.readouterr().err
     assert "'../../../secret.npy', a path that climbs out of the dump" in error and error.count("\n") == 1
+
+
+def test_data_ids_that_differ_only_in_unsafe_characters_keep_their_own_tensors(tmp_path: Path) -> None:
+    from llmcheck.plugins.manual.metadata_file import read_metadata
+
+    first, second = torch.ones(2), torch.full((2,), 7.0)
+    dump_data("golden", "layer.0/out", first, output_path=tmp_path)
+    metadata_path = dump_data("golden", "layer.0_out", second, output_path=tmp_path)
+    recorded = read_metadata(metadata_path)
+    paths = {data_id: recorded[data_id]["0"] for data_id in ("layer.0/out", "layer.0_out")}
+    assert paths["layer.0/out"] != paths["layer.0_out"]
+    from safetensors.torch import load_file
+
+    assert torch.equal(load_file(metadata_path.parent / paths["layer.0/out"])["tensor"], first)
+    assert torch.equal(load_file(metadata_path.parent / paths["layer.0_out"])["tensor"], second)
+
+
+def test_threads_saving_the_same_data_id_at_once_never_fail(tmp_path: Path) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    from safetensors.torch import load_file
+
+    values = [torch.full((64, 64), float(thread)) for thread in range(4)]
+
+    def save(thread: int) -> Path:
+        return dump_data("golden", "x", values[thread], output_path=tmp_path)
+
+    for _ in range(25):
+        with ThreadPoolExecutor(4) as pool:
+            (metadata_path, *_) = list(pool.map(save, range(4)))
+    saved = load_file(metadata_path.parent / "0" / "x_tensor.safetensors")["tensor"]
+    assert any(torch.equal(saved, value) for value in values)  # one writer's tensor, whole
+    assert sorted(path.name for path in metadata_path.parent.rglob("*")) == ["0", "metadata.json",
+                                                                            "x_tensor.safetensors"]
+
+
+@pytest.mark.slow
+def test_dump_data_onto_a_full_disk_raises_an_error_naming_the_file(tmp_path: Path) -> None:
+    script = textwrap.dedent(f"""
+        import resource, signal, torch
+        from llmcheck import dump_data
+        from llmcheck.core.errors import LlmcheckError
+        resource.setrlimit(resource.RLIMIT_FSIZE, (64 * 1024, 64 * 1024))
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        try:
+            dump_data("golden", "big", torch.ones(1 << 16), output_path={str(tmp_path)!r})
+        except LlmcheckError as exc:
+            print(type(exc).__name__, exc.one_line())
+    """)
+    completed = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert completed.returncode == 0, completed.stderr
+    (tensor_folder,) = tmp_path.glob("*_cmp_dump_data/golden_tensor/0")
+    assert completed.stdout.strip() == (f"WriteFailedError {tensor_folder / 'big_tensor.safetensors'}: cannot write: "
+                                        "[Errno 27] File too large (EFBIG)")
+    assert list(tensor_folder.iterdir()) == []  # no temporary file left

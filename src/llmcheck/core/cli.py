@@ -97,12 +97,16 @@ def cli() -> None:
               help="Folder the dump is written under (a new dump folder per run).")
 @click.option("-device", "--device-id", default=None, help="Dump only this device id (comma list allowed).")
 @click.option("-seed", "--seed", default=None, type=int, help="Make the run deterministic with this seed.")
+@click.option("--on-capture-error", type=click.Choice(["stop", "raise"]), default="stop", show_default=True,
+              help="A failure inside capture (a full disk): 'stop' capture and let the program run on, "
+                   "or also 'raise' it into the program.")
 @log_level_option
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def dump(backend: str, exec_text: str | None, dump_types: Sequence[str], only_save_desc: bool,
          save_operation_ids: str, execute_range: str, save_operation_child: str, save_time: int,
          operation_name: str | None, save_tiling: bool, save_tensor_part: int, output: Path,
-         device_id: str | None, seed: int | None, log_level: str, command: Sequence[str]) -> None:
+         device_id: str | None, seed: int | None, on_capture_error: str, log_level: str,
+         command: Sequence[str]) -> None:
     """Run a program with capture on: llmcheck dump --backend torch -o OUT --exec "python infer.py"."""
     from llmcheck.core.plugins import get_plugins
     from llmcheck.core.records import CaptureRequest
@@ -120,6 +124,7 @@ def dump(backend: str, exec_text: str | None, dump_types: Sequence[str], only_sa
         "save_tensor_part": parse_choice_int(save_tensor_part, (0, 1, 2), "-stp/--save-tensor-part"),
         "device_id": device_id,
         "seed": seed,
+        "on_capture_error": on_capture_error,
     }
     argv = split_command(exec_text, command)
     from llmcheck.core.store import check_output_folder

@@ -84,3 +84,12 @@ class ShapeMismatchError(LlmcheckError):
 
 class UnsupportedOpError(LlmcheckError):
     """An operator reference cannot compute this op or this variant of it (opcheck lists the op with this reason)."""
+
+
+class WriteFailedError(LlmcheckError):
+    """Writing a file failed (a full disk, a file size limit, no permission); ``errno`` is the OS's code."""
+
+    def __init__(self, what: str, *, where: str | Path | None = None, errno: int | None = None,
+                 hint: str | None = None) -> None:
+        self.errno = errno
+        super().__init__(what, where=where, hint=hint)

@@ -25,7 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
-from llmcheck.core.errors import DumpFormatError, DumpNotFoundError, LlmcheckError, UsageError
+from llmcheck.core.atomic_files import TEMPORARY_SUFFIX, atomic_write_text, remove_quietly, write_failed
+from llmcheck.core.errors import DumpFormatError, DumpNotFoundError, LlmcheckError, UsageError, WriteFailedError
 from llmcheck.core.records import (
     DTYPE_ITEMSIZE,
     Dump,
@@ -145,9 +146,7 @@ def new_dump_dir(output_dir: Path, suffix: str = "") -> Path:
 
 
 def _atomic_write_json(path: Path, value: Any) -> None:
-    temporary = path.with_name(path.name + ".tmp")
-    temporary.write_text(json.dumps(value, indent=2, sort_keys=False) + "\n")
-    os.replace(temporary, path)
+    atomic_write_text(path, json.dumps(value, indent=2, sort_keys=False) + "\n")
 
 
 @dataclass
@@ -167,6 +166,8 @@ class DumpWriter:
     ``add`` takes ownership of the tensor it is given (the caller passes a copy, so later
     in-place ops cannot change what is saved). Shards are written by a background thread;
     at most two batches are held in memory, so memory stays near ``2 * shard_bytes``.
+    A failed write raises :class:`WriteFailedError` naming the file; :meth:`close_cut`
+    then ends the dump at its last complete record.
     """
 
     def __init__(
@@ -191,6 +192,8 @@ class DumpWriter:
         self._batch = _Batch()
         self._shard_count = 0
         self._closed = False
+        self._finished = False  # the closing manifest is written (complete or cut)
+        self._index_bytes = 0  # bytes of index.jsonl that hold complete, indexed records
         self._error: BaseException | None = None
         torch_version = None
         if "torch" in sys.modules:
@@ -254,25 +257,65 @@ class DumpWriter:
         """Write everything still pending, stop the writer thread and mark the dump complete."""
         if self._closed:
             return
-        self.flush()
+        try:
+            self.flush()
+        finally:
+            self._closed = True
+            self._stop_thread()
+            self._index.close()
+        self._raise_writer_error()
+        self._write_closing_manifest(None)
+
+    def close_cut(self, reason: str) -> None:
+        """Close the dump after a failure: keep every complete record, drop the rest, say why in the manifest.
+
+        Never raises: it runs while the captured program goes on. The pending batch is
+        dropped, a partial index line is cut off, temporary files are removed (which also
+        frees the space a full disk needs for the small closing manifest). If even the
+        manifest cannot be written, the dump reads as one its writer did not close.
+        """
+        if self._finished:
+            return
         self._closed = True
-        if self._queue is not None and self._thread is not None:
+        self._batch = _Batch()
+        self._stop_thread()
+        self._error = None
+        try:
+            self._index.close()
+        except OSError:
+            pass  # its buffered tail is what the truncation below drops anyway
+        try:
+            os.truncate(self.path / INDEX_NAME, self._index_bytes)
+        except OSError:
+            pass
+        for leftover in self.path.glob("*" + TEMPORARY_SUFFIX):
+            remove_quietly(leftover)
+        try:
+            self._write_closing_manifest(reason)
+        except WriteFailedError:
+            pass
+
+    def _stop_thread(self) -> None:
+        if self._queue is not None and self._thread is not None and self._thread.is_alive():
             self._queue.put(None)
             self._thread.join()
-        self._index.close()
-        self._raise_writer_error()
+
+    def _write_closing_manifest(self, cut: str | None) -> None:
         self.manifest["end_time"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
         self.manifest["records"] = self.records_written
-        self.manifest["shards"] = self._shard_count
+        self.manifest["shards"] = len(list(self.path.glob("shard_*.safetensors")))
         self.manifest["tensor_bytes"] = self.bytes_written
+        if cut is not None:
+            self.manifest["cut"] = cut
         _atomic_write_json(self.path / MANIFEST_NAME, self.manifest)
+        self._finished = True
 
     def _raise_writer_error(self) -> None:
         if self._error is not None:
             error, self._error = self._error, None
             if isinstance(error, LlmcheckError):
                 raise error
-            raise LlmcheckError(f"writing the dump failed: {error}", where=self.path) from error
+            raise write_failed(self.path, error, "writing the dump failed") from error
 
     def _drain(self) -> None:
         assert self._queue is not None
@@ -302,8 +345,15 @@ class DumpWriter:
                 line["tensor"] = tensor_names[position]
             lines.append(json.dumps(line, separators=(",", ":")) + "\n")
         # The shard is complete and renamed before any line that points into it exists.
-        self._index.write("".join(lines))
-        self._index.flush()
+        text = "".join(lines)
+        try:
+            self._index.write(text)
+            self._index.flush()
+        except OSError as exc:
+            if shard_name is not None:
+                remove_quietly(self.path / shard_name)  # no complete line points into it
+            raise write_failed(self.path / INDEX_NAME, exc, "writing the dump failed") from exc
+        self._index_bytes += len(text.encode())
         self.records_written += len(lines)
 
     def _write_shard(self, shard_name: str, batch: _Batch) -> list[tuple[int, str]]:
@@ -345,13 +395,27 @@ class DumpWriter:
         header_bytes += b" " * (-len(header_bytes) % 8)
         final_path = self.path / shard_name
         temporary = final_path.with_name(shard_name + ".tmp")
-        with open(temporary, "wb", buffering=0) as shard:
-            shard.write(len(header_bytes).to_bytes(8, "little") + header_bytes)
-            for i in unique_order:
-                shard.write(tensor_bytes(batch.tensors[i]))  # type: ignore[arg-type]
-        os.replace(temporary, final_path)
+        try:
+            with open(temporary, "wb", buffering=0) as shard:
+                _write_all(shard, len(header_bytes).to_bytes(8, "little") + header_bytes)
+                for i in unique_order:
+                    _write_all(shard, tensor_bytes(batch.tensors[i]))  # type: ignore[arg-type]
+            os.replace(temporary, final_path)
+        except OSError as exc:
+            remove_quietly(temporary)
+            raise write_failed(final_path, exc, "writing the dump failed") from exc
         self.bytes_written += offset
         return names
+
+
+def _write_all(handle: Any, data: Any) -> None:
+    """Write every byte of ``data`` to an unbuffered file; a short write (a file size limit) becomes the OSError."""
+    view = memoryview(data).cast("B")
+    while view:
+        written = handle.write(view)
+        if not written:
+            raise OSError(28, os.strerror(28))
+        view = view[written:]
 
 
 # --- reader -----------------------------------------------------------------------------
@@ -387,6 +451,22 @@ def check_output_folder(output: Path, what: str = "reports") -> None:
     if Path(output).exists() and not Path(output).is_dir():
         raise UsageError("exists and is not a folder", where=output, hint="pass a folder with -o")
     refuse_output_inside_dump(output, what)
+
+
+def closing_state(path: Path) -> tuple[int | None, str | None]:
+    """Return a dump's record count and why it is cut (``None``: complete), from its manifest alone (cheap)."""
+    try:
+        manifest = json.loads((Path(path) / MANIFEST_NAME).read_text())
+    except (OSError, ValueError):
+        return None, "its manifest.json cannot be read"
+    if not isinstance(manifest, dict):
+        return None, "its manifest.json is not a JSON object"
+    records = manifest.get("records") if isinstance(manifest.get("records"), int) else None
+    if manifest.get("cut"):
+        return records, str(manifest["cut"])
+    if "end_time" not in manifest:
+        return records, "the capture did not close it (the program was killed or did not exit normally)"
+    return records, None
 
 
 def find_dumps(path: Path) -> list[Path]:
@@ -487,6 +567,8 @@ def read_dump(path: Path) -> Dump:
         cuts.append(f"unfinished shard {leftover.name} was discarded")
     if "end_time" not in manifest:
         cuts.append("the writer did not close the dump (killed or still running)")
+    if manifest.get("cut"):
+        cuts.insert(0, f"capture stopped early: {manifest['cut']}")
     topology = None
     if (root / TOPOLOGY_NAME).is_file():
         try:

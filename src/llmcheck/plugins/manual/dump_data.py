@@ -23,11 +23,13 @@ from __future__ import annotations
 import inspect
 import logging
 import os
-import re
+import hashlib
+from urllib.parse import quote
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
-from llmcheck.core.errors import LlmcheckError, PathOutsideDumpError, UsageError
+from llmcheck.core.atomic_files import atomic_write_with, write_failed
+from llmcheck.core.errors import PathOutsideDumpError, UsageError
 from llmcheck.plugins.manual.metadata_file import record_entry
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -40,7 +42,8 @@ MAPPED_ROOT = "ait_dump"
 GOLDEN_FOLDER = "golden_tensor"
 TENSOR_SUFFIX = "_tensor.safetensors"
 TENSOR_KEY = "tensor"
-_UNSAFE_NAME = re.compile(r"[^A-Za-z0-9_.-]")
+#: File names longer than this (in bytes) are shortened to a prefix and a hash of the whole data id.
+MAX_FILE_NAME_BYTES = 200
 
 
 def _mapped_signature(token_id: int, data_id: Any, golden_data: Any, my_path: str | os.PathLike[str],
@@ -80,22 +83,38 @@ def _data_id(data_id: Any) -> str:
     return str(data_id)
 
 
+def tensor_file_name(data_id: str) -> str:
+    """Return the file a data id's tensor is saved in: distinct data ids always get distinct names.
+
+    Percent-encoding keeps letters, digits and ``_.-~`` and escapes everything else
+    (``/`` and ``%`` included), so ``layer.0/out`` and ``layer.0_out`` no longer meet.
+    """
+    stem = quote(data_id, safe="")
+    if len(stem) > MAX_FILE_NAME_BYTES:
+        stem = f"{stem[:MAX_FILE_NAME_BYTES - 17]}~{hashlib.sha256(data_id.encode()).hexdigest()[:16]}"
+    return f"{stem}{TENSOR_SUFFIX}"
+
+
 def _save_tensor(tensor: Any, folder: Path, token_id: str, data_id: str, what: str) -> str:
-    """Save one tensor as safetensors and return its path relative to ``folder``."""
+    """Save one tensor as safetensors and return its path relative to ``folder``.
+
+    Threads and processes saving the same data id at once each write their own temporary
+    file; the last rename wins whole. A failed write (a full disk) raises
+    :class:`~llmcheck.core.errors.WriteFailedError` naming the file and leaves nothing behind.
+    """
     import torch
     from safetensors.torch import save_file
 
     if not isinstance(tensor, torch.Tensor):
         raise UsageError(f"{what} must be a torch.Tensor, got {type(tensor).__name__}", where="dump_data")
-    relative = Path(token_id) / f"{_UNSAFE_NAME.sub('_', data_id)}{TENSOR_SUFFIX}"
+    relative = Path(token_id) / tensor_file_name(data_id)
     target = folder / relative
-    target.parent.mkdir(parents=True, exist_ok=True)
-    temporary = target.with_name(f".{target.name}.{os.getpid()}.tmp")
     try:
-        save_file({TENSOR_KEY: tensor.detach().cpu().contiguous()}, str(temporary))
-        os.replace(temporary, target)
-    except (OSError, ValueError, TypeError) as exc:
-        raise LlmcheckError(f"cannot save {what}: {exc}", where=target) from exc
+        target.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise write_failed(target.parent, exc, "cannot create the folder") from exc
+    saved = tensor.detach().cpu().contiguous()
+    atomic_write_with(target, lambda temporary: save_file({TENSOR_KEY: saved}, temporary))
     return relative.as_posix()
 
 

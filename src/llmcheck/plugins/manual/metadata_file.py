@@ -19,11 +19,11 @@ from __future__ import annotations
 import json
 import logging
 import os
-import threading
 from pathlib import Path
 from typing import Any, Mapping
 
-from llmcheck.core.errors import DumpFormatError, LlmcheckError
+from llmcheck.core.atomic_files import atomic_write_text
+from llmcheck.core.errors import DumpFormatError
 
 log = logging.getLogger("llmcheck.manual")
 
@@ -97,12 +97,7 @@ def record_entry(folder: Path, data_id: str, token_id: str, entry: Any) -> Path:
             log.warning("%s: data_id %s token %s dumped again; the later call replaces %r", path, data_id, token_id,
                         previous)
         current.setdefault(data_id, {})[token_id] = entry
-        temporary = folder / f".{METADATA_NAME}.{os.getpid()}.{threading.get_ident()}.tmp"
-        try:
-            temporary.write_text(json.dumps(current, indent=1) + "\n", encoding="utf-8")
-            os.replace(temporary, path)
-        except OSError as exc:
-            raise LlmcheckError(f"cannot write the metadata: {exc.strerror}", where=path) from exc
+        atomic_write_text(path, json.dumps(current, indent=1) + "\n")
     finally:
         os.close(directory)  # closing the descriptor releases the lock
     return path

@@ -22,8 +22,8 @@ from typing import Any, Mapping
 
 from llmcheck.core.errors import UsageError
 from llmcheck.core.records import CaptureRequest
-from llmcheck.core.store import find_dumps
-from llmcheck.plugins.torch_hooks.config import CONFIG_ENV, LEVEL_MODULE, LEVEL_OP, DumpConfig
+from llmcheck.core.store import closing_state, find_dumps
+from llmcheck.plugins.torch_hooks.config import CONFIG_ENV, LEVEL_MODULE, LEVEL_OP, ON_ERROR_STOP, DumpConfig
 
 log = logging.getLogger("llmcheck.torch")
 
@@ -77,6 +77,7 @@ def config_from_options(options: Mapping[str, Any], output_dir: Path, command: l
         profile_cpu="cpu_profiling" in dump_types,
         export_onnx="onnx" in dump_types,
         command_line=command,
+        on_capture_error=options.get("on_capture_error", ON_ERROR_STOP),
     )
 
 
@@ -132,10 +133,26 @@ class TorchCaptureBackend:
         except PermissionError as exc:
             raise UsageError(f"cannot run {command[0]!r}: permission denied", where="--exec") from exc
         exit_code = completed.returncode if completed.returncode >= 0 else 128 - completed.returncode
-        written = sorted(set(find_dumps(output_dir)) - dumps_before)
-        for path in written:
-            log.info("torch capture wrote %s", path)
-        if not written:
-            log.warning("%s: no dump was written: the program ran no PyTorch module forward under capture "
-                        "(is it a Python program that imports torch?)", output_dir)
+        report_outcome(sorted(set(find_dumps(output_dir)) - dumps_before), completed.returncode, output_dir)
         return exit_code
+
+
+def report_outcome(written: list[Path], returncode: int, output_dir: Path) -> None:
+    """Log what the run left: each dump, complete or cut, and how the program ended (it may have failed)."""
+    ended = (f"the program was killed by signal {-returncode}" if returncode < 0
+             else f"the program exited with code {returncode}")
+    for path in written:
+        records, cut = closing_state(path)
+        counted = f", {records} records" if records is not None else ""
+        if cut is None:
+            log.info("torch capture wrote %s (complete%s); %s", path, counted, ended)
+        else:
+            log.warning("torch capture wrote %s (cut%s: %s); %s", path, counted, cut, ended)
+    if written:
+        return
+    if returncode == 0:
+        log.warning("%s: no dump was written: the program ran no PyTorch module forward under capture "
+                    "(is it a Python program that imports torch?)", output_dir)
+    else:
+        log.warning("%s: no dump was written; %s before any PyTorch module forward ran under capture",
+                    output_dir, ended)

@@ -11,6 +11,11 @@ level; ``step`` counts forwards of the model (HF ``generate``: 0 is the prefill)
 ``call_index`` counts calls of one name within a step; inputs are saved ``before`` the call
 (as an in-place op found them) and outputs ``after``; ``order`` is the global order in which
 tensors were seen.
+
+A failure inside capture -- a full disk, a bug -- never breaks the program: every hook
+contains its own work, and on the first failure capture stops with one warning, the dump
+is closed as cut at its last complete record, and the program runs on as if uncaptured
+(``DumpConfig.on_capture_error="raise"`` hands the error to the program after stopping).
 """
 
 from __future__ import annotations
@@ -25,11 +30,11 @@ from typing import Any, ContextManager
 
 import torch
 
-from llmcheck.core.errors import UsageError
+from llmcheck.core.errors import LlmcheckError, UsageError
 from llmcheck.core.records import IO_INPUT, IO_OUTPUT, MOMENT_AFTER, MOMENT_BEFORE, RecordKey, TopologyNode
 from llmcheck.core.store import DumpWriter
 from llmcheck.core.tensor_io import dtype_name
-from llmcheck.plugins.torch_hooks.config import LEVEL_MODULE, LEVEL_OP, DumpConfig
+from llmcheck.plugins.torch_hooks.config import LEVEL_MODULE, LEVEL_OP, ON_ERROR_RAISE, DumpConfig
 from llmcheck.plugins.torch_hooks.cpu_profile import CAPTURE_RANGE, StepProfiler
 from llmcheck.plugins.torch_hooks.module_graph_onnx import ONNX_FILE, GraphRecorder, GraphTensor, write_graph_onnx
 from llmcheck.plugins.torch_hooks.module_selection import ROOT_NAME, ModuleSelection, parent_name
@@ -102,6 +107,8 @@ class CaptureSession:
         self.steps_dumped: list[int] = []
         self.busy = False  # True while the session does its own tensor work (the op mode lets it pass)
         self.closed = False
+        self.failure: str | None = None  # why capture stopped early; None while it runs or ended normally
+        self._raises = config.on_capture_error == ON_ERROR_RAISE
         self._module_level = LEVEL_MODULE in config.levels
         self._op_level = LEVEL_OP in config.levels
         self._root_depth = 0
@@ -135,10 +142,11 @@ class CaptureSession:
         self.sink = TensorSink(self.writer, rank=self.rank, statistics_only=config.statistics_only,
                                max_pending_bytes=config.max_pending_bytes) if self.writer else None
         self._hooks: list[Any] = []
+        self._root_after_hook: Any = None  # kept after a failure mid-step, to leave the op mode at the step's end
         for name, module in model.named_modules():
             self._attach(name or ROOT_NAME, module)
         self_ref = weakref.ref(self)
-        self._atexit = lambda: (session := self_ref()) is not None and session.close()
+        self._atexit = lambda: (session := self_ref()) is not None and session.close_at_exit()
         atexit.register(self._atexit)
         if self.path is not None:
             log.info("capturing %s into %s", type(model).__name__, self.path)
@@ -180,27 +188,71 @@ class CaptureSession:
         return node(ROOT_NAME, self.model)[0]
 
     def close(self) -> None:
-        """Remove the hooks, write every pending record and the module tree, and close the dump."""
+        """Remove the hooks, write every pending record and the module tree, and close the dump.
+
+        A failure here stops capture as one inside a hook does (see the module docstring).
+        """
         if self.closed:
             return
         self.closed = True
         atexit.unregister(self._atexit)
-        for handle in self._hooks:
-            handle.remove()
-        self._hooks.clear()
+        self._remove_hooks(keep_root_after=False)
         self._leave_op_mode()
-        if self._profiler is not None and self._profiler.running:
-            self._profiler.stop(self.step)
-        if self.writer is None or self.sink is None:
+        if self.writer is None or self.sink is None or self.failure is not None:
             return
         try:
+            if self._profiler is not None and self._profiler.running:
+                self._profiler.stop(self.step)
             self.sink.hand_over()
             self._write_topology()
-        finally:
             self.writer.close()
             self.sink.finish()
-        if self._graph is not None:
-            write_graph_onnx(self._graph, self.path / ONNX_FILE, type(self.model).__name__)  # type: ignore[operator]
+            if self._graph is not None:
+                write_graph_onnx(self._graph, self.path / ONNX_FILE, type(self.model).__name__)  # type: ignore[operator]
+        except Exception as exc:
+            self._stop_after_failure(exc)
+            if self._raises:
+                raise
+
+    def close_at_exit(self) -> None:
+        """Close the dump as the process exits; never raises (no forward is left to hand an error to)."""
+        try:
+            self.close()
+        except Exception:
+            pass  # already reported by the warning of _stop_after_failure
+
+    # --- failures ---
+
+    def _stop_after_failure(self, exc: BaseException) -> None:
+        """Stop capturing after a failure inside capture: warn once, close the dump as cut, go dormant."""
+        if self.failure is not None:
+            return
+        reason = exc.one_line() if isinstance(exc, LlmcheckError) else f"{type(exc).__name__}: {exc}"
+        self.failure = reason
+        self._dumping = False
+        self._remove_hooks(keep_root_after=self._root_depth > 0)
+        if self._root_depth == 0:
+            self._leave_op_mode()
+        if self._profiler is not None and self._profiler.running:
+            try:
+                self._profiler.stop(self.step)
+            except Exception:
+                pass  # the profile is lost with the rest of the capture
+        if self.sink is not None:
+            self.sink.finish()  # the progress display ends with the capture
+        kept = 0
+        if self.writer is not None:
+            self.writer.close_cut(reason)
+            kept = self.writer.records_written
+        policy = "the error is raised into the program" if self._raises else "the program runs on"
+        log.warning("capture stopped: %s; the dump %s is closed as cut with its %d complete records, %s",
+                    reason, self.path, kept, policy)
+
+    def _remove_hooks(self, *, keep_root_after: bool) -> None:
+        for handle in self._hooks:
+            if not (keep_root_after and handle is self._root_after_hook):
+                handle.remove()
+        self._hooks = [self._root_after_hook] if keep_root_after else []
 
     # --- hooks ---
 
@@ -208,6 +260,15 @@ class CaptureSession:
         is_root = module is self.model
 
         def before(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+            try:
+                return start_call(module, args, kwargs)
+            except Exception as exc:  # capture's own failure: the program's forward must not see it
+                self._stop_after_failure(exc)
+                if self._raises:
+                    raise
+                return None
+
+        def start_call(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
             if is_root:
                 self._root_depth += 1
                 if self._root_depth == 1:
@@ -230,6 +291,12 @@ class CaptureSession:
             # rest is (kwargs, output); an always-called hook after an exception gets (output,) only
             if self._root_depth == 0:
                 return None
+            if self.failure is not None:  # only the root's hook is left: leave the op mode at the step's end
+                self._root_depth -= 1
+                if self._root_depth == 0:
+                    self._leave_op_mode()
+                    self._remove_hooks(keep_root_after=False)
+                return None
             matched = bool(self._stack) and self._stack[-1][0] == name
             if not matched and not is_root:
                 return None  # a call whose start this session did not see
@@ -241,15 +308,25 @@ class CaptureSession:
                         self._save(name, module, call_inputs(args, kwargs), IO_INPUT, call_index, MOMENT_AFTER)
                     if self.config.saves_outputs:
                         self._save(name, module, call_outputs(output), IO_OUTPUT, call_index, MOMENT_AFTER)
+                if is_root and self._root_depth == 1:
+                    self._end_step()
+            except Exception as exc:  # capture's own failure: the program's forward must not see it
+                self._stop_after_failure(exc)
+                if self._raises:
+                    raise
             finally:
                 if is_root:
                     self._root_depth -= 1
-                    if self._root_depth == 0:
-                        self._end_step()
+                    if self._root_depth == 0 and self.failure is not None:
+                        self._leave_op_mode()
+                        self._remove_hooks(keep_root_after=False)
             return None
 
         self._hooks.append(module.register_forward_pre_hook(before, with_kwargs=True))
-        self._hooks.append(module.register_forward_hook(after, with_kwargs=True, always_call=True))
+        after_hook = module.register_forward_hook(after, with_kwargs=True, always_call=True)
+        self._hooks.append(after_hook)
+        if is_root:
+            self._root_after_hook = after_hook
 
     def _save(self, name: str, module: torch.nn.Module, tensors: list[tuple[str, torch.Tensor]], io: str,
               call_index: int, moment: str) -> None:
@@ -272,13 +349,38 @@ class CaptureSession:
             self.busy = previous
 
     def capture_op(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        """Run one ATen operator call and record its inputs and outputs (called by the op mode)."""
+        """Run one ATen operator call and record its inputs and outputs (called by the op mode).
+
+        The operator itself runs outside any containment: its own errors are the program's.
+        """
+        if self.failure is not None:
+            return func(*args, **kwargs)
+        try:
+            recorded = self._record_op_inputs(func, args, kwargs)
+        except Exception as exc:  # capture's own failure: the program's forward must not see it
+            self._stop_after_failure(exc)
+            if self._raises:
+                raise
+            recorded = None
+        result = func(*args, **kwargs)
+        if recorded is None or self.failure is not None:
+            return result
+        try:
+            self._record_op_outputs(result, *recorded)
+        except Exception as exc:
+            self._stop_after_failure(exc)
+            if self._raises:
+                raise
+        return result
+
+    def _record_op_inputs(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...] | None:
+        """Record an operator's inputs before it runs; return what its outputs' records need (None: not selected)."""
         module_name = self._stack[-1][0] if self._stack else ROOT_NAME
         op_type = self._op_names.get(func)
         if op_type is None:
             op_type = self._op_names[func] = str(func)
         if not self.selection.op_selected(module_name, op_type):
-            return func(*args, **kwargs)
+            return None
         name = f"{module_name}/{op_type}"
         call_index = self._call_counts.get(name, 0)
         self._call_counts[name] = call_index + 1
@@ -292,7 +394,12 @@ class CaptureSession:
                     self._save_op(name, inputs, IO_INPUT, call_index, MOMENT_BEFORE, op_type, module_name, attrs)
         finally:
             self.busy = False
-        result = func(*args, **kwargs)
+        return name, call_index, inputs, op_type, module_name, attrs
+
+    def _record_op_outputs(self, result: Any, name: str, call_index: int, inputs: list[tuple[str, torch.Tensor]],
+                           op_type: str, module_name: str, attrs: dict[str, Any]) -> None:
+        """Record an operator's outputs (and, with save_time 1 or 2, its inputs as they are after it ran)."""
+        config = self.config
         self.busy = True
         try:
             with self._capture_scope():
@@ -303,7 +410,6 @@ class CaptureSession:
                                   module_name, attrs)
         finally:
             self.busy = False
-        return result
 
     def _parameter_name(self, tensor: torch.Tensor) -> str | None:
         """Return the model parameter a tensor is (same storage, shape and dtype), or None.

@@ -35,6 +35,11 @@ TENSOR_PART_BOTH = 2
 
 DEFAULT_MAX_PENDING_BYTES = 512 * 1024 * 1024
 
+#: ``on_capture_error`` values: what a failure inside capture (a full disk, a bug) does to the program.
+ON_ERROR_STOP = "stop"  # capture stops, the dump is closed as cut, the program runs on untouched
+ON_ERROR_RAISE = "raise"  # the same, then the error is raised into the program's forward
+ON_CAPTURE_ERROR = (ON_ERROR_STOP, ON_ERROR_RAISE)
+
 #: Environment variable that carries the config (JSON) to a child started by ``llmcheck dump``.
 CONFIG_ENV = "LLMCHECK_TORCH_CAPTURE"
 
@@ -60,7 +65,11 @@ class DumpConfig:
     ``type_prefixes`` (the seed's ``-opname``: module class or ATen op names starting with
     these, case-insensitive), ``device_ids`` (capture only on these devices), ``rank``
     (default: torch.distributed, else ``RANK``/``LOCAL_RANK``), ``profile_cpu``
-    (per-step operator host times as CSV), ``export_onnx`` (module graph as ONNX at close).
+    (per-step operator host times as CSV), ``export_onnx`` (module graph as ONNX at close),
+    ``on_capture_error`` (``"stop"``: a failure inside capture -- a full disk, any
+    exception in a hook -- stops capture with one warning and closes the dump as cut, and
+    the program runs on as if uncaptured; ``"raise"``: the same, then the error reaches
+    the program's forward).
     Seed aliases accepted: ``layer_name`` (a glob, added to ``include``),
     ``dump_statistics_mode`` (1 = statistics only).
     """
@@ -82,6 +91,7 @@ class DumpConfig:
     rank: int | None = None
     profile_cpu: bool = False
     export_onnx: bool = False
+    on_capture_error: str = ON_ERROR_STOP
     layer_name: str | None = None
     dump_statistics_mode: int = 0
     command_line: Sequence[str] | None = field(default=None, repr=False)
@@ -115,6 +125,10 @@ class DumpConfig:
         if not isinstance(self.max_pending_bytes, int) or self.max_pending_bytes <= 0:
             raise UsageError(f"max_pending_bytes must be a positive number of bytes, got {self.max_pending_bytes!r}",
                              where="DumpConfig.max_pending_bytes")
+        if self.on_capture_error not in ON_CAPTURE_ERROR:
+            raise UsageError(f"on_capture_error must be 'stop' or 'raise', got {self.on_capture_error!r}",
+                             where="DumpConfig.on_capture_error",
+                             hint="'stop' keeps the program running, 'raise' hands it the error")
         if self.dump_statistics_mode not in (0, 1, 2):
             raise UsageError(f"dump_statistics_mode must be 0, 1 or 2, got {self.dump_statistics_mode!r}",
                              where="DumpConfig.dump_statistics_mode", hint="1 = statistics only")
