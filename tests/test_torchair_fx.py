@@ -194,3 +194,15 @@ def test_saved_dtypes_file_restores_bfloat16_and_a_broken_one_is_named(tmp_path)
     (folder / "llmcheck_saved_dtypes.json").write_text("{not json")
     with pytest.raises(DumpFormatError, match="llmcheck_saved_dtypes.json: not valid JSON"):
         get_plugins().load_tensors(tmp_path, "fx")
+
+
+@pytest.mark.parametrize("corrupt_descr", ["|O", "|V4", [("a", "<f4")]])
+def test_a_tensor_file_whose_header_dtype_is_corrupted_is_an_error_naming_it(tmp_path, corrupt_descr):
+    path = tmp_path / "gm_20240101000000000001_dump" / "0" / f"add-aten.add.Tensor.OUTPUT.0.{STAMP}.npy"
+    path.parent.mkdir(parents=True)
+    with open(path, "wb") as stream:  # a float32 tensor file whose header's dtype was changed
+        np.lib.format.write_array_header_1_0(stream, {"descr": corrupt_descr, "fortran_order": False, "shape": (4,)})
+        stream.write(np.ones(4, np.float32).tobytes())
+    with pytest.raises(DumpFormatError, match="neither a tensor nor the text of a non-tensor argument") as caught:
+        get_plugins().load_tensors(tmp_path, "fx")
+    assert str(path) in caught.value.one_line()

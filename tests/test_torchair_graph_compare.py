@@ -63,6 +63,9 @@ def test_fx_vs_ge_compare_names_the_perturbed_node_as_first_introduced(graph_run
     assert rules["ge-fx:fused-last-outputs"] == 1 and rules["ge-fx:fused-inputs"] == 2
     cast_notes = {item["note"] for item in pairs["unmatched_my"] if item["name"] == "trans_Cast_inserted"}
     assert cast_notes == {"Cast op inserted by the graph compiler, no FX counterpart"}
+    assert all(item.get("expected") for item in pairs["unmatched_my"] if item["name"] == "trans_Cast_inserted")
+    counts = summary["counts"]  # what the pairing rule expects to stay unmatched is counted apart
+    assert counts["unmatched_my_expected"] >= 2 and counts["unmatched_golden_unexpected"] == 0
 
 
 @pytest.mark.slow
@@ -78,6 +81,8 @@ def test_fused_ge_vs_unfused_ge_compare_names_the_same_op(graph_runs):
         ("Silu", "SiluMul_11", "input"), ("Mul_11", "SiluMul_11", "input"), ("Mul_11", "SiluMul_11", "output")}
     inside = {item["note"] for item in pairs["unmatched_golden"]}
     assert inside == {"inside fused GE op SiluMul_11 of the my run"}  # silu's output and mul's input from it
+    assert summary["counts"]["unmatched_golden_expected"] == len(pairs["unmatched_golden"]) > 0
+    assert summary["counts"]["unmatched_golden_unexpected"] == 0
 
 
 @pytest.mark.slow

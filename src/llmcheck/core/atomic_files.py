@@ -43,7 +43,20 @@ def write_failed(path: Path | str, exc: BaseException, what: str = "cannot write
         reason = f"[Errno {code}] {os.strerror(code)} ({errno_names.errorcode.get(code, '?')})"
     else:
         reason = str(exc) or type(exc).__name__
-    return WriteFailedError(f"{what}: {reason}", where=path, errno=code)
+    error = WriteFailedError(f"{what}: {reason}", where=path, errno=code)
+    error.reason = reason
+    return error
+
+
+@contextmanager
+def reports_written_into(folder: Path | str) -> Iterator[None]:
+    """Turn a failed report write inside the block into one error naming the output folder (``-o``)."""
+    try:
+        yield
+    except WriteFailedError as exc:
+        name = Path(exc.where).name if exc.where else "a report"
+        raise WriteFailedError(f"cannot write {name}: {exc.reason or exc.what}", where=folder, errno=exc.errno,
+                               hint="free some space there or pass another folder with -o") from exc
 
 
 def remove_quietly(path: Path | str) -> None:

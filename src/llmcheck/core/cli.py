@@ -159,10 +159,12 @@ def dump(backend: str, exec_text: str | None, dump_types: Sequence[str], only_sa
               help="Noise twin: the golden program run at the my-run's precision (same capture). Rows are judged "
                    "against its error instead of the dtype table.")
 @click.option("--noise-source", default=None, help="Force the source plugin reading --noise-path.")
+@click.option("--allow-unmatched", is_flag=True,
+              help="Do not fail (exit 3) on golden records that no pairing rule expects to be unmatched.")
 @log_level_option
 def compare(golden_path: Path, my_path: Path, golden_source: str | None, my_source: str | None, output: Path,
             metrics: Sequence[str], mapping: Path | None, jobs: int | None, thresholds: Path | None,
-            noise_path: Path | None, noise_source: str | None, log_level: str) -> None:
+            noise_path: Path | None, noise_source: str | None, allow_unmatched: bool, log_level: str) -> None:
     """Pair two runs, measure every pair, and name the first divergence.
 
     Example: llmcheck compare -gp golden -mp my -o report
@@ -174,6 +176,7 @@ def compare(golden_path: Path, my_path: Path, golden_source: str | None, my_sour
         golden_path=golden_path, my_path=my_path, golden_source=golden_source, my_source=my_source,
         output_dir=output, metric_names=list(metrics), mapping_path=mapping, jobs=jobs, thresholds_path=thresholds,
         noise_path=noise_path, noise_source=noise_source,
+        allow_unmatched=allow_unmatched,
     ))
 
 

@@ -80,13 +80,24 @@ class CompareResult:
     noise: Dump | None = None
 
     def counts(self) -> dict[str, int]:
-        """Return the number of pairs, of rows per verdict, and of unmatched records per side."""
+        """Return the number of pairs, of rows per verdict, and of unmatched records per side.
+
+        Unmatched records are also counted by kind: ``expected`` ones a pairing rule
+        declared legitimately unmatched, ``unexpected`` ones nothing explains (unexpected
+        golden records fail a compare unless ``--allow-unmatched``).
+        """
         verdicts = [row.verdict for row in self.rows]
+        pairing = self.pairing
+        expected_golden = sum(item.expected for item in pairing.unmatched_golden)
+        expected_my = sum(item.expected for item in pairing.unmatched_my)
         return {
             "pairs": len(self.rows), "passes": verdicts.count(VERDICT_PASS), "warnings": verdicts.count(VERDICT_WARN),
             "failures": verdicts.count(VERDICT_FAIL), "errors": verdicts.count(VERDICT_ERROR),
-            "unmatched_golden": len(self.pairing.unmatched_golden), "unmatched_my": len(self.pairing.unmatched_my),
-            "unmatched": len(self.pairing.unmatched_golden) + len(self.pairing.unmatched_my),
+            "unmatched_golden": len(pairing.unmatched_golden), "unmatched_my": len(pairing.unmatched_my),
+            "unmatched": len(pairing.unmatched_golden) + len(pairing.unmatched_my),
+            "unmatched_golden_expected": expected_golden,
+            "unmatched_golden_unexpected": len(pairing.unmatched_golden) - expected_golden,
+            "unmatched_my_expected": expected_my, "unmatched_my_unexpected": len(pairing.unmatched_my) - expected_my,
         }
 
     @property
@@ -400,20 +411,23 @@ def _row(index: int, pair: Pair, specs: Sequence[MetricSpec], problem: str | Non
 def compare_command(*, golden_path: Path, my_path: Path, golden_source: str | None, my_source: str | None,
                     output_dir: Path, metric_names: Sequence[str], mapping_path: Path | None, jobs: int | None,
                     thresholds_path: Path | None = None, noise_path: Path | None = None,
-                    noise_source: str | None = None) -> int:
-    """Run ``llmcheck compare`` and return its exit code: 0 all pass, 3 failing or unmeasurable pairs, 1 no pair at all."""
+                    noise_source: str | None = None, allow_unmatched: bool = False) -> int:
+    """Run ``llmcheck compare`` and return its exit code: 0 all pass, 1 no pair at all, 3 failing or
+    unmeasurable pairs, or golden records left unmatched that no pairing rule expects (unless ``allow_unmatched``).
+    """
     from rich.console import Console
 
     from llmcheck.core.pairing import load_user_mapping
     from llmcheck.core.plugins import get_plugins
-    from llmcheck.core.report import print_summary, write_reports
-    from llmcheck.core.store import check_output_folder
+    from llmcheck.core.atomic_files import reports_written_into
+    from llmcheck.core.report import CSV_NAME, HTML_NAME, PAIRS_NAME, SUMMARY_NAME, print_summary, write_reports
+    from llmcheck.core.report_folder import prepare_report_folder
     from llmcheck.core.verdicts import load_threshold_overrides
 
     if jobs is not None and jobs < 1:
         raise UsageError(f"invalid value {jobs}", where="-j/--jobs", hint="give 1 or more worker processes")
     output_dir = Path(output_dir)
-    check_output_folder(output_dir)
+    prepare_report_folder(output_dir, (CSV_NAME, SUMMARY_NAME, PAIRS_NAME, HTML_NAME))
     console = Console(soft_wrap=True)
     specs = select_metrics(metric_names)
     overrides = (load_threshold_overrides(Path(thresholds_path), {spec.name: spec for spec in specs})
@@ -430,12 +444,20 @@ def compare_command(*, golden_path: Path, my_path: Path, golden_source: str | No
     result = compare_with_progress(golden, my, console=console, metric_names=list(metric_names) or None,
                                    user_mapping=user_mapping, threshold_overrides=overrides, workers=jobs,
                                    noise=noise)
-    written = write_reports(result, output_dir)
+    with reports_written_into(output_dir):
+        written = write_reports(result, output_dir)
     print_summary(result, console, written)
     if not result.rows:
         return EXIT_FAILURE
     counts = result.counts()
-    return EXIT_FAILURES_FOUND if counts["failures"] or counts["errors"] else EXIT_OK
+    unexpected = counts["unmatched_golden_unexpected"]
+    if unexpected:
+        log.warning("%d of the %d golden records have no counterpart and no pairing rule expects that (listed in %s)%s",
+                    unexpected, len(golden.records), written["pairs"],
+                    "; accepted by --allow-unmatched" if allow_unmatched else
+                    "; the compare fails unless --allow-unmatched is given")
+    failing = counts["failures"] or counts["errors"] or (unexpected and not allow_unmatched)
+    return EXIT_FAILURES_FOUND if failing else EXIT_OK
 
 
 def compare_with_progress(golden: Dump, my: Dump, *, console: Any, progress_interval_s: float = 2.0,

@@ -92,4 +92,5 @@ class WriteFailedError(LlmcheckError):
     def __init__(self, what: str, *, where: str | Path | None = None, errno: int | None = None,
                  hint: str | None = None) -> None:
         self.errno = errno
+        self.reason: str | None = None  # the OS's words alone ("[Errno 28] No space left on device (ENOSPC)")
         super().__init__(what, where=where, hint=hint)

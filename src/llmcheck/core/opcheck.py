@@ -131,9 +131,10 @@ def opcheck_command(*, tensor_dir: Path, csv_path: Path | None, output_dir: Path
                     operation_names: Sequence[str], precision_metrics: Sequence[str], device_id: str | None,
                     jobs: int | None) -> int:
     """Run opcheck on a dump and write its report; return 3 when an output failed its criterion, else 0."""
-    from llmcheck.core.opcheck_report import print_summary, write_reports
+    from llmcheck.core.atomic_files import reports_written_into
+    from llmcheck.core.opcheck_report import CSV_NAME, XLSX_NAME, print_summary, write_reports
     from llmcheck.core.plugins import get_plugins
-    from llmcheck.core.store import check_output_folder
+    from llmcheck.core.report_folder import prepare_report_folder
 
     started = time.perf_counter()
     unknown = [name for name in precision_metrics if name not in PRECISION_METRICS]
@@ -143,7 +144,7 @@ def opcheck_command(*, tensor_dir: Path, csv_path: Path | None, output_dir: Path
     if jobs is not None and jobs < 1:
         raise UsageError(f"invalid number of workers {jobs}", where="-j/--jobs", hint="give 1 or more")
     device = reference_device(device_id)
-    check_output_folder(Path(output_dir))
+    prepare_report_folder(Path(output_dir), (CSV_NAME, XLSX_NAME))
     plugins = get_plugins()
     dump = plugins.load_tensors(Path(tensor_dir))
     if dump.cut:
@@ -161,7 +162,8 @@ def opcheck_command(*, tensor_dir: Path, csv_path: Path | None, output_dir: Path
     references = {op_type: plugins.op_reference(op_type) for op_type in dict.fromkeys(case.op_type for case in cases)}
     rows = check_cases(cases, references, device=device, precision_metrics=list(precision_metrics), jobs=jobs)
     rows.sort(key=lambda row: (row.order, position_order(row.out_tensor_id)))
-    written = write_reports(rows, Path(output_dir), list(precision_metrics))
+    with reports_written_into(output_dir):
+        written = write_reports(rows, Path(output_dir), list(precision_metrics))
     print_summary(rows, written, time.perf_counter() - started)
     if all(row.rel_precision_rate is None for row in rows):
         # Zero checks is not a pass: a CI gate on opcheck must not go green on a dump it could not check.

@@ -10,11 +10,11 @@ to a temporary name and renamed, so a report on disk is always complete.
 from __future__ import annotations
 
 import csv
-import os
 from collections import Counter
 from pathlib import Path
 from typing import Any, Sequence
 
+from llmcheck.core.atomic_files import atomic_output, atomic_write_with
 from llmcheck.core.errors import LlmcheckError
 from llmcheck.core.opcheck_run import ADDITION_FAILED, FAILED, PASS, UNSUPPORTED, OpcheckRow
 
@@ -83,15 +83,10 @@ def write_reports(rows: Sequence[OpcheckRow], output_dir: Path, precision_metric
 
 
 def _write_csv(path: Path, header: list[str], table: list[list[Any]]) -> Path:
-    temporary = path.with_name(path.name + ".tmp")
-    try:
-        with open(temporary, "w", newline="", encoding="utf-8") as handle:
-            writer = csv.writer(handle)
-            writer.writerow(header)
-            writer.writerows([_csv_cell(cell) for cell in cells] for cells in table)
-        os.replace(temporary, path)
-    except OSError as exc:
-        raise LlmcheckError(f"cannot write the report: {exc.strerror}", where=path) from exc
+    with atomic_output(path, "w", newline="", encoding="utf-8") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(header)
+        writer.writerows([_csv_cell(cell) for cell in cells] for cells in table)
     return path
 
 
@@ -108,12 +103,7 @@ def _write_xlsx(path: Path, header: list[str], table: list[list[Any]], rows: Seq
     for row, cells in zip(rows, table):
         sheet = checked if row.precision_result in (PASS, FAILED) else not_checked
         sheet.append(cells)
-    temporary = path.with_name(path.name + ".tmp")
-    try:
-        book.save(temporary)
-        os.replace(temporary, path)
-    except OSError as exc:
-        raise LlmcheckError(f"cannot write the report: {exc.strerror}", where=path) from exc
+    atomic_write_with(path, book.save)
     return path
 
 

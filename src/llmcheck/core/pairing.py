@@ -6,7 +6,8 @@ when it has the highest priority among the proposals of *both* its records; equa
 proposals are all kept (a rule may pair one golden tensor with several of mine). A
 one-sided proposal (``Pair(None, record, note=...)``) claims its record at its priority:
 lower-priority pairs of that record are dropped. Records left in no pair are reported
-unmatched, with the note a plugin gave for them.
+unmatched, with the note a plugin gave for them; a one-sided proposal with ``expected=True``
+declares its record legitimately unmatched (counted apart: it does not fail a compare).
 
 ``pairs.json`` lists every kept pair with its rule and the unmatched records of each side.
 A user may edit it and give it back with ``--mapping``: each pair in it becomes an exact
@@ -33,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from llmcheck.core.atomic_files import atomic_write_text
 from llmcheck.core.errors import UsageError
 from llmcheck.core.records import Dump, Pair, RecordKey, TensorRecord, UserMapping
 
@@ -49,6 +51,7 @@ class Unmatched:
 
     record: TensorRecord
     note: str = NO_COUNTERPART
+    expected: bool = False  # a pairing rule declared it has no counterpart by nature
 
 
 @dataclass
@@ -59,12 +62,18 @@ class Pairing:
     unmatched_golden: list[Unmatched] = field(default_factory=list)
     unmatched_my: list[Unmatched] = field(default_factory=list)
 
+    @property
+    def unexpected_golden(self) -> list[Unmatched]:
+        """Return the unmatched golden records no rule declared legitimate: data the compare could not check."""
+        return [item for item in self.unmatched_golden if not item.expected]
+
 
 def merge_pairs(golden: Dump, my: Dump, proposals: Sequence[Pair]) -> Pairing:
     """Return the pairs kept from every plugin's proposals, and what stayed unmatched."""
     best_golden: dict[int, int] = {}
     best_my: dict[int, int] = {}
     notes: dict[int, str] = {}
+    expected: set[int] = set()  # ids of records a rule declared legitimately unmatched
     for pair in proposals:
         # A one-sided proposal is a claim too: a rule that states "this record has no
         # counterpart" at priority 50 keeps a priority-0 sequence alignment from pairing it.
@@ -75,6 +84,8 @@ def merge_pairs(golden: Dump, my: Dump, proposals: Sequence[Pair]) -> Pairing:
         if pair.note and (pair.golden is None) != (pair.my is None):
             lone = pair.golden if pair.golden is not None else pair.my
             notes.setdefault(id(lone), pair.note)
+        if pair.expected and (pair.golden is None) != (pair.my is None):
+            expected.add(id(pair.golden if pair.golden is not None else pair.my))
     kept: list[Pair] = []
     seen: set[tuple[int, int]] = set()
     for pair in proposals:
@@ -91,9 +102,10 @@ def merge_pairs(golden: Dump, my: Dump, proposals: Sequence[Pair]) -> Pairing:
     paired_my = {my_id for _, my_id in seen}
     return Pairing(
         pairs=kept,
-        unmatched_golden=[Unmatched(r, notes.get(id(r), NO_COUNTERPART)) for r in golden.records
+        unmatched_golden=[Unmatched(r, notes.get(id(r), NO_COUNTERPART), id(r) in expected) for r in golden.records
                           if id(r) not in paired_golden],
-        unmatched_my=[Unmatched(r, notes.get(id(r), NO_COUNTERPART)) for r in my.records if id(r) not in paired_my],
+        unmatched_my=[Unmatched(r, notes.get(id(r), NO_COUNTERPART), id(r) in expected) for r in my.records
+                      if id(r) not in paired_my],
     )
 
 
@@ -137,10 +149,14 @@ def write_pairs_json(path: Path, pairing: Pairing, golden: Dump, my: Dump) -> No
                    "rule": pair.rule, "priority": pair.priority, **({"note": pair.note} if pair.note else {}),
                    **({} if id(pair.golden) in loaded and id(pair.my) in loaded else {"derived": True})}
                   for pair in pairing.pairs],
-        "unmatched_golden": [{**key_to_json(item.record.key), "note": item.note} for item in pairing.unmatched_golden],
-        "unmatched_my": [{**key_to_json(item.record.key), "note": item.note} for item in pairing.unmatched_my],
+        "unmatched_golden": [_unmatched_json(item) for item in pairing.unmatched_golden],
+        "unmatched_my": [_unmatched_json(item) for item in pairing.unmatched_my],
     }
-    Path(path).write_text(json.dumps(document, indent=1) + "\n", encoding="utf-8")
+    atomic_write_text(path, json.dumps(document, indent=1) + "\n")
+
+
+def _unmatched_json(item: Unmatched) -> dict[str, Any]:
+    return {**key_to_json(item.record.key), "note": item.note, **({"expected": True} if item.expected else {})}
 
 
 # --- the user's mapping file ----------------------------------------------------------------

@@ -275,7 +275,10 @@ class Pair:
     """A golden record matched to a my record, with the rule that matched them.
 
     Either side may be ``None`` for a record the pairing left unmatched; ``note`` says why
-    (for example ``"Cast op inserted by the graph compiler, no FX counterpart"``).
+    (for example ``"Cast op inserted by the graph compiler, no FX counterpart"``), and
+    ``expected`` declares that the rule legitimately leaves it unmatched (a compiler-inserted
+    op, a non-tensor argument): such records are counted apart and never fail a compare,
+    while any other unmatched golden record does (exit 3 unless ``--allow-unmatched``).
     ``priority`` orders competing proposals: the core keeps the highest-priority pair for
     each record (user mapping 100, source-specific rules 50, exact key 20, sequence 0).
     """
@@ -285,6 +288,7 @@ class Pair:
     rule: str
     priority: int = 20
     note: str = ""
+    expected: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,6 +13,7 @@ import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
+from llmcheck.core.atomic_files import atomic_output, atomic_write_text
 from llmcheck.core.depth_profile import error_measure, row_error
 from llmcheck.core.pairing import write_pairs_json
 from llmcheck.core.records import VERDICT_ERROR, VERDICT_FAIL, VERDICT_WARN, ComparisonRow, TensorStats
@@ -144,7 +145,7 @@ def csv_row(row: ComparisonRow, header: list[str]) -> list[Any]:
 def write_csv(result: "CompareResult", path: Path) -> None:
     """Write cmp_report.csv: one row per pair, in golden execution order."""
     header = csv_header(result)
-    with open(path, "w", newline="", encoding="utf-8") as handle:
+    with atomic_output(path, "w", newline="", encoding="utf-8") as handle:
         writer = csv.writer(handle)
         writer.writerow(header)
         for row in result.rows:
@@ -153,7 +154,7 @@ def write_csv(result: "CompareResult", path: Path) -> None:
 
 def write_summary(result: "CompareResult", path: Path) -> None:
     """Write summary.json (strict JSON: non-finite numbers as strings)."""
-    Path(path).write_text(json.dumps(json_safe(result.summary()), indent=2) + "\n", encoding="utf-8")
+    atomic_write_text(path, json.dumps(json_safe(result.summary()), indent=2) + "\n")
 
 
 def write_reports(result: "CompareResult", output_dir: Path) -> dict[str, Path]:

@@ -17,6 +17,7 @@ from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from llmcheck.core.atomic_files import atomic_write_text
 from llmcheck.core.depth_profile import (
     depth_points,
     drawn_step,
@@ -107,4 +108,4 @@ def render_html(result: "CompareResult") -> str:
 
 def write_html(result: "CompareResult", path: Path) -> None:
     """Write report.html."""
-    Path(path).write_text(render_html(result), encoding="utf-8")
+    atomic_write_text(path, render_html(result))

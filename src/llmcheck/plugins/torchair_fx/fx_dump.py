@@ -11,8 +11,10 @@ compiled graph, ``{node}-{target}.INPUT.{i}[.{j}].{ts}.npy`` and ``{node}-{targe
 Records: ``RecordKey(name=FX node name, io, position="i" or "i.j", step)``; with several
 graphs (several ``gm_*_dump`` folders) the name is prefixed ``graph{k}/``. ``op_type`` is the
 ATen target, ``attrs`` carry ``fx_node``, ``fx_target``, ``graph_index`` and the timestamp.
-Data are byte ranges of the ``.npy`` files. Arrays that are not numbers (strings of
-non-tensor arguments) are counted in the manifest, not compared. Where llmcheck's own
+Data are byte ranges of the ``.npy`` files. Text arrays (numpy kinds ``U`` and ``S``: what
+torchair saves for a non-tensor argument, its ``str``) are counted in the manifest, not
+compared; any other array that is not numbers (object, void, structured dtypes: a corrupt
+header) is a :class:`DumpFormatError` naming the file, never silently dropped. Where llmcheck's own
 capture left ``llmcheck_saved_dtypes.json`` beside the files, a tensor saved as float32
 because numpy lacks its dtype (bfloat16, float8) is read back in that dtype -- exactly, since
 its values are that dtype's.
@@ -46,6 +48,8 @@ _TRUE_DTYPES = frozenset({"bfloat16", "float8_e4m3fn", "float8_e5m2", "float8_e4
                           "float8_e8m0fnu"})
 _FILE_NAME = re.compile(r"^(?P<node>[^-]+)-(?P<target>.+)\.(?P<io>INPUT|OUTPUT)\.(?P<position>\d+(?:\.\d+)?)"
                         r"\.(?P<ts>\d+)\.npy$")
+#: numpy kinds of the arrays torchair saves for non-tensor arguments (``np.array(str(value))``)
+_ARGUMENT_TEXT_KINDS = frozenset({"U", "S"})
 _GRAPH_FOLDER = re.compile(r"^gm_\d+_dump$")
 _RANK_FOLDER = re.compile(r"^worldsize(\d+)_global_rank(\d+)$")
 
@@ -241,9 +245,13 @@ def load_fx_dump(path: Path) -> Dump | None:
         placement = placements[file_path]
         header = read_npy_header(file_path)
         dtype = _NUMPY_DTYPES.get((header.dtype.kind, header.dtype.itemsize))
-        if dtype is None:  # a non-tensor argument saved as a string (or an object array): nothing to compare
-            non_numeric += 1
+        if dtype is None and header.dtype.kind in _ARGUMENT_TEXT_KINDS and header.dtype.names is None:
+            non_numeric += 1  # a non-tensor argument saved as its text: nothing to compare
             continue
+        if dtype is None:
+            raise DumpFormatError(f"holds numpy dtype {header.dtype.str!r}, neither a tensor nor the text of a "
+                                  "non-tensor argument", where=file_path,
+                                  hint="the file is corrupt; dump again or remove it")
         if file_path.parent not in saved_dtypes:
             saved_dtypes[file_path.parent] = read_saved_dtypes(file_path.parent)
         data = _tensor_data(file_path, header, dtype, saved_dtypes[file_path.parent].get(file_path.name))

@@ -152,9 +152,11 @@ class _PairList:
         self.pairs: list[Pair] = []
         self.paired_partners: set[int] = set()
 
-    def add(self, subject: TensorRecord | None, partner: TensorRecord | None, rule: str, note: str = "") -> None:
+    def add(self, subject: TensorRecord | None, partner: TensorRecord | None, rule: str, note: str = "",
+            expected: bool = False) -> None:
+        """Add a pair, or a lone record (``expected``: it has no counterpart by nature, e.g. a compiler-made op)."""
         golden, my = (partner, subject) if self.subject_is_my else (subject, partner)
-        self.pairs.append(Pair(golden=golden, my=my, rule=rule, priority=PRIORITY, note=note))
+        self.pairs.append(Pair(golden=golden, my=my, rule=rule, priority=PRIORITY, note=note, expected=expected))
         if partner is not None:
             self.paired_partners.add(id(partner))
 
@@ -191,14 +193,15 @@ def _fx_node_of(op: GeGraphOp) -> str | None:
     return None
 
 
-def _unmatched_ge_note(call: GeOpCall, graph: GeGraph | None, constituents: list[GeGraphOp]) -> str:
+def _unmatched_ge_note(call: GeOpCall, graph: GeGraph | None, constituents: list[GeGraphOp]) -> tuple[str, bool]:
+    """Return why a GE op has no FX counterpart, and whether that is its nature (expected) rather than a gap."""
     if graph is None:
-        return "no dynamo_original_graph_*.txt beside the GE dump, so GE ops cannot be mapped to FX nodes"
+        return "no dynamo_original_graph_*.txt beside the GE dump, so GE ops cannot be mapped to FX nodes", False
     if any(kind in call.op_type for kind in COMPILER_INSERTED_TYPES) and not constituents:
-        return f"{call.op_type} op inserted by the graph compiler, no FX counterpart"
+        return f"{call.op_type} op inserted by the graph compiler, no FX counterpart", True
     if not constituents:
-        return "GE op not in the GE graph (added by GE optimisation), no FX counterpart"
-    return "GE op has no _fx_tensor_name (created inside the conversion of an FX node), no FX counterpart"
+        return "GE op not in the GE graph (added by GE optimisation), no FX counterpart", True
+    return "GE op has no _fx_tensor_name (created inside the conversion of an FX node), no FX counterpart", True
 
 
 def pair_ge_with_fx(ge: Dump, fx: Dump, ge_is_my: bool) -> list[Pair]:
@@ -219,9 +222,9 @@ def pair_ge_with_fx(ge: Dump, fx: Dump, ge_is_my: bool) -> list[Pair]:
         fx_graph = fx_graph_of.get(call.graph_index, call.graph_index)
         named = [op for op in constituents if _fx_node_of(op) is not None]
         if not named:
-            note = _unmatched_ge_note(call, graph, constituents)
+            note, expected = _unmatched_ge_note(call, graph, constituents)
             for record in call.records():
-                collected.add(record, None, RULE_FX_UNMATCHED, note)
+                collected.add(record, None, RULE_FX_UNMATCHED, note, expected)
             continue
         fused = len(constituents) > 1
         first, last = named[0], named[-1]
@@ -256,21 +259,24 @@ def pair_ge_with_fx(ge: Dump, fx: Dump, ge_is_my: bool) -> list[Pair]:
             if fx_record is None:
                 why = (f"FX tensor {fx_name} is not in the FX dump (step {call.step})" if ref
                        else f"output {position} has no _fx_tensor_name in the GE graph")
-                collected.add(ge_record, None, RULE_FX_UNMATCHED, why)
+                collected.add(ge_record, None, RULE_FX_UNMATCHED, why, expected=ref is None)
             else:
                 collected.add(ge_record, fx_record, output_rule, note)
     for (step, graph_index, node), node_records in fx_nodes.items():
         records = [*node_records.inputs.values(), *node_records.outputs.values()]
         inside = fused_inside.get((step, graph_index, node))
+        expected = True
         if inside is not None:
             why = f"inside fused GE op {inside}"
         elif any(id(record) in collected.paired_partners for record in records):
             why = "FX argument with no GE input (a non-tensor argument, or one GE folded into a constant)"
+        elif not node_records.outputs:
+            why = "FX node with no output tensor (a check such as _assert_tensor_metadata), no GE op computes it"
         else:
-            why = "no GE op dumped for this FX node (or its GE op lost its _fx_tensor_name)"
+            why, expected = "no GE op dumped for this FX node (or its GE op lost its _fx_tensor_name)", False
         for record in records:
             if id(record) not in collected.paired_partners:
-                collected.add(None, record, RULE_FX_UNMATCHED, why)
+                collected.add(None, record, RULE_FX_UNMATCHED, why, expected)
     return collected.pairs
 
 
@@ -333,7 +339,7 @@ def pair_fused_with_unfused(golden: Dump, my: Dump) -> list[Pair]:
         why = f"inside fused GE op {inside_of} of the my run" if inside_of else "no op of this name in the my run"
         for record in golden_call.records():
             if id(record) not in collected.paired_partners:
-                collected.add(None, record, RULE_GE_UNMATCHED, why)
+                collected.add(None, record, RULE_GE_UNMATCHED, why, expected=inside_of is not None)
     return collected.pairs
 
 
