@@ -257,7 +257,7 @@ def test_reports_are_never_written_into_a_dump(golden_dump: Path, capsys: pytest
 @pytest.mark.parametrize(("args", "expected"), [
     (["-gp", "{tmp}/missing", "-mp", "{tmp}"], "{tmp}/missing: no such file or directory"),
     (["-gp", "{tmp}/empty", "-mp", "{tmp}/empty"], "{tmp}/empty: no plugin recognises this as a dump"),
-    (["-gp", "{tmp}/bad.npy", "-mp", "{tmp}/bad.npy"], "{tmp}/bad.npy: array needs 400 bytes after its header"),
+    (["-gp", "{tmp}/bad.npy", "-mp", "{tmp}/bad.npy"], "{tmp}/bad.npy: truncated: float32 shape [100] needs 400 bytes but the file holds 360"),
     (["-gp", "{tmp}/g.npy", "-mp", "{tmp}/g.npy", "--metric", "cosine"], "--metric: unknown metric 'cosine'"),
     (["-gp", "{tmp}/g.npy", "-mp", "{tmp}/g.npy", "--mapping", "{tmp}/map.json"], "{tmp}/map.json: not valid JSON"),
     (["-gp", "{tmp}/g.npy", "-mp", "{tmp}/g.npy", "-j", "0"], "-j/--jobs: invalid value 0"),

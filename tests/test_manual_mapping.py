@@ -238,3 +238,11 @@ def test_dump_data_onto_a_full_disk_raises_an_error_naming_the_file(tmp_path: Pa
     assert completed.stdout.strip() == (f"WriteFailedError {tensor_folder / 'big_tensor.safetensors'}: cannot write: "
                                         "[Errno 27] File too large (EFBIG)")
     assert list(tensor_folder.iterdir()) == []  # no temporary file left
+
+
+def test_a_metadata_file_with_a_byte_that_is_not_utf8_is_one_error_naming_it(tmp_path: Path,
+                                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    metadata = dump_data("golden", "mlp_out", torch.ones(2), output_path=tmp_path)
+    metadata.write_bytes(metadata.read_bytes().replace(b"mlp_out", b"mlp_\xeeout"))
+    assert main(["compare", "-gp", str(metadata), "-mp", str(metadata), "-o", str(tmp_path / "out")]) == 1
+    assert capsys.readouterr().err.startswith(f"llmcheck: error: {metadata}: not valid UTF-8: byte b'\\xee'")

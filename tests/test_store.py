@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from llmcheck.core.errors import DumpFormatError
-from llmcheck.core.records import RecordKey, TensorRecord, TensorStats
+from llmcheck.core.records import RecordKey, TensorRecord, TensorStats, TopologyNode
 from llmcheck.core.statistics import tensor_stats
 from llmcheck.core.store import DumpWriter, find_dumps, read_dump
 from llmcheck.core.tensor_io import all_torch_dtype_names, dtype_name
@@ -208,5 +208,41 @@ def test_a_corrupt_manifest_is_reported_as_a_damaged_dump_not_as_no_dump(tmp_pat
     with DumpWriter(tmp_path, "test") as writer:
         writer.add(_record("a", torch.ones(2), 0), torch.ones(2))
     (writer.path / "manifest.json").write_text("{")
-    with pytest.raises(DumpFormatError, match="manifest.json is not JSON"):
+    with pytest.raises(DumpFormatError, match="manifest.json: not valid JSON"):
         get_plugins().load_tensors(writer.path)
+
+
+@pytest.mark.parametrize(("edit", "field"), [
+    (lambda line: {**line, "rank": None}, "$.rank"),
+    (lambda line: {**line, "shape": [-1]}, "$.shape[0]"),
+    (lambda line: {**line, "stats": {"max": "many"}}, "$.stats.max"),
+])
+def test_an_index_field_of_the_wrong_kind_names_file_line_and_field(tmp_path: Path, edit, field: str) -> None:
+    with DumpWriter(tmp_path, "test") as writer:
+        writer.add(_record("a", torch.ones(2), 0), torch.ones(2))
+        writer.add(_record("b", torch.ones(2), 1), torch.ones(2))
+    index = writer.path / "index.jsonl"
+    first, second = index.read_text().splitlines()
+    index.write_text(first + "\n" + json.dumps(edit(json.loads(second))) + "\n")
+    with pytest.raises(DumpFormatError) as error:
+        read_dump(writer.path)
+    assert error.value.one_line().startswith(f"{index}:2: field {field}: ")
+
+
+def test_shard_offsets_and_topology_children_of_the_wrong_kind_are_format_errors(tmp_path: Path) -> None:
+    with DumpWriter(tmp_path, "test") as writer:
+        writer.add(_record("a", torch.ones(2), 0), torch.ones(2))
+        writer.write_topology(TopologyNode(name="root", op_type="M", children=(TopologyNode("a", "L"),)))
+    (writer.path / "topology.json").write_text(json.dumps({"name": "root", "type": "M", "children": ["a"]}))
+    with pytest.raises(DumpFormatError, match=r"topology.json: field \$.children\[0\]: expected `object`"):
+        read_dump(writer.path)
+    (writer.path / "topology.json").unlink()
+    shard = next(writer.path.glob("shard_*.safetensors"))
+    content = shard.read_bytes()
+    size = int.from_bytes(content[:8], "little")
+    header = json.loads(content[8:8 + size])
+    header["t0"]["data_offsets"] = [0]
+    encoded = json.dumps(header, separators=(",", ":")).encode().ljust(size)
+    shard.write_bytes(content[:8] + encoded + content[8 + size:])
+    with pytest.raises(DumpFormatError, match=r"tensor 't0': field \$.data_offsets: expected `array` of length 2"):
+        read_dump(writer.path)

@@ -206,3 +206,14 @@ def test_a_tensor_file_whose_header_dtype_is_corrupted_is_an_error_naming_it(tmp
     with pytest.raises(DumpFormatError, match="neither a tensor nor the text of a non-tensor argument") as caught:
         get_plugins().load_tensors(tmp_path, "fx")
     assert str(path) in caught.value.one_line()
+
+
+def test_a_tensor_file_whose_header_text_is_cut_is_an_error_naming_it(tmp_path):
+    path = tmp_path / "gm_20240101000000000001_dump" / "0" / f"add-aten.add.Tensor.OUTPUT.0.{STAMP}.npy"
+    path.parent.mkdir(parents=True)
+    np.save(path, np.ones(4, np.float32))
+    content = path.read_bytes()
+    path.write_bytes(content.replace(b"(4,)", b"(4, ", 1))  # numpy's literal parser meets an unclosed tuple
+    with pytest.raises(DumpFormatError, match="not a valid .npy file") as caught:
+        get_plugins().load_tensors(tmp_path, "fx")
+    assert str(path) in caught.value.one_line()

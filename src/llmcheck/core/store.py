@@ -25,7 +25,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
+import msgspec
+
 from llmcheck.core.atomic_files import TEMPORARY_SUFFIX, atomic_write_text, remove_quietly, write_failed
+from llmcheck.core.dump_schema import IndexLine, ManifestJson, ShardEntry, TopologyJson, convert, decode
 from llmcheck.core.errors import DumpFormatError, DumpNotFoundError, LlmcheckError, UsageError, WriteFailedError
 from llmcheck.core.records import (
     DTYPE_ITEMSIZE,
@@ -83,19 +86,15 @@ def record_to_json(record: TensorRecord) -> dict[str, Any]:
     return line
 
 
-def record_from_json(line: Mapping[str, Any], data: TensorData | None, source_path: str) -> TensorRecord:
-    """Build a record from an index line and its data handle."""
-    key = RecordKey(
-        name=line["name"], io=line.get("io", "output"), position=str(line.get("position", "0")),
-        step=int(line.get("step", 0)), call_index=int(line.get("call_index", 0)),
-        moment=line.get("moment", "after"),
-    )
-    stats = TensorStats.from_json(line["stats"]) if "stats" in line else None
+def record_from_index_line(line: IndexLine, data: TensorData | None, source_path: str) -> TensorRecord:
+    """Build a record from a validated index line and its data handle."""
+    key = RecordKey(name=line.name, io=line.io, position=line.position, step=line.step,
+                    call_index=line.call_index, moment=line.moment)
+    stats = TensorStats.from_json(msgspec.structs.asdict(line.stats)) if line.stats is not None else None
     return TensorRecord(
-        key=key, dtype=line["dtype"], shape=tuple(line["shape"]), order=int(line["order"]),
-        device=line.get("device", "cpu"), rank=int(line.get("rank", 0)), op_type=line.get("op_type"),
-        parent=line.get("parent"), stats=stats, data=data, source_path=source_path,
-        attrs=line.get("attrs", {}),
+        key=key, dtype=line.dtype, shape=tuple(line.shape), order=line.order, device=line.device, rank=line.rank,
+        op_type=line.op_type, parent=line.parent, stats=stats, data=data, source_path=source_path,
+        attrs=line.attrs,
     )
 
 
@@ -112,13 +111,11 @@ def topology_to_json(node: TopologyNode) -> dict[str, Any]:
     return out
 
 
-def topology_from_json(tree: Mapping[str, Any]) -> TopologyNode:
-    """Build a topology tree from :func:`topology_to_json` output."""
+def topology_from_json(tree: TopologyJson) -> TopologyNode:
+    """Build a topology tree from a validated ``topology.json`` node."""
     return TopologyNode(
-        name=tree["name"], op_type=tree.get("type", ""),
-        children=tuple(topology_from_json(child) for child in tree.get("children", [])),
-        inputs=tuple(tree.get("inputs", ())), outputs=tuple(tree.get("outputs", ())),
-        attrs=tree.get("attrs", {}),
+        name=tree.name, op_type=tree.type, children=tuple(topology_from_json(child) for child in tree.children),
+        inputs=tuple(tree.inputs), outputs=tuple(tree.outputs), attrs=tree.attrs,
     )
 
 
@@ -492,25 +489,29 @@ def _read_shard_header(shard: Path) -> tuple[dict[str, Any], int]:
             file_size = os.fstat(handle.fileno()).st_size
             if header_size > file_size - 8:
                 raise DumpFormatError(f"header length {header_size} exceeds the file", where=shard, offset=0)
-            header = json.loads(handle.read(header_size))
+            header_bytes = handle.read(header_size)
     except FileNotFoundError as exc:
         raise DumpFormatError("shard named by the index is missing", where=shard) from exc
-    except ValueError as exc:
-        raise DumpFormatError(f"shard header is not JSON: {exc}", where=shard, offset=8) from exc
+    except OSError as exc:
+        raise DumpFormatError(f"cannot read the shard: {exc.strerror}", where=shard) from exc
+    header = decode(header_bytes, dict[str, Any], shard, what="shard header: ")
     return header, 8 + header_size
 
 
 def read_dump(path: Path) -> Dump:
     """Return the records of one llmcheck dump folder, reporting (not failing on) a cut-short dump."""
     root = Path(path)
+    manifest_path = root / MANIFEST_NAME
     try:
-        manifest = json.loads((root / MANIFEST_NAME).read_text())
+        manifest_bytes = manifest_path.read_bytes()
     except FileNotFoundError as exc:
         raise DumpNotFoundError("not an llmcheck dump (no manifest.json)", where=root) from exc
-    except ValueError as exc:
-        raise DumpFormatError(f"manifest.json is not JSON: {exc}", where=root / MANIFEST_NAME) from exc
-    if manifest.get("format_version", 0) > FORMAT_VERSION:
-        raise DumpFormatError(f"dump format version {manifest.get('format_version')} is newer than this llmcheck "
+    except OSError as exc:
+        raise DumpFormatError(f"cannot read: {exc.strerror}", where=manifest_path) from exc
+    manifest = decode(manifest_bytes, dict[str, Any], manifest_path)
+    declared = convert(manifest, ManifestJson, manifest_path)
+    if declared.format_version > FORMAT_VERSION:
+        raise DumpFormatError(f"dump format version {declared.format_version} is newer than this llmcheck "
                               f"reads ({FORMAT_VERSION})", where=root, hint="upgrade llmcheck")
     index_path = root / INDEX_NAME
     records: list[TensorRecord] = []
@@ -520,66 +521,73 @@ def read_dump(path: Path) -> Dump:
         raw = index_path.read_bytes()
     except FileNotFoundError as exc:
         raise DumpFormatError("index.jsonl is missing", where=index_path) from exc
+    except OSError as exc:
+        raise DumpFormatError(f"cannot read: {exc.strerror}", where=index_path) from exc
     offset = 0
     for line_number, raw_line in enumerate(raw.splitlines(keepends=True), start=1):
         line_start, offset = offset, offset + len(raw_line)
         if not raw_line.endswith(b"\n"):
             cuts.append(f"index.jsonl ends in a partial line at byte {line_start}")
             break
-        try:
-            line = json.loads(raw_line)
-        except ValueError as exc:
-            raise DumpFormatError(f"line {line_number} is not JSON: {exc}", where=index_path, offset=line_start) from exc
-        if line.get("dtype") not in DTYPE_ITEMSIZE:
-            raise DumpFormatError(f"line {line_number} has unknown dtype {line.get('dtype')!r}", where=index_path,
-                                  offset=line_start)
+        line = decode(raw_line, IndexLine, index_path, line=line_number, offset=line_start)
+        if line.dtype not in DTYPE_ITEMSIZE:
+            raise DumpFormatError(f"field $.dtype: unknown dtype {line.dtype!r}", where=f"{index_path}:{line_number}")
         data = None
-        if "shard" in line:
-            shard_name = line["shard"]
-            # A plain file name, checked without touching the file system per line.
-            if not isinstance(shard_name, str) or shard_name in ("", ".", "..") or Path(shard_name).name != shard_name:
-                raise DumpFormatError(f"line {line_number} names a shard outside the dump: {shard_name!r}",
-                                      where=index_path, offset=line_start)
-            shard = root / shard_name
-            if shard_name not in headers:
-                headers[shard_name] = _read_shard_header(shard)
-            header, data_start = headers[shard_name]
-            entry = header.get(line["tensor"])
-            if entry is None:
-                raise DumpFormatError(f"tensor {line['tensor']!r} of line {line_number} is not in the shard",
-                                      where=shard)
-            begin, end = entry["data_offsets"]
-            if not 0 <= begin <= end:
-                raise DumpFormatError(f"tensor {line['tensor']!r} has data_offsets [{begin}, {end}]", where=shard,
-                                      offset=8)
-            expected = DTYPE_ITEMSIZE.get(line["dtype"], 0) * _numel(line["shape"])
-            if end - begin != expected:
-                raise DumpFormatError(f"tensor {line['tensor']!r} holds {end - begin} bytes, its dtype and shape "
-                                      f"need {expected}", where=shard, offset=data_start + begin)
-            data = TensorData(dtype=line["dtype"], shape=tuple(line["shape"]), path=shard,
-                              offset=data_start + begin, nbytes=end - begin)
-        records.append(record_from_json(line, data, f"{root.name}/{line.get('shard', INDEX_NAME)}:{line.get('tensor', line['name'])}"))
-    expected_records = manifest.get("records")
+        if (line.shard is None) != (line.tensor is None):
+            raise DumpFormatError("fields $.shard and $.tensor: give both (the record has data) or neither",
+                                  where=f"{index_path}:{line_number}")
+        if line.shard is not None and line.tensor is not None:
+            data = _shard_data(root, line, headers, f"{index_path}:{line_number}")
+        records.append(record_from_index_line(line, data, f"{root.name}/{line.shard or INDEX_NAME}:"
+                                                          f"{line.tensor or line.name}"))
+    expected_records = declared.records
     if isinstance(expected_records, int) and len(records) < expected_records and not cuts:
         cuts.append(f"index.jsonl holds {len(records)} of the {expected_records} records the closed manifest counts "
                     "(lines were lost after the dump was written)")
     for leftover in sorted(root.glob("shard_*.safetensors.tmp")):
         cuts.append(f"unfinished shard {leftover.name} was discarded")
-    if "end_time" not in manifest:
+    if declared.end_time is None:
         cuts.append("the writer did not close the dump (killed or still running)")
-    if manifest.get("cut"):
-        cuts.insert(0, f"capture stopped early: {manifest['cut']}")
+    if declared.cut:
+        cuts.insert(0, f"capture stopped early: {declared.cut}")
     topology = None
     if (root / TOPOLOGY_NAME).is_file():
         try:
-            topology = topology_from_json(json.loads((root / TOPOLOGY_NAME).read_text()))
-        except (ValueError, KeyError) as exc:
-            raise DumpFormatError(f"topology.json is malformed: {exc}", where=root / TOPOLOGY_NAME) from exc
+            topology_bytes = (root / TOPOLOGY_NAME).read_bytes()
+        except OSError as exc:
+            raise DumpFormatError(f"cannot read: {exc.strerror}", where=root / TOPOLOGY_NAME) from exc
+        topology = topology_from_json(decode(topology_bytes, TopologyJson, root / TOPOLOGY_NAME))
     records.sort(key=lambda record: record.order)
     cut = None
     if cuts:
         cut = "; ".join(cuts) + f"; {len(records)} records were flushed before the cut"
     return Dump(source="llmcheck", root=root, records=records, topology=topology, manifest=manifest, cut=cut)
+
+
+def _shard_data(root: Path, line: IndexLine, headers: dict[str, tuple[dict[str, Any], int]],
+                where: str) -> TensorData:
+    """Return where an index line's tensor lies in its shard, checked against the shard's header."""
+    shard_name, tensor_name = line.shard, line.tensor
+    assert shard_name is not None and tensor_name is not None
+    # A plain file name, checked without touching the file system per line.
+    if shard_name in ("", ".", "..") or Path(shard_name).name != shard_name or "\x00" in shard_name:
+        raise DumpFormatError(f"field $.shard: names a file outside the dump: {shard_name!r}", where=where)
+    shard = root / shard_name
+    if shard_name not in headers:
+        headers[shard_name] = _read_shard_header(shard)
+    header, data_start = headers[shard_name]
+    if tensor_name == "__metadata__" or tensor_name not in header:
+        raise DumpFormatError(f"tensor {tensor_name!r} named by {where} is not in the shard", where=shard)
+    entry = convert(header[tensor_name], ShardEntry, shard, what=f"tensor {tensor_name!r}: ")
+    begin, end = entry.data_offsets
+    if begin > end:  # past the end of a cut file is found when the data is read
+        raise DumpFormatError(f"tensor {tensor_name!r} has data_offsets [{begin}, {end}]", where=shard, offset=8)
+    expected = DTYPE_ITEMSIZE[line.dtype] * _numel(line.shape)
+    if end - begin != expected:
+        raise DumpFormatError(f"tensor {tensor_name!r} holds {end - begin} bytes, its dtype and shape "
+                              f"need {expected}", where=shard, offset=data_start + begin)
+    return TensorData(dtype=line.dtype, shape=tuple(line.shape), path=shard, offset=data_start + begin,
+                      nbytes=end - begin)
 
 
 def _numel(shape: Iterable[int]) -> int:

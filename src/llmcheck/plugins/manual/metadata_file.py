@@ -20,55 +20,54 @@ import json
 import logging
 import os
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Annotated, Any, Mapping
+
+import msgspec
 
 from llmcheck.core.atomic_files import atomic_write_text
+from llmcheck.core.dump_schema import convert, decode
 from llmcheck.core.errors import DumpFormatError
 
 log = logging.getLogger("llmcheck.manual")
 
 METADATA_NAME = "metadata.json"
 
+NonEmptyText = Annotated[str, msgspec.Meta(min_length=1)]
+TokenId = Annotated[str, msgspec.Meta(pattern="^[0-9]+$")]
 
-def _valid_entry(entry: Any) -> bool:
-    if isinstance(entry, str):
-        return bool(entry)
-    if isinstance(entry, list):
-        return len(entry) == 2 and all(isinstance(part, str) and part for part in entry)
-    return isinstance(entry, Mapping) and isinstance(entry.get("atb_tensor_path"), str)
+
+class AtbTensorEntry(msgspec.Struct):
+    """A low-level entry: a tensor inside the ATB dump that the recording process wrote."""
+
+    atb_tensor_path: NonEmptyText
+    pid: int | str | None = None
+    atb_output_dir: str | None = None
+
+
+#: The declared schema of a metadata.json: ``{data_id: {token_id: entry}}``, entry one of the three shapes.
+#: (A constrained ``str`` as a member of the entry union crashes msgspec 0.22 on arrays: the plain
+#: path is left unconstrained; an empty one is reported as a missing file.)
+MetadataSchema = dict[str, Annotated[dict[TokenId, str | tuple[NonEmptyText, NonEmptyText] | AtbTensorEntry],
+                                     msgspec.Meta(min_length=1)]]
 
 
 def parse_metadata(value: Any, where: Path) -> dict[str, dict[str, Any]]:
-    """Return a metadata object checked for shape; a :class:`DumpFormatError` names the first bad entry."""
+    """Return a metadata object checked against :data:`MetadataSchema`; the error names the first bad field."""
     if not isinstance(value, Mapping):
         raise DumpFormatError("is not a JSON object {data_id: {token_id: entry}}", where=where)
-    checked: dict[str, dict[str, Any]] = {}
-    for data_id, tokens in value.items():
-        if not isinstance(tokens, Mapping) or not tokens:
-            raise DumpFormatError(f"data_id {data_id!r} maps to {tokens!r}, not {{token_id: entry}}", where=where)
-        for token_id, entry in tokens.items():
-            if not str(token_id).lstrip("-").isdigit():
-                raise DumpFormatError(f"data_id {data_id!r}: token id {token_id!r} is not a number", where=where)
-            if not _valid_entry(entry):
-                raise DumpFormatError(f"data_id {data_id!r} token {token_id}: entry {entry!r} is not a tensor path, "
-                                      "a [golden_path, my_path] pair or an ATB tensor reference", where=where)
-        checked[str(data_id)] = {str(token_id): entry for token_id, entry in tokens.items()}
-    return checked
+    convert(value, MetadataSchema, where)
+    return {str(data_id): dict(tokens) for data_id, tokens in value.items()}
 
 
 def read_metadata(path: Path) -> dict[str, dict[str, Any]]:
     """Return the mapping stored in a ``metadata.json``."""
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        raw = Path(path).read_bytes()
     except FileNotFoundError as exc:
         raise DumpFormatError("no such metadata file", where=path, hint="check the path") from exc
     except OSError as exc:
         raise DumpFormatError(f"cannot read: {exc.strerror}", where=path) from exc
-    try:
-        value = json.loads(text)
-    except ValueError as exc:
-        raise DumpFormatError(f"is not JSON: {exc}", where=path) from exc
-    return parse_metadata(value, path)
+    return parse_metadata(decode(raw, Any, path), path)
 
 
 def looks_like_metadata(path: Path) -> bool:
@@ -76,9 +75,9 @@ def looks_like_metadata(path: Path) -> bool:
     try:
         if path.stat().st_size > 64 * 1024 * 1024:
             return False
-        parse_metadata(json.loads(path.read_text(encoding="utf-8")), path)
+        read_metadata(path)
         return True
-    except (OSError, ValueError, UnicodeDecodeError, DumpFormatError):
+    except (OSError, DumpFormatError):
         return False
 
 

@@ -17,11 +17,13 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 from pathlib import Path
 from typing import Any, Callable
 
 from llmcheck.core.errors import DumpFormatError
+from llmcheck.core.npy_format import read_npy_header
 from llmcheck.core.records import DTYPE_ITEMSIZE, Dump, RecordKey, TensorData, TensorRecord
 
 SOURCE_NAME = "file"
@@ -92,25 +94,13 @@ def _record(name: str, order: int, data: TensorData, path: Path, where: str) -> 
 
 def _npy_record(path: Path) -> TensorRecord:
     import numpy as np
-    from numpy.lib import format as npy_format
 
-    try:
-        with open(path, "rb") as handle:
-            version = npy_format.read_magic(handle)
-            read_header = npy_format.read_array_header_1_0 if version == (1, 0) else npy_format.read_array_header_2_0
-            shape, fortran_order, dtype = read_header(handle)
-            data_offset = handle.tell()
-    except (ValueError, OSError) as exc:
-        raise DumpFormatError(f"not a valid .npy file: {exc}", where=path, offset=0) from exc
+    header = read_npy_header(path)
+    dtype, shape, fortran_order, data_offset = header.dtype, header.shape, header.fortran_order, header.data_offset
     if dtype.hasobject:
         raise DumpFormatError("holds Python objects, not numbers", where=path, hint="save a numeric array")
     name = _numpy_dtype_name(dtype, path)
-    shape = tuple(int(size) for size in shape)
-    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-    file_size = os.path.getsize(path)
-    if data_offset + nbytes > file_size:
-        raise DumpFormatError(f"array needs {nbytes} bytes after its header but the file holds "
-                              f"{file_size - data_offset}", where=path, offset=file_size)
+    nbytes = math.prod(shape) * dtype.itemsize
     if (fortran_order and len(shape) > 1) or dtype.byteorder == ">":
         def load() -> Any:
             import torch

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from llmcheck.core.errors import DumpFormatError, DumpNotFoundError
+from llmcheck.core.npy_format import NpyHeader, read_npy_header
 from llmcheck.core.records import IO_INPUT, IO_OUTPUT, Dump, RecordKey, TensorData, TensorRecord, TopologyNode
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -145,44 +146,6 @@ def read_saved_dtypes(step_folder: Path) -> dict[str, str]:
     if not isinstance(saved, dict) or not all(isinstance(v, str) and v in _TRUE_DTYPES for v in saved.values()):
         raise DumpFormatError("expected {file name: dtype} with bfloat16/float8 dtypes", where=path)
     return saved
-
-
-@dataclass(frozen=True, slots=True)
-class NpyHeader:
-    """The header of an ``.npy`` file: dtype, shape, order, where the data starts."""
-
-    dtype: "np.dtype"
-    shape: tuple[int, ...]
-    fortran_order: bool
-    data_offset: int
-
-
-def read_npy_header(path: Path) -> NpyHeader:
-    """Return an ``.npy`` file's header; a truncated or corrupt file is a :class:`DumpFormatError`."""
-    import numpy as np
-    from numpy.lib import format as npy_format
-
-    try:
-        with open(path, "rb") as stream:
-            try:
-                version = npy_format.read_magic(stream)
-                if version == (1, 0):
-                    shape, fortran_order, dtype = npy_format.read_array_header_1_0(stream)
-                else:
-                    shape, fortran_order, dtype = npy_format.read_array_header_2_0(stream)
-            except (ValueError, EOFError, SyntaxError, TypeError) as exc:
-                raise DumpFormatError(f"not a valid .npy file: {exc}", where=path, offset=stream.tell()) from None
-            data_offset = stream.tell()
-    except OSError as exc:
-        raise DumpFormatError(f"cannot read the file: {exc.strerror}", where=path) from exc
-    header = NpyHeader(np.dtype(dtype), tuple(int(d) for d in shape), bool(fortran_order), data_offset)
-    if not header.dtype.hasobject:
-        needed = math.prod(header.shape) * header.dtype.itemsize
-        available = path.stat().st_size - data_offset
-        if available < needed:
-            raise DumpFormatError(f"truncated: {header.dtype} shape {list(header.shape)} needs {needed} bytes "
-                                  f"but the file holds {available}", where=path, offset=data_offset + available)
-    return header
 
 
 def _tensor_data(path: Path, header: NpyHeader, dtype: str, true_dtype: str | None) -> TensorData:

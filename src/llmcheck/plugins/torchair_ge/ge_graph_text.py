@@ -239,7 +239,7 @@ class GeGraph:
 
     @cached_property
     def _name_lengths(self) -> list[int]:
-        return sorted({len(name) for name in self._by_dumped_name}, reverse=True)
+        return sorted({len(name) for name in self._by_dumped_name if name}, reverse=True)  # "" would never advance
 
     def op_by_name(self) -> dict[str, GeGraphOp]:
         """Return the ops indexed by name as dump files write it (``/`` as ``_``); do not modify it."""
