@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Mapping
 import msgspec
 
 from llmcheck.core.atomic_files import TEMPORARY_SUFFIX, atomic_write_text, remove_quietly, write_failed
+from llmcheck.core.dump_paths import inside_dump
 from llmcheck.core.dump_schema import IndexLine, ManifestJson, ShardEntry, TopologyJson, convert, decode
 from llmcheck.core.errors import DumpFormatError, DumpNotFoundError, LlmcheckError, UsageError, WriteFailedError
 from llmcheck.core.records import (
@@ -574,7 +575,7 @@ def _shard_data(root: Path, line: IndexLine, headers: dict[str, tuple[dict[str, 
         raise DumpFormatError(f"field $.shard: names a file outside the dump: {shard_name!r}", where=where)
     shard = root / shard_name
     if shard_name not in headers:
-        headers[shard_name] = _read_shard_header(shard)
+        headers[shard_name] = _read_shard_header(inside_dump(shard, root))
     header, data_start = headers[shard_name]
     if tensor_name == "__metadata__" or tensor_name not in header:
         raise DumpFormatError(f"tensor {tensor_name!r} named by {where} is not in the shard", where=shard)

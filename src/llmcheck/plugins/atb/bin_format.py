@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Mapping
 
+from llmcheck.core.dump_paths import inside_dump
 from llmcheck.core.errors import DumpFormatError, LlmcheckError, PathOutsideDumpError
 from llmcheck.core.records import TensorData, TensorStats
 from llmcheck.plugins.atb.acl_dtypes import (
@@ -388,12 +389,11 @@ def resolve_reference(header: BinHeader, dump_root: Path | None) -> Path:
     reference = Path(header.data_reference)
     candidates = [reference] if reference.is_absolute() else [header.path.parent / reference, root / reference]
     for candidate in candidates:
-        resolved = candidate.resolve()
-        if not resolved.is_relative_to(root):
+        if not candidate.resolve().is_relative_to(root):
             raise PathOutsideDumpError(f"'data={header.data_reference}' points outside the dump ({root})",
                                        where=header.path, hint="references are followed only inside the dump folder")
-        if resolved.is_file():
-            return resolved
+        if candidate.is_file():
+            return inside_dump(candidate, root)
     raise _fail(header.path, f"'data={header.data_reference}' names a file that does not exist in the dump", 0)
 
 

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
+from llmcheck.core.dump_paths import inside_dump, is_real_folder
 from llmcheck.core.errors import DumpFormatError, DumpNotFoundError
 from llmcheck.core.records import (
     IO_INPUT,
@@ -196,7 +197,7 @@ def _tensor_files(folder: Path) -> list[tuple[str, int, str | None, Path]]:
     with entries:
         for entry in entries:
             match = _TENSOR_FILE.match(entry.name)
-            if match and entry.is_file():
+            if match and (entry.is_symlink() or entry.is_file()):  # a link is judged by inside_dump
                 io = IO_INPUT if match.group("io").lower() == "in" else IO_OUTPUT
                 found.append((io, int(match.group("index")), match.group("ir"), Path(entry.path)))
     return sorted(found, key=lambda item: (item[0] != IO_INPUT, item[1], item[2] or ""))
@@ -241,7 +242,8 @@ def _visit_op(walk: _Walk, op_dir: Path, step: int, ids: tuple[int, ...], names:
         for io, index, ir_name, path in files:
             if walk.scope is not None and not path.is_relative_to(walk.scope):
                 continue
-            walk.records.append(_record(walk, path, read_bin_header(path), io=io, index=index, moment=moment,
+            header = read_bin_header(inside_dump(path, walk.layout.root))
+            walk.records.append(_record(walk, path, header, io=io, index=index, moment=moment,
                                         ir_name=ir_name, **common))
 
     loose = _tensor_files(op_dir)  # tensors saved next to op_param.json (no before/after folder)
@@ -257,7 +259,7 @@ def _op_folders(folder: Path) -> Iterator[tuple[int, str, Path]]:
     found = []
     with os.scandir(folder) as entries:
         for entry in entries:
-            if entry.name not in (MOMENT_BEFORE, MOMENT_AFTER) and entry.is_dir():
+            if entry.name not in (MOMENT_BEFORE, MOMENT_AFTER) and entry.is_dir(follow_symlinks=False):
                 parsed = split_op_folder(entry.name)
                 if parsed is not None:
                     found.append((parsed[0], parsed[1], Path(entry.path)))
@@ -439,7 +441,7 @@ def _run_dump(layout: DumpLayout, run: Path, scope: Path | None) -> Dump:
     """Return the records of one ``{device}_{pid}`` folder of an ATB dump."""
     device, pid = (int(part) for part in _RUN_FOLDER.match(run.name).groups())  # type: ignore[union-attr]
     walk = _Walk(layout=layout, run=run, device=device, scope=scope, records=[])
-    steps = sorted((int(child.name), child) for child in run.iterdir() if child.is_dir() and child.name.isdigit())
+    steps = sorted((int(child.name), child) for child in run.iterdir() if is_real_folder(child) and child.name.isdigit())
     for step, step_dir in steps:
         if not _overlaps(step_dir, scope):
             continue

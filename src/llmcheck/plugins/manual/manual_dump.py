@@ -12,9 +12,10 @@ with; the *map pairs* rule of this plugin pairs them.
 from __future__ import annotations
 
 import os
-from pathlib import Path
+from pathlib import Path, PurePath
 from typing import Any, Mapping
 
+from llmcheck.core.dump_paths import inside_dump
 from llmcheck.core.errors import DumpFormatError, DumpNotFoundError, LlmcheckError, PathOutsideDumpError
 from llmcheck.core.records import Dump, RecordKey, TensorRecord
 from llmcheck.plugins.manual.metadata_file import METADATA_NAME, looks_like_metadata, read_metadata
@@ -27,6 +28,8 @@ SEARCH_DEPTH = 3
 ATB_ROOT_PATTERNS = ("msit_dump*", "ait_dump*", "atb_temp", "atb_dump_data")
 FORM_MAPPED = "mapped"  # golden_tensor/metadata.json with [golden, my] pairs
 FORM_SIDED = "sided"  # {golden,acl}_tensor/metadata.json, one side each
+#: How many entries with missing files one error lists.
+MISSING_LISTED = 5
 
 
 def find_metadata(path: Path) -> Path | None:
@@ -63,30 +66,36 @@ def _subfolders(folder: Path) -> list[Path]:
         return []
 
 
-def _existing(candidates: list[Path]) -> Path | None:
-    return next((candidate for candidate in candidates if candidate.is_file()), None)
+def manual_dump_root(metadata: Path) -> Path:
+    """Return the root of the manual dump a ``metadata.json`` belongs to (``{pid}_cmp_dump_data``, ``{pid}_{device}``)."""
+    return metadata.parent.parent
 
 
 def resolve_tensor_file(entry_path: str, metadata: Path) -> Path:
-    """Return the file an entry's path names: absolute, or relative to the metadata folder or a folder above it.
+    """Return the file inside the dump that an entry's path names.
 
-    The original tool wrote paths relative to the working directory of the dumping
-    process (the folder above ``{pid}_cmp_dump_data``); ours are relative to the
-    metadata's folder, so a manual dump can be moved.
+    Paths are resolved against the metadata's folder, then the dump root above it. The
+    original tool wrote paths relative to the working directory of the dumping process
+    (``./output/{pid}_cmp_dump_data/golden_tensor/3/2_tensor.pth``) or absolute ones; ours
+    are relative to the metadata's folder. So the path's leading folders are dropped one
+    by one until the rest names a file there: a manual dump can be moved, and a path can
+    never reach out of it (``..`` is refused, links are judged by ``inside_dump``).
     """
-    path = Path(entry_path)
+    path = PurePath(entry_path)
+    root = manual_dump_root(metadata)
     if ".." in path.parts:  # dump_data never writes one: such an entry would read a file outside the dump
         raise PathOutsideDumpError(f"names {entry_path!r}, a path that climbs out of the dump", where=metadata,
                                    hint="entries are paths dump_data wrote, relative to metadata.json's folder")
-    if path.is_absolute():
-        candidates = [path]
-    else:
-        candidates = [folder / path for folder in [metadata.parent, *metadata.parent.parents][:SEARCH_DEPTH + 1]]
-    found = _existing(candidates)
-    if found is None:
-        raise DumpNotFoundError(f"names {entry_path!r}, which does not exist", where=metadata,
-                                hint="the tensor files must stay where dump_data wrote them, beside metadata.json")
-    return found
+    parts = [part for part in path.parts if part not in (path.anchor, ".")]
+    candidates = [folder.joinpath(*parts[start:]) for folder in (metadata.parent, root) for start in range(len(parts))]
+    found = next((candidate for candidate in candidates if candidate.is_file() or candidate.is_symlink()), None)
+    if found is not None:
+        return inside_dump(found, root)
+    if path.is_absolute() and Path(path).exists():
+        raise PathOutsideDumpError(f"names {entry_path!r}, outside the dump {root}", where=metadata,
+                                   hint="keep the tensor files inside the dump folder dump_data wrote")
+    raise DumpNotFoundError(f"names {entry_path!r}, which is not in the dump {root}", where=metadata,
+                            hint="the tensor files must stay where dump_data wrote them, beside metadata.json")
 
 
 def resolve_atb_tensor(entry: Mapping[str, Any], token_id: str, metadata: Path) -> Path:
@@ -147,9 +156,20 @@ def load_manual_dump(path: Path) -> Dump | None:
                               hint="each dump_data signature writes its own metadata.json")
     form = FORM_MAPPED if forms == {True} else FORM_SIDED
     records: list[TensorRecord] = []
+    missing: list[str] = []  # every entry whose file is not found, named together
     for data_id, tokens in mapping.items():
         for token_id, entry in sorted(tokens.items(), key=lambda item: int(item[0])):
-            records.append(_record(metadata, data_id, token_id, entry, len(records)))
+            try:
+                records.append(_record(metadata, data_id, token_id, entry, len(records)))
+            except DumpNotFoundError as exc:
+                if exc.where != str(metadata):
+                    raise
+                missing.append(f"data_id {data_id} token {token_id} {exc.what}")
+    if missing:
+        shown = "; ".join(missing[:MISSING_LISTED]) + ("; ..." if len(missing) > MISSING_LISTED else "")
+        raise DumpNotFoundError(f"{len(missing)} of {len(missing) + len(records)} entries name tensor files that are "
+                                f"not found: {shown}", where=metadata,
+                                hint=f"paths are looked for below {metadata.parent} and {manual_dump_root(metadata)}")
     records.sort(key=lambda record: (record.key.step, record.order))
     records = [record.with_changes(order=order) for order, record in enumerate(records)]
     side = metadata.parent.name.removesuffix("_tensor") if metadata.parent.name in SIDE_FOLDERS else "golden"

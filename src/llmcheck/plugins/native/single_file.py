@@ -22,6 +22,7 @@ import os
 from pathlib import Path
 from typing import Any, Callable
 
+from llmcheck.core.dump_paths import inside_dump
 from llmcheck.core.errors import DumpFormatError
 from llmcheck.core.npy_format import read_npy_header
 from llmcheck.core.records import DTYPE_ITEMSIZE, Dump, RecordKey, TensorData, TensorRecord
@@ -62,7 +63,7 @@ def load_checkpoint(path: Path) -> Dump:
     seen: dict[str, Path] = {}
     shards = sorted(path.glob("*.safetensors"))
     for shard in shards:
-        for record in _safetensors_records(shard):
+        for record in _safetensors_records(inside_dump(shard, path)):
             if record.key.name in seen:
                 raise DumpFormatError(f"weight {record.key.name!r} is in two shards: {seen[record.key.name].name} "
                                       f"and {shard.name}", where=path)

@@ -25,13 +25,13 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
 import re
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from llmcheck.core.dump_paths import inside_dump, walk_files
 from llmcheck.core.errors import DumpFormatError, DumpNotFoundError
 from llmcheck.core.npy_format import NpyHeader, read_npy_header
 from llmcheck.core.records import IO_INPUT, IO_OUTPUT, Dump, RecordKey, TensorData, TensorRecord, TopologyNode
@@ -170,11 +170,11 @@ def fx_files_under(path: Path) -> list[tuple[Path, FxDumpFileName]]:
         parsed = parse_fx_file_name(path.name)
         return [(path, parsed)] if parsed is not None else []
     found = []
-    for directory, _, file_names in os.walk(path):
+    for directory, file_names in walk_files(path):
         for file_name in file_names:
             parsed = parse_fx_file_name(file_name)
             if parsed is not None:
-                found.append((Path(directory) / file_name, parsed))
+                found.append((inside_dump(directory / file_name, path), parsed))
     return found
 
 

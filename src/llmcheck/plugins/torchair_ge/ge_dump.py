@@ -29,12 +29,12 @@ from __future__ import annotations
 
 import math
 import mmap
-import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
+from llmcheck.core.dump_paths import inside_dump, walk_files
 from llmcheck.core.errors import DumpFormatError
 from llmcheck.core.records import DTYPE_ITEMSIZE, TensorData
 from llmcheck.plugins.torchair_ge.ge_dtypes import (
@@ -459,9 +459,9 @@ def payload_from_tensor(tensor: object, *, layout: str = "ND") -> GeTensorPayloa
 def dump_files_under(folder: Path) -> list[tuple[Path, GeDumpFileName]]:
     """Return every GE dump file below ``folder`` with its parsed name, sorted by path."""
     found = []
-    for directory, _, file_names in os.walk(folder):
+    for directory, file_names in walk_files(folder):
         for file_name in file_names:
             parsed = parse_dump_file_name(file_name)
             if parsed is not None:
-                found.append((Path(directory) / file_name, parsed))
+                found.append((inside_dump(directory / file_name, folder), parsed))
     return sorted(found, key=lambda item: str(item[0]))

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
+from llmcheck.core.dump_paths import inside_dump
 from llmcheck.core.errors import DumpNotFoundError
 from llmcheck.core.records import IO_INPUT, IO_OUTPUT, Dump, RecordKey, TensorRecord, TopologyNode
 from llmcheck.plugins.torchair_ge.ge_dtypes import PLAIN_FORMATS
@@ -96,13 +97,13 @@ def find_graph_files(dump_root: Path, start: Path, rank: int | None) -> list[Pat
     """
     found: dict[Path, GraphFileName] = {}
     base_depth = len(start.parts)
-    for directory, sub_folders, file_names in os.walk(start):
+    for directory, sub_folders, file_names in os.walk(start):  # folder links are not entered
         if len(Path(directory).parts) - base_depth >= GRAPH_SEARCH_LEVELS_DOWN:
             sub_folders[:] = []
         for file_name in file_names:
             parsed = parse_graph_file_name(file_name)
             if parsed is not None:
-                found[Path(directory) / file_name] = parsed
+                found[inside_dump(Path(directory) / file_name, start)] = parsed
     folder = dump_root
     for _ in range(GRAPH_SEARCH_LEVELS_UP):
         if found or folder.parent == folder:
@@ -111,7 +112,7 @@ def find_graph_files(dump_root: Path, start: Path, rank: int | None) -> list[Pat
         for entry in sorted(folder.iterdir()):
             parsed = parse_graph_file_name(entry.name)
             if parsed is not None and entry.is_file():
-                found[entry] = parsed
+                found[inside_dump(entry, folder)] = parsed
     chosen = {path: parsed for path, parsed in found.items()
               if rank is None or parsed.rank is None or parsed.rank == rank}
     pids = {parsed.pid for parsed in chosen.values() if parsed.pid is not None}

@@ -1,0 +1,57 @@
+"""One rule for every file a dump holds or names: it must lie inside the dump, symbolic links resolved.
+
+The rule is **refuse**: a file reached through the dump -- a shard, an ATB ``.bin``, an FX
+``.npy``, a GE dump file, a tensor file a ``metadata.json`` names, a ``data=`` reference --
+whose real location (every symbolic link followed) is outside the dump's root is a
+:class:`~llmcheck.core.errors.PathOutsideDumpError` naming the link and where it leads.
+A link that stays inside the dump is read. Why refuse rather than warn: a compare's
+verdict must rest on the files the user handed over; a link out of the dump (to another
+run's tensors, to ``/etc/passwd``) silently changes what is compared.
+
+Folders are walked without following folder links (:func:`walk_files`), so a link cycle
+can never make a walk endless; a file link that loops is a
+:class:`~llmcheck.core.errors.DumpFormatError`. Every source plugin calls these two
+functions; none has its own variant.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+from pathlib import Path
+from typing import Iterator
+
+from llmcheck.core.errors import DumpFormatError, PathOutsideDumpError
+
+
+def inside_dump(path: Path, root: Path) -> Path:
+    """Return ``path`` when its real location lies inside ``root``; raise naming where it leads otherwise.
+
+    A path that does not exist is returned as is (the caller reports it missing).
+    """
+    try:
+        real = Path(os.path.realpath(path, strict=True))
+    except FileNotFoundError:
+        return path
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise DumpFormatError("is a symbolic link that loops", where=path,
+                                  hint="remove the link or replace it with the file") from None
+        raise DumpFormatError(f"cannot be read: {exc.strerror}", where=path) from None
+    real_root = Path(os.path.realpath(root))
+    if real != real_root and real_root not in real.parents:
+        raise PathOutsideDumpError(f"leads outside the dump {root} to {real}", where=path,
+                                   hint="llmcheck reads only files inside the dump; copy the file in instead of "
+                                        "linking to it")
+    return path
+
+
+def walk_files(root: Path) -> Iterator[tuple[Path, list[str]]]:
+    """Yield ``(folder, file names)`` of every folder below ``root``, never entering a folder link."""
+    for directory, _, file_names in os.walk(root, followlinks=False):
+        yield Path(directory), file_names
+
+
+def is_real_folder(path: Path) -> bool:
+    """Return whether ``path`` is a folder and not a link to one (a walk enters only these)."""
+    return path.is_dir() and not path.is_symlink()

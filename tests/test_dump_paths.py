@@ -1,0 +1,112 @@
+"""One containment rule for every source: a file reached through a dump must lie inside it, links resolved.
+
+Each source gets the same hostile edit -- one of its files replaced by a symbolic link to a
+copy outside the dump -- and must refuse it naming the link and where it leads; a link
+that stays inside the dump is read; link loops never make a walk endless.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from llmcheck.core.errors import DumpFormatError, PathOutsideDumpError
+from llmcheck.core.plugins import get_plugins
+
+ATB_FIXTURE = Path(__file__).parent / "data" / "atb" / "msit_dump_20240131_120000"
+ATB_OUTPUT = "tensors/0_4242/0/0_Decoder_layer/0_RmsNormOperation/after/outtensor0.bin"
+
+
+def _llmcheck(folder: Path, make_llmcheck_dump) -> tuple[Path, Path]:
+    dump = make_llmcheck_dump(folder, {"a": torch.ones(4)})
+    return dump, next(dump.glob("shard_*.safetensors"))
+
+
+def _atb(folder: Path, make_llmcheck_dump) -> tuple[Path, Path]:
+    dump = Path(shutil.copytree(ATB_FIXTURE, folder / ATB_FIXTURE.name))
+    return dump, dump / ATB_OUTPUT
+
+
+def _fx(folder: Path, make_llmcheck_dump) -> tuple[Path, Path]:
+    step = folder / "gm_20240101000000000001_dump" / "0"
+    step.mkdir(parents=True)
+    target = step / "add-aten.add.Tensor.OUTPUT.0.20240101000000000002.npy"
+    np.save(target, np.ones(4, np.float32))
+    return folder, target
+
+
+def _ge(folder: Path, make_llmcheck_dump) -> tuple[Path, Path]:
+    from llmcheck.plugins.torchair_ge.ge_dump import GeDumpFileName, payload_from_tensor, write_ge_dump
+
+    step = folder / "20240101120000" / "0" / "graph_1" / "1" / "0"
+    name = GeDumpFileName("Add", "Add_2", 1, 0, 100)
+    write_ge_dump(step, name, [payload_from_tensor(torch.ones(2))], [payload_from_tensor(torch.ones(2))])
+    return folder, next(step.iterdir())
+
+
+def _manual(folder: Path, make_llmcheck_dump) -> tuple[Path, Path]:
+    from llmcheck import dump_data
+
+    metadata = dump_data("golden", "mlp_out", torch.ones(4), output_path=folder)
+    return metadata, next(metadata.parent.glob("0/*.safetensors"))
+
+
+def _checkpoint(folder: Path, make_llmcheck_dump) -> tuple[Path, Path]:
+    from safetensors.torch import save_file
+
+    folder.mkdir()
+    (folder / "config.json").write_text("{}")
+    save_file({"w": torch.ones(2)}, str(folder / "model-00001-of-00002.safetensors"))
+    save_file({"v": torch.ones(2)}, str(folder / "model-00002-of-00002.safetensors"))
+    return folder, folder / "model-00002-of-00002.safetensors"
+
+
+SOURCES = {"llmcheck": _llmcheck, "atb": _atb, "fx": _fx, "ge": _ge, "manual": _manual, "file": _checkpoint}
+
+
+@pytest.mark.parametrize("source", SOURCES)
+def test_a_file_linked_to_outside_the_dump_is_refused_naming_the_link_and_its_target(
+        source: str, tmp_path: Path, make_llmcheck_dump) -> None:
+    dump, file_in_dump = SOURCES[source](tmp_path / "dump", make_llmcheck_dump)
+    outside = tmp_path / "elsewhere" / file_in_dump.name
+    outside.parent.mkdir()
+    shutil.move(file_in_dump, outside)
+    file_in_dump.symlink_to(outside)
+    with pytest.raises(PathOutsideDumpError) as caught:
+        dump_read = get_plugins().load_tensors(dump)
+        for record in dump_read.records:  # a source may meet the file only when reading its data
+            if record.data is not None:
+                record.data.load()
+    message = caught.value.one_line()
+    assert message.startswith(f"{file_in_dump}: leads outside the dump") and str(outside) in message
+
+
+@pytest.mark.parametrize("source", ["llmcheck", "atb", "fx", "ge"])
+def test_a_file_linked_to_another_place_inside_the_dump_is_read(source: str, tmp_path: Path,
+                                                                make_llmcheck_dump) -> None:
+    dump, file_in_dump = SOURCES[source](tmp_path / "dump", make_llmcheck_dump)
+    before = [record.data.load() for record in get_plugins().load_tensors(dump).records if record.data is not None]
+    moved = dump / "moved_here.data"
+    shutil.move(file_in_dump, moved)
+    file_in_dump.symlink_to(os.path.relpath(moved, file_in_dump.parent))
+    after = [record.data.load() for record in get_plugins().load_tensors(dump).records if record.data is not None]
+    assert len(after) == len(before) and all(torch.equal(a, b) for a, b in zip(after, before))
+
+
+def test_link_loops_in_an_atb_tree_are_one_error_or_not_entered(tmp_path: Path) -> None:
+    dump = Path(shutil.copytree(ATB_FIXTURE, tmp_path / ATB_FIXTURE.name))
+    layer = dump / "tensors/0_4242/0/0_Decoder_layer"
+    (layer / "5_LoopOperation").symlink_to(".")  # a folder link back to its own folder: never entered
+    expected = len(get_plugins().load_tensors(ATB_FIXTURE).records)
+    assert len(get_plugins().load_tensors(dump).records) == expected
+    looping = layer / "0_RmsNormOperation/after/outtensor9.bin"
+    looping.symlink_to(looping.name)
+    with pytest.raises(DumpFormatError) as caught:
+        get_plugins().load_tensors(dump)
+    assert caught.value.one_line() == (f"{looping}: is a symbolic link that loops "
+                                       "(remove the link or replace it with the file)")
