@@ -269,3 +269,12 @@ def test_fixture_headers_follow_the_reference_line_order():
                                                       "dims", "$Object.data", "$End"]
     written = Path(FIXTURES / "fp16_nd_2x3.bin").read_bytes()
     assert struct.unpack("<6e", written[98:]) == (0.5, -1.0, 2.0, 65504.0, -0.0, 1 / 1024)
+
+
+def test_an_empty_tensor_in_the_minimal_layout_is_an_empty_tensor_not_a_description(tmp_path):
+    path = tmp_path / "outtensor0.bin"
+    path.write_bytes(b"dtype=0\ndims=0\n$End=1\n")  # what the original tool's writer gives an empty float tensor
+    header = read_bin_header(path)
+    assert no_data_reason(header) is None
+    tensor = read_bin(path)
+    assert tensor.dtype == torch.float32 and tuple(tensor.shape) == (0,)

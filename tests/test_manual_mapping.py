@@ -10,6 +10,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -246,3 +247,40 @@ def test_a_metadata_file_with_a_byte_that_is_not_utf8_is_one_error_naming_it(tmp
     metadata.write_bytes(metadata.read_bytes().replace(b"mlp_out", b"mlp_\xeeout"))
     assert main(["compare", "-gp", str(metadata), "-mp", str(metadata), "-o", str(tmp_path / "out")]) == 1
     assert capsys.readouterr().err.startswith(f"llmcheck: error: {metadata}: not valid UTF-8: byte b'\\xee'")
+
+
+def test_paths_relative_to_the_writers_working_folder_are_found_and_the_missing_ones_named(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    for data_id in ("attn_out", "mlp_out"):  # dump_data(..., output_path="./output") run in tmp_path
+        golden = dump_data("golden", data_id, torch.full((3,), 2.0), token_id=3, output_path=tmp_path / "output")
+        acl = dump_data("acl", data_id, torch.full((3,), 2.0), token_id=3, output_path=tmp_path / "output")
+    run = golden.parent.parent.name  # {pid}_cmp_dump_data
+    for metadata in (golden, acl):  # the original tool's form: relative to the writer's working folder
+        mapping = json.loads(metadata.read_text())
+        for data_id, tokens in mapping.items():
+            tokens["3"] = f"./output/{run}/{metadata.parent.name}/{tokens['3']}"
+        metadata.write_text(json.dumps(mapping))
+    moved = tmp_path / "elsewhere"
+    shutil.move(tmp_path / "output", moved)  # read from another folder: paths resolve against the dump
+    golden, acl = (moved / run / side / "metadata.json" for side in ("golden_tensor", "acl_tensor"))
+    assert main(["compare", "-gp", str(golden), "-mp", str(acl), "-o", str(tmp_path / "cmp")]) == 0
+    assert [row["data_id"] for row in _report(tmp_path / "cmp")] == ["attn_out", "mlp_out"]
+    for name in ("attn_out", "mlp_out"):
+        (golden.parent / "3" / f"{name}_tensor.safetensors").unlink()
+    assert main(["compare", "-gp", str(golden), "-mp", str(acl), "-o", str(tmp_path / "cmp")]) == 1
+    error = capsys.readouterr().err
+    assert error.startswith(f"llmcheck: error: {golden}: 2 of 2 entries name tensor files that are not found: "
+                            "data_id attn_out token 3 names './output/") and "data_id mlp_out token 3" in error
+
+
+def test_the_my_path_may_be_the_folder_holding_the_files_the_mapping_names(tmp_path: Path) -> None:
+    mine = tmp_path / "my_tensors"
+    mine.mkdir()
+    for data_id in (0, 1):
+        write_bin(mine / f"outtensor{data_id}.bin", _golden(data_id, 0).to(torch.float16))
+        metadata = dump_data(0, data_id, _golden(data_id, 0), str(mine / f"outtensor{data_id}.bin"), str(tmp_path))
+    (mine / "notes.txt").write_text("not a tensor")
+    assert main(["compare", "-gp", str(metadata), "-mp", str(mine), "-o", str(tmp_path / "cmp")]) == 0
+    rows = _report(tmp_path / "cmp")
+    assert [(row["data_id"], row["pairing_rule"], Path(row["my_data_path"]).name) for row in rows] == [
+        ("0", "manual_mapping", "outtensor0.bin"), ("1", "manual_mapping", "outtensor1.bin")]

@@ -198,3 +198,17 @@ def test_compare_on_a_truncated_ge_file_prints_one_line_naming_it(tmp_path, caps
     error = capsys.readouterr().err.strip().splitlines()
     assert len(error) == 1 and error[0].startswith(f"llmcheck: error: {broken}: truncated")
     assert not (tmp_path / "out").exists()
+
+
+def test_any_graph_file_the_original_glob_accepts_is_found_and_maps_ops(tmp_path):
+    step_folder = tmp_path / "20240101120000" / "0" / "graph_1" / "1" / "0"
+    _write_op(step_folder, "Add", "Add_2", 100, 1.0)
+    written = _graph(tmp_path)
+    renamed = written.with_name("dynamo_original_graph_17065969118878_test.txt")
+    written.rename(renamed)
+    assert parse_graph_file_name(renamed.name).timestamp == 17065969118878
+
+    dump = get_plugins().load_tensors(tmp_path, "ge")
+
+    assert dump.manifest["graph_files"] and dump.topology is not None
+    assert [op.name for op in dump.topology.children[0].children] == ["arg0", "Mul_1", "Add_2"]

@@ -33,11 +33,15 @@ from llmcheck.core.records import (
     MetricSpec,
     OpReference,
     Pair,
+    RecordKey,
     SourceInfo,
+    TensorRecord,
     UserMapping,
 )
 
 ENTRY_POINT_GROUP = "llmcheck"
+#: The source name of a folder no plugin claims, read as the tensor files directly in it.
+TENSOR_FOLDER_SOURCE = "tensor-folder"
 
 
 @dataclass(frozen=True)
@@ -146,11 +150,14 @@ class Plugins:
     # --- resolvers ---
 
     def load_tensors(self, path: Path, source: str | None = None,
-                     source_flag: str = "--golden-source/--my-source") -> Dump:
+                     source_flag: str = "--golden-source/--my-source", *, tensor_folder: bool = True) -> Dump:
         """Return the dump at ``path`` as read by the first plugin that claims it.
 
         ``source`` forces one source plugin; ``source_flag`` is the flag that forced it, named
         in the error when the path is not that kind of dump (which then says what it is).
+        A folder no plugin claims is read, when ``tensor_folder``, as a *folder of tensor
+        files*: each file directly in it that a plugin reads as one tensor is a record
+        named by its file name (a manual mapping's ``-mp`` folder of ``.bin``/``.npy`` files).
         """
         path = Path(path)
         if source is not None and source not in self.sources():
@@ -161,6 +168,8 @@ class Plugins:
                                     hint="check the path: give a dump folder, a folder holding one dump, "
                                          "or a tensor file")
         dump = self.manager.hook.llmcheck_load_tensors(path=path, source=source)
+        if dump is None and source is None and tensor_folder and path.is_dir():
+            dump = self._tensor_folder(path)
         if dump is not None:
             return dump
         known = ", ".join(sorted(self.sources())) or "none"
@@ -207,6 +216,20 @@ class Plugins:
             article = "an" if dump.source[:1].lower() in "aefilmnorsx" else "a"  # as spoken: "an llmcheck", "an fx"
             return dump.source, f"{article} {dump.source} {backend} dump"
         return dump.source, f"what source {dump.source!r} reads ({self.sources()[dump.source].description})"
+
+    def _tensor_folder(self, folder: Path) -> Dump | None:
+        """Return the tensor files directly in ``folder`` as one dump, or ``None`` when it holds none."""
+        records: list[TensorRecord] = []
+        for file in sorted(entry for entry in folder.iterdir() if entry.is_file()):
+            single = self.manager.hook.llmcheck_load_tensors(path=file, source=None)
+            with_data = [record for record in single.records if record.data is not None] if single else []
+            if len(with_data) == 1:
+                records.append(with_data[0].with_changes(key=RecordKey(name=file.name), order=len(records),
+                                                         source_path=file.name))
+        if not records:
+            return None
+        return Dump(source=TENSOR_FOLDER_SOURCE, root=folder, records=records,
+                    manifest={"format": TENSOR_FOLDER_SOURCE, "files": [record.source_path for record in records]})
 
     def map_pairs(self, golden: Dump, my: Dump, user_mapping: UserMapping | None) -> list[Pair]:
         """Return every pair proposed by every plugin (the core resolves competing proposals)."""

@@ -113,7 +113,8 @@ def csv_row(row: ComparisonRow, header: list[str]) -> list[Any]:
     golden, my = row.golden, row.my
     deciding = row.metrics.get(row.deciding_metric or "")
     cells: dict[str, Any] = {
-        "token_id": golden.key.step, "data_id": row.index, "golden_data_path": golden.source_path,
+        "token_id": golden.key.step, "data_id": golden.attrs.get("data_id", row.index),  # a manual mapping names it
+        "golden_data_path": golden.source_path,
         "golden_op_type": golden.op_type or "", "golden_dtype": f"torch.{golden.dtype}",
         "golden_shape": str(list(golden.shape)), "my_data_path": my.source_path, "my_op_type": my.op_type or "",
         "my_dtype": f"torch.{my.dtype}", "my_shape": str(list(my.shape)), "cmp_fail_reason": row.reason,

@@ -39,7 +39,7 @@ def dump_holding(folder: Path) -> str | None:
     from llmcheck.core.plugins import get_plugins
 
     try:
-        dump = get_plugins().load_tensors(folder)
+        dump = get_plugins().load_tensors(folder, tensor_folder=False)  # a folder of loose files may take reports
     except DumpNotFoundError:
         return None
     except LlmcheckError as exc:  # a plugin claimed it and found it broken: a dump all the same

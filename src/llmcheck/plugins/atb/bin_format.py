@@ -237,9 +237,10 @@ def read_bin_header(path: Path) -> BinHeader:
         if available > payload_bytes:
             _note_trailing_bytes(path, payload_offset + payload_bytes, available - payload_bytes)
     else:
-        # The minimal header (tensor-view writer): the rest of the file is the tensor.
+        # The minimal header (tensor-view writer): the rest of the file is the tensor -- none at
+        # all for an empty tensor (dims with a 0), which is not a description-only file.
         payload_bytes = available
-        if available:
+        if available or (math.prod(dims) == 0 and "data" not in attrs):
             objects["data"] = (0, available)
 
     stats = None

@@ -331,10 +331,18 @@ class GraphFileName:
 
 
 def parse_graph_file_name(name: str) -> GraphFileName | None:
-    """Return the parts of a torchair original-graph file name, or ``None`` when it is not one."""
+    """Return the parts of a torchair original-graph file name, or ``None`` when it is not one.
+
+    Any ``dynamo_original_graph_*.txt`` is one (the original tool's glob); names in none of
+    torchair's own patterns (``..._17065969118878_test.txt``) give their first number as the
+    timestamp and no graph id, rank or pid.
+    """
     match = _GRAPH_FILE.match(name)
     if match is None:
-        return None
+        if not (name.startswith(f"{GRAPH_FILE_PREFIX}_") and name.endswith(".txt")):
+            return None
+        first_number = re.search(r"\d+", name[len(GRAPH_FILE_PREFIX):])
+        return GraphFileName(None, None, None, int(first_number[0]) if first_number else 0)
 
     def number(group: str) -> int | None:
         return int(match[group]) if match[group] is not None else None
