@@ -381,3 +381,11 @@ def test_two_checkpoint_folders_are_compared_weight_by_weight(tiny_llama, tmp_pa
     assert result.golden.source == "file" and result.counts()["unmatched"] == 0
     failing = [row.golden.key.name for row in result.rows if row.verdict == "fail"]
     assert failing == ["model.layers.1.mlp.up_proj.weight"]
+
+
+def test_int64_values_that_differ_only_above_two_to_the_53_fail_exactly(make_llmcheck_dump, tmp_path: Path) -> None:
+    golden = make_llmcheck_dump(tmp_path / "g", {"ids": torch.tensor([2 ** 53 + 1, 5]), "same": torch.tensor([2 ** 62])})
+    my = make_llmcheck_dump(tmp_path / "m", {"ids": torch.tensor([2 ** 53, 5]), "same": torch.tensor([2 ** 62])})
+    rows = {row.golden.key.name: row for row in _compare(golden, my).rows}
+    assert rows["ids"].verdict == "fail" and rows["ids"].metrics["max_absolute_error"].value == 1.0
+    assert rows["same"].verdict == "pass" and rows["same"].metrics["max_absolute_error"].value == 0.0

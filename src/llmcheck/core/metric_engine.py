@@ -157,9 +157,33 @@ def measure_pair(job: PairJob, specs: Sequence[MetricSpec], workspace: Workspace
                 else:
                     accumulator.update(chunk.golden, chunk.my)
     values = {spec.name: float(acc.result()) for spec, acc in zip(specs, accumulators)}
+    exact = exact_integer_max_difference(job)
+    if exact is not None and EXACT_INTEGER_METRIC in values:
+        values[EXACT_INTEGER_METRIC] = float(exact)  # never 0 for a difference the float64 buffers rounded away
     return PairMeasurement(index=job.index, values=values, golden_stats=golden_side.result(),
                            my_stats=my_side.result(), nonfinite_mismatch=mismatch,
                            matching_nonfinite=matching_nonfinite, masked=masked, bytes_read=job.nbytes)
+
+
+#: 64-bit integers: float64 buffers hold them exactly only up to 2**53, so they are also compared as integers.
+WIDE_INTEGER_DTYPES = frozenset({"int64", "uint64"})
+#: The metric that carries the exact integer difference (its "int" thresholds fail any difference).
+EXACT_INTEGER_METRIC = "max_absolute_error"
+
+
+def exact_integer_max_difference(job: PairJob) -> int | None:
+    """Return the exact largest ``|golden - my|`` of two tensors of one 64-bit integer dtype, else ``None``."""
+    if job.golden.dtype != job.my.dtype or job.golden.dtype not in WIDE_INTEGER_DTYPES:
+        return None
+    golden = job.golden.load().reshape(-1).numpy()
+    my = job.my.load().reshape(-1).numpy()
+    if golden.size == 0:
+        return 0
+    # the difference of the larger minus the smaller, in unsigned arithmetic: exact over the whole range
+    unsigned = np.dtype(np.uint64)
+    difference = np.where(golden >= my, golden.astype(unsigned) - my.astype(unsigned),
+                          my.astype(unsigned) - golden.astype(unsigned))
+    return int(difference.max())
 
 
 @dataclass

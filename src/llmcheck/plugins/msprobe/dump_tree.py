@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
+from llmcheck.core.dump_paths import inside_dump
 from llmcheck.core.errors import DumpFormatError, DumpNotFoundError
 from llmcheck.core.records import (
     IO_INPUT,
@@ -257,6 +258,7 @@ def _record(key: RecordKey, item: Mapping[str, Any], op_type: str, parent: str |
             raise DumpFormatError(f"{data_name}: tensor files of this kind are not read", where=where,
                                   hint=f"llmcheck reads {', '.join(TENSOR_SUFFIXES)} msprobe tensor files")
         if tensor_path.is_file():
+            inside_dump(tensor_path, folder.path)
             data = TensorData(dtype=dtype, shape=shape, path=tensor_path, loader=tensor_loader(tensor_path))
         else:
             attrs["data_missing"] = True
