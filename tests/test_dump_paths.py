@@ -66,7 +66,26 @@ def _checkpoint(folder: Path, make_llmcheck_dump) -> tuple[Path, Path]:
     return folder, folder / "model-00002-of-00002.safetensors"
 
 
-SOURCES = {"llmcheck": _llmcheck, "atb": _atb, "fx": _fx, "ge": _ge, "manual": _manual, "file": _checkpoint}
+def _msprobe(folder: Path, make_llmcheck_dump) -> tuple[Path, Path]:
+    import json
+
+    rank = folder / "step0" / "rank0"
+    (rank / "dump_tensor_data").mkdir(parents=True)
+    item = {"type": "torch.Tensor", "dtype": "torch.float32", "shape": [4], "Max": 1.0, "Min": 1.0, "Mean": 1.0,
+            "Norm": 2.0, "requires_grad": False}
+    entry = {"input_args": [{**item, "data_name": "Tensor.__add__.0.forward.input.0.pt"}], "input_kwargs": {},
+             "output": [{**item, "data_name": "Tensor.__add__.0.forward.output.0.pt"}]}
+    (rank / "dump.json").write_text(json.dumps({"task": "tensor", "level": "L1", "framework": "pytorch",
+                                                "dump_data_dir": str(rank / "dump_tensor_data"),
+                                                "data": {"Tensor.__add__.0.forward": entry}}))
+    (rank / "construct.json").write_text("{}")
+    (rank / "stack.json").write_text("{}")
+    for io in ("input", "output"):
+        torch.save(torch.ones(4), rank / "dump_tensor_data" / f"Tensor.__add__.0.forward.{io}.0.pt")
+    return folder, rank / "dump_tensor_data" / "Tensor.__add__.0.forward.output.0.pt"
+
+
+SOURCES = {"msprobe": _msprobe, "llmcheck": _llmcheck, "atb": _atb, "fx": _fx, "ge": _ge, "manual": _manual, "file": _checkpoint}
 
 
 @pytest.mark.parametrize("source", SOURCES)
@@ -86,12 +105,12 @@ def test_a_file_linked_to_outside_the_dump_is_refused_naming_the_link_and_its_ta
     assert message.startswith(f"{file_in_dump}: leads outside the dump") and str(outside) in message
 
 
-@pytest.mark.parametrize("source", ["llmcheck", "atb", "fx", "ge"])
+@pytest.mark.parametrize("source", ["llmcheck", "atb", "fx", "ge", "msprobe"])
 def test_a_file_linked_to_another_place_inside_the_dump_is_read(source: str, tmp_path: Path,
                                                                 make_llmcheck_dump) -> None:
     dump, file_in_dump = SOURCES[source](tmp_path / "dump", make_llmcheck_dump)
     before = [record.data.load() for record in get_plugins().load_tensors(dump).records if record.data is not None]
-    moved = dump / "moved_here.data"
+    moved = file_in_dump.parent / "moved_here.data"
     shutil.move(file_in_dump, moved)
     file_in_dump.symlink_to(os.path.relpath(moved, file_in_dump.parent))
     after = [record.data.load() for record in get_plugins().load_tensors(dump).records if record.data is not None]
