@@ -210,9 +210,7 @@ class CaptureSession:
             if self._graph is not None:
                 write_graph_onnx(self._graph, self.path / ONNX_FILE, type(self.model).__name__)  # type: ignore[operator]
         except Exception as exc:
-            self._stop_after_failure(exc)
-            if self._raises:
-                raise
+            self._contain(exc)
 
     def close_at_exit(self) -> None:
         """Close the dump as the process exits; never raises (no forward is left to hand an error to)."""
@@ -223,12 +221,19 @@ class CaptureSession:
 
     # --- failures ---
 
+    def _contain(self, exc: Exception) -> None:
+        """Handle a failure of capture's own work: stop capturing, then raise it only under ``on_capture_error="raise"``."""
+        self._stop_after_failure(exc)
+        if self._raises:
+            raise exc
+
     def _stop_after_failure(self, exc: BaseException) -> None:
         """Stop capturing after a failure inside capture: warn once, close the dump as cut, go dormant."""
         if self.failure is not None:
             return
         reason = exc.one_line() if isinstance(exc, LlmcheckError) else f"{type(exc).__name__}: {exc}"
         self.failure = reason
+        log.debug("capture failed", exc_info=exc)  # the traceback, for a report of a bug in capture
         self._dumping = False
         self._remove_hooks(keep_root_after=self._root_depth > 0)
         if self._root_depth == 0:
@@ -263,9 +268,7 @@ class CaptureSession:
             try:
                 return start_call(module, args, kwargs)
             except Exception as exc:  # capture's own failure: the program's forward must not see it
-                self._stop_after_failure(exc)
-                if self._raises:
-                    raise
+                self._contain(exc)
                 return None
 
         def start_call(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
@@ -311,9 +314,7 @@ class CaptureSession:
                 if is_root and self._root_depth == 1:
                     self._end_step()
             except Exception as exc:  # capture's own failure: the program's forward must not see it
-                self._stop_after_failure(exc)
-                if self._raises:
-                    raise
+                self._contain(exc)
             finally:
                 if is_root:
                     self._root_depth -= 1
@@ -358,9 +359,7 @@ class CaptureSession:
         try:
             recorded = self._record_op_inputs(func, args, kwargs)
         except Exception as exc:  # capture's own failure: the program's forward must not see it
-            self._stop_after_failure(exc)
-            if self._raises:
-                raise
+            self._contain(exc)
             recorded = None
         result = func(*args, **kwargs)
         if recorded is None or self.failure is not None:
@@ -368,9 +367,7 @@ class CaptureSession:
         try:
             self._record_op_outputs(result, *recorded)
         except Exception as exc:
-            self._stop_after_failure(exc)
-            if self._raises:
-                raise
+            self._contain(exc)
         return result
 
     def _record_op_inputs(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...] | None:
