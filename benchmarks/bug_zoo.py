@@ -20,9 +20,9 @@ are the same seeded fp32 model; only the defect and the dtype differ.
 
 Defects (``DEFECTS``), each in one decoder layer (the layer varies with the case): weights
 scaled, quantised, swapped or one column perturbed; a norm's epsilon or gain wrong; the
-MLP activation swapped; and defects in the attention function itself (softmax scale, a
-head zeroed, causal mask dropped, the rotary base of another model version, the attention branch
-scaled). Weight defects edit the weights; the others patch the one module's attribute, its
+MLP activation swapped; and defects in the attention code itself (softmax scale, a head
+zeroed, causal mask dropped, the rotary base of another model version, the attention
+branch scaled). Weight defects edit the weights; the others patch the one module's attribute, its
 own ``forward`` (an instance attribute, so hooks and module paths are unchanged) or its
 attention function (the one attention module gets its own config whose
 ``_attn_implementation`` names a registered wrapper around the real SDPA or eager function).
@@ -88,9 +88,9 @@ class Arch:
     num_layers: int
     config: dict[str, Any]
     attn_implementation: str
-    #: attention projections: separate q/k/v (``None``) or the fused ``qkv_proj`` path
+    #: True: one fused ``self_attn.qkv_proj``; False: separate ``q_proj``, ``k_proj``, ``v_proj``
     fused_qkv: bool
-    #: MLP: separate gate/up projections, or one fused ``gate_up_proj``
+    #: True: one fused ``mlp.gate_up_proj``; False: separate ``gate_proj`` and ``up_proj``
     fused_gate_up: bool
     activation: str  # attribute of the MLP holding the activation module
 
@@ -107,8 +107,8 @@ ARCHS: dict[str, Arch] = {
                        vocab_size=320), "eager", fused_qkv=False, fused_gate_up=False, activation="act_fn"),
     "phi3": Arch("phi3", "Phi3Config", 6,
                  dict(hidden_size=128, intermediate_size=256, num_attention_heads=4, num_key_value_heads=4,
-                      vocab_size=512, pad_token_id=0, bos_token_id=1, eos_token_id=2), "sdpa", fused_qkv=True, fused_gate_up=True,
-                 activation="activation_fn"),
+                      vocab_size=512, pad_token_id=0, bos_token_id=1, eos_token_id=2),
+                 "sdpa", fused_qkv=True, fused_gate_up=True, activation="activation_fn"),
 }
 
 
@@ -349,7 +349,7 @@ DEFECTS: dict[str, Defect] = {defect.name: defect for defect in [
     Defect("head_zeroed", "attention function writes zeros for its last head", inject_head_zeroed),
     Defect("causal_mask_dropped", "attention function ignores the causal mask", inject_causal_mask_dropped),
     Defect("attn_branch_x0.9", "self_attn output x0.9 before the residual add", inject_attention_branch_scale),
-    Defect("rope_theta_5e5", f"rotary base {10000:g} -> {WRONG_ROPE_THETA:g} in one layer (another model "
+    Defect("rope_theta_5e5", f"rotary base 10000 -> {WRONG_ROPE_THETA:g} in one layer (another model "
            "version's config)", inject_rope_theta),
     Defect("q_column_x1.5", "one input column of the query weight x1.5", inject_q_column),
     Defect("k_proj_x0.95", "key projection weight x0.95", inject_k_proj_scale),
