@@ -233,3 +233,14 @@ def test_op_level_weights_that_differ_beyond_bf16_rounding_are_introduced_where_
     assert culprit is not None and culprit.golden.attrs.get("parameter") == f"{DEFECTIVE}.weight"
     assert culprit.deciding_metric == "weights_beyond_rounding"
     assert culprit.evidence.startswith("weights differ from golden beyond bfloat16 rounding")
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_eager_attention_with_finfo_min_mask_still_names_a_defect_elsewhere(tmp_path, dtype):
+    model = _llama("eager")
+    golden = _dump(model, tmp_path / "golden")
+    result = compare_dumps(golden, _dump(_scaled(model).to(dtype), tmp_path / "my"), workers=1)
+    assert result.first_introduced is not None and result.first_introduced.golden.key.name == DEFECTIVE
+    masks = [row for row in result.rows if "attention_mask" in row.golden.key.position]
+    assert masks and all(row.verdict == "pass" for row in masks)
+    assert any("infinity sentinel" in row.reason for row in masks)
