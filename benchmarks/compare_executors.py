@@ -22,6 +22,7 @@ import argparse
 import importlib.util
 import os
 import shutil
+import struct
 import tempfile
 import time
 from pathlib import Path
@@ -35,6 +36,11 @@ def _throughput_helpers():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)  # type: ignore[union-attr]
     return module
+
+
+def _bits(metrics) -> dict[str, bytes]:
+    """Return each metric value's IEEE-754 bytes (so NaN equals NaN, and 0.0 differs from -0.0)."""
+    return {name: struct.pack("<d", result.value) for name, result in metrics.items()}
 
 
 def main() -> None:
@@ -65,8 +71,8 @@ def main() -> None:
                  log_to_driver=False)
         start_s = time.perf_counter() - started
         remote = compare_dumps(golden, my, executor=RayExecutor())
-        identical = all({n: r.value for n, r in a.metrics.items()} == {n: r.value for n, r in b.metrics.items()}
-                        for a, b in zip(local.rows, remote.rows)) and len(local.rows) == len(remote.rows)
+        identical = len(local.rows) == len(remote.rows) and all(
+            _bits(a.metrics) == _bits(b.metrics) for a, b in zip(local.rows, remote.rows))
         nodes = len([node for node in ray.nodes() if node.get("Alive")])
         print(f"two dumps of {helpers.tree_bytes(golden_path) / GB:.2f} GB each, {len(local.rows)} pairs, "
               f"{local.tensor_bytes_read / GB:.2f} GB of tensors read, {cpus} CPUs, "

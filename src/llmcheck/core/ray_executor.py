@@ -11,8 +11,8 @@ every byte to one machine; this one sends the measuring to where the bytes are:
   loaded of them), else on the node holding most of its bytes (soft affinity), else
   anywhere (shared storage);
 * a task measures its chunk with the very function the local executor uses
-  (:func:`~llmcheck.core.metric_engine.measure_pair`, same chunk size, same accumulators)
-  and returns only the measurements -- metric values and statistics, never tensors -- so
+  (:func:`~llmcheck.core.metric_engine.measure_pair`, same chunk size, same accumulators,
+  single-threaded BLAS like the local worker processes) and returns only the measurements -- metric values and statistics, never tensors -- so
   the report is the same, bit for bit in the metric columns;
 * a task whose worker dies is retried (:data:`TASK_RETRIES` times); a chunk that still
   fails is split and its pairs measured one by one, and a pair that fails alone becomes an
@@ -39,8 +39,9 @@ log = logging.getLogger("llmcheck.ray")
 CHUNK_TARGET_BYTES = 256 * 1024 * 1024
 #: How often Ray reruns a task whose worker process or node died.
 TASK_RETRIES = 3
-#: The executor names ``llmcheck compare --executor`` accepts.
-EXECUTORS = ("local", "ray")
+#: A task's BLAS runs on one thread, as in the local executor's worker processes: a dot product
+#: split over threads sums in another order, and the last bits of a metric would differ.
+SINGLE_THREADED_BLAS = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
 
 def measure_chunk(jobs: list[PairJob], specs: list[MetricSpec], chunk_values: int) -> list[PairMeasurement]:
@@ -141,7 +142,7 @@ class RayExecutor:
                 raise UsageError(f"cannot reach the Ray cluster: {exc}", where=f"--ray-address {self.address}",
                                  hint="start it with `ray start --head`, or leave --ray-address out for a "
                                       "local one") from exc
-        measure = ray.remote(max_retries=TASK_RETRIES)(measure_chunk)
+        measure = ray.remote(max_retries=TASK_RETRIES, runtime_env={"env_vars": SINGLE_THREADED_BLAS})(measure_chunk)
         specs_ref = ray.put(list(specs))
         placement = self._placement(ray, jobs)
         results: dict[int, PairMeasurement] = {}
