@@ -9,6 +9,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import subprocess
+import sys
 from functools import partial
 from pathlib import Path
 from typing import Iterator
@@ -21,7 +23,7 @@ from llmcheck.core.cli import main
 from llmcheck.core.compare import compare_dumps
 from llmcheck.core.metric_engine import PairJob
 from llmcheck.core.plugins import get_plugins
-from llmcheck.core.ray_executor import RayExecutor, chunks_by_location
+from llmcheck.core.ray_executor import SINGLE_THREADED_BLAS, RayExecutor, chunks_by_location
 from llmcheck.core.records import Dump, TensorData
 
 HERE = Path(__file__).resolve().parent
@@ -59,7 +61,11 @@ def two_runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 def test_the_ray_executor_writes_the_same_report_as_the_local_one_bit_for_bit(
         ray_cluster: object, two_runs: tuple[Path, Path], tmp_path: Path) -> None:
     golden, my = two_runs
-    assert main(["compare", "-gp", str(golden), "-mp", str(my), "-o", str(tmp_path / "local"), "-j", "1"]) == 3
+    # The local executor as a large compare runs it: BLAS on one thread, as in its worker processes.
+    local = subprocess.run([sys.executable, "-m", "llmcheck.core.cli", "compare", "-gp", str(golden), "-mp", str(my),
+                            "-o", str(tmp_path / "local"), "-j", "1"], capture_output=True, text=True,
+                           env={**os.environ, **SINGLE_THREADED_BLAS})
+    assert local.returncode == 3, local.stderr
     assert main(["compare", "-gp", str(golden), "-mp", str(my), "-o", str(tmp_path / "ray"),
                  "--executor", "ray"]) == 3
     local_csv = (tmp_path / "local" / "cmp_report.csv").read_text()
@@ -97,12 +103,12 @@ def test_a_dead_worker_is_retried_and_a_pair_that_still_fails_is_an_error_row(
         return None
 
     faulty = _with_loader(my, loader_for)
-    local = compare_dumps(golden, my, workers=1)
+    undisturbed = compare_dumps(golden, my, executor=RayExecutor())
     remote = compare_dumps(golden, faulty, executor=RayExecutor())
     assert (tmp_path / "died_once").exists()  # the worker did die once, and the pair was measured on the retry
-    assert len(remote.rows) == len(local.rows)  # no row lost
+    assert len(remote.rows) == len(undisturbed.rows)  # no row lost
     by_label = {row.golden.key.label(): row for row in remote.rows}
-    for row in local.rows:
+    for row in undisturbed.rows:
         label = row.golden.key.label()
         if label.startswith(dying_always) and row.golden.key.io == "output":
             assert by_label[label].verdict == "error"
