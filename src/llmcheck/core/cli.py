@@ -161,10 +161,16 @@ def dump(backend: str, exec_text: str | None, dump_types: Sequence[str], only_sa
 @click.option("--noise-source", default=None, help="Force the source plugin reading --noise-path.")
 @click.option("--allow-unmatched", is_flag=True,
               help="Do not fail (exit 3) on golden records that no pairing rule expects to be unmatched.")
+@click.option("--executor", type=click.Choice(["local", "ray"]), default="local", show_default=True,
+              help="Where pairs are measured: this machine's worker processes, or Ray tasks near the data "
+                   "(pip install 'llmcheck[ray]'; docs/scale-out.md).")
+@click.option("--ray-address", default=None, help="The Ray cluster for --executor ray (default: the running one, "
+                                                  "else a local one; 'auto', 'ray://HEAD:10001').")
 @log_level_option
 def compare(golden_path: Path, my_path: Path, golden_source: str | None, my_source: str | None, output: Path,
             metrics: Sequence[str], mapping: Path | None, jobs: int | None, thresholds: Path | None,
-            noise_path: Path | None, noise_source: str | None, allow_unmatched: bool, log_level: str) -> None:
+            noise_path: Path | None, noise_source: str | None, allow_unmatched: bool, executor: str,
+            ray_address: str | None, log_level: str) -> None:
     """Pair two runs, measure every pair, and name the first divergence.
 
     Example: llmcheck compare -gp golden -mp my -o report
@@ -176,7 +182,7 @@ def compare(golden_path: Path, my_path: Path, golden_source: str | None, my_sour
         golden_path=golden_path, my_path=my_path, golden_source=golden_source, my_source=my_source,
         output_dir=output, metric_names=list(metrics), mapping_path=mapping, jobs=jobs, thresholds_path=thresholds,
         noise_path=noise_path, noise_source=noise_source,
-        allow_unmatched=allow_unmatched,
+        allow_unmatched=allow_unmatched, executor=executor, ray_address=ray_address,
     ))
 
 

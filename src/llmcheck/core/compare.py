@@ -14,7 +14,7 @@ import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Protocol, Sequence
 
 from llmcheck.core.digests import digest_row, judged_on_digests
 from llmcheck.core.divergence import (
@@ -262,11 +262,20 @@ def _merged_stats(record: TensorRecord, measured: Any) -> Any:
     return record.stats if _has_stats(record) else measured
 
 
+class PairExecutor(Protocol):
+    """Measures pairs somewhere other than this machine's worker processes (``compare --executor``)."""
+
+    def __call__(self, jobs: Sequence[Any], specs: Sequence[MetricSpec], on_measured: Callable[[Any], None] | None
+                 ) -> tuple[dict[int, Any], dict[int, str]]:
+        """Return the measurements by pair index, and why each pair it could not measure failed."""
+
+
 def compare_dumps(golden: Dump, my: Dump, *, metric_names: Sequence[str] | None = None,
                   user_mapping: UserMapping | None = None, threshold_overrides: Sequence[ThresholdOverride] = (),
                   workers: int | None = None, noise: Dump | None = None, same_program: bool = False,
                   on_pairs_known: Callable[[int, int], None] | None = None,
-                  on_measured: Callable[[int], None] | None = None) -> CompareResult:
+                  on_measured: Callable[[int], None] | None = None,
+                  executor: PairExecutor | None = None) -> CompareResult:
     """Return the comparison of two loaded dumps: pairs, a judged row per pair, attribution.
 
     ``noise`` is the noise twin (``compare --noise-path``): the golden program run at the
@@ -280,7 +289,9 @@ def compare_dumps(golden: Dump, my: Dump, *, metric_names: Sequence[str] | None 
     started with ``spawn``, so a script calling this needs the usual
     ``if __name__ == "__main__":`` guard (or ``workers=1``). ``on_pairs_known(pairs,
     tensor_bytes)`` is called once the work is known and ``on_measured(tensor_bytes)`` after
-    each pair, for a progress bar.
+    each pair, for a progress bar. ``executor`` measures the pairs elsewhere instead (a Ray
+    cluster, :class:`llmcheck.core.ray_executor.RayExecutor`); a pair it could not measure
+    becomes an ``error`` row with its reason.
     """
     from llmcheck.core.metric_engine import PairJob, measure_pairs
     from llmcheck.core.plugins import get_plugins
@@ -315,11 +326,17 @@ def compare_dumps(golden: Dump, my: Dump, *, metric_names: Sequence[str] | None 
     unique_jobs = sorted(jobs.values(), key=lambda job: job.index)
     if on_pairs_known is not None:
         on_pairs_known(len(unique_jobs), sum(job.nbytes for job in unique_jobs))
-    measurements = measure_pairs(unique_jobs, specs, workers=workers,
-                                 on_measured=(lambda m: on_measured(m.bytes_read)) if on_measured else None)
+    progress = (lambda m: on_measured(m.bytes_read)) if on_measured else None
+    if executor is None:
+        measurements = measure_pairs(unique_jobs, specs, workers=workers, on_measured=progress)
+    else:
+        measurements, failures = executor(unique_jobs, specs, on_measured=progress)
+        problems.update(failures)
+        problems.update({index: failures[first] for index, first in same_data_as.items() if first in failures})
     bytes_read = sum(m.bytes_read for m in measurements.values())
     for index, first_index in same_data_as.items():
-        measurements[index] = dataclasses.replace(measurements[first_index], index=index, bytes_read=0)
+        if first_index in measurements:
+            measurements[index] = dataclasses.replace(measurements[first_index], index=index, bytes_read=0)
     run_classes = (run_precision([record.dtype for record in dump.records]) for dump in (golden, my))
     run_floor = least_precise([name for name in run_classes if name])
     rows = [_row(index, pair, specs, problems.get(index), measurements.get(index), threshold_overrides, run_floor,
@@ -411,7 +428,8 @@ def _row(index: int, pair: Pair, specs: Sequence[MetricSpec], problem: str | Non
 def compare_command(*, golden_path: Path, my_path: Path, golden_source: str | None, my_source: str | None,
                     output_dir: Path, metric_names: Sequence[str], mapping_path: Path | None, jobs: int | None,
                     thresholds_path: Path | None = None, noise_path: Path | None = None,
-                    noise_source: str | None = None, allow_unmatched: bool = False) -> int:
+                    noise_source: str | None = None, allow_unmatched: bool = False, executor: str = "local",
+                    ray_address: str | None = None) -> int:
     """Run ``llmcheck compare`` and return its exit code: 0 all pass, 1 no pair at all, 3 failing or
     unmeasurable pairs, or golden records left unmatched that no pairing rule expects (unless ``allow_unmatched``).
     """
@@ -443,7 +461,7 @@ def compare_command(*, golden_path: Path, my_path: Path, golden_source: str | No
     noise = plugins.load_tensors(Path(noise_path), noise_source, "--noise-source") if noise_path is not None else None
     result = compare_with_progress(golden, my, console=console, metric_names=list(metric_names) or None,
                                    user_mapping=user_mapping, threshold_overrides=overrides, workers=jobs,
-                                   noise=noise)
+                                   noise=noise, executor=_executor(executor, ray_address))
     with reports_written_into(output_dir):
         written = write_reports(result, output_dir)
     print_summary(result, console, written)
@@ -458,6 +476,17 @@ def compare_command(*, golden_path: Path, my_path: Path, golden_source: str | No
                     "; the compare fails unless --allow-unmatched is given")
     failing = counts["failures"] or counts["errors"] or (unexpected and not allow_unmatched)
     return EXIT_FAILURES_FOUND if failing else EXIT_OK
+
+
+def _executor(name: str, ray_address: str | None) -> PairExecutor | None:
+    """Return the executor ``--executor NAME`` names (None: this machine's worker processes)."""
+    if name == "ray":
+        from llmcheck.core.ray_executor import RayExecutor
+
+        return RayExecutor(ray_address)
+    if ray_address is not None:
+        raise UsageError("is only used by --executor ray", where="--ray-address")
+    return None
 
 
 def compare_with_progress(golden: Dump, my: Dump, *, console: Any, progress_interval_s: float = 2.0,

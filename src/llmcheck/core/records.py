@@ -251,6 +251,8 @@ def merge_rank_dumps(dumps: Sequence[Dump], ranks: Sequence[int], root: Path) ->
     Records keep their own execution order within a rank; the ranks ran side by side, so the
     merged order interleaves them (the n-th record of every rank, then the (n+1)-th).
     """
+    by_rank = sorted(zip(ranks, dumps), key=lambda item: item[0])
+    ranks, dumps = [rank for rank, _ in by_rank], [dump for _, dump in by_rank]
     merged: list[tuple[int, int, TensorRecord]] = []
     for dump, rank in zip(dumps, ranks):
         for position, record in enumerate(dump.records):
