@@ -244,3 +244,17 @@ def test_eager_attention_with_finfo_min_mask_still_names_a_defect_elsewhere(tmp_
     masks = [row for row in result.rows if "attention_mask" in row.golden.key.position]
     assert masks and all(row.verdict == "pass" for row in masks)
     assert any("infinity sentinel" in row.reason for row in masks)
+
+
+def test_a_compare_across_precisions_without_a_twin_says_how_to_see_below_the_noise(llama, fp32_golden, tmp_path):
+    from rich.console import Console
+
+    from llmcheck.core.report import print_summary
+
+    my = _dump(copy.deepcopy(llama).to(torch.bfloat16), tmp_path / "my")
+    console = Console(record=True, width=300)
+    print_summary(compare_dumps(fp32_golden, my, workers=1), console)
+    assert "hint: the runs differ in precision (fp32 golden, bf16 my)" in console.export_text()
+    twin_console = Console(record=True, width=300)
+    print_summary(compare_dumps(fp32_golden, my, workers=1, noise=my), twin_console)
+    assert "hint:" not in twin_console.export_text()

@@ -253,12 +253,29 @@ def print_summary(result: "CompareResult", console: "Console", written: Mapping[
         suspects = result.suspects.sentence()
         if suspects:
             console.print(f"[bold]suspects:[/] {suspects}", highlight=False)
+    hint = twin_hint(result)
+    if hint:
+        console.print(f"hint: {hint}", markup=False, highlight=False)
     if result.golden.source == result.my.source == "file" and len(result.rows) <= 20:
         _print_metric_table(result, console)
     else:
         _print_worst_rows(result, console)
     if written:
         console.print("wrote " + ", ".join(str(path) for path in written.values()), markup=False)
+
+
+def twin_hint(result: "CompareResult") -> str:
+    """Return advice to record a noise twin when the runs differ in precision and none was given, else ''."""
+    from llmcheck.core.verdicts import run_precision
+
+    if result.noise is not None:
+        return ""
+    golden, my = (run_precision([record.dtype for record in dump.records]) for dump in (result.golden, result.my))
+    if golden is None or my is None or golden == my:
+        return ""
+    return (f"the runs differ in precision ({golden} golden, {my} my): a defect smaller than {my} rounding noise "
+            "passes unseen here; record the golden program at the my-run's precision and give it as "
+            "--noise-path (docs/commands/compare.md)")
 
 
 def _print_worst_rows(result: "CompareResult", console: "Console") -> None:
