@@ -41,6 +41,8 @@ DEFAULT_CHUNK_VALUES = 1 << 16
 PARALLEL_MIN_BYTES = 64 * 1024 * 1024
 #: Batches sent to a worker aim at this many tensor bytes (small pairs travel together).
 BATCH_TARGET_BYTES = 64 * 1024 * 1024
+#: Pairs measured in this process are handed to :func:`measure_jobs` this many at a time.
+LOCAL_BATCH_PAIRS = 4096
 
 
 @dataclass(frozen=True)
@@ -98,6 +100,20 @@ class _SideStats:
             self.finite += values.size
             self.squares += float(np.dot(values, values)) if sum_of_squares is None else sum_of_squares
 
+    def add_chunk(self, chunk: PairChunk, side: str) -> None:
+        """Fold in one chunk's side (all finite) from the reductions the chunk shares."""
+        if self.wanted and chunk.size:
+            if side == "golden":
+                low, high, total, squares = chunk.golden_min(), chunk.golden_max(), chunk.golden_sum(), \
+                    chunk.sum_sq_golden()
+            else:
+                low, high, total, squares = chunk.my_min(), chunk.my_max(), chunk.my_sum(), chunk.sum_sq_my()
+            self.low = min(self.low, low)
+            self.high = max(self.high, high)
+            self.total += total
+            self.finite += chunk.size
+            self.squares += squares
+
     def result(self) -> TensorStats:
         l2_squared = self.squares
         if not self.wanted:
@@ -123,16 +139,61 @@ class PairMeasurement:
     notes: list[str] = field(default_factory=list)
 
 
+class PairFold:
+    """The running state of one pair: its metric accumulators, both sides' statistics, the NaN/Inf counts.
+
+    Both ways of measuring fold chunks through it -- streaming a large pair chunk by chunk
+    (:func:`measure_pair`) and measuring many small pairs in one pass
+    (:mod:`llmcheck.core.small_pairs`) -- so their values are the same by construction.
+    """
+
+    __slots__ = ("job", "accumulators", "chunk_updates", "golden_side", "my_side", "golden_limit", "my_limit",
+                 "mismatch", "matching_nonfinite", "masked")
+
+    def __init__(self, job: PairJob, specs: Sequence[MetricSpec]) -> None:
+        self.job = job
+        self.accumulators = [spec.make_accumulator() for spec in specs]
+        self.chunk_updates = [getattr(acc, "update_chunk", None) for acc in self.accumulators]
+        self.golden_side = _SideStats(job.golden_needs_stats)
+        self.my_side = _SideStats(job.my_needs_stats)
+        self.golden_limit = sentinel_limit_in_run(job.golden.dtype, job.golden_run_dtype)
+        self.my_limit = sentinel_limit_in_run(job.my.dtype, job.my_run_dtype)
+        self.mismatch = self.matching_nonfinite = self.masked = 0
+
+    def fold(self, chunk: PairChunk, workspace: Workspace) -> None:
+        """Fold one chunk of both sides (float64, equal length) into every accumulator."""
+        if (may_hold_sentinels(chunk.sum_sq_golden(), self.golden_limit)
+                or may_hold_sentinels(chunk.sum_sq_my(), self.my_limit)):
+            chunk, agreement = _ordinary_part(chunk.golden, chunk.my, self.golden_limit, self.my_limit,
+                                              self.golden_side, self.my_side, workspace)
+            self.mismatch += agreement.mismatch
+            self.matching_nonfinite += agreement.matching_nonfinite
+            self.masked += agreement.masked
+        else:
+            self.golden_side.add_chunk(chunk, "golden")
+            self.my_side.add_chunk(chunk, "my")
+        for accumulator, update_chunk in zip(self.accumulators, self.chunk_updates):
+            if update_chunk is not None:
+                update_chunk(chunk)
+            else:
+                accumulator.update(chunk.golden, chunk.my)
+
+    def measurement(self, specs: Sequence[MetricSpec]) -> PairMeasurement:
+        """Return what the folded chunks gave."""
+        values = {spec.name: float(acc.result()) for spec, acc in zip(specs, self.accumulators)}
+        exact = exact_integer_max_difference(self.job)
+        if exact is not None and EXACT_INTEGER_METRIC in values:
+            values[EXACT_INTEGER_METRIC] = float(exact)  # never 0 for a difference the float64 buffers rounded away
+        return PairMeasurement(index=self.job.index, values=values, golden_stats=self.golden_side.result(),
+                               my_stats=self.my_side.result(), nonfinite_mismatch=self.mismatch,
+                               matching_nonfinite=self.matching_nonfinite, masked=self.masked,
+                               bytes_read=self.job.nbytes)
+
+
 def measure_pair(job: PairJob, specs: Sequence[MetricSpec], workspace: Workspace,
                  chunk_values: int = DEFAULT_CHUNK_VALUES) -> PairMeasurement:
     """Return every metric of one pair, streaming both tensors chunk by chunk through ``workspace``."""
-    accumulators = [spec.make_accumulator() for spec in specs]
-    chunk_updates = [getattr(acc, "update_chunk", None) for acc in accumulators]
-    golden_side = _SideStats(job.golden_needs_stats)
-    my_side = _SideStats(job.my_needs_stats)
-    mismatch = matching_nonfinite = masked = 0
-    golden_limit = sentinel_limit_in_run(job.golden.dtype, job.golden_run_dtype)
-    my_limit = sentinel_limit_in_run(job.my.dtype, job.my_run_dtype)
+    fold = PairFold(job, specs)
     with ChunkReader(job.golden) as golden_reader, ChunkReader(job.my) as my_reader:
         if golden_reader.size != my_reader.size:
             raise ValueError(f"pair {job.index}: {golden_reader.size} golden values against {my_reader.size}")
@@ -141,28 +202,8 @@ def measure_pair(job: PairJob, specs: Sequence[MetricSpec], workspace: Workspace
             count = min(chunk_values, total - start)
             golden = golden_reader.read(start, workspace.buffer("golden", count), workspace.buffer)
             my = my_reader.read(start, workspace.buffer("my", count), workspace.buffer)
-            chunk = PairChunk(golden, my, workspace)
-            if (may_hold_sentinels(chunk.sum_sq_golden(), golden_limit)
-                    or may_hold_sentinels(chunk.sum_sq_my(), my_limit)):
-                chunk, agreement = _ordinary_part(golden, my, golden_limit, my_limit, golden_side, my_side, workspace)
-                mismatch += agreement.mismatch
-                matching_nonfinite += agreement.matching_nonfinite
-                masked += agreement.masked
-            else:
-                golden_side.add_finite(chunk.golden, chunk.sum_sq_golden())
-                my_side.add_finite(chunk.my, chunk.sum_sq_my())
-            for accumulator, update_chunk in zip(accumulators, chunk_updates):
-                if update_chunk is not None:
-                    update_chunk(chunk)
-                else:
-                    accumulator.update(chunk.golden, chunk.my)
-    values = {spec.name: float(acc.result()) for spec, acc in zip(specs, accumulators)}
-    exact = exact_integer_max_difference(job)
-    if exact is not None and EXACT_INTEGER_METRIC in values:
-        values[EXACT_INTEGER_METRIC] = float(exact)  # never 0 for a difference the float64 buffers rounded away
-    return PairMeasurement(index=job.index, values=values, golden_stats=golden_side.result(),
-                           my_stats=my_side.result(), nonfinite_mismatch=mismatch,
-                           matching_nonfinite=matching_nonfinite, masked=masked, bytes_read=job.nbytes)
+            fold.fold(PairChunk(golden, my, workspace), workspace)
+    return fold.measurement(specs)
 
 
 #: 64-bit integers: float64 buffers hold them exactly only up to 2**53, so they are also compared as integers.
@@ -246,7 +287,20 @@ def _measure_batch(jobs: list[PairJob]) -> list[PairMeasurement]:
     specs = _worker_state["specs"]
     workspace = _worker_state["workspace"]
     chunk_values = _worker_state["chunk_values"]
-    return [measure_pair(job, specs, workspace, chunk_values) for job in jobs]  # type: ignore[arg-type]
+    return measure_jobs(jobs, specs, workspace, chunk_values)  # type: ignore[arg-type]
+
+
+def measure_jobs(jobs: Sequence[PairJob], specs: Sequence[MetricSpec], workspace: Workspace,
+                 chunk_values: int = DEFAULT_CHUNK_VALUES) -> list[PairMeasurement]:
+    """Return the measurement of each job: small pairs together in groups, the others streamed one by one."""
+    from llmcheck.core.small_pairs import is_small, measure_small_pairs
+
+    small = [job for job in jobs if is_small(job, chunk_values)]
+    if len(small) == len(jobs):
+        return measure_small_pairs(small, specs, workspace, chunk_values)
+    results = measure_small_pairs(small, specs, workspace, chunk_values) if small else []
+    return results + [measure_pair(job, specs, workspace, chunk_values) for job in jobs
+                      if not is_small(job, chunk_values)]
 
 
 @contextmanager
@@ -315,8 +369,9 @@ def measure_pairs(jobs: Sequence[PairJob], specs: Sequence[MetricSpec], *, worke
     if remote:
         _measure_in_workers(remote, list(specs), workers, chunk_values, done)
     workspace = Workspace(chunk_values)
-    for job in local:
-        done(measure_pair(job, specs, workspace, chunk_values))
+    for start in range(0, len(local), LOCAL_BATCH_PAIRS):  # in batches, so progress advances while measuring
+        for measurement in measure_jobs(local[start:start + LOCAL_BATCH_PAIRS], specs, workspace, chunk_values):
+            done(measurement)
     return results
 
 

@@ -67,6 +67,10 @@ class PairChunk:
             self._cache[name] = value
         return value
 
+    def share(self, name: str, value: Any) -> None:
+        """Set a derived value computed elsewhere (a view into an array computed for many pairs at once)."""
+        self._cache[name] = value
+
     def scratch(self, name: str, dtype: Any = np.float64) -> np.ndarray:
         """Return a reusable buffer of the chunk's length for a metric's own temporaries."""
         return self._workspace.buffer("scratch:" + name, self.size, dtype)
@@ -109,6 +113,52 @@ class PairChunk:
         return int(self._cache["relative_defined_count"])
 
     # --- reductions ---
+
+    def golden_min(self) -> float:
+        """Return ``min golden`` (the chunk is not empty)."""
+        return self._cached("golden_min", lambda: float(self.golden.min()))
+
+    def golden_max(self) -> float:
+        """Return ``max golden`` (the chunk is not empty)."""
+        return self._cached("golden_max", lambda: float(self.golden.max()))
+
+    def golden_sum(self) -> float:
+        """Return ``sum golden``."""
+        return self._cached("golden_sum", lambda: float(self.golden.sum()))
+
+    def my_min(self) -> float:
+        """Return ``min my`` (the chunk is not empty)."""
+        return self._cached("my_min", lambda: float(self.my.min()))
+
+    def my_max(self) -> float:
+        """Return ``max my`` (the chunk is not empty)."""
+        return self._cached("my_max", lambda: float(self.my.max()))
+
+    def my_sum(self) -> float:
+        """Return ``sum my``."""
+        return self._cached("my_sum", lambda: float(self.my.sum()))
+
+    def max_relative_error(self) -> float:
+        """Return the largest relative error of the chunk (not empty)."""
+        return self._cached("max_relative_error", lambda: float(self.relative_error().max()))
+
+    def sum_relative_error(self) -> float:
+        """Return the sum of the relative errors of the chunk (0 where undefined)."""
+        return self._cached("sum_relative_error", lambda: float(self.relative_error().sum()))
+
+    def softmax_weights(self, shift: float) -> tuple[np.ndarray, float]:
+        """Return ``w = exp(golden - shift)`` (exponentials in float32, held as float64) and ``sum w``."""
+        held = self._cache.get("softmax_weights")
+        if held is not None and held[0] == shift:
+            return held[1], held[2]
+        single = self.scratch("_softmax_f32", np.float32)
+        np.subtract(self.golden, shift, out=single, casting="same_kind")
+        np.exp(single, out=single)
+        weights = self.scratch("_softmax_weights")
+        np.copyto(weights, single)
+        weight_sum = float(weights.sum())
+        self._cache["softmax_weights"] = (shift, weights, weight_sum)
+        return weights, weight_sum
 
     def max_abs_diff(self) -> float:
         """Return ``max |my - golden|`` (0 for an empty chunk)."""

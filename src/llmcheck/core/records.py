@@ -44,13 +44,22 @@ FLOAT_DTYPES = frozenset(
 )
 
 
+_DTYPE_CLASSES: dict[str, str] = {}
+
+
 def dtype_class(dtype: str) -> str:
     """Return the threshold class of a dtype name: fp64, fp32, fp16, bf16, fp8, int, bool or complex."""
+    known = _DTYPE_CLASSES.get(dtype)  # asked for every metric of every pair
+    if known is not None:
+        return known
     if dtype.startswith("float8"):
-        return "fp8"
-    return {
-        "float64": "fp64", "float32": "fp32", "float16": "fp16", "bfloat16": "bf16", "bool": "bool",
-    }.get(dtype, "complex" if dtype.startswith("complex") else "int")
+        known = "fp8"
+    else:
+        known = {
+            "float64": "fp64", "float32": "fp32", "float16": "fp16", "bfloat16": "bf16", "bool": "bool",
+        }.get(dtype, "complex" if dtype.startswith("complex") else "int")
+    _DTYPE_CLASSES[dtype] = known
+    return known
 
 
 @dataclass(frozen=True, slots=True)

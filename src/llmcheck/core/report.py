@@ -69,8 +69,20 @@ def guard_cell(value: Any) -> Any:
         return "'" + value
 
 
+_JSON_SCALARS = frozenset({str, int, bool, type(None)})
+
+
 def json_safe(value: Any) -> Any:
     """Return ``value`` with NaN and infinities as the strings ``"nan"``, ``"inf"``, ``"-inf"`` (strict JSON)."""
+    kind = type(value)  # exact types first: a report holds millions of plain values
+    if kind in _JSON_SCALARS:
+        return value
+    if kind is float:
+        return value if math.isfinite(value) else describe(value)
+    if kind is dict:
+        return {str(k): json_safe(v) for k, v in value.items()}
+    if kind is list or kind is tuple:
+        return [json_safe(v) for v in value]
     if isinstance(value, float) and not math.isfinite(value):
         return describe(value)
     if isinstance(value, Mapping):

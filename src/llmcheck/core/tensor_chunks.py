@@ -113,11 +113,15 @@ def streamable(dtype: str) -> bool:
     return dtype in _LAYOUT
 
 
-def _layout(dtype: str) -> tuple[np.dtype, int, Decoder]:
-    layout = _LAYOUT.get(dtype)
-    if layout is None:
+def layout(dtype: str, *, strict: bool = True) -> tuple[np.dtype, int, Decoder] | None:
+    """Return how a dtype is stored and decoded: carrier dtype, float64 values per element, decoder.
+
+    An unknown dtype raises (``strict``) or gives None.
+    """
+    described = _LAYOUT.get(dtype)
+    if described is None and strict:
         raise DumpFormatError(f"cannot compare tensors of dtype {dtype!r}")
-    return layout
+    return described
 
 
 class ChunkReader:
@@ -125,7 +129,7 @@ class ChunkReader:
 
     def __init__(self, data: TensorData) -> None:
         self.dtype = data.dtype
-        carrier, per_element, self._decode = _layout(data.dtype)
+        carrier, per_element, self._decode = layout(data.dtype)  # type: ignore[misc]
         self.size = data.numel * per_element
         self._map: mmap.mmap | None = None
         self._map_base = 0

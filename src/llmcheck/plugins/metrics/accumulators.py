@@ -65,7 +65,7 @@ class MaxRelativeError(_ChunkAccumulator):
 
     def update_chunk(self, chunk: PairChunk) -> None:
         if chunk.size:
-            self.worst = max(self.worst, float(chunk.relative_error().max()))
+            self.worst = max(self.worst, chunk.max_relative_error())
 
     def result(self) -> float:
         return self.worst
@@ -80,7 +80,7 @@ class MeanRelativeError(_ChunkAccumulator):
 
     def update_chunk(self, chunk: PairChunk) -> None:
         if chunk.size:
-            self.total += float(chunk.relative_error().sum())
+            self.total += chunk.sum_relative_error()
             self.count += chunk.relative_defined_count()
 
     def result(self) -> float:
@@ -203,7 +203,7 @@ class KlDivergence(_ChunkAccumulator):
     def update_chunk(self, chunk: PairChunk) -> None:
         if chunk.size == 0:
             return
-        chunk_max = float(chunk.golden.max())
+        chunk_max = chunk.golden_max()
         if chunk_max > self.golden_max:
             if self.weight_sum:
                 scale = math.exp(self.golden_max - chunk_max)
@@ -213,11 +213,8 @@ class KlDivergence(_ChunkAccumulator):
                 self.direct_weight *= scale
                 self.direct_weighted_diff *= scale
             self.golden_max = chunk_max
-        single = chunk.scratch("kl_f32", np.float32)
-        weights = chunk.scratch("kl_weights")
-        np.copyto(weights, self._exp_sum(chunk.golden, self.golden_max, single))
+        weights, weight_sum = chunk.softmax_weights(self.golden_max)
         diff = chunk.diff()
-        weight_sum = float(weights.sum())
         weighted_diff = float(dot(weights, diff))
         self.weight_sum += weight_sum
         self.weighted_diff += weighted_diff
@@ -225,10 +222,11 @@ class KlDivergence(_ChunkAccumulator):
         if largest >= _SERIES_LIMIT:
             self.direct_weight += weight_sum
             self.direct_weighted_diff += weighted_diff
-            my_max = float(chunk.my.max())
+            my_max = chunk.my_max()
             if my_max > self.direct_my_max:
                 self.direct_my_sum *= math.exp(self.direct_my_max - my_max) if self.direct_my_sum else 0.0
                 self.direct_my_max = my_max
+            single = chunk.scratch("kl_f32", np.float32)
             self.direct_my_sum += float(self._exp_sum(chunk.my, self.direct_my_max, single).sum(dtype=np.float64))
             return
         weighted = chunk.scratch("kl_weighted")

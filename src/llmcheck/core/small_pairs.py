@@ -1,0 +1,198 @@
+"""Measure many small pairs in one pass: one read per run of a shard, one element-wise pass per group.
+
+A ``generate()`` dump holds mostly small tensors (one token's activations, a few KB each), and
+there the cost of a pair is bookkeeping, not bytes: opening and mapping two files, allocating
+chunk buffers, computing ``my - golden`` in a dozen small numpy calls. Here the small pairs
+of a batch are measured in groups: each side's records are read with one ``pread`` per run
+of nearby byte ranges in a shard, decoded into one float64 buffer per side, and the
+element-wise values several metrics share (difference, absolute values, relative error) are
+computed once for the whole group. Each pair then folds its own slice of those arrays through
+the same :class:`~llmcheck.core.metric_engine.PairFold` the streaming path uses, so every
+reduction -- and so every metric value -- is the one streaming gives, bit for bit.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Sequence
+
+import numpy as np
+
+from llmcheck.core.metric_engine import PairFold, PairJob, PairMeasurement, measure_pair
+from llmcheck.core.pair_chunk import RELATIVE_FLOOR, PairChunk, Workspace
+from llmcheck.core.records import DTYPE_ITEMSIZE, MetricSpec, TensorData
+from llmcheck.core.tensor_chunks import layout
+
+#: Pairs of at most this many values per side (and within one chunk) are measured in groups;
+#: 0 streams every pair (the tests compare both ways).
+SMALL_PAIR_VALUES = 1 << 16
+#: Values per side of one group: enough pairs per block of equal size, 8 MB per float64 buffer.
+GROUP_VALUES = 1 << 20
+#: Byte ranges of one file at most this far apart are read by one ``pread`` (the gap is read too).
+COALESCE_GAP_BYTES = 64 * 1024
+
+
+def is_small(job: PairJob, chunk_values: int) -> bool:
+    """Return whether a pair fits one chunk on both sides and is a plain byte range there."""
+    values = _values(job.golden)
+    return values == _values(job.my) and 0 < values <= min(chunk_values, SMALL_PAIR_VALUES) and job.crosses_processes
+
+
+def _values(data: TensorData) -> int:
+    """Return the float64 values a side streams as (-1 when it cannot be streamed from bytes)."""
+    described = layout(data.dtype, strict=False)
+    if described is None or data.loader is not None or data.nbytes != data.numel * DTYPE_ITEMSIZE.get(data.dtype, 0):
+        return -1
+    return data.numel * described[1]
+
+
+def measure_small_pairs(jobs: Sequence[PairJob], specs: Sequence[MetricSpec], workspace: Workspace,
+                        chunk_values: int) -> list[PairMeasurement]:
+    """Return the measurements of small pairs (:func:`is_small`), measured group by group."""
+    results: list[PairMeasurement] = []
+    group: list[PairJob] = []
+    group_values = 0
+    for job in jobs:
+        values = _values(job.golden)
+        if group and group_values + values > GROUP_VALUES:
+            results.extend(_measure_group(group, specs, workspace, chunk_values))
+            group, group_values = [], 0
+        group.append(job)
+        group_values += values
+    if group:
+        results.extend(_measure_group(group, specs, workspace, chunk_values))
+    return results
+
+
+def _read_side(datas: Sequence[TensorData], out: np.ndarray, starts: Sequence[int], workspace: Workspace) -> bool:
+    """Decode each byte range into ``out[start:...]``; return False if a file is missing or short."""
+    order = sorted(range(len(datas)), key=lambda i: (str(datas[i].path), datas[i].offset))
+    position = 0
+    while position < len(order):
+        first = datas[order[position]]
+        end = position + 1
+        span_end = first.offset + first.nbytes
+        while end < len(order):
+            following = datas[order[end]]
+            if following.path != first.path or not 0 <= following.offset - span_end <= COALESCE_GAP_BYTES:
+                break
+            span_end = max(span_end, following.offset + following.nbytes)
+            end += 1
+        try:
+            descriptor = os.open(first.path, os.O_RDONLY)  # type: ignore[arg-type]
+        except OSError:
+            return False
+        try:
+            raw = os.pread(descriptor, span_end - first.offset, first.offset)
+        finally:
+            os.close(descriptor)
+        if len(raw) != span_end - first.offset:
+            return False
+        for i in order[position:end]:
+            data = datas[i]
+            carrier, per_element, decode = layout(data.dtype)  # type: ignore[misc]
+            count = data.numel * per_element
+            items = np.frombuffer(raw, dtype=carrier, count=count, offset=data.offset - first.offset)
+            decode(items, out[starts[i]:starts[i] + count], workspace.buffer)
+        position = end
+    return True
+
+
+def _measure_group(group: Sequence[PairJob], specs: Sequence[MetricSpec], workspace: Workspace,
+                   chunk_values: int) -> list[PairMeasurement]:
+    """Measure a group of small pairs laid out by size, so equal-sized pairs form one 2-D block."""
+    group = sorted(group, key=lambda job: _values(job.golden))
+    sizes = [_values(job.golden) for job in group]
+    starts = [0] * len(group)
+    for i in range(1, len(group)):
+        starts[i] = starts[i - 1] + sizes[i - 1]
+    total = starts[-1] + sizes[-1]
+    golden = workspace.buffer("group_golden", total)
+    my = workspace.buffer("group_my", total)
+    if not (_read_side([job.golden for job in group], golden, starts, workspace)
+            and _read_side([job.my for job in group], my, starts, workspace)):
+        # a missing or cut file: streaming each pair names the file and the problem
+        return [measure_pair(job, specs, workspace, chunk_values) for job in group]
+    shared = _SharedValues(golden, my, total, workspace)
+    results = []
+    first = 0
+    while first < len(group):  # one block of equal-sized pairs at a time
+        size = sizes[first]
+        last = first
+        while last < len(group) and sizes[last] == size:
+            last += 1
+        reductions = shared.block_reductions(starts[first], last - first, size)
+        for row, i in enumerate(range(first, last)):
+            begin, end = starts[i], starts[i] + size
+            chunk = PairChunk(golden[begin:end], my[begin:end], workspace)
+            for name, values in reductions.items():
+                chunk.share(name, values[row])
+            shared.share_slices(chunk, begin, end)
+            fold = PairFold(group[i], specs)
+            fold.fold(chunk, workspace)
+            results.append(fold.measurement(specs))
+        first = last
+    return results
+
+
+class _SharedValues:
+    """The element-wise values of a whole group, and their per-pair reductions block by block.
+
+    Every reduction is one numpy reduction along the rows of an equal-sized block, which gives
+    each row exactly what the same reduction of that pair alone gives (numpy reduces each row
+    of a C-ordered block in one inner loop).
+    """
+
+    def __init__(self, golden: np.ndarray, my: np.ndarray, total: int, workspace: Workspace) -> None:
+        self.golden, self.my = golden, my
+        with np.errstate(all="ignore"):  # NaN and Inf are found and handled pair by pair
+            self.diff = np.subtract(my, golden, out=workspace.buffer("group_diff", total))
+            self.abs_diff = np.abs(self.diff, out=workspace.buffer("group_abs_diff", total))
+            self.abs_golden = np.abs(golden, out=workspace.buffer("group_abs_golden", total))
+            self.relative = np.divide(self.abs_diff, self.abs_golden, out=workspace.buffer("group_relative", total))
+            self.undefined = np.less_equal(self.abs_golden, RELATIVE_FLOOR,
+                                           out=workspace.buffer("group_undefined", total, np.bool_))
+            if self.undefined.any():
+                self.relative[self.undefined] = 0.0
+        self.weights = workspace.buffer("group_weights", total)
+        self.single = workspace.buffer("group_single", total, np.float32)
+
+    def block_reductions(self, begin: int, rows: int, size: int) -> dict[str, list]:
+        """Return each shared reduction of the ``rows`` pairs of ``size`` values starting at ``begin``."""
+        end = begin + rows * size
+
+        def block(values: np.ndarray) -> np.ndarray:
+            return values[begin:end].reshape(rows, size)
+
+        golden, my = block(self.golden), block(self.my)
+        with np.errstate(all="ignore"):
+            golden_max = golden.max(axis=1)
+            single = block(self.single)
+            np.subtract(golden, golden_max[:, None], out=single, casting="same_kind")
+            np.exp(single, out=single)
+            weights = block(self.weights)
+            np.copyto(weights, single)
+            relative = block(self.relative)
+            undefined = np.count_nonzero(block(self.undefined), axis=1)
+            reductions = {
+                "golden_min": golden.min(axis=1).tolist(), "golden_max": golden_max.tolist(),
+                "golden_sum": golden.sum(axis=1).tolist(),
+                "my_min": my.min(axis=1).tolist(), "my_max": my.max(axis=1).tolist(), "my_sum": my.sum(axis=1).tolist(),
+                "max_abs_diff": block(self.abs_diff).max(axis=1, initial=0.0).tolist(),
+                "sum_abs_diff": block(self.abs_diff).sum(axis=1).tolist(),
+                "max_relative_error": relative.max(axis=1).tolist(),
+                "sum_relative_error": relative.sum(axis=1).tolist(),
+                "relative_defined_count": (size - undefined).tolist(),
+            }
+            weight_sums = weights.sum(axis=1).tolist()
+        reductions["softmax_weights"] = [(shift, weights[row], weight_sum)
+                                         for row, (shift, weight_sum) in enumerate(zip(reductions["golden_max"],
+                                                                                      weight_sums))]
+        return reductions
+
+    def share_slices(self, chunk: PairChunk, begin: int, end: int) -> None:
+        """Give a pair's chunk its slices of the element-wise arrays."""
+        chunk.share("diff", self.diff[begin:end])
+        chunk.share("abs_diff", self.abs_diff[begin:end])
+        chunk.share("abs_golden", self.abs_golden[begin:end])
+        chunk.share("relative_error", self.relative[begin:end])

@@ -1,0 +1,107 @@
+"""Small pairs measured in groups give exactly the metric values of streaming each pair alone."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import pytest
+import torch
+
+from llmcheck.core import small_pairs
+from llmcheck.core.compare import compare_dumps
+from llmcheck.core.records import RecordKey, TensorRecord
+from llmcheck.core.report import write_reports
+from llmcheck.core.store import DumpWriter, read_dump
+from llmcheck.core.tensor_io import dtype_name
+from llmcheck.plugins.metrics import builtin_metric_specs
+
+METRIC_COLUMNS = [spec.name for spec in builtin_metric_specs()]
+STATISTICS_COLUMNS = [f"{side}_{column}" for side in ("golden", "my")
+                      for column in ("max_value", "min_value", "mean_value", "nan_count", "inf_count")]
+
+
+def _write(folder: Path, tensors: dict[str, torch.Tensor]) -> Path:
+    """Write a dump without recorded statistics, so the compare measures both sides' statistics too."""
+    with DumpWriter(folder, "test") as writer:
+        for order, (name, tensor) in enumerate(tensors.items()):
+            record = TensorRecord(key=RecordKey(name=name), dtype=dtype_name(tensor.dtype), shape=tuple(tensor.shape),
+                                  order=order)
+            writer.add(record, tensor.contiguous().clone())
+    return writer.path
+
+
+def _runs(tmp_path: Path) -> tuple[Path, Path]:
+    """Golden and my tensors covering what a metric or the NaN/sentinel handling treats specially."""
+    generator = torch.Generator().manual_seed(0)
+
+    def randn(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=generator)
+
+    golden: dict[str, torch.Tensor] = {}
+    my: dict[str, torch.Tensor] = {}
+
+    def pair(name: str, g: torch.Tensor, m: torch.Tensor) -> None:
+        golden[name], my[name] = g, m
+
+    for i, size in enumerate([1, 7, 1024, 3000, 4096, 8192, 16384, 20000, 65536]):  # several blocks of one size
+        for copy in range(3):
+            g = randn(size)
+            pair(f"fp32_{i}_{copy}", g, g * (1 + 1e-6 * randn(size)))
+    for noise in (1e-7, 3e-5, 3e-3, 0.5):  # KL: quadratic series, cubic series, direct sum
+        g = randn(4096)
+        pair(f"kl_{noise}", g, g + noise * randn(4096))
+    g = randn(2048)
+    pair("bf16", g.to(torch.bfloat16), (g * 1.01).to(torch.bfloat16))
+    pair("fp16", g.half(), (g * 1.001).half())
+    pair("fp64", g.double(), g.double() + 1e-9)
+    pair("fp8", g.to(torch.float8_e4m3fn), (g * 1.1).to(torch.float8_e4m3fn))
+    pair("int32", torch.arange(500, dtype=torch.int32), torch.arange(500, dtype=torch.int32) + 1)
+    pair("complex", torch.complex(g[:1024], g[1024:]), torch.complex(g[:1024], g[1024:] * 1.01))
+    pair("identical", g, g.clone())
+    pair("zeros", torch.zeros(300), torch.zeros(300))
+    pair("zeros_golden", torch.zeros(300), randn(300))
+    with_zeros = randn(1000)
+    with_zeros[::3] = 0.0  # relative error undefined there
+    pair("some_zeros", with_zeros, with_zeros + 1e-4)
+    nan_both = randn(1000)
+    nan_both[5] = float("nan")
+    pair("nan_both", nan_both, nan_both.clone())
+    nan_one = randn(1000)
+    pair("nan_one", nan_one, torch.where(torch.arange(1000) == 9, float("nan"), nan_one))
+    mask = torch.where(torch.arange(1024) % 4 == 0, torch.finfo(torch.float16).min, 0.0)
+    pair("fp16_mask", (mask + randn(1024) * (mask == 0)).half(), (mask + randn(1024) * (mask == 0)).half())
+    pair("inf_both", torch.full((64,), float("inf")), torch.full((64,), float("inf")))
+    pair("large", randn(200_000), randn(200_000))  # over one chunk: streamed in either mode
+    return _write(tmp_path / "golden", golden), _write(tmp_path / "my", my)
+
+
+def _csv_columns(result, folder: Path) -> dict[str, dict[str, str]]:
+    write_reports(result, folder)
+    with open(folder / "cmp_report.csv", newline="") as handle:
+        return {row["name"]: {column: row[column] for column in METRIC_COLUMNS + STATISTICS_COLUMNS}
+                for row in csv.DictReader(handle)}
+
+
+def test_grouped_small_pairs_give_the_csv_metric_columns_of_streaming_exactly(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    golden, my = (read_dump(path) for path in _runs(tmp_path))
+    grouped = _csv_columns(compare_dumps(golden, my, workers=1), tmp_path / "grouped")
+    monkeypatch.setattr(small_pairs, "SMALL_PAIR_VALUES", 0)
+    streamed = _csv_columns(compare_dumps(golden, my, workers=1), tmp_path / "streamed")
+    assert len(grouped) == 46
+    assert grouped == streamed
+    assert float(grouped["kl_0.5"]["kl_divergence"]) > 0.01  # the direct sum was taken, not the series
+    assert grouped["nan_one"]["my_nan_count"] == "1" and grouped["fp16_mask"]["cosine_similarity"] != ""
+
+
+def test_a_cut_shard_is_reported_by_name_when_its_pairs_are_grouped(tmp_path: Path) -> None:
+    from llmcheck.core.errors import DumpFormatError
+
+    golden_path, my_path = _runs(tmp_path)
+    golden, my = read_dump(golden_path), read_dump(my_path)
+    shard = next(my_path.glob("shard_*.safetensors"))
+    shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
+    with pytest.raises(DumpFormatError, match="run past the end of the file") as caught:
+        compare_dumps(golden, my, workers=1)
+    assert shard.name in str(caught.value)
