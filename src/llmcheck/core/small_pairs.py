@@ -26,8 +26,10 @@ from llmcheck.core.tensor_chunks import layout
 #: Pairs of at most this many values per side (and within one chunk) are measured in groups;
 #: 0 streams every pair (the tests compare both ways).
 SMALL_PAIR_VALUES = 1 << 16
-#: Values per side of one group: enough pairs per block of equal size, 8 MB per float64 buffer.
-GROUP_VALUES = 1 << 20
+#: Values per side of one group: 1 MB float64 buffers keep a group's working set in the CPU caches.
+GROUP_VALUES = 1 << 17
+#: Pairs sorted by size together: neighbours in a dump, so their reads still coalesce.
+WINDOW_PAIRS = 512
 #: Byte ranges of one file at most this far apart are read by one ``pread`` (the gap is read too).
 COALESCE_GAP_BYTES = 64 * 1024
 
@@ -48,19 +50,25 @@ def _values(data: TensorData) -> int:
 
 def measure_small_pairs(jobs: Sequence[PairJob], specs: Sequence[MetricSpec], workspace: Workspace,
                         chunk_values: int) -> list[PairMeasurement]:
-    """Return the measurements of small pairs (:func:`is_small`), measured group by group."""
+    """Return the measurements of small pairs (:func:`is_small`), measured group by group.
+
+    Within a window of nearby pairs, pairs of equal size are grouped together: a group is
+    then one block whose reductions are single numpy calls.
+    """
     results: list[PairMeasurement] = []
-    group: list[PairJob] = []
-    group_values = 0
-    for job in jobs:
-        values = _values(job.golden)
-        if group and group_values + values > GROUP_VALUES:
+    for window_start in range(0, len(jobs), WINDOW_PAIRS):
+        window = sorted(jobs[window_start:window_start + WINDOW_PAIRS], key=lambda job: _values(job.golden))
+        group: list[PairJob] = []
+        group_values = 0
+        for job in window:
+            values = _values(job.golden)
+            if group and group_values + values > GROUP_VALUES:
+                results.extend(_measure_group(group, specs, workspace, chunk_values))
+                group, group_values = [], 0
+            group.append(job)
+            group_values += values
+        if group:
             results.extend(_measure_group(group, specs, workspace, chunk_values))
-            group, group_values = [], 0
-        group.append(job)
-        group_values += values
-    if group:
-        results.extend(_measure_group(group, specs, workspace, chunk_values))
     return results
 
 
