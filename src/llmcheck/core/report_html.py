@@ -13,6 +13,7 @@ data is embedded as JSON (``report_template.html`` next to this module is the pa
 from __future__ import annotations
 
 import json
+import math
 from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -39,7 +40,13 @@ DATA_PLACEHOLDER = "/*LLMCHECK_DATA*/"
 UNMATCHED_LISTED = 500
 
 
+def _number(value: Any) -> Any:
+    """Return a number JSON can hold: non-finite floats as strings (see :func:`json_safe`)."""
+    return json_safe(value) if isinstance(value, float) and not math.isfinite(value) else value
+
+
 def _row_data(row: ComparisonRow, metric_names: list[str], measure: MetricSpec | None) -> dict[str, Any]:
+    """Return one row of the page's table, JSON-safe already (rows are most of the page: no second pass)."""
     key = row.golden.key
     results = [row.metrics.get(name) for name in metric_names]
     return {
@@ -47,14 +54,15 @@ def _row_data(row: ComparisonRow, metric_names: list[str], measure: MetricSpec |
         "pos": key.position, "mn": row.my.key.name, "op": row.golden.op_type, "gd": row.golden.dtype,
         "md": row.my.dtype, "shape": str(list(row.golden.shape)), "v": row.verdict, "d": row.deciding_metric,
         "a": row.attribution, "rule": row.rule, "why": row.reason, "fb": list(row.fed_by), "ja": row.judged_as,
-        "m": [result.value if result else None for result in results],
-        "wt": [result.warn_threshold if result else None for result in results],
-        "ft": [result.fail_threshold if result else None for result in results],
+        "m": [_number(result.value) if result else None for result in results],
+        "wt": [_number(result.warn_threshold) if result else None for result in results],
+        "ft": [_number(result.fail_threshold) if result else None for result in results],
         "mv": [result.verdict if result and result.fail_threshold is not None else None for result in results],
         "cmp": [result.comparison if result else None for result in results],
-        "e": row_error(row, measure), "fe": row.feeder_error, "g": row.growth, "x": row.expected_error,
-        "ne": row.noise_error, "st": row.structure or placement(row).structure,
-        "sg": list(row.sibling_growth) if row.sibling_growth else None, "sc": row.sibling_count, "ev": row.evidence,
+        "e": _number(row_error(row, measure)), "fe": _number(row.feeder_error), "g": _number(row.growth),
+        "x": _number(row.expected_error), "ne": _number(row.noise_error), "st": row.structure or placement(row).structure,
+        "sg": [_number(value) for value in row.sibling_growth] if row.sibling_growth else None,
+        "sc": row.sibling_count, "ev": row.evidence,
     }
 
 
@@ -83,18 +91,19 @@ def report_data(result: "CompareResult") -> dict[str, Any]:
         plotted.append((DECIDING_STAT, False))
     metric_names = [name for name, _ in plotted]
     measure = error_measure(result.metric_specs)
-    return json_safe({
+    data = json_safe({
         "summary": result.summary(),
         "story": story(result),
         "error_measure": measure.name if measure is not None else None,
         "metrics": [{"name": name, "higher_is_better": higher} for name, higher in plotted],
-        "rows": [_row_data(row, metric_names, measure)
-                 for row in sorted(result.rows, key=lambda row: row.golden.order)],
+        "rows": [],
         "depth": _depth_views(result, measure),
         "unmatched_golden": [[item.record.key.label(), item.note]
                              for item in result.pairing.unmatched_golden[:UNMATCHED_LISTED]],
         "unmatched_my": [[item.record.key.label(), item.note] for item in result.pairing.unmatched_my[:UNMATCHED_LISTED]],
     })
+    data["rows"] = [_row_data(row, metric_names, measure) for row in sorted(result.rows, key=lambda row: row.golden.order)]
+    return data
 
 
 def render_html(result: "CompareResult") -> str:
