@@ -225,15 +225,19 @@ class Timing:
     summary: dict
 
 
-def time_compare(golden: Path, my: Path, output: Path, jobs: int | None, src: Path, repeat: int) -> Timing:
-    """Return the fastest of ``repeat`` runs of the compare of the code under ``src``."""
-    best: Timing | None = None
+def time_compares(golden: Path, my: Path, root: Path, jobs: int | None, versions: dict[str, Path],
+                  repeat: int) -> dict[str, Timing]:
+    """Return the fastest of ``repeat`` runs of each version's compare, the versions taking turns.
+
+    Taking turns spreads the load of a shared machine evenly over the versions.
+    """
+    best: dict[str, Timing] = {}
     for _ in range(repeat):
-        wall_s, cpu_s, sampler, summary = run_compare(golden, my, output, jobs, src)
-        timing = Timing(wall_s, cpu_s, sampler.peak_bytes, sampler.peak_processes, os.getloadavg()[0], summary)
-        if best is None or timing.wall_s < best.wall_s:
-            best = timing
-    assert best is not None
+        for label, src in versions.items():
+            wall_s, cpu_s, sampler, summary = run_compare(golden, my, root / f"report_{label}", jobs, src)
+            timing = Timing(wall_s, cpu_s, sampler.peak_bytes, sampler.peak_processes, os.getloadavg()[0], summary)
+            if label not in best or timing.wall_s < best[label].wall_s:
+                best[label] = timing
     return best
 
 
@@ -289,9 +293,8 @@ def main() -> None:
         warm_page_cache(golden)
         warm_page_cache(my)
         largest = max(largest_tensor_bytes(golden), largest_tensor_bytes(my))
-        versions = [("current", current_src)] + ([("baseline", args.baseline_src)] if args.baseline_src else [])
-        timings = {label: time_compare(golden, my, root / f"report_{label}", args.jobs, src, args.repeat)
-                   for label, src in versions}
+        versions = {"current": current_src, **({"baseline": args.baseline_src} if args.baseline_src else {})}
+        timings = time_compares(golden, my, root, args.jobs, versions, args.repeat)
         summary = timings["current"].summary
         print(f"pairs: {summary['counts']['pairs']}, tensor bytes read (both sides): "
               f"{summary['tensor_bytes_read'] / GB:.2f} GB, largest tensor {largest / MB:.2f} MB, "
