@@ -28,8 +28,8 @@ from llmcheck.core.tensor_chunks import layout
 SMALL_PAIR_VALUES = 1 << 16
 #: Values per side of one group: 1 MB float64 buffers keep a group's working set in the CPU caches.
 GROUP_VALUES = 1 << 17
-#: Pairs sorted by size together: neighbours in a dump, so their reads still coalesce.
-WINDOW_PAIRS = 512
+#: Neighbouring pairs read together and sorted by size (a few MB of stored bytes per side).
+WINDOW_PAIRS = 256
 #: Byte ranges of one file at most this far apart are read by one ``pread`` (the gap is read too).
 COALESCE_GAP_BYTES = 64 * 1024
 
@@ -52,29 +52,40 @@ def measure_small_pairs(jobs: Sequence[PairJob], specs: Sequence[MetricSpec], wo
                         chunk_values: int) -> list[PairMeasurement]:
     """Return the measurements of small pairs (:func:`is_small`), measured group by group.
 
-    Within a window of nearby pairs, pairs of equal size are grouped together: a group is
-    then one block whose reductions are single numpy calls.
+    A window of neighbouring pairs is read at once (nearby byte ranges of a shard in one
+    ``pread``); within it, pairs of equal size are grouped, so a group is one block whose
+    reductions are single numpy calls.
     """
     results: list[PairMeasurement] = []
     for window_start in range(0, len(jobs), WINDOW_PAIRS):
-        window = sorted(jobs[window_start:window_start + WINDOW_PAIRS], key=lambda job: _values(job.golden))
+        window = jobs[window_start:window_start + WINDOW_PAIRS]
+        golden_items, my_items = _read_items([job.golden for job in window]), _read_items([job.my for job in window])
+        if golden_items is None or my_items is None:
+            # a missing or cut file: streaming each pair names the file and the problem
+            results.extend(measure_pair(job, specs, workspace, chunk_values) for job in window)
+            continue
+        items = {id(job): (golden, my) for job, golden, my in zip(window, golden_items, my_items)}
         group: list[PairJob] = []
         group_values = 0
-        for job in window:
+        for job in sorted(window, key=lambda job: _values(job.golden)):
             values = _values(job.golden)
             if group and group_values + values > GROUP_VALUES:
-                results.extend(_measure_group(group, specs, workspace, chunk_values))
+                results.extend(_measure_group(group, items, specs, workspace))
                 group, group_values = [], 0
             group.append(job)
             group_values += values
         if group:
-            results.extend(_measure_group(group, specs, workspace, chunk_values))
+            results.extend(_measure_group(group, items, specs, workspace))
     return results
 
 
-def _read_side(datas: Sequence[TensorData], out: np.ndarray, starts: Sequence[int], workspace: Workspace) -> bool:
-    """Decode each byte range into ``out[start:...]``; return False if a file is missing or short."""
+def _read_items(datas: Sequence[TensorData]) -> list[np.ndarray] | None:
+    """Return each byte range as an array of its stored items, or None if a file is missing or short.
+
+    Ranges of one file at most :data:`COALESCE_GAP_BYTES` apart are read by one ``pread``.
+    """
     order = sorted(range(len(datas)), key=lambda i: (str(datas[i].path), datas[i].offset))
+    items: list[np.ndarray] = [None] * len(datas)  # type: ignore[list-item]
     position = 0
     while position < len(order):
         first = datas[order[position]]
@@ -89,27 +100,25 @@ def _read_side(datas: Sequence[TensorData], out: np.ndarray, starts: Sequence[in
         try:
             descriptor = os.open(first.path, os.O_RDONLY)  # type: ignore[arg-type]
         except OSError:
-            return False
+            return None
         try:
             raw = os.pread(descriptor, span_end - first.offset, first.offset)
         finally:
             os.close(descriptor)
         if len(raw) != span_end - first.offset:
-            return False
+            return None
         for i in order[position:end]:
             data = datas[i]
-            carrier, per_element, decode = layout(data.dtype)  # type: ignore[misc]
-            count = data.numel * per_element
-            items = np.frombuffer(raw, dtype=carrier, count=count, offset=data.offset - first.offset)
-            decode(items, out[starts[i]:starts[i] + count], workspace.buffer)
+            carrier, per_element, _ = layout(data.dtype)  # type: ignore[misc]
+            items[i] = np.frombuffer(raw, dtype=carrier, count=data.numel * per_element,
+                                     offset=data.offset - first.offset)
         position = end
-    return True
+    return items
 
 
-def _measure_group(group: Sequence[PairJob], specs: Sequence[MetricSpec], workspace: Workspace,
-                   chunk_values: int) -> list[PairMeasurement]:
+def _measure_group(group: Sequence[PairJob], items: dict[int, tuple[np.ndarray, np.ndarray]],
+                   specs: Sequence[MetricSpec], workspace: Workspace) -> list[PairMeasurement]:
     """Measure a group of small pairs laid out by size, so equal-sized pairs form one 2-D block."""
-    group = sorted(group, key=lambda job: _values(job.golden))
     sizes = [_values(job.golden) for job in group]
     starts = [0] * len(group)
     for i in range(1, len(group)):
@@ -117,10 +126,10 @@ def _measure_group(group: Sequence[PairJob], specs: Sequence[MetricSpec], worksp
     total = starts[-1] + sizes[-1]
     golden = workspace.buffer("group_golden", total)
     my = workspace.buffer("group_my", total)
-    if not (_read_side([job.golden for job in group], golden, starts, workspace)
-            and _read_side([job.my for job in group], my, starts, workspace)):
-        # a missing or cut file: streaming each pair names the file and the problem
-        return [measure_pair(job, specs, workspace, chunk_values) for job in group]
+    for job, start, size in zip(group, starts, sizes):
+        golden_items, my_items = items[id(job)]
+        layout(job.golden.dtype)[2](golden_items, golden[start:start + size], workspace.buffer)  # type: ignore[index]
+        layout(job.my.dtype)[2](my_items, my[start:start + size], workspace.buffer)  # type: ignore[index]
     shared = _SharedValues(golden, my, total, workspace)
     results = []
     first = 0
