@@ -3,10 +3,11 @@
 A ``generate()`` dump holds mostly small tensors (one token's activations, a few KB each), and
 there the cost of a pair is bookkeeping, not bytes: opening and mapping two files, allocating
 chunk buffers, computing ``my - golden`` in a dozen small numpy calls. Here the small pairs
-of a batch are measured in groups: each side's records are read with one ``pread`` per run
-of nearby byte ranges in a shard, decoded into one float64 buffer per side, and the
-element-wise values several metrics share (difference, absolute values, relative error) are
-computed once for the whole group. Each pair then folds its own slice of those arrays through
+of a batch are measured in groups: a window of neighbouring pairs is read with one ``pread``
+per run of nearby byte ranges in a shard; its pairs of equal size are decoded side by side
+into one float64 buffer per side, a 2-D block, so the element-wise values several metrics
+share (difference, absolute values, relative error, softmax weights) and the per-pair
+reductions (sums, minima, maxima) are single numpy calls. Each pair then folds its own slice through
 the same :class:`~llmcheck.core.metric_engine.PairFold` the streaming path uses, so every
 reduction -- and so every metric value -- is the one streaming gives, bit for bit.
 """
