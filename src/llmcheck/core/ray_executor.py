@@ -11,7 +11,7 @@ every byte to one machine; this one sends the measuring to where the bytes are:
   loaded of them), else on the node holding most of its bytes (soft affinity), else
   anywhere (shared storage);
 * a task measures its chunk with the very function the local executor uses
-  (:func:`~llmcheck.core.metric_engine.measure_pair`, same chunk size, same accumulators,
+  (:func:`~llmcheck.core.metric_engine.measure_jobs`: small pairs in groups, others streamed; same chunk size, same accumulators,
   single-threaded BLAS like the local worker processes) and returns only the measurements -- metric values and statistics, never tensors -- so
   the report is the same, bit for bit in the metric columns;
 * a task whose worker dies is retried (:data:`TASK_RETRIES` times); a chunk that still
@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from llmcheck.core.errors import UsageError
-from llmcheck.core.metric_engine import DEFAULT_CHUNK_VALUES, PairJob, PairMeasurement, Workspace, measure_pair
+from llmcheck.core.metric_engine import DEFAULT_CHUNK_VALUES, PairJob, PairMeasurement, Workspace, measure_jobs
 from llmcheck.core.records import MetricSpec, TensorData
 
 log = logging.getLogger("llmcheck.ray")
@@ -46,8 +46,7 @@ SINGLE_THREADED_BLAS = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MK
 
 def measure_chunk(jobs: list[PairJob], specs: list[MetricSpec], chunk_values: int) -> list[PairMeasurement]:
     """Return the measurements of a chunk of pairs, as the local executor measures them (runs in a Ray task)."""
-    workspace = Workspace(chunk_values)
-    return [measure_pair(job, specs, workspace, chunk_values) for job in jobs]
+    return measure_jobs(jobs, specs, Workspace(chunk_values), chunk_values)
 
 
 def _local_files(paths: list[str]) -> list[str]:
