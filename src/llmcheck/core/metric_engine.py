@@ -212,12 +212,19 @@ WIDE_INTEGER_DTYPES = frozenset({"int64", "uint64"})
 EXACT_INTEGER_METRIC = "max_absolute_error"
 
 
+def _integers(data: TensorData) -> np.ndarray:
+    """Return a 64-bit integer tensor's values, flattened; a byte range is read with numpy (no torch import)."""
+    if data.loader is not None:
+        return data.load().reshape(-1).numpy()
+    return np.fromfile(data.path, dtype="<i8" if data.dtype == "int64" else "<u8",  # type: ignore[arg-type]
+                       count=data.numel, offset=data.offset)
+
+
 def exact_integer_max_difference(job: PairJob) -> int | None:
     """Return the exact largest ``|golden - my|`` of two tensors of one 64-bit integer dtype, else ``None``."""
     if job.golden.dtype != job.my.dtype or job.golden.dtype not in WIDE_INTEGER_DTYPES:
         return None
-    golden = job.golden.load().reshape(-1).numpy()
-    my = job.my.load().reshape(-1).numpy()
+    golden, my = _integers(job.golden), _integers(job.my)
     if golden.size == 0:
         return 0
     # the difference of the larger minus the smaller, in unsigned arithmetic: exact over the whole range
