@@ -26,8 +26,6 @@ from llmcheck.core.divergence import (
     first_divergence,
     first_introduced,
 )
-from llmcheck.core.suspects import Suspects, find_suspects
-from llmcheck.core.weights import check_weights
 from llmcheck.core.errors import EXIT_FAILURE, EXIT_FAILURES_FOUND, EXIT_OK, UsageError
 from llmcheck.core.pairing import Pairing, merge_pairs
 from llmcheck.core.records import (
@@ -59,6 +57,8 @@ from llmcheck.core.verdicts import (
     least_precise,
     run_precision,
 )
+from llmcheck.core.suspects import Suspects, find_suspects
+from llmcheck.core.weights import check_weights
 
 log = logging.getLogger("llmcheck.compare")
 

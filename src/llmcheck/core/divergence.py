@@ -42,8 +42,8 @@ from llmcheck.core.records import (
     MetricResult,
     TensorRecord,
 )
-from llmcheck.core.suspects import INHERITED_FROM_UNMATCHED, MY_ONLY_SUFFIX
 from llmcheck.core.repeats import Baseline, sibling_baseline, sibling_groups, structure_keys
+from llmcheck.core.suspects import INHERITED_FROM_UNMATCHED, MY_ONLY_SUFFIX
 from llmcheck.core.verdicts import NONFINITE_METRIC, is_float_dtype
 from llmcheck.core.weights import WeightFinding
 
