@@ -239,6 +239,39 @@ def export_onnx(topology: Path, level: int, output: Path | None, log_level: str)
     click.echo(f"llmcheck: wrote {written}")
 
 
+@export.command("model-explorer")
+@click.argument("compare_dir", type=click.Path(path_type=Path))
+@click.option("-o", "--output", default=None, type=click.Path(file_okay=False, path_type=Path),
+              help="Folder for the node data and the annotated ONNX (default: COMPARE_DIR/model_explorer).")
+@click.option("--graph", default=None, type=click.Path(dir_okay=False, path_type=Path),
+              help="ONNX graph to lay the compare over (default: the one in the golden dump).")
+@click.option("--open", "open_server", is_flag=True, help="Start Model Explorer on the graph (extra [explorer]).")
+@click.option("--port", default=8080, show_default=True, type=int, help="Port of the Model Explorer server (--open).")
+@log_level_option
+def export_model_explorer(compare_dir: Path, output: Path | None, graph: Path | None, open_server: bool, port: int,
+                          log_level: str) -> None:
+    """Lay a compare's per-node error, verdict and growth over the model graph (Model Explorer, Netron).
+
+    Example: llmcheck export model-explorer CMP --open
+    """
+    _configure_logging(log_level)
+    from llmcheck.core.graph_overlay import export_graph_overlay
+    from llmcheck.core.model_explorer_launch import INSTALL_HINT, model_explorer_missing, open_in_model_explorer
+
+    if open_server and model_explorer_missing():  # before writing anything: the user asked for the viewer
+        from llmcheck.core.errors import BackendUnavailableError
+
+        raise BackendUnavailableError(f"--open needs Model Explorer, and {model_explorer_missing()} is not installed",
+                                      where="--open", hint=INSTALL_HINT)
+    overlay = export_graph_overlay(compare_dir, output, graph)
+    worst = sum(1 for node in overlay.nodes.values() if node.verdict != "pass")
+    click.echo(f"llmcheck: {len(overlay.nodes)} of {overlay.graph_nodes} graph nodes have pairs, {worst} not passing")
+    click.echo(f"llmcheck: wrote {overlay.annotated_onnx} (Netron), "
+               + ", ".join(str(path) for path in overlay.node_data.values()))
+    if open_server:
+        raise SystemExit(open_in_model_explorer(overlay.annotated_onnx, list(overlay.node_data.values()), port=port))
+
+
 # --- plugins ---------------------------------------------------------------------------
 
 

@@ -1,0 +1,220 @@
+"""``export model-explorer``: a compare's per-node verdicts laid over the model graph.
+
+Why: the report lists pairs in execution order; on a large model the place where the error
+enters is easier to see on the graph. Google's Model Explorer colours a graph's nodes from
+*node data* files (``{graph id: {"results": {node id: {"value": number}}, ...}}``); Netron
+shows a node's ``doc_string`` and ``metadata_props``. This writes both from a compare folder:
+three node-data files (error, verdict, growth) keyed to the ONNX graph llmcheck already writes
+(the torch capture's ``model.onnx``, node names are module paths; ``export onnx``'s topology
+ONNX for ATB), and a copy of that ONNX with the same values on each node.
+
+A node's values come from its output pairs (its input pairs when it has none): the worst
+verdict, the largest error and the largest finite growth. A growth that is infinite (the
+error appeared where the feeder had none: introduced here) is left out of the growth data,
+whose values must be numbers; the verdict data still marks the node.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from llmcheck.core.atomic_files import atomic_write_text
+from llmcheck.core.errors import DumpFormatError, DumpNotFoundError
+from llmcheck.core.records import VERDICT_ERROR, VERDICT_FAIL, VERDICT_PASS, VERDICT_WARN
+from llmcheck.core.report import CSV_NAME, SUMMARY_NAME
+
+#: Verdicts as the numbers Model Explorer colours (node data values must be numbers).
+VERDICT_CODES = {VERDICT_PASS: 0, VERDICT_WARN: 1, VERDICT_FAIL: 2, VERDICT_ERROR: 3}
+_VERDICT_COLOURS = ((0, "#a5d6a7"), (1, "#fff176"), (2, "#ef5350"), (3, "#b0bec5"))
+_WHITE_TO_RED = [{"stop": 0, "bgColor": "#ffffff"}, {"stop": 1, "bgColor": "#e53935"}]
+NODE_DATA_FILES = {"error": "node_data_error.json", "verdict": "node_data_verdict.json",
+                   "growth": "node_data_growth.json"}
+META_PREFIX = "llmcheck."
+
+
+@dataclass
+class NodeOverlay:
+    """What the compare says about one graph node: its worst verdict, largest error and growth."""
+
+    verdict: str = VERDICT_PASS
+    error: float | None = None
+    growth: float | None = None
+    attribution: str = ""
+    pairs: int = 0
+
+    def as_metadata(self) -> dict[str, str]:
+        """Return the values as ONNX metadata properties (strings, Netron shows them on the node)."""
+        meta = {"verdict": self.verdict, "error": _text(self.error), "growth": _text(self.growth),
+                "attribution": self.attribution, "pairs": str(self.pairs)}
+        return {META_PREFIX + key: value for key, value in meta.items()}
+
+
+@dataclass
+class GraphOverlay:
+    """The files ``export model-explorer`` wrote, and how many graph nodes got values."""
+
+    graph: Path
+    annotated_onnx: Path
+    node_data: dict[str, Path]
+    graph_id: str
+    nodes: dict[str, NodeOverlay] = field(default_factory=dict)
+    graph_nodes: int = 0
+
+
+def _text(value: float | None) -> str:
+    return "" if value is None else f"{value:.6g}"
+
+
+def _number(cell: str | None) -> float | None:
+    try:
+        value = float(cell) if cell not in (None, "") else None
+    except ValueError:
+        return None
+    return value
+
+
+def read_compare_folder(compare_dir: Path) -> tuple[dict[str, Any], list[dict[str, str]]]:
+    """Return summary.json and the rows of cmp_report.csv of an ``llmcheck compare -o`` folder."""
+    if not compare_dir.is_dir():
+        raise DumpNotFoundError("is not a folder", where=compare_dir,
+                                hint="give the folder `llmcheck compare -o` wrote")
+    summary_path, csv_path = compare_dir / SUMMARY_NAME, compare_dir / CSV_NAME
+    for needed in (summary_path, csv_path):
+        if not needed.is_file():
+            raise DumpNotFoundError(f"no {needed.name}: not a compare folder", where=compare_dir,
+                                    hint="give the folder `llmcheck compare -o` wrote")
+    try:
+        summary = json.loads(summary_path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise DumpFormatError(f"cannot be read as JSON: {exc}", where=summary_path) from None
+    if not isinstance(summary, dict) or summary.get("format") != "llmcheck-compare-summary":
+        raise DumpFormatError("is not an llmcheck compare summary", where=summary_path,
+                              hint="give the folder `llmcheck compare -o` wrote")
+    with csv_path.open(newline="", encoding="utf-8") as handle:
+        rows = list(csv.DictReader(handle))
+    if rows and not {"name", "io", "verdict"} <= set(rows[0]):
+        raise DumpFormatError("has no name, io and verdict columns", where=csv_path)
+    return summary, rows
+
+
+def _dump_path(summary: dict[str, Any], side: str, compare_dir: Path) -> Path | None:
+    recorded = (summary.get(side) or {}).get("path")
+    if not recorded:
+        return None
+    path = Path(recorded)
+    # compare records the path as given: relative to where it ran, usually beside or above the folder
+    for candidate in (path, compare_dir.parent / path, compare_dir / path):
+        if candidate.exists():
+            return candidate
+    return None
+
+
+def find_graph(summary: dict[str, Any], compare_dir: Path) -> Path:
+    """Return the ONNX graph of the compared dumps: the golden dump's, else the my-dump's."""
+    searched = []
+    for side in ("golden", "my"):
+        dump = _dump_path(summary, side, compare_dir)
+        if dump is None:
+            continue
+        searched.append(str(dump))
+        if dump.is_file() and dump.suffix == ".onnx":
+            return dump
+        root = dump if dump.is_dir() else dump.parent
+        if (root / "model.onnx").is_file():
+            return root / "model.onnx"
+        found = sorted(root.rglob("*.onnx"))
+        if len(found) == 1:
+            return found[0]
+        if len(found) > 1:
+            raise DumpNotFoundError(f"holds {len(found)} ONNX graphs", where=root,
+                                    hint="name the one to draw with --graph")
+    where = ", ".join(searched) or compare_dir / SUMMARY_NAME
+    raise DumpNotFoundError("no ONNX graph in the compared dumps", where=where,
+                            hint="dump with --type onnx (DumpConfig(export_onnx=True)), or run `llmcheck export "
+                                 "onnx` on an ATB topology, or give the graph with --graph")
+
+
+def node_overlays(rows: list[dict[str, str]], node_names: set[str]) -> dict[str, NodeOverlay]:
+    """Return the overlay of every graph node that has pairs, keyed by node name.
+
+    A row belongs to node ``name`` (its first call) or ``name[k]`` (call ``k``), as the torch
+    capture names the graph's nodes.
+    """
+    by_node: dict[str, dict[str, list[dict[str, str]]]] = {}
+    for row in rows:
+        call = int(_number(row.get("call_index")) or 0)
+        node = f"{row['name']}[{call}]" if call else row["name"]
+        if node in node_names:
+            by_node.setdefault(node, {}).setdefault(row.get("io", ""), []).append(row)
+    overlays = {}
+    for node, by_io in by_node.items():
+        chosen = by_io.get("output") or next(iter(by_io.values()))
+        overlay = NodeOverlay(pairs=len(chosen))
+        for row in chosen:
+            verdict = row.get("verdict", "")
+            if VERDICT_CODES.get(verdict, -1) > VERDICT_CODES[overlay.verdict]:
+                overlay.verdict = verdict
+                overlay.attribution = row.get("attribution", "")
+            error, growth = _number(row.get("error")), _number(row.get("growth"))
+            if error is not None and math.isfinite(error) and (overlay.error is None or error > overlay.error):
+                overlay.error = error
+            if growth is not None and math.isfinite(growth) and (overlay.growth is None or growth > overlay.growth):
+                overlay.growth = growth
+            if growth is not None and math.isinf(growth) and row.get("attribution") == "introduced":
+                overlay.attribution = "introduced"
+        overlays[node] = overlay
+    return overlays
+
+
+def node_data(graph_id: str, overlays: dict[str, NodeOverlay]) -> dict[str, dict[str, Any]]:
+    """Return Model Explorer's node data for the error, verdict and growth, each as one file's content."""
+    errors = {node: {"value": o.error} for node, o in overlays.items() if o.error is not None}
+    verdicts = {node: {"value": VERDICT_CODES.get(o.verdict, 3)} for node, o in overlays.items()}
+    growths = {node: {"value": o.growth} for node, o in overlays.items() if o.growth is not None}
+    thresholds = [{"value": value, "bgColor": colour} for value, colour in _VERDICT_COLOURS]
+    return {
+        "error": {graph_id: {"name": "llmcheck error", "results": errors, "gradient": _WHITE_TO_RED}},
+        "verdict": {graph_id: {"name": "llmcheck verdict (0 pass, 1 warn, 2 fail, 3 error)", "results": verdicts,
+                               "thresholds": thresholds}},
+        "growth": {graph_id: {"name": "llmcheck growth", "results": growths, "gradient": _WHITE_TO_RED}},
+    }
+
+
+def export_graph_overlay(compare_dir: Path, output_dir: Path | None = None, graph: Path | None = None) -> GraphOverlay:
+    """Write the node data files and the annotated ONNX for ``compare_dir``; return what was written."""
+    import onnx
+
+    summary, rows = read_compare_folder(compare_dir)
+    graph = graph if graph is not None else find_graph(summary, compare_dir)
+    try:
+        model = onnx.load(str(graph))
+    except Exception as exc:  # onnx raises DecodeError, OSError, ... for a file that is not a model
+        raise DumpFormatError(f"cannot be read as ONNX: {exc}", where=graph) from None
+    names = {node.name for node in model.graph.node if node.name}
+    if not names:
+        raise DumpFormatError("the graph has no named nodes to lay the compare over", where=graph)
+    overlays = node_overlays(rows, names)
+    graph_id = model.graph.name or "<main>"  # the id Model Explorer's ONNX adapter gives the main graph
+    output_dir = output_dir if output_dir is not None else compare_dir / "model_explorer"
+    output_dir.mkdir(parents=True, exist_ok=True)
+    for node in model.graph.node:
+        overlay = overlays.get(node.name)
+        if overlay is None:
+            continue
+        for key, value in overlay.as_metadata().items():
+            node.metadata_props.add(key=key, value=value)
+        node.doc_string = (f"llmcheck: {overlay.verdict}, error {_text(overlay.error) or '-'}, growth "
+                           f"{_text(overlay.growth) or '-'}{', ' + overlay.attribution if overlay.attribution else ''}")
+    annotated = output_dir / graph.name
+    onnx.save(model, str(annotated))
+    written = {}
+    for quantity, content in node_data(graph_id, overlays).items():
+        written[quantity] = output_dir / NODE_DATA_FILES[quantity]
+        atomic_write_text(written[quantity], json.dumps(content, indent=2) + "\n")
+    return GraphOverlay(graph=graph, annotated_onnx=annotated, node_data=written, graph_id=graph_id,
+                        nodes=overlays, graph_nodes=len(names))

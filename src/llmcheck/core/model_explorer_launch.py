@@ -1,0 +1,55 @@
+"""``export model-explorer --open``: start Google's Model Explorer on the graph with the overlay.
+
+Model Explorer is an optional extra (``pip install 'llmcheck[explorer]'``): its server and
+web app are large and most users only need the files. Its built-in adapters do not read
+ONNX, so the extra also installs ``model-explorer-onnx``, the adapter extension it loads.
+The server runs as ``python -m model_explorer`` (its own command line), so the test suite
+starts exactly what ``--open`` starts.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+from typing import Sequence
+
+from llmcheck.core.errors import BackendUnavailableError
+
+ONNX_EXTENSION = "model_explorer_onnx"
+INSTALL_HINT = "pip install 'llmcheck[explorer]' (ai-edge-model-explorer and model-explorer-onnx)"
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 8080
+
+
+def model_explorer_missing() -> str | None:
+    """Return which Model Explorer package is not installed, or ``None`` when both are."""
+    for module, package in (("model_explorer", "ai-edge-model-explorer"), (ONNX_EXTENSION, "model-explorer-onnx")):
+        if importlib.util.find_spec(module) is None:
+            return package
+    return None
+
+
+def server_command(graph: Path, node_data: Sequence[Path], host: str = DEFAULT_HOST, port: int = DEFAULT_PORT,
+                   open_browser: bool = True) -> list[str]:
+    """Return the argv that serves ``graph`` with the ``node_data`` files on ``host:port``."""
+    command = [sys.executable, "-m", "model_explorer", str(graph.resolve()), f"--extensions={ONNX_EXTENSION}",
+               "--node_data_paths=" + ",".join(str(path.resolve()) for path in node_data),
+               f"--host={host}", f"--port={port}"]
+    if not open_browser:
+        command.append("--no_open_in_browser")
+    return command
+
+
+def open_in_model_explorer(graph: Path, node_data: Sequence[Path], host: str = DEFAULT_HOST,
+                           port: int = DEFAULT_PORT) -> int:
+    """Serve the graph and overlay until the user stops the server (Ctrl+C); return its exit status."""
+    missing = model_explorer_missing()
+    if missing is not None:
+        raise BackendUnavailableError(f"--open needs Model Explorer, and {missing} is not installed",
+                                      where="--open", hint=INSTALL_HINT)
+    try:
+        return subprocess.call(server_command(graph, node_data, host, port))
+    except KeyboardInterrupt:
+        return 0
