@@ -1,0 +1,168 @@
+"""``llmcheck export model-explorer``: the compare laid over the captured module graph.
+
+Two seeded tiny Llama runs are dumped with the module-graph ONNX (``export_onnx=True``); the
+suspect run has layer 1's ``mlp.down_proj`` weight 5 % off. The node data and the annotated
+ONNX must mark that module's node as the failing one where the error is introduced. The
+server test starts the real Model Explorer (when installed) and loads it in headless Chromium.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import time
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+import onnx
+import pytest
+import torch
+from click.testing import CliRunner
+
+from compare_runs import capture_run, scaled_weight
+from devtools_page import DevToolsPage
+from headless_browser import find_browser
+from llmcheck.core.cli import cli, main
+from llmcheck.core.model_explorer_launch import model_explorer_missing, server_command
+
+CULPRIT = "model.layers.1.mlp.down_proj"
+SCREENSHOTS = Path(__file__).resolve().parent.parent / "out" / "screenshots"
+
+
+@pytest.fixture(scope="module")
+def compare_dir(tmp_path_factory) -> Path:
+    """A compare folder of a golden and a suspect run (down_proj of layer 1 scaled by 1.05)."""
+    from llmcheck.bundled_model import random_llama
+
+    root = tmp_path_factory.mktemp("explorer")
+    model = random_llama(seed=0)
+    prompt = torch.tensor([[1, 5, 9, 13, 2, 7]])
+    golden = capture_run(model, prompt, root / "golden", export_onnx=True)
+    with scaled_weight(model, CULPRIT, 1.05):
+        my = capture_run(model, prompt, root / "my", export_onnx=True)
+    result = CliRunner().invoke(cli, ["compare", "-gp", str(golden), "-mp", str(my), "-o", str(root / "cmp")])
+    assert result.exit_code == 3, result.output  # 3: the compare found failing pairs
+    return root / "cmp"
+
+
+@pytest.fixture(scope="module")
+def exported(compare_dir: Path) -> Path:
+    result = CliRunner().invoke(cli, ["export", "model-explorer", str(compare_dir), "-o", str(compare_dir / "me")])
+    assert result.exit_code == 0, result.output
+    assert "24 of 24 graph nodes have pairs, 3 not passing" in result.output
+    return compare_dir / "me"
+
+
+def _results(path: Path) -> dict[str, float]:
+    content = json.loads(path.read_text())
+    assert list(content) == ["LlamaForCausalLM"]  # the graph id Model Explorer's ONNX adapter gives model.onnx
+    return {node: entry["value"] for node, entry in content["LlamaForCausalLM"]["results"].items()}
+
+
+@pytest.mark.slow
+def test_node_data_marks_the_scaled_module_as_the_worst_node(exported: Path) -> None:
+    verdicts = _results(exported / "node_data_verdict.json")
+    errors = _results(exported / "node_data_error.json")
+    assert verdicts[CULPRIT] == 2  # fail
+    assert {node for node, code in verdicts.items() if code == 2} == {CULPRIT, "model.norm", "lm_head"}
+    assert all(verdicts[node] == 0 for node in verdicts if node.startswith("model.layers.0."))
+    assert max(errors, key=errors.get) == CULPRIT
+    assert errors[CULPRIT] == pytest.approx(0.05, rel=1e-3)  # the weight's 5 %: a linear layer passes it on as is
+    growth = _results(exported / "node_data_growth.json")
+    assert CULPRIT not in growth  # introduced there: infinite growth is no number for Model Explorer
+    assert growth["lm_head"] == pytest.approx(1.013, abs=0.01)
+
+
+@pytest.mark.slow
+def test_annotated_onnx_carries_the_values_for_netron(exported: Path) -> None:
+    model = onnx.load(str(exported / "model.onnx"))
+    onnx.checker.check_model(model)
+    node = next(node for node in model.graph.node if node.name == CULPRIT)
+    meta = {prop.key: prop.value for prop in node.metadata_props}
+    assert meta["llmcheck.verdict"] == "fail"
+    assert meta["llmcheck.attribution"] == "introduced"
+    assert float(meta["llmcheck.error"]) == pytest.approx(0.05, rel=1e-3)
+    assert node.doc_string == "llmcheck: fail, error 0.0499999, growth -, introduced"
+    passing = next(node for node in model.graph.node if node.name == "model.layers.0.mlp.down_proj")
+    assert {prop.key: prop.value for prop in passing.metadata_props}["llmcheck.verdict"] == "pass"
+
+
+def test_bad_inputs_are_one_clean_error_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    def error_of(folder: Path) -> str:
+        assert main(["export", "model-explorer", str(folder)]) == 1
+        err = capsys.readouterr().err
+        assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+        return err.strip()
+
+    assert error_of(tmp_path / "nowhere") == (f"llmcheck: error: {tmp_path / 'nowhere'}: is not a folder "
+                                              "(give the folder `llmcheck compare -o` wrote)")
+    assert error_of(tmp_path) == (f"llmcheck: error: {tmp_path}: no summary.json: not a compare folder "
+                                  "(give the folder `llmcheck compare -o` wrote)")
+    (tmp_path / "summary.json").write_text(json.dumps({"format": "llmcheck-compare-summary",
+                                                       "golden": {"path": str(tmp_path / "dump")}}))
+    (tmp_path / "cmp_report.csv").write_text("name,io,verdict\nlm_head,output,pass\n")
+    (tmp_path / "dump").mkdir()
+    no_graph = error_of(tmp_path)
+    assert no_graph.startswith(f"llmcheck: error: {tmp_path / 'dump'}: no ONNX graph in the compared dumps")
+    assert "export_onnx=True" in no_graph
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _get_json(url: str) -> dict:
+    with urllib.request.urlopen(url, timeout=60) as response:
+        return json.loads(response.read())
+
+
+@pytest.mark.slow
+def test_model_explorer_serves_the_graph_and_the_overlay(exported: Path) -> None:
+    missing = model_explorer_missing()
+    if missing is not None:
+        pytest.skip(f"{missing} is not installed: pip install 'llmcheck[explorer]'")
+    find_browser()
+    graph, verdict_data = exported / "model.onnx", exported / "node_data_verdict.json"
+    port = _free_port()
+    base = f"http://127.0.0.1:{port}"
+    server = subprocess.Popen(server_command(graph, [verdict_data], port=port, open_browser=False),
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                urllib.request.urlopen(base + "/check_health", timeout=2)
+                break
+            except OSError:
+                assert server.poll() is None and time.monotonic() < deadline, "Model Explorer did not start"
+                time.sleep(0.5)
+        # What the web app asks for: the graph, converted by the ONNX adapter, and the node data file.
+        command = {"extensionId": "onnx_adapter", "cmdId": "convert", "modelPath": str(graph.resolve()),
+                   "settings": {}, "deleteAfterConversion": False}
+        converted = _get_json(f"{base}/api/v1/send_command?json={urllib.parse.quote(json.dumps(command))}")
+        nodes = {node["id"]: node for node in converted["graphs"][0]["nodes"]}
+        attrs = {attr["key"]: attr["value"] for attr in nodes[CULPRIT]["attrs"]}
+        assert attrs["[metadata] llmcheck.verdict"] == "fail"
+        served = _get_json(f"{base}/api/v1/read_text_file?path={urllib.parse.quote(str(verdict_data.resolve()))}")
+        overlay = json.loads(served["content"])["LlamaForCausalLM"]["results"]
+        assert set(overlay) <= set(nodes) and overlay[CULPRIT]["value"] == 2  # keyed to the drawn graph's node ids
+        # The page itself, in headless Chromium: it loads the graph (the header names it and counts its nodes).
+        data = {"models": [{"url": str(graph.resolve())}], "nodeData": [str(verdict_data.resolve())],
+                "nodeDataTargets": [""]}
+        page = f"{base}/?data={urllib.parse.quote(json.dumps(data))}"
+        with DevToolsPage(page) as browser:
+            # the graph is drawn (its header) and the overlay is loaded (its name in the node data panel)
+            shown = browser.wait_for_text("LlamaForCausalLM", "53 nodes", "llmcheck verdict", timeout=90)
+            browser.screenshot(SCREENSHOTS / "model_explorer_overlay.png")
+        assert "Aggregated stats" in shown
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
