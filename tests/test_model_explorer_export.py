@@ -9,8 +9,11 @@ server test starts the real Model Explorer (when installed) and loads it in head
 from __future__ import annotations
 
 import json
+import os
+import signal
 import socket
 import subprocess
+import sys
 import time
 import urllib.parse
 import urllib.request
@@ -25,7 +28,7 @@ from compare_runs import capture_run, scaled_weight
 from devtools_page import DevToolsPage
 from headless_browser import find_browser
 from llmcheck.core.cli import cli, main
-from llmcheck.core.model_explorer_launch import model_explorer_missing, server_command
+from llmcheck.core.model_explorer_launch import model_explorer_missing
 
 CULPRIT = "model.layers.1.mlp.down_proj"
 SCREENSHOTS = Path(__file__).resolve().parent.parent / "out" / "screenshots"
@@ -129,8 +132,11 @@ def test_model_explorer_serves_the_graph_and_the_overlay(exported: Path) -> None
     graph, verdict_data = exported / "model.onnx", exported / "node_data_verdict.json"
     port = _free_port()
     base = f"http://127.0.0.1:{port}"
-    server = subprocess.Popen(server_command(graph, [verdict_data], port=port, open_browser=False),
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    # What a user runs: --open serves until stopped (BROWSER=true: no browser window is opened here).
+    server = subprocess.Popen([sys.executable, "-m", "llmcheck.core.cli", "export", "model-explorer",
+                               str(exported.parent), "-o", str(exported), "--open", "--port", str(port)],
+                              env={**os.environ, "BROWSER": "true"}, start_new_session=True,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 60
         while True:
@@ -160,9 +166,9 @@ def test_model_explorer_serves_the_graph_and_the_overlay(exported: Path) -> None
             browser.screenshot(SCREENSHOTS / "model_explorer_overlay.png")
         assert "Aggregated stats" in shown
     finally:
-        server.terminate()
+        os.killpg(server.pid, signal.SIGTERM)  # its own session: llmcheck and the server it started
         try:
             server.wait(timeout=10)
         except subprocess.TimeoutExpired:
-            server.kill()
+            os.killpg(server.pid, signal.SIGKILL)
             server.wait()

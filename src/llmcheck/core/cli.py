@@ -256,13 +256,10 @@ def export_model_explorer(compare_dir: Path, output: Path | None, graph: Path | 
     """
     _configure_logging(log_level)
     from llmcheck.core.graph_overlay import export_graph_overlay
-    from llmcheck.core.model_explorer_launch import INSTALL_HINT, model_explorer_missing, open_in_model_explorer
+    from llmcheck.core.model_explorer_launch import open_in_model_explorer, require_model_explorer
 
-    if open_server and model_explorer_missing():  # before writing anything: the user asked for the viewer
-        from llmcheck.core.errors import BackendUnavailableError
-
-        raise BackendUnavailableError(f"--open needs Model Explorer, and {model_explorer_missing()} is not installed",
-                                      where="--open", hint=INSTALL_HINT)
+    if open_server:
+        require_model_explorer()  # before writing anything: the user asked for the viewer
     overlay = export_graph_overlay(compare_dir, output, graph)
     worst = sum(1 for node in overlay.nodes.values() if node.verdict != "pass")
     click.echo(f"llmcheck: {len(overlay.nodes)} of {overlay.graph_nodes} graph nodes have pairs, {worst} not passing")

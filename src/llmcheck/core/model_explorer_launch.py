@@ -31,24 +31,26 @@ def model_explorer_missing() -> str | None:
     return None
 
 
-def server_command(graph: Path, node_data: Sequence[Path], host: str = DEFAULT_HOST, port: int = DEFAULT_PORT,
-                   open_browser: bool = True) -> list[str]:
-    """Return the argv that serves ``graph`` with the ``node_data`` files on ``host:port``."""
-    command = [sys.executable, "-m", "model_explorer", str(graph.resolve()), f"--extensions={ONNX_EXTENSION}",
-               "--node_data_paths=" + ",".join(str(path.resolve()) for path in node_data),
-               f"--host={host}", f"--port={port}"]
-    if not open_browser:
-        command.append("--no_open_in_browser")
-    return command
+def require_model_explorer() -> None:
+    """Raise the one-line error that says how to install Model Explorer, unless it is installed."""
+    missing = model_explorer_missing()
+    if missing is not None:
+        raise BackendUnavailableError(f"--open needs Model Explorer, and {missing} is not installed",
+                                      where="--open", hint=INSTALL_HINT)
+
+
+def server_command(graph: Path, node_data: Sequence[Path], host: str = DEFAULT_HOST,
+                   port: int = DEFAULT_PORT) -> list[str]:
+    """Return the argv that serves ``graph`` with the ``node_data`` files on ``host:port`` and opens a browser tab."""
+    return [sys.executable, "-m", "model_explorer", str(graph.resolve()), f"--extensions={ONNX_EXTENSION}",
+            "--node_data_paths=" + ",".join(str(path.resolve()) for path in node_data),
+            f"--host={host}", f"--port={port}"]
 
 
 def open_in_model_explorer(graph: Path, node_data: Sequence[Path], host: str = DEFAULT_HOST,
                            port: int = DEFAULT_PORT) -> int:
     """Serve the graph and overlay until the user stops the server (Ctrl+C); return its exit status."""
-    missing = model_explorer_missing()
-    if missing is not None:
-        raise BackendUnavailableError(f"--open needs Model Explorer, and {missing} is not installed",
-                                      where="--open", hint=INSTALL_HINT)
+    require_model_explorer()
     try:
         return subprocess.call(server_command(graph, node_data, host, port))
     except KeyboardInterrupt:
