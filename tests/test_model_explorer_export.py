@@ -172,3 +172,15 @@ def test_model_explorer_serves_the_graph_and_the_overlay(exported: Path) -> None
         except subprocess.TimeoutExpired:
             os.killpg(server.pid, signal.SIGKILL)
             server.wait()
+
+
+@pytest.mark.slow
+def test_open_without_the_extra_says_how_to_install_it(compare_dir: Path, tmp_path: Path, monkeypatch,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    # None in sys.modules is Python's own way of making a package unimportable, as on a machine without it
+    monkeypatch.setitem(sys.modules, "model_explorer_onnx", None)
+    assert main(["export", "model-explorer", str(compare_dir), "-o", str(tmp_path / "me"), "--open"]) == 1
+    assert capsys.readouterr().err.strip() == (
+        "llmcheck: error: --open: needs Model Explorer, and model-explorer-onnx is not installed "
+        "(install it with: pip install 'llmcheck[explorer]')")
+    assert not (tmp_path / "me").exists()  # checked before anything is written

@@ -18,7 +18,7 @@ from typing import Sequence
 from llmcheck.core.errors import BackendUnavailableError
 
 ONNX_EXTENSION = "model_explorer_onnx"
-INSTALL_HINT = "pip install 'llmcheck[explorer]' (ai-edge-model-explorer and model-explorer-onnx)"
+INSTALL_HINT = "install it with: pip install 'llmcheck[explorer]'"
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8080
 
@@ -35,7 +35,7 @@ def require_model_explorer() -> None:
     """Raise the one-line error that says how to install Model Explorer, unless it is installed."""
     missing = model_explorer_missing()
     if missing is not None:
-        raise BackendUnavailableError(f"--open needs Model Explorer, and {missing} is not installed",
+        raise BackendUnavailableError(f"needs Model Explorer, and {missing} is not installed",
                                       where="--open", hint=INSTALL_HINT)
 
 
