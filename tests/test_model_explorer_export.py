@@ -93,8 +93,8 @@ def test_annotated_onnx_carries_the_values_for_netron(exported: Path) -> None:
 
 
 def test_bad_inputs_are_one_clean_error_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    def error_of(folder: Path) -> str:
-        assert main(["export", "model-explorer", str(folder)]) == 1
+    def error_of(folder: Path, *options: str) -> str:
+        assert main(["export", "model-explorer", str(folder), *options]) == 1
         err = capsys.readouterr().err
         assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
         return err.strip()
@@ -110,6 +110,9 @@ def test_bad_inputs_are_one_clean_error_line(tmp_path: Path, capsys: pytest.Capt
     no_graph = error_of(tmp_path)
     assert no_graph.startswith(f"llmcheck: error: {tmp_path / 'dump'}: no ONNX graph in the compared dumps")
     assert "export_onnx=True" in no_graph
+    (tmp_path / "graph.onnx").write_text("not a model")
+    assert error_of(tmp_path, "--graph", str(tmp_path / "graph.onnx")).startswith(
+        f"llmcheck: error: {tmp_path / 'graph.onnx'}: cannot be read as ONNX")
 
 
 def _free_port() -> int:

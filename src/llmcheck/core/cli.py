@@ -220,9 +220,9 @@ def opcheck(tensor_dir: Path, csv_path: Path | None, output: Path, operation_ids
 # --- export ----------------------------------------------------------------------------
 
 
-@cli.group(short_help="Export a dump's topology as ONNX, for Netron.")
+@cli.group(short_help="Export a dump's topology as ONNX, or a compare over the model graph (Netron, Model Explorer).")
 def export() -> None:
-    """Export a dump's topology for viewing (Netron)."""
+    """Export a dump's topology, or a compare laid over the model graph, for viewing (Netron, Model Explorer)."""
 
 
 @export.command("onnx")
@@ -261,8 +261,9 @@ def export_model_explorer(compare_dir: Path, output: Path | None, graph: Path | 
     if open_server:
         require_model_explorer()  # before writing anything: the user asked for the viewer
     overlay = export_graph_overlay(compare_dir, output, graph)
-    worst = sum(1 for node in overlay.nodes.values() if node.verdict != "pass")
-    click.echo(f"llmcheck: {len(overlay.nodes)} of {overlay.graph_nodes} graph nodes have pairs, {worst} not passing")
+    not_passing = sum(1 for node in overlay.nodes.values() if node.verdict != "pass")
+    click.echo(f"llmcheck: {len(overlay.nodes)} of {overlay.graph_nodes} graph nodes have pairs, "
+               f"{not_passing} not passing")
     click.echo(f"llmcheck: wrote {overlay.annotated_onnx} (Netron), "
                + ", ".join(str(path) for path in overlay.node_data.values()))
     if open_server:
