@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -187,3 +188,30 @@ def test_open_without_the_extra_says_how_to_install_it(compare_dir: Path, tmp_pa
         "llmcheck: error: --open: needs Model Explorer, and model-explorer-onnx is not installed "
         "(install it with: pip install 'llmcheck[explorer]')")
     assert not (tmp_path / "me").exists()  # checked before anything is written
+
+
+def test_atb_topology_onnx_nodes_get_the_pairs_of_their_op_ids(tmp_path: Path) -> None:
+    """ATB: the graph is ``export onnx``'s topology ONNX; nodes are named by opName, records by op id."""
+    fixture = Path(__file__).parent / "data" / "atb" / "msit_dump_20240131_120000"
+    golden, my = tmp_path / "golden", tmp_path / "my"
+    shutil.copytree(fixture, golden)
+    shutil.copytree(fixture, my)
+    # a kernel that wrote one wrong element: the last float16 of LinearOperation 0_1's output in step 0
+    output = my / "tensors/0_4242/0/0_Decoder_layer/1_LinearOperation/after/outtensor0.bin"
+    data = bytearray(output.read_bytes())
+    data[-2:] = b"\x00\x3c"  # 1.0 where the golden run wrote -1.0
+    output.write_bytes(bytes(data))
+    runner = CliRunner()
+    assert runner.invoke(cli, ["export", "onnx", str(golden / "layer/4242/Decoder_layer_0.json")]).exit_code == 0
+    compared = runner.invoke(cli, ["compare", "-gp", str(golden), "-mp", str(my), "-o", str(tmp_path / "cmp")])
+    assert compared.exit_code == 3, compared.output
+    exported = runner.invoke(cli, ["export", "model-explorer", str(tmp_path / "cmp")])
+    assert exported.exit_code == 0 and "2 of 2 graph nodes have pairs, 1 not passing" in exported.output
+    verdicts = json.loads((tmp_path / "cmp/model_explorer/node_data_verdict.json").read_text())
+    assert verdicts["Decoder_layer_0"]["results"] == {"RmsNormOperation_0_0": {"value": 0},
+                                                      "LinearOperation_0_1": {"value": 2}}
+    model = onnx.load(str(tmp_path / "cmp/model_explorer/Decoder_layer_0.onnx"))
+    linear = next(node for node in model.graph.node if node.name == "LinearOperation_0_1")
+    meta = {prop.key: prop.value for prop in linear.metadata_props}
+    assert meta["llmcheck.record"] == "0_1" and meta["llmcheck.verdict"] == "fail"
+    assert float(meta["llmcheck.error"]) == pytest.approx(1.0328, abs=1e-4)

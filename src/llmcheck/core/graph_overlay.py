@@ -35,6 +35,9 @@ _WHITE_TO_RED = [{"stop": 0, "bgColor": "#ffffff"}, {"stop": 1, "bgColor": "#e53
 NODE_DATA_FILES = {"error": "node_data_error.json", "verdict": "node_data_verdict.json",
                    "growth": "node_data_growth.json"}
 META_PREFIX = "llmcheck."
+#: Node metadata property naming the records a node stands for, where that is not the node's name
+#: (ATB: nodes are named by opName, records by op id). Exporters that know it write it.
+RECORD_NAME_KEY = META_PREFIX + "record"
 
 
 @dataclass
@@ -139,17 +142,18 @@ def find_graph(summary: dict[str, Any], compare_dir: Path) -> Path:
                                  "onnx` on an ATB topology, or give the graph with --graph")
 
 
-def node_overlays(rows: list[dict[str, str]], node_names: set[str]) -> dict[str, NodeOverlay]:
+def node_overlays(rows: list[dict[str, str]], node_of_record: dict[str, str]) -> dict[str, NodeOverlay]:
     """Return the overlay of every graph node that has pairs, keyed by node name.
 
-    A row belongs to node ``name`` (its first call) or ``name[k]`` (call ``k``), as the torch
-    capture names the graph's nodes.
+    ``node_of_record`` maps a record name to its node's name. A row belongs to record
+    ``name`` (its first call) or ``name[k]`` (call ``k``), as the torch capture names the
+    graph's nodes.
     """
     by_node: dict[str, dict[str, list[dict[str, str]]]] = {}
     for row in rows:
         call = int(_number(row.get("call_index")) or 0)
-        node = f"{row['name']}[{call}]" if call else row["name"]
-        if node in node_names:
+        node = node_of_record.get(f"{row['name']}[{call}]" if call else row["name"])
+        if node is not None:
             by_node.setdefault(node, {}).setdefault(row.get("io", ""), []).append(row)
     overlays = {}
     for node, by_io in by_node.items():
@@ -195,10 +199,14 @@ def export_graph_overlay(compare_dir: Path, output_dir: Path | None = None, grap
         model = onnx.load(str(graph))
     except Exception as exc:  # onnx raises DecodeError, OSError, ... for a file that is not a model
         raise DumpFormatError(f"cannot be read as ONNX: {exc}", where=graph) from None
-    names = {node.name for node in model.graph.node if node.name}
-    if not names:
+    node_of_record = {}
+    for node in model.graph.node:
+        if node.name:
+            recorded = {prop.key: prop.value for prop in node.metadata_props}.get(RECORD_NAME_KEY)
+            node_of_record[recorded or node.name] = node.name
+    if not node_of_record:
         raise DumpFormatError("the graph has no named nodes to lay the compare over", where=graph)
-    overlays = node_overlays(rows, names)
+    overlays = node_overlays(rows, node_of_record)
     graph_id = model.graph.name or "<main>"  # the id Model Explorer's ONNX adapter gives the main graph
     output_dir = output_dir if output_dir is not None else compare_dir / "model_explorer"
     output_dir.mkdir(parents=True, exist_ok=True)
@@ -217,4 +225,4 @@ def export_graph_overlay(compare_dir: Path, output_dir: Path | None = None, grap
         written[quantity] = output_dir / NODE_DATA_FILES[quantity]
         atomic_write_text(written[quantity], json.dumps(content, indent=2) + "\n")
     return GraphOverlay(graph=graph, annotated_onnx=annotated, node_data=written, graph_id=graph_id,
-                        nodes=overlays, graph_nodes=len(names))
+                        nodes=overlays, graph_nodes=len(node_of_record))

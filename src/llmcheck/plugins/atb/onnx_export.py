@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator
 
 from llmcheck.core.errors import LlmcheckError
+from llmcheck.core.graph_overlay import RECORD_NAME_KEY
 from llmcheck.plugins.atb.op_csv import CsvTensor, read_op_csv, rows_by_op_name
 from llmcheck.plugins.atb.topology import AtbGraphNode, flatten_to_level, read_topology
 
@@ -195,6 +196,8 @@ def build_onnx_model(root: AtbGraphNode, level: int, described: dict[str, CsvTen
         onnx_node = helper.make_node(node.op_type or "Unknown", input_names, output_names, name=node_name,
                                      domain=ATB_DOMAIN, doc_string=f"ATB {node.op_type} {node.op_name}")
         onnx_node.attribute.extend(param_attributes(dict(node.param)))
+        if node.op_id:  # the name of its records in a dump, so export model-explorer finds its pairs
+            onnx_node.metadata_props.add(key=RECORD_NAME_KEY, value=node.op_id)
         onnx_nodes.append(onnx_node)
     consumed = {name for onnx_node in onnx_nodes for name in onnx_node.input}
     if root.outputs and any(name in current for name in root.outputs):
