@@ -113,11 +113,13 @@ class DevToolsPage:
                 assert "error" not in message, message
                 return message["result"]
 
+    def evaluate(self, expression: str) -> object:
+        """Return the value of a JavaScript expression evaluated in the page."""
+        return self.call("Runtime.evaluate", expression=expression, returnByValue=True)["result"].get("value")
+
     def text(self) -> str:
         """Return the page's visible text now."""
-        result = self.call("Runtime.evaluate", expression="document.body ? document.body.innerText : ''",
-                           returnByValue=True)
-        return str(result["result"].get("value", ""))
+        return str(self.evaluate("document.body ? document.body.innerText : ''") or "")
 
     def wait_for_text(self, *needles: str, timeout: float = 60) -> str:
         """Return the page's text once it shows every one of ``needles``; fail after ``timeout`` seconds."""

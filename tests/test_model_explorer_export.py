@@ -167,6 +167,12 @@ def test_model_explorer_serves_the_graph_and_the_overlay(exported: Path) -> None
         with DevToolsPage(page) as browser:
             # the graph is drawn (its header) and the overlay is loaded (its name in the node data panel)
             shown = browser.wait_for_text("LlamaForCausalLM", "53 nodes", "llmcheck verdict", timeout=90)
+            # the toolbar's "Expand all layers" (its icon), so the screenshot shows the coloured module nodes
+            clicked = browser.evaluate("(() => { const icon = [...document.querySelectorAll('mat-icon')]"
+                                       ".find(e => e.innerText.trim() === 'unfold_more_double');"
+                                       " if (!icon) return false; icon.parentElement.click(); return true; })()")
+            assert clicked, "Model Explorer's toolbar has no expand-all button"
+            time.sleep(3)  # the layout animates
             browser.screenshot(SCREENSHOTS / "model_explorer_overlay.png")
         assert "Aggregated stats" in shown
     finally:
