@@ -221,3 +221,17 @@ def test_atb_topology_onnx_nodes_get_the_pairs_of_their_op_ids(tmp_path: Path) -
     meta = {prop.key: prop.value for prop in linear.metadata_props}
     assert meta["llmcheck.record"] == "0_1" and meta["llmcheck.verdict"] == "fail"
     assert float(meta["llmcheck.error"]) == pytest.approx(1.0328, abs=1e-4)
+    assert linear.doc_string == "ATB LinearOperation LinearOperation_0_1\nllmcheck: fail, error 1.0328, growth -, introduced"
+
+
+@pytest.mark.slow
+def test_an_annotated_copy_given_as_graph_is_annotated_afresh_never_overwritten(
+        compare_dir: Path, exported: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    annotated = exported / "model.onnx"
+    assert main(["export", "model-explorer", str(compare_dir), "--graph", str(annotated), "-o", str(exported)]) == 2
+    assert capsys.readouterr().err.strip() == (f"llmcheck: error: {annotated}: would overwrite the graph it reads "
+                                               "(write elsewhere with -o)")
+    assert main(["export", "model-explorer", str(compare_dir), "--graph", str(annotated), "-o", str(tmp_path)]) == 0
+    node = next(node for node in onnx.load(str(tmp_path / "model.onnx")).graph.node if node.name == CULPRIT)
+    keys = [prop.key for prop in node.metadata_props]
+    assert keys.count("llmcheck.verdict") == 1 and node.doc_string.count("llmcheck: ") == 1

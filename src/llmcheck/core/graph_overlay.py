@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from llmcheck.core.atomic_files import atomic_write_text
-from llmcheck.core.errors import DumpFormatError, DumpNotFoundError
+from llmcheck.core.errors import DumpFormatError, DumpNotFoundError, UsageError
 from llmcheck.core.records import VERDICT_ERROR, VERDICT_FAIL, VERDICT_PASS, VERDICT_WARN
 from llmcheck.core.report import CSV_NAME, SUMMARY_NAME
 
@@ -210,15 +210,23 @@ def export_graph_overlay(compare_dir: Path, output_dir: Path | None = None, grap
     graph_id = model.graph.name or "<main>"  # the id Model Explorer's ONNX adapter gives the main graph
     output_dir = output_dir if output_dir is not None else compare_dir / "model_explorer"
     output_dir.mkdir(parents=True, exist_ok=True)
+    annotated = output_dir / graph.name
+    if annotated.resolve() == graph.resolve():
+        raise UsageError("would overwrite the graph it reads", where=annotated, hint="write elsewhere with -o")
     for node in model.graph.node:
         overlay = overlays.get(node.name)
         if overlay is None:
             continue
-        for key, value in overlay.as_metadata().items():
+        # an annotated copy given again as --graph: its old values are replaced, not repeated
+        kept = [(prop.key, prop.value) for prop in node.metadata_props
+                if not prop.key.startswith(META_PREFIX) or prop.key == RECORD_NAME_KEY]
+        del node.metadata_props[:]
+        for key, value in [*kept, *overlay.as_metadata().items()]:
             node.metadata_props.add(key=key, value=value)
-        node.doc_string = (f"llmcheck: {overlay.verdict}, error {_text(overlay.error) or '-'}, growth "
-                           f"{_text(overlay.growth) or '-'}{', ' + overlay.attribution if overlay.attribution else ''}")
-    annotated = output_dir / graph.name
+        own_doc = "\n".join(line for line in node.doc_string.splitlines() if not line.startswith("llmcheck: "))
+        summary_line = (f"llmcheck: {overlay.verdict}, error {_text(overlay.error) or '-'}, growth "
+                        f"{_text(overlay.growth) or '-'}{', ' + overlay.attribution if overlay.attribution else ''}")
+        node.doc_string = f"{own_doc}\n{summary_line}" if own_doc else summary_line
     onnx.save(model, str(annotated))
     written = {}
     for quantity, content in node_data(graph_id, overlays).items():
