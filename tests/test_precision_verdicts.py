@@ -258,3 +258,18 @@ def test_a_compare_across_precisions_without_a_twin_says_how_to_see_below_the_no
     twin_console = Console(record=True, width=300)
     print_summary(compare_dumps(fp32_golden, my, workers=1, noise=my), twin_console)
     assert "hint:" not in twin_console.export_text()
+
+
+def test_opcheck_counts_a_mask_at_the_dumped_dtypes_minus_infinity_as_agreeing():
+    from llmcheck.core.opcheck_criteria import criterion_for
+    from llmcheck.core.opcheck_measures import measure_output
+
+    criterion = criterion_for("float16")
+    assert criterion is not None
+    reference = torch.tensor([-65600.0, 1.0, 2.0], dtype=torch.float64)  # scores + an fp16 mask, in float64
+    dumped = torch.tensor([-math.inf, 1.0, 2.0], dtype=torch.float16)  # the fp16 kernel rounds it to -inf
+    measured = measure_output(reference, dumped, criterion)
+    assert measured.nonfinite_mismatch == 0 and measured.max_abs_error == 0.0
+    overflow = measure_output(torch.tensor([3.0], dtype=torch.float64), torch.tensor([math.inf], dtype=torch.float16),
+                              criterion)
+    assert overflow.nonfinite_mismatch == 1  # an infinity where the reference is ordinary stays a mismatch

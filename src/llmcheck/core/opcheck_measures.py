@@ -15,6 +15,7 @@ from typing import Iterator
 import torch
 
 from llmcheck.core.opcheck_criteria import RELATIVE, Criterion
+from llmcheck.core.sentinels import sentinel_limit
 
 #: Elements measured per chunk (32 MiB of float64 per side).
 CHUNK_ELEMENTS = 1 << 22
@@ -56,13 +57,15 @@ def _chunks(reference: torch.Tensor, dumped: torch.Tensor) -> Iterator[tuple[tor
                flat_dumped[start:stop].to(device="cpu", dtype=torch.float64))
 
 
-def _errors(golden: torch.Tensor, mine: torch.Tensor, floor: float) -> tuple[torch.Tensor, torch.Tensor, int]:
+def _errors(golden: torch.Tensor, mine: torch.Tensor, floor: float, sentinel: float = math.inf) -> tuple[torch.Tensor, torch.Tensor, int]:
     """Return absolute and relative errors per element, and how many positions disagree on NaN/Inf."""
     if bool(torch.isfinite(golden.sum())) and bool(torch.isfinite(mine.sum())):
         # Finite sums prove every element finite: the common case skips the NaN/Inf bookkeeping.
         absolute = (mine - golden).abs_()
         return absolute, absolute / golden.abs().clamp_(min=floor), 0
-    agree = (golden == mine) | (torch.isnan(golden) & torch.isnan(mine))
+    # The same NaN, or both at the dumped dtype's infinity sentinel (a mask: -inf, finfo.min), agree.
+    agree = ((golden == mine) | (torch.isnan(golden) & torch.isnan(mine))
+             | ((golden <= -sentinel) & (mine <= -sentinel)) | ((golden >= sentinel) & (mine >= sentinel)))
     finite = torch.isfinite(golden) & torch.isfinite(mine)
     absolute = torch.where(agree, 0.0, torch.where(finite, (mine - golden).abs(), math.inf))
     relative = absolute / golden.abs().clamp(min=floor)
@@ -75,11 +78,12 @@ def measure_output(reference: torch.Tensor, dumped: torch.Tensor, criterion: Cri
     """Return the measures of ``dumped`` against ``reference`` (same number of elements, any dtypes)."""
     numel = dumped.numel()
     floor = relative_floor(dumped.dtype)
+    sentinel = sentinel_limit(str(dumped.dtype).removeprefix("torch."))
     rel_within = abs_within = mismatches = 0
     max_rel = max_abs = 0.0
     dot = golden_square = mine_square = 0.0
     for golden, mine in _chunks(reference, dumped):
-        absolute, relative, chunk_mismatches = _errors(golden, mine, floor)
+        absolute, relative, chunk_mismatches = _errors(golden, mine, floor, sentinel)
         mismatches += chunk_mismatches
         rel_within += int(torch.count_nonzero(relative <= criterion.tolerance))
         abs_within += int(torch.count_nonzero(absolute <= criterion.tolerance))
