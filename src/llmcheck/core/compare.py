@@ -10,6 +10,7 @@ never a dropped row.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import time
 from dataclasses import dataclass
@@ -55,8 +56,10 @@ from llmcheck.core.verdicts import (
     judge,
     judging_class,
     least_precise,
+    run_dtype,
     run_precision,
 )
+from llmcheck.core.sentinels import sentinel_limit_in_run
 from llmcheck.core.suspects import Suspects, find_suspects
 from llmcheck.core.weights import check_weights
 
@@ -123,7 +126,7 @@ class CompareResult:
             return introduced.golden
         return self.suspects.first()
 
-    @property
+    @functools.cached_property
     def suspects(self) -> Suspects:
         """Return the operations only one run executes, where the error starts (``core/suspects.py``)."""
         return find_suspects(self.rows, self.pairing, self.first_introduced or self.first_divergence)
@@ -203,7 +206,8 @@ def _shape_problem(golden: TensorRecord, my: TensorRecord) -> str | None:
 
 
 def _statistics_row(index: int, pair: Pair, specs: Sequence[MetricSpec], overrides: Sequence[ThresholdOverride],
-                    run_floor: str | None) -> ComparisonRow | None:
+                    run_floor: str | None, run_dtypes: tuple[str | None, str | None] = (None, None)
+                    ) -> ComparisonRow | None:
     """Return the row of a pair judged on its recorded statistics when a side kept no data, else None."""
     golden, my = pair.golden, pair.my
     assert golden is not None and my is not None
@@ -212,14 +216,15 @@ def _statistics_row(index: int, pair: Pair, specs: Sequence[MetricSpec], overrid
     if _shape_problem(golden, my) is not None:
         return None
     judged_class = judging_class(golden.dtype, my.dtype, run_floor)
+    limits = (sentinel_limit_in_run(golden.dtype, run_dtypes[0]), sentinel_limit_in_run(my.dtype, run_dtypes[1]))
     results, verdict, deciding, nonfinite = judge_statistics(golden.stats, my.stats, specs,  # type: ignore[arg-type]
                                                              golden.key.name, judged_class, overrides,
-                                                             dtypes=(golden.dtype, my.dtype))
+                                                             sentinel_limits=limits)
     sides = " and ".join(side for side, record in (("golden", golden), ("my", my)) if record.data is None)
     bounded = error_measure_spec(specs)
     reason = (f"statistics only (no tensor data on the {sides} side): judged on the L2 norms, "
               f"a lower bound of {bounded.name if bounded else 'the error measure'}")
-    if masked_statistics(golden.stats, my.stats, (golden.dtype, my.dtype)):  # type: ignore[arg-type]
+    if masked_statistics(golden.stats, my.stats, limits):  # type: ignore[arg-type]
         reason = (f"statistics only (no tensor data on the {sides} side): both sides hold their dtype's infinity "
                   "sentinel (a mask), which dominates min, max, mean and L2 norm; not judged on them")
     return ComparisonRow(index=index, golden=golden, my=my, rule=pair.rule, metrics=results, verdict=verdict,
@@ -299,7 +304,7 @@ def compare_dumps(golden: Dump, my: Dump, *, metric_names: Sequence[str] | None 
     started = time.perf_counter()
     specs = select_metrics(metric_names)
     pairing = merge_pairs(golden, my, get_plugins().map_pairs(golden, my, user_mapping))
-    run_dtypes = [_run_dtype(dump) for dump in (golden, my)]
+    run_dtypes = [run_dtype([record.dtype for record in dump.records]) for dump in (golden, my)]
     jobs: dict[tuple[Any, ...], PairJob] = {}
     same_data_as: dict[int, int] = {}
     problems: dict[int, str] = {}
@@ -340,7 +345,7 @@ def compare_dumps(golden: Dump, my: Dump, *, metric_names: Sequence[str] | None 
     run_classes = (run_precision([record.dtype for record in dump.records]) for dump in (golden, my))
     run_floor = least_precise([name for name in run_classes if name])
     rows = [_row(index, pair, specs, problems.get(index), measurements.get(index), threshold_overrides, run_floor,
-                 metric_names)
+                 metric_names, (run_dtypes[0], run_dtypes[1]))
             for index, pair in enumerate(pairing.pairs)]
     measure_spec = error_measure_spec(specs)
     measure = ErrorMeasure(measure_spec.name, DECIDING_STAT) if measure_spec is not None else None
@@ -358,15 +363,6 @@ def _noise_twin(golden: Dump, my: Dump, noise: Dump, measure: ErrorMeasure, work
     errors = {id(row.golden): error for row in against_golden.rows if (error := measure.of(row)) is not None}
     against_my = compare_dumps(noise, my, metric_names=[measure.metric], workers=workers, same_program=True)
     return NoiseTwin(errors=errors, against_my={id(row.my): row for row in against_my.rows})
-
-
-def _run_dtype(dump: Dump) -> str | None:
-    """Return the dtype name of the float class most of a run's tensors have."""
-    counts: dict[str, int] = {}
-    for record in dump.records:
-        if is_float_dtype(record.dtype) and not record.dtype.startswith("complex"):
-            counts[record.dtype] = counts.get(record.dtype, 0) + 1
-    return max(counts, key=counts.__getitem__) if counts else None
 
 
 def pair_bytes(pair: Pair) -> int:
@@ -397,12 +393,13 @@ def judging_specs(specs: Sequence[MetricSpec], chosen: Sequence[str] | None) -> 
 
 def _row(index: int, pair: Pair, specs: Sequence[MetricSpec], problem: str | None, measurement: Any,
          overrides: Sequence[ThresholdOverride], run_floor: str | None,
-         chosen: Sequence[str] | None = None) -> ComparisonRow:
+         chosen: Sequence[str] | None = None,
+         run_dtypes: tuple[str | None, str | None] = (None, None)) -> ComparisonRow:
     golden, my = pair.golden, pair.my
     assert golden is not None and my is not None
     if problem is not None and judged_on_digests(pair):
-        return digest_row(index, pair, _statistics_row(index, pair, specs, overrides, run_floor))
-    if problem is not None and (statistics_row := _statistics_row(index, pair, specs, overrides, run_floor)):
+        return digest_row(index, pair, _statistics_row(index, pair, specs, overrides, run_floor, run_dtypes))
+    if problem is not None and (statistics_row := _statistics_row(index, pair, specs, overrides, run_floor, run_dtypes)):
         return statistics_row
     if problem is not None or measurement is None:
         return ComparisonRow(index=index, golden=golden, my=my, rule=pair.rule, metrics={}, verdict=VERDICT_ERROR,

@@ -329,14 +329,18 @@ def _single_threaded_children() -> Iterator[None]:
 def _batches(jobs: Sequence[PairJob], workers: int) -> list[list[PairJob]]:
     """Group jobs in execution order into batches of about BATCH_TARGET_BYTES (fewer for few jobs)."""
     total = sum(job.nbytes for job in jobs)
-    target = max(1, min(BATCH_TARGET_BYTES, total // (workers * 4) or 1))
+    return split_by_bytes(jobs, max(1, min(BATCH_TARGET_BYTES, total // (workers * 4) or 1)))
+
+
+def split_by_bytes(jobs: Sequence[PairJob], target_bytes: int) -> list[list[PairJob]]:
+    """Return the jobs, in order, cut into runs that each reach ``target_bytes`` of tensor data (the last may not)."""
     batches: list[list[PairJob]] = []
     current: list[PairJob] = []
     current_bytes = 0
     for job in jobs:
         current.append(job)
         current_bytes += job.nbytes
-        if current_bytes >= target:
+        if current_bytes >= target_bytes:
             batches.append(current)
             current, current_bytes = [], 0
     if current:

@@ -30,7 +30,14 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from llmcheck.core.errors import UsageError
-from llmcheck.core.metric_engine import DEFAULT_CHUNK_VALUES, PairJob, PairMeasurement, Workspace, measure_jobs
+from llmcheck.core.metric_engine import (
+    DEFAULT_CHUNK_VALUES,
+    PairJob,
+    PairMeasurement,
+    Workspace,
+    measure_jobs,
+    split_by_bytes,
+)
 from llmcheck.core.records import MetricSpec, TensorData
 
 log = logging.getLogger("llmcheck.ray")
@@ -68,19 +75,7 @@ def chunks_by_location(jobs: Sequence[PairJob], target_bytes: int = CHUNK_TARGET
     groups: dict[tuple[str, ...], list[PairJob]] = defaultdict(list)
     for job in jobs:
         groups[_files(job)].append(job)
-    chunks: list[list[PairJob]] = []
-    for group in groups.values():
-        current: list[PairJob] = []
-        current_bytes = 0
-        for job in group:
-            current.append(job)
-            current_bytes += job.nbytes
-            if current_bytes >= target_bytes:
-                chunks.append(current)
-                current, current_bytes = [], 0
-        if current:
-            chunks.append(current)
-    return chunks
+    return [chunk for group in groups.values() for chunk in split_by_bytes(group, target_bytes)]
 
 
 @dataclass

@@ -51,9 +51,9 @@ def classify(values: np.ndarray, limit: float) -> np.ndarray:
     return kinds
 
 
-def is_sentinel(value: float | None, dtype: str) -> bool:
-    """Return whether one recorded value (a statistic such as a tensor's min) is a sentinel of ``dtype``."""
-    return value is not None and (math.isinf(value) or abs(value) >= sentinel_limit(dtype))
+def is_sentinel(value: float | None, limit: float) -> bool:
+    """Return whether one recorded value (a statistic such as a tensor's min) is a sentinel, given its side's limit."""
+    return value is not None and (math.isinf(value) or abs(value) >= limit)
 
 
 def sentinel_limit_in_run(dtype: str, run_dtype: str | None) -> float:

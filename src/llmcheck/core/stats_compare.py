@@ -58,36 +58,37 @@ def statistics_errors(golden: TensorStats, my: TensorStats) -> dict[str, float]:
     return errors
 
 
-def _sentinel_signs(stats: TensorStats, dtype: str) -> tuple[bool, bool]:
-    return is_sentinel(stats.min, dtype) and (stats.min or 0) < 0, is_sentinel(stats.max, dtype) and (stats.max or 0) > 0
+def _sentinel_signs(stats: TensorStats, limit: float) -> tuple[bool, bool]:
+    return is_sentinel(stats.min, limit) and (stats.min or 0) < 0, is_sentinel(stats.max, limit) and (stats.max or 0) > 0
 
 
-def masked_statistics(golden: TensorStats, my: TensorStats, dtypes: tuple[str, str] | None) -> bool:
+def masked_statistics(golden: TensorStats, my: TensorStats, sentinel_limits: tuple[float, float] | None) -> bool:
     """Return whether both sides' statistics are dominated by the same mask sentinels (and so say nothing)."""
-    if dtypes is None:
+    if sentinel_limits is None:
         return False
-    golden_signs, my_signs = _sentinel_signs(golden, dtypes[0]), _sentinel_signs(my, dtypes[1])
+    golden_signs, my_signs = _sentinel_signs(golden, sentinel_limits[0]), _sentinel_signs(my, sentinel_limits[1])
     return any(golden_signs) and golden_signs == my_signs
 
 
 def judge_statistics(golden: TensorStats, my: TensorStats, specs: Sequence[MetricSpec], name: str,
                      judged_class: str, overrides: Sequence[ThresholdOverride] = (),
-                     dtypes: tuple[str, str] | None = None
+                     sentinel_limits: tuple[float, float] | None = None
                      ) -> tuple[dict[str, MetricResult], str, str | None, int]:
     """Return the statistics results, the verdict, the deciding column and the NaN/Inf count difference.
 
-    ``dtypes`` (golden, my) lets a mask be recognised: when both sides' min or max is their
-    dtype's infinity sentinel (:mod:`llmcheck.core.sentinels`), the statistics are the mask's,
+    ``sentinel_limits`` (golden, my; :func:`llmcheck.core.sentinels.sentinel_limit_in_run`) let
+    a mask be recognised: when both sides' min or max is their run's infinity sentinel (:mod:`llmcheck.core.sentinels`), the statistics are the mask's,
     and the row is not judged on them; a sentinel on one side only fails it.
     """
     errors = statistics_errors(golden, my)
     results: dict[str, MetricResult] = {column: MetricResult(column, value) for column, value in errors.items()}
     verdict, deciding = VERDICT_PASS, None
     bounded = error_measure_spec(specs)
-    if dtypes is not None and _sentinel_signs(golden, dtypes[0]) != _sentinel_signs(my, dtypes[1]):
+    if sentinel_limits is not None and (_sentinel_signs(golden, sentinel_limits[0])
+                                        != _sentinel_signs(my, sentinel_limits[1])):
         results[NONFINITE_METRIC] = MetricResult(NONFINITE_METRIC, 1.0, VERDICT_FAIL, 0.0, 0.0)
         return results, VERDICT_FAIL, NONFINITE_METRIC, 1
-    if masked_statistics(golden, my, dtypes):
+    if masked_statistics(golden, my, sentinel_limits):
         return results, VERDICT_PASS, None, 0
     if bounded is not None and DECIDING_STAT in errors:
         judged, verdict, deciding = judge([bounded], {bounded.name: errors[DECIDING_STAT]}, name, judged_class,

@@ -62,6 +62,12 @@ def run_precision(dtypes: Sequence[str]) -> str | None:
     return counts.most_common(1)[0][0] if counts else None
 
 
+def run_dtype(dtypes: Sequence[str]) -> str | None:
+    """Return a dtype name of the float class most tensors of a run have (``None`` for a run without floats)."""
+    precision = run_precision(dtypes)
+    return _CLASS_DTYPE[precision] if precision else None
+
+
 @lru_cache(maxsize=None)
 def judging_class(golden_dtype: str, my_dtype: str, run_floor: str | None = None) -> str:
     """Return the dtype class a pair is judged as: the least precise float class, else int or bool.
