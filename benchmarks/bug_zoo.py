@@ -398,13 +398,18 @@ QUICK_ARCHS = ["llama", "qwen2"]
 QUICK_DEFECTS = ["down_proj_x1.05", "norm_eps_1e-2", "softmax_scale_x1.1", "rope_theta_5e5"]
 
 
+#: Extra ``DumpConfig`` fields of every capture (``--no-weight-digests`` sets ``weight_digests=False``).
+CAPTURE_OPTIONS: dict[str, Any] = {}
+
+
 def capture_config(dump_path: Path, capture: str) -> Any:
     """Return the ``DumpConfig`` of one capture mode: every module's inputs and outputs, or every operator's."""
     from llmcheck import DumpConfig
 
     if capture == "op":
-        return DumpConfig(dump_path=str(dump_path), token_range=[0], tensor_part=2, mode="op")
-    return DumpConfig(dump_path=str(dump_path), token_range=[0], tensor_part=2, statistics_only=capture == "stats")
+        return DumpConfig(dump_path=str(dump_path), token_range=[0], tensor_part=2, mode="op", **CAPTURE_OPTIONS)
+    return DumpConfig(dump_path=str(dump_path), token_range=[0], tensor_part=2, statistics_only=capture == "stats",
+                      **CAPTURE_OPTIONS)
 
 
 def capture_run(model: torch.nn.Module, ids: torch.Tensor, dump_path: Path, capture: str) -> Path:
@@ -843,7 +848,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--list", action="store_true", help="print each defect's layer and accepted culprits, run nothing")
     parser.add_argument("--peer", action="store_true",
                         help="also run msprobe (mindstudio-probe) on the same cases and print its hit rate beside")
+    parser.add_argument("--no-weight-digests", action="store_true",
+                        help="capture without the modules' parameter digests: only the activations decide (how the "
+                             "method fares on a defect in code, which no weight check can see)")
     options = parser.parse_args(argv)
+    if options.no_weight_digests:
+        CAPTURE_OPTIONS["weight_digests"] = False
     settings = _names(options.settings or (",".join(QUICK_SETTINGS) if options.quick else None), list(SETTINGS),
                       "--settings")
     archs = _names(options.archs or (",".join(QUICK_ARCHS) if options.quick else None), list(ARCHS), "--archs")

@@ -85,6 +85,14 @@ def test_each_printed_line_names_the_blamed_module(quick_zoo) -> None:
     assert f"{cases}/{cases} (100 %)" in fp32_row and f"0 of {len(bug_zoo.QUICK_ARCHS)}" in fp32_row
 
 
+def test_rows_that_fail_the_dtype_table_downstream_of_a_defect_are_inherited(tmp_path) -> None:
+    # Phi-3 with one layer's key rows 5 % low, in fp16 against fp32: deeper down the carried
+    # error crosses the fp16 table; those rows fail as inherited, and one row is introduced.
+    results = bug_zoo.run_zoo(["fp16/fp32"], ["phi3"], ["k_proj_x0.95"], workdir=tmp_path, echo=lambda _: None)
+    case = next(r for r in results if not r.is_clean)
+    assert case.hit and case.introduced_rows == 1 and case.failures > 1, case.line()
+
+
 def test_scoring_is_strict_about_the_enclosing_layer_and_fair_about_the_attention_function() -> None:
     scale = [bug_zoo.Accepted("model.layers.2.self_attn"), bug_zoo.Accepted("model.layers.2.self_attn.o_proj", ("input",))]
     assert bug_zoo.is_accepted("model.layers.2.self_attn.o_proj", "input", scale, "module")

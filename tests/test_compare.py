@@ -61,7 +61,8 @@ def test_compare_names_the_norm_with_the_wrong_epsilon_as_first_introduced_not_i
 
 def test_a_weight_three_percent_off_is_introduced_at_that_linear(tiny_llama, golden_dump: Path, tmp_path: Path) -> None:
     with scaled_weight(tiny_llama, "model.layers.0.self_attn.v_proj", 1.03):
-        my_dump = capture_run(tiny_llama, INPUT_IDS, tmp_path / "my")
+        # without weight digests: the activations alone decide, as for a scale applied in code
+        my_dump = capture_run(tiny_llama, INPUT_IDS, tmp_path / "my", weight_digests=False)
     result = _compare(golden_dump, my_dump)
     introduced = result.first_introduced
     assert introduced.golden.key.name == "model.layers.0.self_attn.v_proj"

@@ -69,7 +69,8 @@ def _introduced(result) -> list[str]:
 
 
 def test_bf16_weight_five_percent_off_is_named_although_the_bf16_table_passes_it(llama, fp32_golden, tmp_path):
-    my = _dump(_scaled(llama).to(torch.bfloat16), tmp_path)
+    # without the weight digests: the activations alone must tell (a defect in code, not in weights, looks the same)
+    my = _dump(_scaled(llama).to(torch.bfloat16), tmp_path, weight_digests=False)
     result = compare_dumps(fp32_golden, my, workers=1)
     culprit = result.first_introduced
     assert culprit is not None and culprit.golden.key.name == DEFECTIVE and culprit.golden.key.io == "output"
@@ -94,10 +95,38 @@ def test_clean_low_precision_run_never_fails_and_names_no_culprit(llama, fp32_go
     assert result.counts()["warnings"] > 0 or dtype == torch.float16  # the noise is there, and judged as noise
 
 
+def test_weight_digests_name_a_weight_that_is_not_the_golden_rounded_to_bf16(llama, fp32_golden, tmp_path):
+    defective = copy.deepcopy(llama)
+    with torch.no_grad():  # a 0.4 % calibration error: far under bf16's activation noise, never an honest rounding
+        dict(defective.named_modules())[DEFECTIVE].weight.mul_(1.004)
+    result = compare_dumps(fp32_golden, _dump(defective.to(torch.bfloat16), tmp_path), workers=1)
+    culprit = result.first_introduced
+    assert culprit is not None and (culprit.golden.key.name, culprit.golden.key.io) == (DEFECTIVE, "output")
+    assert culprit.deciding_metric == "weights_beyond_rounding" and culprit.verdict == "fail"
+    assert culprit.evidence == (f"weights differ from golden beyond bfloat16 rounding: {DEFECTIVE}.weight "
+                                "(the digests of their values differ)")
+    assert _introduced(result) == [culprit.golden.key.label()]
+
+
+def test_weight_digests_are_taken_at_every_dtype_the_other_run_may_use(fp32_golden, llama, tmp_path):
+    first_norm = next(r for r in fp32_golden.records
+                      if r.key.name == "model.layers.0.input_layernorm" and r.key.io == "output")
+    golden_entry = first_norm.attrs["parameter_digests"]["weight"]
+    assert golden_entry["dtype"] == "float32" and set(golden_entry["rounded"]) == {"float32", "float16", "bfloat16"}
+    my = _dump(copy.deepcopy(llama).to(torch.bfloat16), tmp_path)
+    my_norm = next(r for r in my.records if r.key.name == "model.layers.0.input_layernorm" and r.key.io == "output")
+    my_entry = my_norm.attrs["parameter_digests"]["weight"]
+    assert my_entry["dtype"] == "bfloat16" and my_entry["rounded"] == {"bfloat16": golden_entry["rounded"]["bfloat16"]}
+    # only the first output record of a module's first call carries them, and modules without own parameters none
+    assert sum("parameter_digests" in r.attrs for r in fp32_golden.records
+               if r.key.name == "model.layers.0.input_layernorm") == 1
+    assert not any("parameter_digests" in r.attrs for r in fp32_golden.records if r.key.name == "model.layers.0.mlp")
+
+
 def test_bf16_against_bf16_golden_names_the_first_row_that_differs_behind_bit_exact_inputs(llama, tmp_path):
     bf16 = copy.deepcopy(llama).to(torch.bfloat16)
     golden = _dump(bf16, tmp_path / "golden")
-    result = compare_dumps(golden, _dump(_scaled(bf16), tmp_path / "my"), workers=1)
+    result = compare_dumps(golden, _dump(_scaled(bf16), tmp_path / "my", weight_digests=False), workers=1)
     culprit = result.first_introduced
     assert culprit is not None and culprit.golden.key.name == DEFECTIVE
     assert culprit.feeder_error == 0.0 and culprit.deciding_metric == "error_with_exact_inputs"

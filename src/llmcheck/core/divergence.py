@@ -22,7 +22,9 @@ row carries that error on (rows that carry at least :data:`CARRY_FRACTION` of a 
 feeder's error fail with it), *amplified* when a feeder fails but this row adds error beyond
 its baseline, *inherited from an unmatched op* when a record only one run has produced its
 input, *encloses* when it is a module whose output fails only because an introduced row lies
-inside it, and *unknown* when nothing fed it. The first *introduced* row in execution order
+inside it, and *unknown* when nothing fed it. A row that fails the dtype table alone (no rule
+above says it adds error) after an introduced row of its step, outside that row, is
+*inherited* too: with one defect, one row is introduced. The first *introduced* row in execution order
 is the deepest module whose inputs agree and whose output does not.
 """
 
@@ -135,7 +137,8 @@ class _Judge:
         self.siblings = sibling_groups(places, [_slot(row) for row in self.ordered])
         self.feeder_errors = {id(row): self._feeder_error(self.feeding[id(row)]) for row in self.ordered}
         self.judged: dict[int, ComparisonRow] = {}
-        self.introduced_steps: set[int] = set()
+        self.introduced_in_step: dict[int, list[ComparisonRow]] = {}  # step -> its introduced rows, in order
+        self.weights_named: dict[str, ComparisonRow] = {}  # parameter -> the row that named it
 
     def _feeder_error(self, feeding: Feeding) -> float | None:
         errors = [self.errors[id(row)] for row in feeding.rows]
@@ -218,12 +221,41 @@ class _Judge:
         weight = self.weights.get(id(row))
         if weight is not None:  # a leaf: whatever fed the op, these values were loaded wrong
             verdict, deciding, evidence = VERDICT_FAIL, WEIGHTS_METRIC, weight.evidence
-            metrics[WEIGHTS_METRIC] = MetricResult(WEIGHTS_METRIC, float(weight.beyond), VERDICT_FAIL, None, 0.0)
+            metrics[WEIGHTS_METRIC] = MetricResult(WEIGHTS_METRIC, weight.count, VERDICT_FAIL, None, 0.0)
         changes.update(verdict=verdict, deciding_metric=deciding, metrics=metrics, evidence=evidence)
         if verdict == VERDICT_FAIL:
-            changes["attribution"] = (INTRODUCED if weight is not None
-                                      else self._label(row, error, feeding, failing_feeders, anomaly))
+            attribution, why = self._attribution(row, error, feeding, failing_feeders, anomaly, weight, evidence)
+            changes["attribution"] = attribution
+            if why:
+                changes["evidence"] = why
+            if attribution == INTRODUCED:
+                self.introduced_in_step.setdefault(row.golden.key.step, []).append(row)
         return row.with_changes(**changes)
+
+    def _attribution(self, row: ComparisonRow, error: float | None, feeding: Feeding,
+                     failing_feeders: Sequence[ComparisonRow], anomaly: tuple[str, float, float, str] | None,
+                     weight: WeightFinding | None, evidence: str) -> tuple[str, str]:
+        """Return a failing row's label, and the evidence that replaces its own when one defect was named already.
+
+        One defect, one introduced row: another output of a call already introduced, the same
+        weights met again (a transposed view of them), and a row that fails the dtype table
+        alone behind an introduced row carry that defect on rather than introduce one.
+        """
+        earlier = self.introduced_in_step.get(row.golden.key.step, [])
+        same_call = next((r for r in earlier if call_of(r.golden) == call_of(row.golden)), None)
+        if same_call is not None:
+            return INHERITED, f"the same call's {same_call.golden.key.label()} is where the error is introduced"
+        if weight is not None:  # a leaf: whatever fed the op, these values were loaded wrong
+            if weight.parameter in self.weights_named:
+                first = self.weights_named[weight.parameter]
+                return INHERITED, f"the same weights as {first.golden.key.label()}: {weight.evidence}"
+            self.weights_named[weight.parameter] = row
+            return INTRODUCED, ""
+        label = self._label(row, error, feeding, failing_feeders, anomaly)
+        if label == INHERITED and not failing_feeders and not evidence and earlier:
+            return label, (f"fails the dtype table, but nothing shows it adds error here: "
+                           f"it most likely carries on {earlier[0].golden.key.label()}")
+        return label, ""
 
     def _twin_verdict(self, row: ComparisonRow, error: float, twin: float, metrics: dict[str, MetricResult]
                       ) -> tuple[str, str | None, dict[str, MetricResult], str]:
@@ -294,11 +326,13 @@ class _Judge:
             if any(self.judged.get(id(r), r).verdict == VERDICT_ERROR for r in feeding.rows):
                 return UNKNOWN
             step = row.golden.key.step
-            if (row.golden.data is None or row.my.data is None) and step in self.introduced_steps:
-                # Statistics only: agreeing norms do not prove agreeing inputs, and an earlier row
-                # of this step already differs -- this one most likely carries that error on.
+            earlier = self.introduced_in_step.get(step, [])
+            encloses = any(inside(r.golden.key.name, row.golden.key.name, self.feeders.parents) for r in earlier)
+            if earlier and not encloses and (anomaly is None or row.golden.data is None or row.my.data is None):
+                # An earlier row of this step already differs, and nothing says this one adds more
+                # than it should (it fails the dtype table alone), or statistics only judged it:
+                # agreeing norms do not prove agreeing inputs. It most likely carries that error on.
                 return INHERITED
-            self.introduced_steps.add(step)
             return INTRODUCED
         inherited = [self.errors[id(r)] for r in failing_feeders]
         finite = error is not None and None not in inherited and not any(

@@ -7,17 +7,27 @@ that holds a model parameter with ``attrs["parameter"]`` (the torch op-level cap
 every op input that is a parameter). Each such pair is checked element by element: a
 difference larger than one unit in the last place of the less precise dtype is beyond
 rounding (one unit allows another rounding mode, such as truncation).
+
+A module-level capture holds no weights, only their digests: the record of a module call
+carries ``attrs["parameter_digests"]``, for each of the module's own parameters its dtype
+and a digest of its values rounded to every dtype less precise than it (the capture cannot
+know the my-run's dtype). The my-run's digest at its own dtype must then equal the golden's
+at that dtype, bit for bit: a cheap test of exactly the same rule, minus the one unit of
+slack and the count of elements (a digest only says *that* they differ).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 from llmcheck.core.records import DTYPE_ITEMSIZE, ComparisonRow, TensorRecord
 
 #: The attrs key a source sets on a record holding a model parameter (its qualified name).
 PARAMETER_ATTR = "parameter"
+#: The attrs key of a record carrying its module's parameter digests:
+#: ``{parameter: {"dtype": name, "shape": [sizes], "rounded": {dtype name: hex digest}}}``.
+PARAMETER_DIGESTS_ATTR = "parameter_digests"
 _PRECISION = ("float64", "float32", "float16", "bfloat16")
 
 
@@ -26,14 +36,23 @@ class WeightFinding:
     """A parameter that differs from the golden beyond rounding: how many elements, and what to say."""
 
     parameter: str
-    beyond: int
-    total: int
-    largest: float
+    beyond: int | None  # None: known from digests, which count no elements
+    total: int | None
+    largest: float | None
     dtype: str
+    parameters_differing: int = 1
+
+    @property
+    def count(self) -> float:
+        """Return the value reported for the finding: elements beyond rounding, or parameters differing."""
+        return float(self.beyond if self.beyond is not None else self.parameters_differing)
 
     @property
     def evidence(self) -> str:
         """Return the sentence a report shows."""
+        if self.beyond is None:
+            return (f"weights differ from golden beyond {self.dtype} rounding: {self.parameter} "
+                    "(the digests of their values differ)")
         return (f"weights differ from golden beyond {self.dtype} rounding: {self.beyond} of {self.total} elements "
                 f"of {self.parameter} (largest difference {self.largest:.3g})")
 
@@ -57,11 +76,15 @@ def _identity(record: TensorRecord) -> tuple[Any, ...]:
 
 def check_weights(rows: Sequence[ComparisonRow]) -> dict[int, WeightFinding]:
     """Return, keyed by ``id(row)``, the parameter rows whose my-run weights differ beyond rounding."""
+    findings: dict[int, WeightFinding] = {}
+    for row in rows:
+        digest_finding = _digest_finding(row)
+        if digest_finding is not None:
+            findings[id(row)] = digest_finding
     if not any(parameter_of(row) for row in rows):
-        return {}  # most dumps hold no parameters: no torch import for them
+        return findings  # most dumps hold no parameters: no torch import for them
     import torch
 
-    findings: dict[int, WeightFinding] = {}
     checked: dict[tuple[Any, ...], WeightFinding | None] = {}
     for row in rows:
         parameter = parameter_of(row)
@@ -86,3 +109,29 @@ def check_weights(rows: Sequence[ComparisonRow]) -> dict[int, WeightFinding]:
         if finding is not None:
             findings[id(row)] = finding
     return findings
+
+
+def _digest_finding(row: ComparisonRow) -> WeightFinding | None:
+    """Return what a row's parameter digests say: the parameters whose my-run values are not the golden's rounded."""
+    golden_digests = row.golden.attrs.get(PARAMETER_DIGESTS_ATTR)
+    my_digests = row.my.attrs.get(PARAMETER_DIGESTS_ATTR)
+    if not isinstance(golden_digests, Mapping) or not isinstance(my_digests, Mapping):
+        return None
+    differing: list[str] = []
+    targets: list[str] = []
+    for parameter, golden_entry in golden_digests.items():
+        my_entry = my_digests.get(parameter)
+        if not isinstance(golden_entry, Mapping) or not isinstance(my_entry, Mapping) \
+                or golden_entry.get("shape") != my_entry.get("shape"):
+            continue  # a parameter only one run has, or a shard of it (tensor parallel), is not comparable whole
+        target = _less_precise(str(golden_entry.get("dtype")), str(my_entry.get("dtype")))
+        golden_digest = (golden_entry.get("rounded") or {}).get(target)
+        my_digest = (my_entry.get("rounded") or {}).get(target)
+        if target is None or golden_digest is None or my_digest is None:
+            continue  # not comparable at one dtype (an integer parameter, a dtype newer than the capture)
+        if golden_digest != my_digest:
+            differing.append(f"{row.golden.key.name}.{parameter}")
+            targets.append(target)
+    if not differing:
+        return None
+    return WeightFinding(", ".join(differing), None, None, None, max(targets, key=_PRECISION.index), len(differing))

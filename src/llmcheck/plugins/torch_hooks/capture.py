@@ -34,6 +34,7 @@ from llmcheck.core.errors import LlmcheckError, UsageError
 from llmcheck.core.records import IO_INPUT, IO_OUTPUT, MOMENT_AFTER, MOMENT_BEFORE, RecordKey, TopologyNode
 from llmcheck.core.store import DumpWriter
 from llmcheck.core.tensor_io import dtype_name
+from llmcheck.core.weights import PARAMETER_DIGESTS_ATTR
 from llmcheck.plugins.torch_hooks.config import LEVEL_MODULE, LEVEL_OP, ON_ERROR_RAISE, DumpConfig
 from llmcheck.plugins.torch_hooks.cpu_profile import CAPTURE_RANGE, StepProfiler
 from llmcheck.plugins.torch_hooks.module_graph_onnx import ONNX_FILE, GraphRecorder, GraphTensor, write_graph_onnx
@@ -41,6 +42,7 @@ from llmcheck.plugins.torch_hooks.module_selection import ROOT_NAME, ModuleSelec
 from llmcheck.plugins.torch_hooks.nested_tensors import call_inputs, call_outputs
 from llmcheck.core.call_arguments import encode_call
 from llmcheck.plugins.torch_hooks.op_capture import OpCaptureMode
+from llmcheck.plugins.torch_hooks.parameter_digests import ModuleParameterDigests
 from llmcheck.plugins.torch_hooks.tensor_sink import TensorSink
 
 log = logging.getLogger("llmcheck.torch")
@@ -123,6 +125,8 @@ class CaptureSession:
         self._parents = {name: parent_name(name) for name in self.selection.ids}
         self._leaf_modules = {name or ROOT_NAME for name, module in model.named_modules()
                               if next(module.children(), None) is None}
+        self._weight_digests = (ModuleParameterDigests(model, self.selection.module_selected, ROOT_NAME)
+                                if self._module_level and config.weight_digests else None)
         self._graph: GraphRecorder | None = None  # the first dumped step's calls, for --type onnx
         self._graph_open = False
         self.writer: DumpWriter | None = None
@@ -307,10 +311,13 @@ class CaptureSession:
             try:
                 if call_index >= 0 and len(rest) == 2 and self._module_level and self.selection.module_selected(name):
                     kwargs, output = rest
+                    digests = (self._weight_digests.of(name)
+                               if self._weight_digests is not None and call_index == 0 else None)
                     if self.config.saves_inputs_after:
-                        self._save(name, module, call_inputs(args, kwargs), IO_INPUT, call_index, MOMENT_AFTER)
+                        self._save(name, module, call_inputs(args, kwargs), IO_INPUT, call_index, MOMENT_AFTER,
+                                   None if self.config.saves_outputs else digests)
                     if self.config.saves_outputs:
-                        self._save(name, module, call_outputs(output), IO_OUTPUT, call_index, MOMENT_AFTER)
+                        self._save(name, module, call_outputs(output), IO_OUTPUT, call_index, MOMENT_AFTER, digests)
                 if is_root and self._root_depth == 1:
                     self._end_step()
             except Exception as exc:  # capture's own failure: the program's forward must not see it
@@ -330,7 +337,8 @@ class CaptureSession:
             self._root_after_hook = after_hook
 
     def _save(self, name: str, module: torch.nn.Module, tensors: list[tuple[str, torch.Tensor]], io: str,
-              call_index: int, moment: str) -> None:
+              call_index: int, moment: str, digests: dict[str, Any] | None = None) -> None:
+        """Record a call's inputs or outputs; the first record carries the module's parameter digests, if any."""
         if not tensors:
             return
         op_type = type(module).__name__
@@ -343,7 +351,10 @@ class CaptureSession:
                 for position, tensor in tensors:
                     key = RecordKey(name=name, io=io, position=position, step=self.step, call_index=call_index,
                                     moment=moment)
-                    identity = self.sink.add(key, tensor, op_type=op_type, parent=parent)  # type: ignore[union-attr]
+                    attrs = {PARAMETER_DIGESTS_ATTR: digests} if digests else None
+                    digests = None
+                    identity = self.sink.add(key, tensor, op_type=op_type, parent=parent,  # type: ignore[union-attr]
+                                             attrs=attrs)
                     if graph is not None:
                         self._add_to_graph(graph, key, identity, tensor, op_type, parent or ROOT_NAME, None)
         finally:
@@ -457,6 +468,8 @@ class CaptureSession:
         if self._dumping and self.config.export_onnx and self._graph is None:
             self._graph = GraphRecorder()
             self._graph_open = True
+        if self._dumping and self._weight_digests is not None:
+            self._weight_digests.refresh()  # once per dump: weights rarely change between steps
         if self._dumping and self._op_level:
             self._op_mode = OpCaptureMode(self)
             self._op_mode.__enter__()

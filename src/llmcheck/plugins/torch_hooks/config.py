@@ -69,7 +69,10 @@ class DumpConfig:
     ``on_capture_error`` (``"stop"``: a failure inside capture -- a full disk, any
     exception in a hook -- stops capture with one warning and closes the dump as cut, and
     the program runs on as if uncaptured; ``"raise"``: the same, then the error reaches
-    the program's forward).
+    the program's forward), ``weight_digests`` (module level: the first record of each
+    module call carries digests of the module's own parameters, so compare finds weights
+    that differ from the golden's beyond rounding without storing them; see
+    :mod:`.parameter_digests`).
     Seed aliases accepted: ``layer_name`` (a glob, added to ``include``),
     ``dump_statistics_mode`` (1 = statistics only).
     """
@@ -92,6 +95,7 @@ class DumpConfig:
     profile_cpu: bool = False
     export_onnx: bool = False
     on_capture_error: str = ON_ERROR_STOP
+    weight_digests: bool = True
     layer_name: str | None = None
     dump_statistics_mode: int = 0
     command_line: Sequence[str] | None = field(default=None, repr=False)
