@@ -41,10 +41,11 @@ from llmcheck.core.records import (
     ComparisonRow,
     MetricResult,
     TensorRecord,
+    is_float_dtype,
 )
 from llmcheck.core.repeats import Baseline, sibling_baseline, sibling_groups, structure_keys
 from llmcheck.core.suspects import INHERITED_FROM_UNMATCHED, MY_ONLY_SUFFIX
-from llmcheck.core.verdicts import NONFINITE_METRIC, is_float_dtype
+from llmcheck.core.verdicts import NONFINITE_METRIC
 from llmcheck.core.weights import WeightFinding
 
 INTRODUCED = "introduced"

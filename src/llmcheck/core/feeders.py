@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Hashable, Sequence
 
-from llmcheck.core.records import IO_INPUT, IO_OUTPUT, ComparisonRow, TensorRecord, TensorStats
+from llmcheck.core.records import IO_INPUT, IO_OUTPUT, ComparisonRow, TensorRecord, TensorStats, lies_inside
 
 
 @dataclass(frozen=True)
@@ -49,7 +49,7 @@ def call_of(record: TensorRecord) -> tuple[str, int, int]:
 
 def inside(name: str, module: str, parents: dict[str, str]) -> bool:
     """Return whether record name ``name`` lies inside module ``module`` (by parent links or by path)."""
-    if name.startswith((module + ".", module + "/")):
+    if lies_inside(name, module):
         return True
     seen: set[str] = set()
     current = parents.get(name)

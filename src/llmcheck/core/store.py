@@ -45,6 +45,8 @@ if TYPE_CHECKING:  # pragma: no cover
     import torch
 
 FORMAT_NAME = "llmcheck-dump"
+#: The source name a dump of this format is read under (``--golden-source llmcheck``).
+NATIVE_SOURCE = "llmcheck"
 FORMAT_VERSION = 1
 MANIFEST_NAME = "manifest.json"
 INDEX_NAME = "index.jsonl"
@@ -562,7 +564,7 @@ def read_dump(path: Path) -> Dump:
     cut = None
     if cuts:
         cut = "; ".join(cuts) + f"; {len(records)} records were flushed before the cut"
-    return Dump(source="llmcheck", root=root, records=records, topology=topology, manifest=manifest, cut=cut)
+    return Dump(source=NATIVE_SOURCE, root=root, records=records, topology=topology, manifest=manifest, cut=cut)
 
 
 def _shard_data(root: Path, line: IndexLine, headers: dict[str, tuple[dict[str, Any], int]],

@@ -21,7 +21,7 @@ from abc import ABC, abstractmethod
 
 import numpy as np
 
-from llmcheck.core.pair_chunk import PairChunk, Workspace, dot
+from llmcheck.plugin_api import PairChunk, Workspace, dot
 
 
 class _ChunkAccumulator(ABC):

@@ -22,10 +22,17 @@ import os
 from pathlib import Path
 from typing import Any, Callable
 
-from llmcheck.core.dump_paths import inside_dump
-from llmcheck.core.errors import DumpFormatError
-from llmcheck.core.npy_format import read_npy_header
-from llmcheck.core.records import DTYPE_ITEMSIZE, Dump, RecordKey, TensorData, TensorRecord
+from llmcheck.plugin_api import (
+    DTYPE_ITEMSIZE,
+    LAYOUT_TENSOR_FILES,
+    Dump,
+    DumpFormatError,
+    RecordKey,
+    TensorData,
+    TensorRecord,
+    inside_dump,
+    read_npy_header,
+)
 
 SOURCE_NAME = "file"
 SINGLE_TENSOR_NAME = "tensor"
@@ -70,7 +77,8 @@ def load_checkpoint(path: Path) -> Dump:
             seen[record.key.name] = shard
             records.append(record.with_changes(order=len(records)))
     return Dump(source=SOURCE_NAME, root=path, records=records,
-                manifest={"checkpoint": str(path), "files": [shard.name for shard in shards]})
+                manifest={"layout": LAYOUT_TENSOR_FILES, "checkpoint": str(path),
+                          "files": [shard.name for shard in shards]})
 
 
 def load_file(path: Path) -> Dump:
@@ -82,7 +90,7 @@ def load_file(path: Path) -> Dump:
         records = _safetensors_records(path)
     else:
         records = _torch_records(path)
-    return Dump(source=SOURCE_NAME, root=path, records=records, manifest={"file": str(path)})
+    return Dump(source=SOURCE_NAME, root=path, records=records, manifest={"layout": LAYOUT_TENSOR_FILES, "file": str(path)})
 
 
 def _record(name: str, order: int, data: TensorData, path: Path, where: str) -> TensorRecord:
@@ -177,7 +185,7 @@ def _torch_records(path: Path) -> list[TensorRecord]:
 
     import torch
 
-    from llmcheck.core.tensor_io import dtype_name
+    from llmcheck.plugin_api import dtype_name
 
     try:
         try:  # memory-mapped: a large checkpoint is read as its pairs are measured, not all at once

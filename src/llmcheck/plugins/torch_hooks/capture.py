@@ -30,16 +30,24 @@ from typing import Any, ContextManager
 
 import torch
 
-from llmcheck.core.errors import LlmcheckError, UsageError
-from llmcheck.core.records import IO_INPUT, IO_OUTPUT, MOMENT_AFTER, MOMENT_BEFORE, RecordKey, TopologyNode
-from llmcheck.core.store import DumpWriter
-from llmcheck.core.tensor_io import dtype_name
+from llmcheck.plugin_api import (
+    IO_INPUT,
+    IO_OUTPUT,
+    MOMENT_AFTER,
+    MOMENT_BEFORE,
+    DumpWriter,
+    LlmcheckError,
+    RecordKey,
+    TopologyNode,
+    UsageError,
+    dtype_name,
+    encode_call,
+)
 from llmcheck.plugins.torch_hooks.config import LEVEL_MODULE, LEVEL_OP, ON_ERROR_RAISE, DumpConfig
 from llmcheck.plugins.torch_hooks.cpu_profile import CAPTURE_RANGE, StepProfiler
 from llmcheck.plugins.torch_hooks.module_graph_onnx import ONNX_FILE, GraphRecorder, GraphTensor, write_graph_onnx
 from llmcheck.plugins.torch_hooks.module_selection import ROOT_NAME, ModuleSelection, parent_name
 from llmcheck.plugins.torch_hooks.nested_tensors import call_inputs, call_outputs
-from llmcheck.core.call_arguments import encode_call
 from llmcheck.plugins.torch_hooks.op_capture import OpCaptureMode
 from llmcheck.plugins.torch_hooks.tensor_sink import TensorSink
 
