@@ -26,9 +26,9 @@ Names that need torch are imported on first access, so importing this module sta
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from llmcheck import lazy_attributes
 from llmcheck.core.atomic_files import atomic_write_text, atomic_write_with, write_failed
 from llmcheck.core.dump_paths import inside_dump, is_real_folder, walk_files
 from llmcheck.core.dump_schema import convert as convert_json, decode as decode_json
@@ -92,7 +92,8 @@ from llmcheck.core.store import NATIVE_SOURCE, DumpWriter, closing_state, find_d
 if TYPE_CHECKING:  # pragma: no cover
     from llmcheck.core.call_arguments import decode_call, encode_call
     from llmcheck.core.statistics import segmented_stats_vectors, stats_from_vectors, stats_vector
-    from llmcheck.core.tensor_io import dtype_name, tensor_bytes, tensor_from_byte_range, torch_dtype
+    from llmcheck.core.tensor_io import (dtype_name, load_weights_only, tensor_bytes, tensor_from_byte_range,
+                                         torch_dtype)
 
 #: public name -> module defining it, for names whose module imports torch (loaded on first access)
 _NEEDS_TORCH: dict[str, str] = {
@@ -100,6 +101,7 @@ _NEEDS_TORCH: dict[str, str] = {
     "torch_dtype": "llmcheck.core.tensor_io",
     "tensor_bytes": "llmcheck.core.tensor_io",
     "tensor_from_byte_range": "llmcheck.core.tensor_io",
+    "load_weights_only": "llmcheck.core.tensor_io",
     "stats_vector": "llmcheck.core.statistics",
     "stats_from_vectors": "llmcheck.core.statistics",
     "segmented_stats_vectors": "llmcheck.core.statistics",
@@ -137,10 +139,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    module_name = _NEEDS_TORCH.get(name)
-    if module_name is None:
-        raise AttributeError(f"module 'llmcheck.plugin_api' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module_name), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_attributes(__name__, _NEEDS_TORCH, globals())

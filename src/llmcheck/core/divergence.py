@@ -32,7 +32,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Hashable, Mapping, Sequence
 
-from llmcheck.core.feeders import FeederIndex, Feeding, call_of, inside
+from llmcheck.core.feeders import FeederIndex, Feeding, inside
 from llmcheck.core.records import (
     VERDICT_ERROR,
     VERDICT_FAIL,
@@ -314,7 +314,7 @@ class _Judge:
                       if self.judged[id(row)].attribution == INTRODUCED]
         parents = self.feeders.parents
         for position, (original_id, row) in enumerate(introduced):
-            name, step, _ = call_of(row.golden)
+            name, step = row.golden.key.name, row.golden.key.step
             inner = next((earlier for _, earlier in introduced[:position] if earlier.golden.key.step == step
                           and inside(earlier.golden.key.name, name, parents)), None)
             if inner is not None:

@@ -181,24 +181,11 @@ def _safetensors_records(path: Path) -> list[TensorRecord]:
 
 
 def _torch_records(path: Path) -> list[TensorRecord]:
-    import pickle
-
     import torch
 
-    from llmcheck.plugin_api import dtype_name
+    from llmcheck.plugin_api import dtype_name, load_weights_only
 
-    try:
-        try:  # memory-mapped: a large checkpoint is read as its pairs are measured, not all at once
-            content = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-        except RuntimeError as exc:
-            if "mmap" not in str(exc):
-                raise
-            content = torch.load(path, map_location="cpu", weights_only=True)  # the legacy (non-zip) format
-    except pickle.UnpicklingError as exc:
-        raise DumpFormatError("cannot be loaded with weights_only=True (it holds more than tensors and plain "
-                              "containers; llmcheck never unpickles arbitrary objects)", where=path) from exc
-    except (RuntimeError, EOFError, ValueError, OSError) as exc:
-        raise DumpFormatError(f"not a readable torch file: {exc}", where=path) from exc
+    content = load_weights_only(path)
     tensors: list[tuple[str, Any]] = []
     skipped: list[str] = []
     _collect_tensors(content, "", tensors, skipped, torch.is_tensor)
