@@ -113,6 +113,7 @@ def _atb_call(record: TensorRecord) -> CallId:
 
 
 def _atb_calls(dump: Dump) -> dict[tuple[int, str], OpCall]:
+    """Return the ATB op calls by (step, op id), ancestors the dump filtered out included, graph ops marked."""
     calls = {(call.step, call.name): call for call in group_op_calls(dump.records, _atb_call)}
     for record in dump.records:  # ancestors not dumped themselves (filtered by -ids) still shape the tree
         ids: list[str] = []
@@ -129,6 +130,7 @@ def _atb_calls(dump: Dump) -> dict[tuple[int, str], OpCall]:
 
 
 def _torch_calls(dump: Dump) -> list[OpCall]:
+    """Return the module calls of a module-tree dump (op-level records left out), containers marked."""
     modules = [record for record in dump.records
                if record.op_type is not None and not is_op_record_name(record.key.name)]
     calls = group_op_calls(modules)
