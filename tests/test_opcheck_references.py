@@ -13,8 +13,8 @@ import torch
 from llmcheck import OpReference, UnsupportedOpError, hookimpl
 from llmcheck.core.cli import main
 from llmcheck.core.errors import PluginError
-from llmcheck.core.opcheck_criteria import CRITERIA, criterion_for
-from llmcheck.core.opcheck_measures import measure_output
+from llmcheck.core.opcheck.criteria import CRITERIA, criterion_for
+from llmcheck.core.opcheck.measures import measure_output
 from llmcheck.core.plugins import get_plugins
 from llmcheck.core.records import RecordKey, TensorRecord
 from llmcheck.core.store import DumpWriter

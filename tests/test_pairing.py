@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
+from llmcheck.core.errors import PluginError
 from llmcheck.core.pairing import merge_pairs
 from llmcheck.core.records import Dump, Pair, RecordKey, TensorRecord
 from llmcheck.plugins.native.pairing import map_pairs
@@ -36,3 +39,20 @@ def test_sequence_alignment_pairs_differently_named_runs_of_one_source_only(tmp_
     assert [p.rule for p in map_pairs(same_golden, same_my, None)] == ["sequence"]
     other_my = Dump("ge", tmp_path, _records("Add_7"))
     assert map_pairs(same_golden, other_my, None) == []
+
+
+def test_a_pair_holding_a_copy_of_a_loaded_record_is_an_error_naming_the_rule(tmp_path: Path) -> None:
+    golden, my = Dump("test", tmp_path, _records("a", "b")), Dump("test", tmp_path, _records("a", "b"))
+    copy = golden.records[0].with_changes()  # equal to the loaded record, but another object
+    assert copy == golden.records[0] and copy is not golden.records[0]
+    with pytest.raises(PluginError) as caught:
+        merge_pairs(golden, my, [Pair(copy, my.records[0], "copying-rule", 50)])
+    assert "copying-rule" in caught.value.what and "a step 0 output.0" in caught.value.what
+    assert caught.value.where == str(tmp_path)
+
+
+def test_a_record_a_rule_derived_itself_may_be_paired(tmp_path: Path) -> None:
+    golden, my = Dump("test", tmp_path, _records("a")), Dump("test", tmp_path, _records("a"))
+    gathered = golden.records[0].with_changes(key=RecordKey(name="a", rank=-1))  # built from shards, not loaded
+    pairing = merge_pairs(golden, my, [Pair(gathered, my.records[0], "gather", 50)])
+    assert [(pair.golden, pair.my) for pair in pairing.pairs] == [(gathered, my.records[0])]

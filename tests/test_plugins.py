@@ -115,6 +115,17 @@ def test_hook_llmcheck_register_capture_backends(llmcheck_plugins, tmp_path: Pat
     assert request.output_dir == tmp_path
 
 
+def test_dump_without_backend_uses_the_backend_that_declares_itself_default(llmcheck_plugins, tmp_path: Path,
+                                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    assert get_plugins().capture_backend(None).name == "torch"  # the built-in torch backend declares is_default
+    claimant = _RecordingBackend()
+    claimant.is_default = True
+    llmcheck_plugins(_plugin("claimant_plugin", llmcheck_register_capture_backends=lambda register: register(claimant)))
+    assert main(["dump", "-o", str(tmp_path), "--", "true"]) == 2
+    assert "--backend: several backends claim to be the default (" in capsys.readouterr().err
+    assert claimant.requests == []
+
+
 def _load_csv_dump(path: Path, source: str | None) -> Dump | None:
     if source not in (None, "csvtensors") or path.suffix != ".csv":
         return None

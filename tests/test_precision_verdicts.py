@@ -290,8 +290,8 @@ def test_a_compare_across_precisions_without_a_twin_says_how_to_see_below_the_no
 
 
 def test_opcheck_counts_a_mask_at_the_dumped_dtypes_minus_infinity_as_agreeing():
-    from llmcheck.core.opcheck_criteria import criterion_for
-    from llmcheck.core.opcheck_measures import measure_output
+    from llmcheck.core.opcheck.criteria import criterion_for
+    from llmcheck.core.opcheck.measures import measure_output
 
     criterion = criterion_for("float16")
     assert criterion is not None

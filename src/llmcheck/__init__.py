@@ -11,7 +11,7 @@ Public API (imported lazily, so ``import llmcheck`` stays cheap and torch-free):
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import Any, Callable
 
 __version__ = "0.1.0"
 
@@ -41,10 +41,22 @@ _LAZY: dict[str, str] = {
 __all__ = ["__version__", *_LAZY]
 
 
-def __getattr__(name: str) -> Any:
-    module_name = _LAZY.get(name)
-    if module_name is None:
-        raise AttributeError(f"module 'llmcheck' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module_name), name)
-    globals()[name] = value
-    return value
+def lazy_attributes(module: str, table: dict[str, str], namespace: dict[str, Any]) -> Callable[[str], Any]:
+    """Return a module ``__getattr__`` that imports each name of ``table`` from its module on first access.
+
+    ``table`` maps a public name to the module defining it; the value is then cached in
+    ``namespace`` (the module's globals), so the import happens once.
+    """
+
+    def __getattr__(name: str) -> Any:
+        module_name = table.get(name)
+        if module_name is None:
+            raise AttributeError(f"module {module!r} has no attribute {name!r}")
+        value = getattr(importlib.import_module(module_name), name)
+        namespace[name] = value
+        return value
+
+    return __getattr__
+
+
+__getattr__ = lazy_attributes(__name__, _LAZY, globals())

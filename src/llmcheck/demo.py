@@ -53,16 +53,26 @@ def _load_model(console: Any) -> tuple[Any, Any, Any, str, int]:
     return model, tokenizer, input_ids, "SmolLM2-135M (30 layers, real weights, float32)", 3
 
 
+#: The capture backend the demo records both runs with (it captures a model in this process).
+DEMO_BACKEND = "torch"
+
+
 def _run(model: Any, input_ids: Any, dump_path: Path) -> tuple[Path, Any]:
     """Run one forward pass with the torch capture on; return the dump folder and the next-token logits."""
+    import sys
+
     import torch
 
-    from llmcheck import DumpConfig, register_hook
+    from llmcheck.core.plugins import get_plugins
+    from llmcheck.core.records import CaptureRequest
 
-    with register_hook(model, DumpConfig(dump_path=str(dump_path), token_range=[0], tensor_part=2)) as handle:
+    backend = get_plugins().capture_backends()[DEMO_BACKEND]
+    request = CaptureRequest(backend=DEMO_BACKEND, command=list(sys.argv), output_dir=dump_path,
+                             options={"execute_range": [(0, 0)], "save_tensor_part": 2})
+    with backend.capture_model(model, request) as handle:  # type: ignore[attr-defined]
         with torch.no_grad():
             logits = model(input_ids).logits[0, -1]
-    return Path(handle.path), logits  # type: ignore[arg-type]
+    return Path(handle.path), logits
 
 
 def _next_token(tokenizer: Any, logits: Any) -> str:

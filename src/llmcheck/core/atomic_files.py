@@ -79,20 +79,26 @@ def _temporary_beside(target: Path) -> tuple[int, str]:
 
 
 @contextmanager
-def atomic_output(path: Path | str, mode: str = "w", **open_options: Any) -> Iterator[IO[Any]]:
-    """Yield a file open on a temporary name beside ``path``; on success it replaces ``path``, else it is removed."""
-    target = Path(path)
-    descriptor, temporary = _temporary_beside(target)
+def _replacing(temporary: str, target: Path, failures: type[BaseException]) -> Iterator[None]:
+    """Move ``temporary`` onto ``target`` when the block succeeds; else remove it (``failures`` become write errors)."""
     try:
-        with os.fdopen(descriptor, mode, **open_options) as handle:
-            yield handle
+        yield
         os.replace(temporary, target)
-    except OSError as exc:
+    except failures as exc:
         remove_quietly(temporary)
         raise write_failed(target, exc) from exc
     except BaseException:
         remove_quietly(temporary)
         raise
+
+
+@contextmanager
+def atomic_output(path: Path | str, mode: str = "w", **open_options: Any) -> Iterator[IO[Any]]:
+    """Yield a file open on a temporary name beside ``path``; on success it replaces ``path``, else it is removed."""
+    target = Path(path)
+    descriptor, temporary = _temporary_beside(target)
+    with _replacing(temporary, target, OSError), os.fdopen(descriptor, mode, **open_options) as handle:
+        yield handle
 
 
 def atomic_write_text(path: Path | str, text: str, encoding: str = "utf-8") -> None:
@@ -116,12 +122,5 @@ def atomic_write_with(path: Path | str, write: Callable[[str], Any]) -> None:
     target = Path(path)
     descriptor, temporary = _temporary_beside(target)
     os.close(descriptor)
-    try:
+    with _replacing(temporary, target, Exception):
         write(temporary)
-        os.replace(temporary, target)
-    except Exception as exc:
-        remove_quietly(temporary)
-        raise write_failed(target, exc) from exc
-    except BaseException:
-        remove_quietly(temporary)
-        raise

@@ -18,7 +18,7 @@ from typing import Any, Sequence
 import click
 
 from llmcheck import __version__
-from llmcheck.core.errors import LlmcheckError, UsageError
+from llmcheck.core.errors import LlmcheckError
 from llmcheck.core.seed_flags import (
     DUMP_TYPES,
     LOG_LEVELS,
@@ -76,7 +76,8 @@ def cli() -> None:
 
 @cli.command(context_settings={"ignore_unknown_options": False},
              short_help="Run a program with capture on and write a dump.")
-@click.option("--backend", default="torch", show_default=True, help="Dump backend (see 'llmcheck plugins').")
+@click.option("--backend", default=None,
+              help="Dump backend (see 'llmcheck plugins'; default: the one declared default, torch when built in).")
 @click.option("--exec", "exec_text", help='Command to run, e.g. --exec "python infer.py --x 1" (no shell).')
 @click.option("--type", "dump_types", multiple=True, type=click.Choice(DUMP_TYPES),
               help="What to dump; several allowed: --type model tensor. Default: tensor (plus model).")
@@ -102,7 +103,7 @@ def cli() -> None:
                    "or also 'raise' it into the program.")
 @log_level_option
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
-def dump(backend: str, exec_text: str | None, dump_types: Sequence[str], only_save_desc: bool,
+def dump(backend: str | None, exec_text: str | None, dump_types: Sequence[str], only_save_desc: bool,
          save_operation_ids: str, execute_range: str, save_operation_child: str, save_time: int,
          operation_name: str | None, save_tiling: bool, save_tensor_part: int, output: Path,
          device_id: str | None, seed: int | None, on_capture_error: str, log_level: str,
@@ -130,12 +131,9 @@ def dump(backend: str, exec_text: str | None, dump_types: Sequence[str], only_sa
     from llmcheck.core.store import check_output_folder
 
     check_output_folder(output, "new dumps")
-    backends = get_plugins().capture_backends()
-    if backend not in backends:
-        raise UsageError(f"unknown backend {backend!r}", where="--backend",
-                         hint=f"available: {', '.join(sorted(backends)) or 'none'}")
-    request = CaptureRequest(backend=backend, command=argv, output_dir=output, options=options, log_level=log_level)
-    raise SystemExit(backends[backend].run(request))
+    chosen = get_plugins().capture_backend(backend)
+    request = CaptureRequest(backend=chosen.name, command=argv, output_dir=output, options=options, log_level=log_level)
+    raise SystemExit(chosen.run(request))
 
 
 # --- compare ---------------------------------------------------------------------------
@@ -209,7 +207,7 @@ def opcheck(tensor_dir: Path, csv_path: Path | None, output: Path, operation_ids
     _configure_logging(log_level)
     ids = parse_operation_ids(operation_ids, "-ids/--operation-ids")
     names = parse_names(operation_name) if operation_name else []
-    from llmcheck.core.opcheck import opcheck_command
+    from llmcheck.core.opcheck.command import opcheck_command
 
     raise SystemExit(opcheck_command(
         tensor_dir=tensor_dir, csv_path=csv_path, output_dir=output, operation_ids=ids, operation_names=names,

@@ -41,6 +41,7 @@ from llmcheck.core.records import (
     Pair,
     TensorRecord,
     UserMapping,
+    is_float_dtype,
 )
 from llmcheck.core.stats_compare import (
     DECIDING_STAT,
@@ -52,7 +53,6 @@ from llmcheck.core.stats_compare import (
 from llmcheck.core.verdicts import (
     NONFINITE_METRIC,
     ThresholdOverride,
-    is_float_dtype,
     judge,
     judging_class,
     least_precise,

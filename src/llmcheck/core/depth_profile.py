@@ -20,7 +20,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from llmcheck.core.records import IO_OUTPUT, ComparisonRow, MetricSpec
+from llmcheck.core.records import IO_OUTPUT, ROOT_MODULE, ComparisonRow, MetricSpec, lies_inside
 
 _INDEX_PART = re.compile(r"(?<![^./])(\d+)(?=[./]|$)")
 #: Heat map columns beyond this many submodule kinds are left out (op-level dumps have hundreds).
@@ -100,7 +100,7 @@ def depth_points(rows: Sequence[ComparisonRow], step: int, measure: MetricSpec |
         place = places[name]
         if blocks:
             inside_block = place.block and place.block != name
-            holds_blocks = any(block.startswith(name + ".") for block in blocks) or name == "root"
+            holds_blocks = any(lies_inside(block, name) for block in blocks) or name == ROOT_MODULE
             if inside_block or holds_blocks:
                 continue
         deciding = row.metrics.get(measure.name) if measure is not None else None
@@ -118,7 +118,7 @@ def introduced_point(points: Sequence[dict[str, Any]], introduced: ComparisonRow
         return None
     name = introduced.golden.key.name
     for index, point in enumerate(points):
-        if name == point["name"] or name.startswith((point["name"] + ".", point["name"] + "/")):
+        if name == point["name"] or lies_inside(name, point["name"]):
             return index
     return None
 

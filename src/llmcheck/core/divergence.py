@@ -34,7 +34,8 @@ import math
 from dataclasses import dataclass
 from typing import Any, Hashable, Mapping, Sequence
 
-from llmcheck.core.feeders import FeederIndex, Feeding, call_of, inside
+from llmcheck.core.feeders import FeederIndex, Feeding, inside
+from llmcheck.core.op_calls import CallId
 from llmcheck.core.records import (
     VERDICT_ERROR,
     VERDICT_FAIL,
@@ -43,10 +44,11 @@ from llmcheck.core.records import (
     ComparisonRow,
     MetricResult,
     TensorRecord,
+    is_float_dtype,
 )
 from llmcheck.core.repeats import Baseline, sibling_baseline, sibling_groups, structure_keys
 from llmcheck.core.suspects import INHERITED_FROM_UNMATCHED, MY_ONLY_SUFFIX
-from llmcheck.core.verdicts import NONFINITE_METRIC, is_float_dtype
+from llmcheck.core.verdicts import NONFINITE_METRIC
 from llmcheck.core.weights import WeightFinding
 
 INTRODUCED = "introduced"
@@ -242,7 +244,7 @@ class _Judge:
         alone behind an introduced row carry that defect on rather than introduce one.
         """
         earlier = self.introduced_in_step.get(row.golden.key.step, [])
-        same_call = next((r for r in earlier if call_of(r.golden) == call_of(row.golden)), None)
+        same_call = next((r for r in earlier if CallId.of(r.golden) == CallId.of(row.golden)), None)
         if same_call is not None:
             return INHERITED, f"the same call's {same_call.golden.key.label()} is where the error is introduced"
         if weight is not None:  # a leaf: whatever fed the op, these values were loaded wrong
@@ -347,7 +349,7 @@ class _Judge:
                       if self.judged[id(row)].attribution == INTRODUCED]
         parents = self.feeders.parents
         for position, (original_id, row) in enumerate(introduced):
-            name, step, _ = call_of(row.golden)
+            name, step = row.golden.key.name, row.golden.key.step
             inner = next((earlier for _, earlier in introduced[:position] if earlier.golden.key.step == step
                           and inside(earlier.golden.key.name, name, parents)), None)
             if inner is not None:

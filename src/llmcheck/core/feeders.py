@@ -25,7 +25,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Hashable, Sequence
 
-from llmcheck.core.records import IO_INPUT, IO_OUTPUT, ComparisonRow, TensorRecord, TensorStats
+from llmcheck.core.op_calls import CallId
+from llmcheck.core.records import IO_INPUT, IO_OUTPUT, ComparisonRow, TensorRecord, TensorStats, lies_inside
 
 
 @dataclass(frozen=True)
@@ -41,15 +42,9 @@ class Feeding:
     guessed: bool = False
 
 
-def call_of(record: TensorRecord) -> tuple[str, int, int]:
-    """Return what identifies one call: its name, step and call index."""
-    key = record.key
-    return key.name, key.step, key.call_index
-
-
 def inside(name: str, module: str, parents: dict[str, str]) -> bool:
     """Return whether record name ``name`` lies inside module ``module`` (by parent links or by path)."""
-    if name.startswith((module + ".", module + "/")):
+    if lies_inside(name, module):
         return True
     seen: set[str] = set()
     current = parents.get(name)
@@ -93,7 +88,7 @@ class FeederIndex:
         self.producers: dict[tuple[Hashable, ...], list[ComparisonRow]] = {}
         for row in self.ordered:
             if row.golden.key.io == IO_INPUT:
-                self.inputs_of.setdefault(call_of(row.golden), []).append(row)
+                self.inputs_of.setdefault(CallId.of(row.golden), []).append(row)
                 self.inputs_by_name.setdefault((row.golden.key.name, row.golden.key.step), []).append(row)
             if row.golden.parent:
                 self.parents.setdefault(row.golden.key.name, row.golden.parent)
@@ -109,7 +104,7 @@ class FeederIndex:
     def feeding(self, row: ComparisonRow) -> Feeding:
         """Return the rows (and unmatched records) that fed ``row``."""
         if row.golden.key.io == IO_OUTPUT:
-            own_inputs = [r for r in self.inputs_of.get(call_of(row.golden), []) if r.golden.order < row.golden.order]
+            own_inputs = [r for r in self.inputs_of.get(CallId.of(row.golden), []) if r.golden.order < row.golden.order]
             if own_inputs:
                 return Feeding(rows=tuple(own_inputs))
         else:
@@ -149,7 +144,7 @@ class FeederIndex:
     def _producer(self, row: ComparisonRow) -> ComparisonRow | None:
         for identity in tensor_identities(row.golden, row.golden_stats):
             candidates = [r for r in self.producers.get(identity, ()) if r.golden.order < row.golden.order
-                          and call_of(r.golden) != call_of(row.golden)]
+                          and CallId.of(r.golden) != CallId.of(row.golden)]
             if candidates:
                 return candidates[-1]
         return None
@@ -164,12 +159,12 @@ class FeederIndex:
         return None
 
     def _nearest_earlier(self, row: ComparisonRow) -> ComparisonRow | None:
-        name, step, _ = call_of(row.golden)
+        name, step = row.golden.key.name, row.golden.key.step
         for earlier_position in range(self.position[id(row)] - 1, -1, -1):
             earlier = self.ordered[earlier_position]
             if earlier.golden.key.step != step:
                 break
-            if call_of(earlier.golden) == call_of(row.golden) or inside(earlier.golden.key.name, name, self.parents):
+            if CallId.of(earlier.golden) == CallId.of(row.golden) or inside(earlier.golden.key.name, name, self.parents):
                 continue
             return earlier
         return None

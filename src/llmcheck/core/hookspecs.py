@@ -1,21 +1,38 @@
 """The hook specifications: the whole contract between llmcheck's core and its plugins.
 
-This file is the reference manual for plugin authors (``docs/plugins.md`` mirrors it and a
-test keeps the two in step). Four families make the product:
+This file is the reference manual for plugin authors: ``docs/hooks.md`` is generated from
+it (``python docs/gen_hook_reference.py``; a test fails when the page is stale). Four
+families make the product:
 
 * **capture** -- a dump backend (``llmcheck dump --backend NAME``);
 * **load tensors** -- recognise a path as a kind of dump and give its records;
 * **map pairs** -- propose golden <-> my pairs, each with the rule that made it;
 * **metric** -- named measures of a pair, with direction and thresholds per dtype.
 
-one export resolver, :func:`llmcheck_export_onnx`, that turns a source's topology file
-into a viewable ONNX graph, and the operator references ``llmcheck opcheck`` recomputes
-single ops with (:func:`llmcheck_register_op_references`, :func:`llmcheck_resolve_op_reference`).
+Besides them: the operator references ``llmcheck opcheck`` recomputes single ops with
+(:func:`llmcheck_register_op_references`, :func:`llmcheck_resolve_op_reference`) and one
+export resolver, :func:`llmcheck_export_onnx`, that turns a source's topology file into a
+viewable ONNX graph.
 
-Registries take a ``register`` callback, so the core can de-duplicate and name both plugins
-in a clash; resolvers (which loader claims this path) are ``firstresult``. A plugin
-implements a hook by defining a function of the same name decorated with
-``llmcheck.hookimpl``; it may accept any subset of the arguments.
+A plugin implements a hook by defining a function of the same name decorated with
+``hookimpl`` (from ``llmcheck.plugin_api``); it may accept any subset of the arguments.
+Registries take a ``register`` callback, so the core can de-duplicate and name both
+plugins in a clash.
+
+**Which implementation answers first.** pluggy calls the implementations of a hook last
+registered first (LIFO). Installed plugins are registered in the order their entry points
+are found, which no plugin can rely on; plugins added by the test kit come last, so they
+are called first. For a ``firstresult`` hook (the resolvers: which loader claims a path,
+which plugin computes an op type, which exporter converts a file) the first non-``None``
+answer wins and the others are not called: a plugin that must answer before the built-ins
+marks its implementation ``@hookimpl(tryfirst=True)``, one that should only answer when
+nothing else does ``@hookimpl(trylast=True)``. Every other hook calls every implementation.
+
+**Pairs hold the loaded records.** The core matches pair proposals to records by identity
+(``id()``), so a pair must hold the very record objects of the dumps
+:func:`llmcheck_map_pairs` was given. A plugin that returns an equal copy would leave the
+record both paired and unmatched; the core refuses it with a ``PluginError`` naming the
+rule. A record the plugin built itself (shards gathered into one tensor) is allowed.
 """
 
 from __future__ import annotations
@@ -52,6 +69,30 @@ def llmcheck_register_capture_backends(register: Callable[[CaptureBackend], None
     ``llmcheck plugins``). Call ``register(backend)`` for each backend; ``backend.name``
     is what the user passes to ``--backend``. Two plugins registering the same name is a
     :class:`~llmcheck.core.errors.PluginError` naming both.
+
+    A backend is any object with ``name``, ``description`` and ``run(request) -> int``
+    (:class:`~llmcheck.core.records.CaptureBackend`): ``llmcheck dump --backend NAME`` builds
+    a :class:`~llmcheck.core.records.CaptureRequest` (the command as an argv list, the output
+    folder, the seed flags parsed into ``options``) and returns ``run``'s exit code.
+
+    Example::
+
+        import subprocess
+
+        from llmcheck.plugin_api import CaptureRequest, hookimpl
+
+
+        class PlainRunBackend:
+            name = "plain"
+            description = "run the command with no capture (a skeleton to start from)"
+
+            def run(self, request: CaptureRequest) -> int:
+                return subprocess.run(list(request.command), check=False).returncode
+
+
+        @hookimpl
+        def llmcheck_register_capture_backends(register):
+            register(PlainRunBackend())
     """
 
 
@@ -65,6 +106,15 @@ def llmcheck_register_sources(register: Callable[[SourceInfo], None]) -> None:
     Called when the core validates ``--golden-source`` / ``--my-source`` or lists plugins.
     Call ``register(SourceInfo(name, description))`` per kind; the name is the one the
     plugin's :func:`llmcheck_load_tensors` answers to.
+
+    Example::
+
+        from llmcheck.plugin_api import SourceInfo, hookimpl
+
+
+        @hookimpl
+        def llmcheck_register_sources(register):
+            register(SourceInfo("npyfolder", "a folder of .npy files, one tensor each"))
     """
 
 
@@ -82,6 +132,27 @@ def llmcheck_load_tensors(path: Path, source: str | None) -> Dump | None:
     :class:`~llmcheck.core.errors.LlmcheckError` when the path *is* of this kind but
     broken or ambiguous (several runs inside): that message reaches the user.
     ``firstresult``: the first non-``None`` answer wins.
+
+    Example::
+
+        import math
+
+        from llmcheck.plugin_api import Dump, RecordKey, TensorData, TensorRecord, hookimpl, inside_dump, read_npy_header
+
+
+        @hookimpl
+        def llmcheck_load_tensors(path, source):
+            if source not in (None, "npyfolder") or not path.is_dir() or not any(path.glob("*.npy")):
+                return None  # not this plugin's kind: the next plugin is asked
+            records = []
+            for order, file in enumerate(sorted(path.glob("*.npy"))):
+                header = read_npy_header(inside_dump(file, path))  # a broken header is a DumpFormatError
+                dtype, shape = header.dtype.name, tuple(header.shape)
+                data = TensorData(dtype, shape, path=file, offset=header.data_offset,
+                                  nbytes=header.dtype.itemsize * math.prod(shape))
+                records.append(TensorRecord(key=RecordKey(name=file.stem), dtype=dtype, shape=shape, order=order,
+                                            data=data, source_path=str(file)))
+            return Dump(source="npyfolder", root=path, records=records)
     """
 
 
@@ -98,6 +169,35 @@ def llmcheck_map_pairs(golden: Dump, my: Dump, user_mapping: UserMapping | None)
     these two sources. The core merges every plugin's proposals: each record keeps the
     highest-priority pair it appears in; records left in no pair are reported unmatched.
     A pair with one side ``None`` and a ``note`` explains why a record has no counterpart.
+
+    Priorities are the levels of :class:`~llmcheck.core.records.PairPriority` (user mapping
+    100, source-specific rules 50, exact key 20, sequence 0). ``user_mapping.entries``
+    holds the ``--mapping`` file's (golden pattern, my pattern) entries,
+    ``user_mapping.key_pairs`` the exact key pairs of an edited ``pairs.json`` fed back with
+    ``--mapping`` (the built-in ``native`` plugin turns both into ``user_mapping`` pairs),
+    and ``user_mapping.rules`` the file's ``{"golden": pattern, "rule": text}`` entries as
+    (pattern, rule) tuples: a plugin reads the rules it owns (``tensor_parallel`` reads
+    ``tp_*``) and ignores the others.
+
+    Records of a multi-rank run read as one run carry their rank in ``key.rank``; a record
+    a plugin gathers from every rank's shard has ``key.rank == ALL_RANKS`` (-1). A record
+    whose source kept a checksum instead of the data sets ``digest``; the core judges a
+    pair of such records exact or not. Each pair must hold the loaded record objects, not
+    copies (see "Pairs hold the loaded records" above).
+
+    Example::
+
+        from llmcheck.plugin_api import Pair, PairPriority, hookimpl
+
+
+        @hookimpl
+        def llmcheck_map_pairs(golden, my, user_mapping):
+            if golden.source != "npyfolder" or my.source != "npyfolder":
+                return None
+            mine = {record.key.name.lower(): record for record in my.records}
+            # the loaded records themselves, never copies: the core matches pairs to records by identity
+            return [Pair(record, mine[record.key.name.lower()], "npyfolder: same name, any case", PairPriority.SOURCE_RULE)
+                    for record in golden.records if record.key.name.lower() in mine]
     """
 
 
@@ -111,6 +211,36 @@ def llmcheck_register_metrics(register: Callable[[MetricSpec], None]) -> None:
     Called once, the first time a compare needs the metric table. Call
     ``register(MetricSpec(...))`` per metric. Two plugins registering the same name is a
     :class:`~llmcheck.core.errors.PluginError` naming both.
+
+    ``make_accumulator()`` returns a :class:`~llmcheck.core.records.MetricAccumulator`
+    that streams float64 chunks of both tensors; one that also defines
+    ``update_chunk(chunk)`` reads the values several metrics share from a ``PairChunk``
+    (difference, absolute difference, dot products) instead. Thresholds are ``(warn, fail)``
+    per dtype class (the table of dtype classes is below) with ``"default"`` as fallback.
+
+    Example::
+
+        import numpy as np
+
+        from llmcheck.plugin_api import MetricSpec, hookimpl
+
+
+        class MaxAbsDiff:
+            def __init__(self):
+                self.worst = 0.0
+
+            def update(self, golden, my):
+                self.worst = max(self.worst, float(np.max(np.abs(my - golden), initial=0.0)))
+
+            def result(self):
+                return self.worst
+
+
+        @hookimpl
+        def llmcheck_register_metrics(register):
+            register(MetricSpec("max_abs_diff", "largest absolute difference", higher_is_better=False,
+                                make_accumulator=MaxAbsDiff,
+                                thresholds={"fp32": (1e-5, 1e-3), "bf16": (1e-2, 1e-1), "default": (1e-3, 1e-2)}))
     """
 
 
@@ -127,6 +257,21 @@ def llmcheck_register_op_references(register: Callable[[OpReference], None]) -> 
     ``compute(inputs, params)`` recomputes the op on the CPU in higher precision from its
     dumped inputs (see :class:`~llmcheck.core.records.OpReference`). Two plugins
     registering the same op type is a :class:`~llmcheck.core.errors.PluginError` naming both.
+
+    Example::
+
+        import torch
+
+        from llmcheck.plugin_api import OpReference, hookimpl
+
+
+        def _gelu(inputs, params):
+            return [torch.nn.functional.gelu(inputs["0"].double())]
+
+
+        @hookimpl
+        def llmcheck_register_op_references(register):
+            register(OpReference("MyGeluOperation", _gelu, "GELU, erf form, in float64"))
     """
 
 
@@ -139,6 +284,28 @@ def llmcheck_resolve_op_reference(op_type: str) -> OpReference | None:
     overload, replayed from its recorded arguments) answers here instead of registering
     each one. Return ``None`` when the op type is not of this plugin's family; the op is
     then reported unsupported. ``firstresult``: the first non-``None`` answer wins.
+
+    Example::
+
+        import torch
+
+        from llmcheck.plugin_api import OpReference, UnsupportedOpError, hookimpl
+
+        _UNARY = {"exp": torch.exp, "log": torch.log, "sqrt": torch.sqrt}
+
+
+        @hookimpl
+        def llmcheck_resolve_op_reference(op_type):
+            if not (op_type.startswith("MyUnary") and op_type.endswith("Operation")):
+                return None  # not this plugin's family: the op is reported unsupported
+
+            def compute(inputs, params):
+                function = _UNARY.get(params.get("kind", ""))
+                if function is None:
+                    raise UnsupportedOpError(f"unary kind {params.get('kind')!r}")
+                return [function(inputs["0"].double())]
+
+            return OpReference(op_type, compute, "MyUnary* ops by their 'kind' parameter, in float64")
     """
 
 
@@ -155,4 +322,23 @@ def llmcheck_export_onnx(topology_path: Path, level: int, output_path: Path | No
     Return ``None`` when the file is not of this plugin's kind; raise a
     :class:`~llmcheck.core.errors.LlmcheckError` when it is but cannot be converted.
     ``firstresult``.
+
+    Example::
+
+        import json
+
+        from llmcheck.plugin_api import hookimpl
+
+
+        @hookimpl
+        def llmcheck_export_onnx(topology_path, level, output_path):
+            if not topology_path.name.endswith(".mytopo.json"):
+                return None
+            from onnx import helper, save
+
+            tree = json.loads(topology_path.read_text())
+            nodes = [helper.make_node(op["type"], op["inputs"], op["outputs"], name=op["name"]) for op in tree["ops"]]
+            output_path = output_path or topology_path.with_suffix(".onnx")
+            save(helper.make_model(helper.make_graph(nodes, tree["name"], [], [])), str(output_path))
+            return output_path
     """

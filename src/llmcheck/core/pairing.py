@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from llmcheck.core.atomic_files import atomic_write_text
-from llmcheck.core.errors import UsageError
+from llmcheck.core.errors import PluginError, UsageError
 from llmcheck.core.records import Dump, Pair, RecordKey, TensorRecord, UserMapping
 
 PAIRS_FORMAT = "llmcheck-pairs"
@@ -68,8 +68,36 @@ class Pairing:
         return [item for item in self.unmatched_golden if not item.expected]
 
 
+def _refuse_copies(dump: Dump, side: str, proposals: Sequence[Pair]) -> None:
+    """Raise when a proposal holds an equal copy of a loaded record instead of the record itself.
+
+    Proposals are matched to records by identity, so a copy would leave its record both
+    paired (under the copy) and unmatched. A record the dump does not hold and no loaded
+    record equals (shards gathered into one tensor) is a derived record, which is allowed.
+    """
+    loaded = {id(record) for record in dump.records}
+    by_key: dict[RecordKey, TensorRecord] | None = None
+    for pair in proposals:
+        record = pair.golden if side == "golden" else pair.my
+        if record is None or id(record) in loaded:
+            continue
+        by_key = dump.by_key() if by_key is None else by_key
+        if by_key.get(record.key) == record:
+            raise PluginError(f"the pairing rule {pair.rule!r} proposed a copy of the {side} record "
+                              f"{record.key.label()} instead of the loaded record",
+                              where=dump.root,
+                              hint="a llmcheck_map_pairs implementation must put the very record objects of "
+                                   "the dumps it was given into its pairs, not copies")
+
+
 def merge_pairs(golden: Dump, my: Dump, proposals: Sequence[Pair]) -> Pairing:
-    """Return the pairs kept from every plugin's proposals, and what stayed unmatched."""
+    """Return the pairs kept from every plugin's proposals, and what stayed unmatched.
+
+    Raises :class:`~llmcheck.core.errors.PluginError` when a proposal holds a copy of a
+    loaded record rather than the record itself (records are matched by identity).
+    """
+    _refuse_copies(golden, "golden", proposals)
+    _refuse_copies(my, "my", proposals)
     best_golden: dict[int, int] = {}
     best_my: dict[int, int] = {}
     notes: dict[int, str] = {}

@@ -99,6 +99,25 @@ class Plugins:
             self._backends = self._collect(self.manager.hook.llmcheck_register_capture_backends, "capture backend")
         return self._backends
 
+    def capture_backend(self, name: str | None) -> CaptureBackend:
+        """Return the backend named ``name``, or for ``None`` the one backend that declares itself the default.
+
+        A backend declares itself the default with a true ``is_default`` attribute (the
+        built-in ``torch`` backend does); the core names no backend itself.
+        """
+        backends = self.capture_backends()
+        known = ", ".join(sorted(backends)) or "none"
+        if name is None:
+            defaults = [backend for backend in backends.values() if getattr(backend, "is_default", False)]
+            if len(defaults) != 1:
+                raise UsageError("no default dump backend" if not defaults else
+                                 f"several backends claim to be the default ({', '.join(b.name for b in defaults)})",
+                                 where="--backend", hint=f"name one with --backend NAME; available: {known}")
+            return defaults[0]
+        if name not in backends:
+            raise UsageError(f"unknown backend {name!r}", where="--backend", hint=f"available: {known}")
+        return backends[name]
+
     def sources(self) -> dict[str, SourceInfo]:
         """Return every dump kind a loader answers to, by name."""
         if self._sources is None:
@@ -130,7 +149,7 @@ class Plugins:
         """Call a registry hook plugin by plugin, so a clash names both plugins."""
         found: dict[str, Any] = {}
         owners: dict[str, str] = {}
-        for impl in reversed(hook.get_hookimpls()):  # registration order
+        for impl in reversed(hook.get_hookimpls()):  # pluggy's call order: last registered first (LIFO)
             def register(item: Any, _owner: str = impl.plugin_name) -> None:
                 if item.name in found:
                     raise PluginError(
@@ -334,6 +353,14 @@ def get_plugins() -> Plugins:
     if _plugins is None:
         _plugins = build_plugins()
     return _plugins
+
+
+def load_dump(path: Path, source: str | None = None) -> Dump:
+    """Return the dump at ``path`` as the installed plugins read it (for a plugin whose files name other dumps).
+
+    Raises :class:`~llmcheck.core.errors.DumpNotFoundError` when no plugin reads it.
+    """
+    return get_plugins().load_tensors(Path(path), source)
 
 
 def set_plugins(plugins: Plugins) -> None:

@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
+from enum import IntEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Protocol, Sequence
 
 if TYPE_CHECKING:  # pragma: no cover
     import numpy as np
     import torch
+
+    from llmcheck.core.pair_chunk import PairChunk
 
 #: Where a tensor sits relative to the call that saw it.
 IO_INPUT = "input"
@@ -47,6 +50,11 @@ FLOAT_DTYPES = frozenset(
 _DTYPE_CLASSES: dict[str, str] = {}
 
 
+def is_float_dtype(dtype: str) -> bool:
+    """Return whether a dtype name is a floating-point (or complex) type."""
+    return dtype in FLOAT_DTYPES or dtype.startswith("complex")
+
+
 def dtype_class(dtype: str) -> str:
     """Return the threshold class of a dtype name: fp64, fp32, fp16, bf16, fp8, int, bool or complex."""
     known = _DTYPE_CLASSES.get(dtype)  # asked for every metric of every pair
@@ -60,6 +68,50 @@ def dtype_class(dtype: str) -> str:
         }.get(dtype, "complex" if dtype.startswith("complex") else "int")
     _DTYPE_CLASSES[dtype] = known
     return known
+
+
+#: How a module-tree source names records (the torch capture writes them, pairings and
+#: reports read them): module paths from ``named_modules()`` joined by ``.``, the model
+#: itself ``root``, and an op called inside a module ``{module path}/{op type}``.
+ROOT_MODULE = "root"
+MODULE_SEPARATOR = "."
+OP_SEPARATOR = "/"
+
+
+def module_parent(name: str) -> str | None:
+    """Return the path of a module's parent (``"root"`` for a top-level child, ``None`` for the root)."""
+    if name == ROOT_MODULE:
+        return None
+    return name.rpartition(MODULE_SEPARATOR)[0] or ROOT_MODULE
+
+
+def module_ancestors(name: str) -> list[str]:
+    """Return the paths of a module's ancestors, nearest first, ``"root"`` last (empty for the root)."""
+    ancestors: list[str] = []
+    while (parent := module_parent(ancestors[-1] if ancestors else name)) is not None:
+        ancestors.append(parent)
+    return ancestors
+
+
+def op_record_name(module: str, op_type: str) -> str:
+    """Return the record name of an op called inside a module (``model.layers.0.mlp/aten.mm.default``)."""
+    return f"{module}{OP_SEPARATOR}{op_type}"
+
+
+def is_op_record_name(name: str) -> bool:
+    """Return whether a record name names an op inside a module rather than a module."""
+    return OP_SEPARATOR in name
+
+
+def op_record_module(name: str) -> str | None:
+    """Return the module path an op record's name places it in, or ``None`` for a module's record."""
+    module, separator, _ = name.rpartition(OP_SEPARATOR)
+    return module if separator else None
+
+
+def lies_inside(name: str, module: str) -> bool:
+    """Return whether record name ``name`` is a submodule of, or an op inside, module path ``module``."""
+    return name.startswith((module + MODULE_SEPARATOR, module + OP_SEPARATOR))
 
 
 @dataclass(frozen=True, slots=True)
@@ -230,6 +282,11 @@ class TopologyNode:
             yield from child.walk()
 
 
+#: ``Dump.manifest["layout"]`` of a dump read from tensor files given directly (one ``.bin``,
+#: ``.npy`` or ``.pt`` file, a checkpoint's shards) rather than from a captured run's folder.
+LAYOUT_TENSOR_FILES = "file"
+
+
 @dataclass(slots=True)
 class Dump:
     """A loaded run: which source read it, its root, its records in execution order, its topology.
@@ -243,6 +300,11 @@ class Dump:
     topology: TopologyNode | None = None
     manifest: Mapping[str, Any] = field(default_factory=dict)
     cut: str | None = None
+
+    @property
+    def is_tensor_files(self) -> bool:
+        """Return whether the dump was read from tensor files given directly (see :data:`LAYOUT_TENSOR_FILES`)."""
+        return self.manifest.get("layout") == LAYOUT_TENSOR_FILES
 
     def by_key(self) -> dict[RecordKey, TensorRecord]:
         """Return the records indexed by key (the last record wins on a duplicate key)."""
@@ -281,6 +343,27 @@ class SourceInfo:
     description: str
 
 
+class PairPriority(IntEnum):
+    """How strongly a pairing rule's proposal holds: the core keeps each record's highest-priority pair.
+
+    A plugin picks the level that says why its rule is trustworthy; ties between plugins
+    at the same level are resolved by the order records were proposed.
+    """
+
+    #: aligning two record sequences where nothing better matched
+    SEQUENCE = 0
+    #: equal record keys in both runs
+    EXACT_KEY = 20
+    #: the same place found by walking both trees, ids moved (ATB ops re-numbered)
+    STRUCTURAL = 45
+    #: a source-specific rule that knows both formats (ATB <-> torch, GE <-> FX, tensor-parallel shards)
+    SOURCE_RULE = 50
+    #: a ``--mapping`` entry naming which module kind answers to which op kind
+    USER_KIND = 60
+    #: the user named the pair itself (manual mapping, an edited ``pairs.json``)
+    USER_MAPPING = 100
+
+
 @dataclass(frozen=True, slots=True)
 class Pair:
     """A golden record matched to a my record, with the rule that matched them.
@@ -291,13 +374,15 @@ class Pair:
     op, a non-tensor argument): such records are counted apart and never fail a compare,
     while any other unmatched golden record does (exit 3 unless ``--allow-unmatched``).
     ``priority`` orders competing proposals: the core keeps the highest-priority pair for
-    each record (user mapping 100, source-specific rules 50, exact key 20, sequence 0).
+    each record (see :class:`PairPriority`). ``golden`` and ``my`` must be the very record
+    objects of the loaded dumps, not copies: the core matches proposals to records by
+    identity.
     """
 
     golden: TensorRecord | None
     my: TensorRecord | None
     rule: str
-    priority: int = 20
+    priority: int = PairPriority.EXACT_KEY
     note: str = ""
     expected: bool = False
 
@@ -326,13 +411,25 @@ VERDICT_ERROR = "error"  # no metric could be computed: shape mismatch, unreadab
 
 
 class MetricAccumulator(Protocol):
-    """Streams one pair through a metric chunk by chunk, so no full float64 copy is ever made."""
+    """Streams one pair through a metric chunk by chunk, so no full float64 copy is ever made.
+
+    An accumulator that also defines ``update_chunk`` is a :class:`ChunkMetricAccumulator`:
+    the core then calls ``update_chunk`` instead of ``update``.
+    """
 
     def update(self, golden: "np.ndarray", my: "np.ndarray") -> None:
         """Fold in one chunk of both tensors, flattened, as float64 arrays of equal length."""
 
     def result(self) -> float:
         """Return the metric's value over every chunk seen."""
+
+
+class ChunkMetricAccumulator(MetricAccumulator, Protocol):
+    """A metric accumulator that reads the values several metrics share from one :class:`PairChunk`."""
+
+    def update_chunk(self, chunk: "PairChunk") -> None:
+        """Fold in one chunk: ``chunk`` holds both sides and, computed once for every metric, their
+        difference, absolute difference and dot products (see ``llmcheck.core.pair_chunk``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -491,7 +588,14 @@ class CaptureRequest:
 
 
 class CaptureBackend(Protocol):
-    """A way of recording a run, named for ``llmcheck dump --backend NAME``."""
+    """A way of recording a run, named for ``llmcheck dump --backend NAME``.
+
+    A backend that can also record a model object inside the calling process offers
+    ``capture_model(model, request)``, returning a context manager whose ``path`` is the
+    dump folder once it is closed (the ``torch`` backend does; ``llmcheck demo`` uses it).
+    A backend with a true ``is_default`` attribute is the one ``llmcheck dump`` uses without
+    ``--backend`` (at most one may claim it).
+    """
 
     name: str
     description: str

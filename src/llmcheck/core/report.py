@@ -268,7 +268,7 @@ def print_summary(result: "CompareResult", console: "Console", written: Mapping[
     hint = twin_hint(result)
     if hint:
         console.print(f"hint: {hint}", markup=False, highlight=False)
-    if result.golden.source == result.my.source == "file" and len(result.rows) <= 20:
+    if result.golden.is_tensor_files and result.my.is_tensor_files and len(result.rows) <= 20:
         _print_metric_table(result, console)
     else:
         _print_worst_rows(result, console)

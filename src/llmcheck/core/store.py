@@ -45,6 +45,8 @@ if TYPE_CHECKING:  # pragma: no cover
     import torch
 
 FORMAT_NAME = "llmcheck-dump"
+#: The source name a dump of this format is read under (``--golden-source llmcheck``).
+NATIVE_SOURCE = "llmcheck"
 FORMAT_VERSION = 1
 MANIFEST_NAME = "manifest.json"
 INDEX_NAME = "index.jsonl"
@@ -499,16 +501,22 @@ def _read_shard_header(shard: Path) -> tuple[dict[str, Any], int]:
     return header, 8 + header_size
 
 
+def _read_bytes(path: Path, when_missing: LlmcheckError) -> bytes:
+    """Return a file's bytes; a missing file raises ``when_missing``, an unreadable one a format error naming it."""
+    try:
+        return path.read_bytes()
+    except FileNotFoundError as exc:
+        raise when_missing from exc
+    except OSError as exc:
+        raise DumpFormatError(f"cannot read: {exc.strerror}", where=path) from exc
+
+
 def read_dump(path: Path) -> Dump:
     """Return the records of one llmcheck dump folder, reporting (not failing on) a cut-short dump."""
     root = Path(path)
     manifest_path = root / MANIFEST_NAME
-    try:
-        manifest_bytes = manifest_path.read_bytes()
-    except FileNotFoundError as exc:
-        raise DumpNotFoundError("not an llmcheck dump (no manifest.json)", where=root) from exc
-    except OSError as exc:
-        raise DumpFormatError(f"cannot read: {exc.strerror}", where=manifest_path) from exc
+    manifest_bytes = _read_bytes(manifest_path, DumpNotFoundError("not an llmcheck dump (no manifest.json)",
+                                                                  where=root))
     manifest = decode(manifest_bytes, dict[str, Any], manifest_path)
     declared = convert(manifest, ManifestJson, manifest_path)
     if declared.format_version > FORMAT_VERSION:
@@ -518,12 +526,7 @@ def read_dump(path: Path) -> Dump:
     records: list[TensorRecord] = []
     cuts: list[str] = []
     headers: dict[str, tuple[dict[str, Any], int]] = {}
-    try:
-        raw = index_path.read_bytes()
-    except FileNotFoundError as exc:
-        raise DumpFormatError("index.jsonl is missing", where=index_path) from exc
-    except OSError as exc:
-        raise DumpFormatError(f"cannot read: {exc.strerror}", where=index_path) from exc
+    raw = _read_bytes(index_path, DumpFormatError("index.jsonl is missing", where=index_path))
     offset = 0
     for line_number, raw_line in enumerate(raw.splitlines(keepends=True), start=1):
         line_start, offset = offset, offset + len(raw_line)
@@ -562,7 +565,7 @@ def read_dump(path: Path) -> Dump:
     cut = None
     if cuts:
         cut = "; ".join(cuts) + f"; {len(records)} records were flushed before the cut"
-    return Dump(source="llmcheck", root=root, records=records, topology=topology, manifest=manifest, cut=cut)
+    return Dump(source=NATIVE_SOURCE, root=root, records=records, topology=topology, manifest=manifest, cut=cut)
 
 
 def _shard_data(root: Path, line: IndexLine, headers: dict[str, tuple[dict[str, Any], int]],

@@ -83,3 +83,28 @@ def tensor_bytes(tensor: torch.Tensor) -> memoryview:
     if tensor.numel() == 0:
         return memoryview(b"")
     return memoryview(tensor.reshape(-1).view(torch.uint8).numpy()).cast("B")
+
+
+def load_weights_only(path: Path, refused_hint: str | None = None) -> object:
+    """Return what a ``torch.save`` file holds, loaded with ``weights_only=True`` (memory-mapped where it can be).
+
+    Only tensors and plain containers are unpickled, so no code in the file ever runs. A file
+    that needs more is refused, and an unreadable one is a :class:`DumpFormatError`, both
+    naming the file; ``refused_hint`` is what the refusal tells the user to do.
+    """
+    import pickle
+
+    try:
+        try:  # memory-mapped: only the bytes a chunk needs are read
+            return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        except RuntimeError as exc:
+            if "mmap" not in str(exc):
+                raise
+            return torch.load(path, map_location="cpu", weights_only=True)  # the legacy (non-zip) format
+    except pickle.UnpicklingError as exc:
+        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise DumpFormatError(f"refused: not loadable with weights_only=True ({first_line})", where=path,
+                              hint=refused_hint or "llmcheck never unpickles arbitrary objects; save plain "
+                                                   "tensors or containers of them") from exc
+    except (RuntimeError, EOFError, ValueError, OSError) as exc:
+        raise DumpFormatError(f"not a readable torch file: {str(exc).strip().splitlines()[0]}", where=path) from exc

@@ -26,7 +26,6 @@ from typing import Mapping, Sequence
 
 from llmcheck.core.errors import UsageError
 from llmcheck.core.records import (
-    FLOAT_DTYPES,
     VERDICT_FAIL,
     VERDICT_PASS,
     VERDICT_WARN,
@@ -81,11 +80,6 @@ def judging_class(golden_dtype: str, my_dtype: str, run_floor: str | None = None
     if floats:
         return least_precise(floats + ([run_floor] if run_floor else [])) or floats[0]
     return "bool" if classes == ["bool", "bool"] else "int"
-
-
-def is_float_dtype(dtype: str) -> bool:
-    """Return whether a dtype name is a floating-point (or complex) type."""
-    return dtype in FLOAT_DTYPES or dtype.startswith("complex")
 
 
 @dataclass(frozen=True)

@@ -16,8 +16,7 @@ import json
 from pathlib import Path
 from typing import Any, Callable
 
-from llmcheck.core.hookspecs import hookimpl
-from llmcheck.core.records import CaptureBackend, Dump, Pair, SourceInfo, UserMapping
+from llmcheck.plugin_api import CaptureBackend, Dump, Pair, SourceInfo, UserMapping, hookimpl
 from llmcheck.plugins.atb.onnx_export import atb_json_to_onnx
 
 __all__ = ["atb_json_to_onnx"]

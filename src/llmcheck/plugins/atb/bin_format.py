@@ -31,9 +31,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Mapping
 
-from llmcheck.core.dump_paths import inside_dump
-from llmcheck.core.errors import DumpFormatError, LlmcheckError, PathOutsideDumpError
-from llmcheck.core.records import TensorData, TensorStats
+from llmcheck.plugin_api import (
+    DumpFormatError,
+    LlmcheckError,
+    PathOutsideDumpError,
+    TensorData,
+    TensorStats,
+    inside_dump,
+)
 from llmcheck.plugins.atb.acl_dtypes import (
     CODE_BY_TORCH_NAME,
     FORMAT_ND,
@@ -297,7 +302,7 @@ class NzLoader:
     storage_dims: tuple[int, ...]
 
     def __call__(self) -> "torch.Tensor":
-        from llmcheck.core.tensor_io import tensor_from_byte_range
+        from llmcheck.plugin_api import tensor_from_byte_range
         from llmcheck.plugins.atb.nz_format import nz_to_nd
 
         return nz_to_nd(tensor_from_byte_range(self.path, self.offset, self.nbytes, self.dtype, self.storage_dims))
@@ -315,7 +320,7 @@ class Int4Loader:
     def __call__(self) -> "torch.Tensor":
         import torch
 
-        from llmcheck.core.tensor_io import tensor_from_byte_range
+        from llmcheck.plugin_api import tensor_from_byte_range
 
         packed = tensor_from_byte_range(self.path, self.offset, self.nbytes, "uint8", (self.nbytes,)).to(torch.int16)
         nibbles = torch.stack([packed & 0x0F, packed >> 4], dim=1).reshape(-1)[: math.prod(self.dims)]
@@ -435,7 +440,7 @@ def write_bin(
     """
     path = Path(path)
     if tensor is not None:
-        from llmcheck.core.tensor_io import dtype_name, tensor_bytes
+        from llmcheck.plugin_api import dtype_name, tensor_bytes
 
         dtype = dtype_name(tensor.dtype)
         dims = tuple(tensor.shape)

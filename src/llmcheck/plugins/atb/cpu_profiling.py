@@ -17,7 +17,7 @@ import logging
 import re
 from pathlib import Path
 
-from llmcheck.core.errors import DumpFormatError, LlmcheckError
+from llmcheck.plugin_api import DumpFormatError, LlmcheckError
 
 log = logging.getLogger("llmcheck.atb")
 

@@ -29,19 +29,23 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
-from llmcheck.core.dump_paths import inside_dump, is_real_folder
-from llmcheck.core.errors import DumpFormatError, DumpNotFoundError
-from llmcheck.core.records import (
+from llmcheck.plugin_api import (
     IO_INPUT,
     IO_OUTPUT,
+    LAYOUT_TENSOR_FILES,
     MOMENT_AFTER,
     MOMENT_BEFORE,
     Dump,
+    DumpFormatError,
+    DumpNotFoundError,
     RecordKey,
     TensorRecord,
     TopologyNode,
+    inside_dump,
+    is_real_folder,
     merge_rank_dumps,
 )
+from llmcheck.plugins.atb import SOURCE_NAME
 from llmcheck.plugins.atb.acl_dtypes import NZ_FORMATS
 from llmcheck.plugins.atb.bin_format import BinHeader, no_data_reason, read_bin_header, tensor_data, tensor_shape
 from llmcheck.plugins.atb.cpu_profiling import parse_cpu_profiling_text, read_cpu_profiling_csv
@@ -51,7 +55,6 @@ from llmcheck.plugins.atb.topology import read_topology, to_topology_node
 
 log = logging.getLogger("llmcheck.atb")
 
-SOURCE_NAME = "atb"
 #: The key name of a lone tensor file's record (shared with the other single-file sources).
 SINGLE_TENSOR_NAME = "tensor"
 ROOT_PREFIXES = ("msit_dump", "ait_dump", "atb_temp")
@@ -364,7 +367,7 @@ def _single_file_dump(path: Path) -> Dump:
         order=0, stats=header.stats, data=tensor_data(header, path.parent), source_path=path.name, attrs=attrs,
     )
     return Dump(source=SOURCE_NAME, root=path.parent, records=[record],
-                manifest={"format": "atb", "layout": "file", "file": path.name})
+                manifest={"format": "atb", "layout": LAYOUT_TENSOR_FILES, "file": path.name})
 
 
 def _op_csv_dump(path: Path) -> Dump:

@@ -20,8 +20,7 @@ import time
 from pathlib import Path
 from typing import Any, Mapping
 
-from llmcheck.core.errors import LlmcheckError, UsageError
-from llmcheck.core.records import CaptureRequest
+from llmcheck.plugin_api import CaptureRequest, LlmcheckError, UsageError
 from llmcheck.plugins.atb.probe_library import choose_probe
 
 log = logging.getLogger("llmcheck.atb")

@@ -18,8 +18,7 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator
 
-from llmcheck.core.errors import LlmcheckError
-from llmcheck.core.graph_overlay import RECORD_NAME_KEY
+from llmcheck.plugin_api import RECORD_NAME_KEY, LlmcheckError
 from llmcheck.plugins.atb.op_csv import CsvTensor, read_op_csv, rows_by_op_name
 from llmcheck.plugins.atb.topology import AtbGraphNode, flatten_to_level, read_topology
 
@@ -234,7 +233,7 @@ def atb_json_to_onnx(atb_json_path: str | Path, model_level: int = -1, output_pa
     """
     json_path = Path(atb_json_path)
     if model_level < -1:
-        from llmcheck.core.errors import UsageError
+        from llmcheck.plugin_api import UsageError
 
         raise UsageError(f"invalid level {model_level}", where="--level", hint="use -1 (all leaves), 0 or more")
     root = read_topology(json_path)

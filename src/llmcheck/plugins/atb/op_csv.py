@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-from llmcheck.core.errors import DumpFormatError
+from llmcheck.plugin_api import DumpFormatError
 from llmcheck.plugins.atb.acl_dtypes import dtype_from_csv_name
 from llmcheck.plugins.atb.op_names import split_op_name
 

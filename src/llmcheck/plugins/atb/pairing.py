@@ -28,19 +28,30 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from fnmatch import fnmatchcase
-from typing import Any, Callable, Iterable
+from typing import Callable, Iterable
 
-from llmcheck.core.records import IO_OUTPUT, MOMENT_AFTER, MOMENT_BEFORE, Dump, Pair, TensorRecord, UserMapping
+from llmcheck.plugin_api import (
+    ROOT_MODULE,
+    CallId,
+    Dump,
+    OpCall,
+    Pair,
+    PairPriority,
+    TensorRecord,
+    UserMapping,
+    group_op_calls,
+    is_op_record_name,
+    lies_inside,
+    module_ancestors,
+    module_parent,
+)
 from llmcheck.plugins.atb.dump_tree import SOURCE_NAME
 from llmcheck.plugins.atb.op_names import op_id_key
 
 log = logging.getLogger("llmcheck.atb")
 
-PRIORITY = 50
-USER_ENTRY_PRIORITY = 60
-STRUCTURAL_PRIORITY = 45
 #: Quantised ATB op types and the float op they stand for (the seed's table).
 QUANT_TO_FLOAT = {"LinearQuantOperation": "LinearOperation", "LinearDequantOnly": "LinearNoQuant",
                   "LinearRowParallelNoAdd": "LinearRowParallelAndAdd"}
@@ -50,34 +61,19 @@ _GATED_ACTIVATIONS = {6, 7}
 _LEAF_INPUT_KINDS = {"rms_norm", "layer_norm", "linear", "activation"}
 
 
-@dataclass
-class _Node:
-    """One call of an ATB op or a torch module in one step, with its records by tensor."""
-
-    name: str
-    step: int
-    call_index: int
-    op_type: str
-    first_order: int
-    outputs: dict[str, TensorRecord] = field(default_factory=dict)
-    inputs: dict[str, TensorRecord] = field(default_factory=dict)
-    has_children: bool = False
-    op_param: dict[str, Any] = field(default_factory=dict)
-
-
 def _lower(text: str) -> str:
     return text.lower()
 
 
-def _atb_activation_is_plain(node: _Node) -> bool:
+def _atb_activation_is_plain(node: OpCall) -> bool:
     try:
-        return int(node.op_param.get("activationType", 0)) not in _GATED_ACTIVATIONS
+        return int(node.params.get("activationType", 0)) not in _GATED_ACTIVATIONS
     except (TypeError, ValueError):
         return True
 
 
 #: kind -> (does this ATB op belong to it, does this torch module belong to it)
-KINDS: dict[str, tuple[Callable[[_Node], bool], Callable[[_Node], bool]]] = {
+KINDS: dict[str, tuple[Callable[[OpCall], bool], Callable[[OpCall], bool]]] = {
     "embedding": (
         lambda n: "embedding" in _lower(n.op_type) and "rot" not in _lower(n.op_type),
         lambda n: _lower(n.op_type).endswith("embedding") and "rotary" not in _lower(n.op_type)),
@@ -111,78 +107,50 @@ KINDS: dict[str, tuple[Callable[[_Node], bool], Callable[[_Node], bool]]] = {
 # --- building the two trees -------------------------------------------------------------
 
 
-def _prefer(records: dict[str, TensorRecord], record: TensorRecord, moment: str) -> None:
-    """Keep one record per position, preferring the given moment (inputs before, outputs after)."""
-    position = record.key.position
-    kept = records.get(position)
-    if kept is None or (kept.key.moment != moment and record.key.moment == moment):
-        records[position] = record
+def _atb_call(record: TensorRecord) -> CallId:
+    """Return the ATB op call a record belongs to: an op id runs once per execute count (step)."""
+    return CallId(record.key.step, 0, record.key.name, 0)
 
 
-def _atb_nodes(dump: Dump) -> dict[tuple[int, str], _Node]:
-    nodes: dict[tuple[int, str], _Node] = {}
-    for record in dump.records:
-        key = (record.key.step, record.key.name)
-        node = nodes.get(key)
-        if node is None:
-            node = nodes[key] = _Node(record.key.name, record.key.step, 0, record.op_type or "", record.order,
-                                      op_param=dict(record.attrs.get("op_param") or {}))
-            # Ancestors not dumped themselves (filtered by -ids) still shape the tree.
-            ids: list[str] = []
-            for part in str(record.attrs.get("op_path", "")).split("/")[:-1]:
-                index, _, op_type = part.partition("_")
-                ids.append(index)
-                ancestor = (record.key.step, "_".join(ids))
-                if ancestor not in nodes:
-                    nodes[ancestor] = _Node(ancestor[1], record.key.step, 0, op_type, record.order)
-        if record.key.io == IO_OUTPUT:
-            _prefer(node.outputs, record, MOMENT_AFTER)
-        else:
-            _prefer(node.inputs, record, MOMENT_BEFORE)
-    for step, name in list(nodes):
-        parent = name.rpartition("_")[0]
-        if parent and (step, parent) in nodes:
-            nodes[(step, parent)].has_children = True
-    return nodes
+def _atb_calls(dump: Dump) -> dict[tuple[int, str], OpCall]:
+    """Return the ATB op calls by (step, op id), ancestors the dump filtered out included, graph ops marked."""
+    calls = {(call.step, call.name): call for call in group_op_calls(dump.records, _atb_call)}
+    for record in dump.records:  # ancestors not dumped themselves (filtered by -ids) still shape the tree
+        ids: list[str] = []
+        for part in str(record.attrs.get("op_path", "")).split("/")[:-1]:
+            index, _, op_type = part.partition("_")
+            ids.append(index)
+            name = "_".join(ids)
+            calls.setdefault((record.key.step, name), OpCall(name, op_type, step=record.key.step, order=record.order))
+    for step, name in list(calls):
+        parent = _atb_parent(name)
+        if parent and (step, parent) in calls:
+            calls[(step, parent)].has_children = True
+    return calls
 
 
-def _torch_nodes(dump: Dump) -> dict[tuple[int, str, int], _Node]:
-    nodes: dict[tuple[int, str, int], _Node] = {}
-    for record in dump.records:
-        if "/" in record.key.name or record.op_type is None:
-            continue  # op-level records (module/aten op) are not modules
-        key = (record.key.step, record.key.name, record.key.call_index)
-        node = nodes.get(key)
-        if node is None:
-            node = nodes[key] = _Node(record.key.name, record.key.step, record.key.call_index, record.op_type,
-                                      record.order)
-        node.first_order = min(node.first_order, record.order)
-        if record.key.io == IO_OUTPUT:
-            _prefer(node.outputs, record, MOMENT_AFTER)
-        else:
-            _prefer(node.inputs, record, MOMENT_BEFORE)
-    containers: set[tuple[int, str]] = set()
-    for step, name, _ in nodes:
-        if name != "root":
-            containers.add((step, "root"))
-            parts = name.split(".")
-            containers.update((step, ".".join(parts[:end])) for end in range(1, len(parts)))
-    for (step, name, _), node in nodes.items():
-        node.has_children = (step, name) in containers
-    return nodes
-
-
-def _torch_parent(name: str) -> str:
-    return name.rpartition(".")[0] or ("root" if name != "root" else "")
+def _torch_calls(dump: Dump) -> list[OpCall]:
+    """Return the module calls of a module-tree dump (op-level records left out), containers marked."""
+    modules = [record for record in dump.records
+               if record.op_type is not None and not is_op_record_name(record.key.name)]
+    calls = group_op_calls(modules)
+    containers = {(call.step, ancestor) for call in calls for ancestor in module_ancestors(call.name)}
+    for call in calls:
+        call.has_children = (call.step, call.name) in containers
+    return calls
 
 
 def _atb_parent(name: str) -> str:
     return name.rpartition("_")[0]
 
 
-def _find_layers(nodes: Iterable[_Node], parent_of: Callable[[str], str]) -> list[_Node]:
+def _torch_parent(name: str) -> str:
+    return module_parent(name) or ""
+
+
+def _find_layers(nodes: Iterable[OpCall], parent_of: Callable[[str], str]) -> list[OpCall]:
     """Return the decoder layers: the largest groups of same-type siblings with children, in run order."""
-    groups: dict[tuple[int, str, str], list[_Node]] = defaultdict(list)
+    groups: dict[tuple[int, str, str], list[OpCall]] = defaultdict(list)
     for node in nodes:
         if node.has_children:
             groups[(node.step, parent_of(node.name), node.op_type)].append(node)
@@ -192,7 +160,7 @@ def _find_layers(nodes: Iterable[_Node], parent_of: Callable[[str], str]) -> lis
     chosen_types = {key[2] for key, members in groups.items() if len(members) == best_size}
     layers = [node for key, members in groups.items() if key[2] in chosen_types and len(members) >= 2
               for node in members]
-    return sorted(layers, key=lambda node: (node.step, node.first_order))
+    return sorted(layers, key=lambda node: (node.step, node.order))
 
 
 def _within(name: str, container: str, separator: str) -> bool:
@@ -202,13 +170,18 @@ def _within(name: str, container: str, separator: str) -> bool:
 # --- pairing records of two matched nodes ------------------------------------------------
 
 
-def _record_pairs(golden: _Node, my: _Node, rule: str, priority: int, with_input: bool) -> list[Pair]:
+def _outputs(call: OpCall) -> dict[str, TensorRecord]:
+    """Return a call's outputs after it ran, or as saved before it where the dump kept only that."""
+    return call.outputs or call.outputs_before
+
+
+def _record_pairs(golden: OpCall, my: OpCall, rule: str, priority: int, with_input: bool) -> list[Pair]:
     pairs = []
-    golden_outputs, my_outputs = golden.outputs, my.outputs
+    golden_outputs, my_outputs = _outputs(golden), _outputs(my)
     common = [position for position in my_outputs if position in golden_outputs]
     if not common and len(golden_outputs) == 1 and len(my_outputs) == 1:
         common = [next(iter(my_outputs))]
-        golden_outputs = {common[0]: next(iter(golden.outputs.values()))}
+        golden_outputs = {common[0]: next(iter(golden_outputs.values()))}
     for position in common:
         pairs.append(Pair(golden=golden_outputs[position], my=my_outputs[position], rule=rule, priority=priority))
     if with_input and "0" in golden.inputs and "0" in my.inputs:
@@ -231,13 +204,13 @@ class _Kinds:
         entries = tuple(user_mapping.entries) if user_mapping is not None else ()
         return cls(tuple((golden, my) if atb_is_golden else (my, golden) for golden, my in entries))
 
-    def atb_kind(self, node: _Node) -> str | None:
+    def atb_kind(self, node: OpCall) -> str | None:
         for index, (atb_pattern, _) in enumerate(self.entries):
             if any(fnmatchcase(text, atb_pattern) for text in (node.op_type, f"{node.op_type}_{node.name}", node.name)):
                 return f"user:{index}"
         return next((kind for kind, (is_atb, _) in KINDS.items() if is_atb(node)), None)
 
-    def torch_kind(self, node: _Node) -> str | None:
+    def torch_kind(self, node: OpCall) -> str | None:
         for index, (_, torch_pattern) in enumerate(self.entries):
             if any(fnmatchcase(text, torch_pattern) for text in (node.op_type, node.name)):
                 return f"user:{index}"
@@ -250,8 +223,8 @@ class _Kinds:
         return f"same kind ({kind})"
 
 
-def _by_kind(nodes: list[_Node], classify: Callable[[_Node], str | None]) -> dict[str, list[_Node]]:
-    grouped: dict[str, list[_Node]] = defaultdict(list)
+def _by_kind(nodes: list[OpCall], classify: Callable[[OpCall], str | None]) -> dict[str, list[OpCall]]:
+    grouped: dict[str, list[OpCall]] = defaultdict(list)
     for node in nodes:
         kind = classify(node)
         if kind is not None:
@@ -260,18 +233,18 @@ def _by_kind(nodes: list[_Node], classify: Callable[[_Node], str | None]) -> dic
 
 
 def _atb_torch_pairs(atb: Dump, torch_dump: Dump, atb_is_golden: bool, user_mapping: UserMapping | None) -> list[Pair]:
-    atb_nodes = sorted(_atb_nodes(atb).values(), key=lambda n: (n.step, op_id_key(n.name)))
-    torch_nodes = sorted(_torch_nodes(torch_dump).values(), key=lambda n: (n.step, n.first_order))
+    atb_nodes = sorted(_atb_calls(atb).values(), key=lambda n: (n.step, op_id_key(n.name)))
+    torch_nodes = sorted(_torch_calls(torch_dump), key=lambda n: (n.step, n.order))
     kinds = _Kinds.from_mapping(user_mapping, atb_is_golden)
     atb_layers = _find_layers(atb_nodes, _atb_parent)
     torch_layers = _find_layers(torch_nodes, _torch_parent)
     pairs: list[Pair] = []
 
-    def add(atb_node: _Node, torch_node: _Node, rule: str, priority: int, with_input: bool = False) -> None:
+    def add(atb_node: OpCall, torch_node: OpCall, rule: str, priority: int, with_input: bool = False) -> None:
         golden, my = (atb_node, torch_node) if atb_is_golden else (torch_node, atb_node)
         pairs.extend(_record_pairs(golden, my, "atb-torch: " + rule, priority, with_input))
 
-    def match_kinds(atb_side: list[_Node], torch_side: list[_Node], where: str, density: tuple[int, int] | None) -> None:
+    def match_kinds(atb_side: list[OpCall], torch_side: list[OpCall], where: str, density: tuple[int, int] | None) -> None:
         atb_groups = _by_kind(atb_side, kinds.atb_kind)
         torch_groups = _by_kind(torch_side, kinds.torch_kind)
         for kind, atb_members in atb_groups.items():
@@ -286,25 +259,25 @@ def _atb_torch_pairs(atb: Dump, torch_dump: Dump, atb_is_golden: bool, user_mapp
             if not matched:
                 log.debug("%s: %d ATB %s vs %d torch, not paired", where, len(atb_members), kind, len(torch_members))
                 continue
-            priority = USER_ENTRY_PRIORITY if kind.startswith("user:") else PRIORITY
+            priority = PairPriority.USER_KIND if kind.startswith("user:") else PairPriority.SOURCE_RULE
             for number, (atb_node, torch_node) in enumerate(zip(atb_members, torch_members)):
                 add(atb_node, torch_node, f"{kinds.describe(kind)} #{number} {where}", priority,
                     with_input=kind in _LEAF_INPUT_KINDS)
 
     for number, (atb_layer, torch_layer) in enumerate(zip(atb_layers, torch_layers)):
-        add(atb_layer, torch_layer, f"decoder layer #{number} (layers matched in order)", PRIORITY)
+        add(atb_layer, torch_layer, f"decoder layer #{number} (layers matched in order)", PairPriority.SOURCE_RULE)
         atb_inside = [n for n in atb_nodes if n.step == atb_layer.step and _within(n.name, atb_layer.name, "_")]
         torch_inside = [n for n in torch_nodes if n.step == torch_layer.step and n.call_index == torch_layer.call_index
-                        and _within(n.name, torch_layer.name, ".")]
+                        and lies_inside(n.name, torch_layer.name)]
         match_kinds(atb_inside, torch_inside, f"in layer #{number}", None)
 
-    def outside(nodes: list[_Node], layers: list[_Node], separator: str) -> list[_Node]:
+    def outside(nodes: list[OpCall], layers: list[OpCall], separator: str) -> list[OpCall]:
         names = {(layer.step, layer.name) for layer in layers}
         found = []
         for node in nodes:
             same_step = [name for step, name in names if step == node.step]
             if any(node.name == name or _within(node.name, name, separator) or _within(name, node.name, separator)
-                   for name in same_step) or node.name == "root":
+                   for name in same_step) or node.name == ROOT_MODULE:
                 continue
             found.append(node)
         return found
@@ -316,7 +289,7 @@ def _atb_torch_pairs(atb: Dump, torch_dump: Dump, atb_is_golden: bool, user_mapp
         match_kinds(outside(atb_nodes, atb_layers, "_"), outside(torch_nodes, torch_layers, "."),
                     "outside the layers", density)
     elif not atb_layers and not torch_layers:
-        match_kinds(atb_nodes, [n for n in torch_nodes if n.name != "root"], "(no layers found)", None)
+        match_kinds(atb_nodes, [n for n in torch_nodes if n.name != ROOT_MODULE], "(no layers found)", None)
     return pairs
 
 
@@ -328,9 +301,9 @@ def _float_type(op_type: str | None) -> str:
 
 
 def _atb_atb_pairs(golden: Dump, my: Dump) -> list[Pair]:
-    if golden.manifest.get("layout") == "file" and my.manifest.get("layout") == "file":
+    if golden.is_tensor_files and my.is_tensor_files:
         return [Pair(golden=golden.records[0], my=my.records[0], rule="atb-atb: the two given .bin files",
-                     priority=PRIORITY)]
+                     priority=PairPriority.SOURCE_RULE)]
     golden_by_key = {record.key: record for record in golden.records}
     pairs = []
     paired_ops: set[tuple[int, str, str]] = set()
@@ -338,7 +311,7 @@ def _atb_atb_pairs(golden: Dump, my: Dump) -> list[Pair]:
         match = golden_by_key.get(record.key)
         if match is not None and _float_type(match.op_type) == _float_type(record.op_type):
             pairs.append(Pair(golden=match, my=record, rule="atb-atb: same op id, step, tensor and op type",
-                              priority=PRIORITY))
+                              priority=PairPriority.SOURCE_RULE))
             paired_ops.add((record.key.step, match.key.name, record.key.name))
     pairs.extend(_atb_atb_by_structure(golden, my, paired_ops))
     return pairs
@@ -346,20 +319,20 @@ def _atb_atb_pairs(golden: Dump, my: Dump) -> list[Pair]:
 
 def _atb_atb_by_structure(golden: Dump, my: Dump, paired_ops: set[tuple[int, str, str]]) -> list[Pair]:
     """Pair ops whose ids differ (a graph changed) by type and order under parents already paired."""
-    golden_nodes, my_nodes = _atb_nodes(golden), _atb_nodes(my)
+    golden_nodes, my_nodes = _atb_calls(golden), _atb_calls(my)
     if not my_nodes:
         return []
     matched_names = {(step, my_name): golden_name for step, golden_name, my_name in paired_ops}
     pairs: list[Pair] = []
 
-    def children(nodes: dict[tuple[int, str], _Node], step: int, parent: str) -> list[_Node]:
+    def children(nodes: dict[tuple[int, str], OpCall], step: int, parent: str) -> list[OpCall]:
         return sorted((node for (node_step, name), node in nodes.items()
                        if node_step == step and _atb_parent(name) == parent), key=lambda n: op_id_key(n.name))
 
     def descend(step: int, golden_parent: str, my_parent: str) -> None:
         golden_children, my_children = children(golden_nodes, step, golden_parent), children(my_nodes, step, my_parent)
-        golden_by_type: dict[str, list[_Node]] = defaultdict(list)
-        my_by_type: dict[str, list[_Node]] = defaultdict(list)
+        golden_by_type: dict[str, list[OpCall]] = defaultdict(list)
+        my_by_type: dict[str, list[OpCall]] = defaultdict(list)
         for node in golden_children:
             golden_by_type[_float_type(node.op_type)].append(node)
         for node in my_children:
@@ -371,13 +344,13 @@ def _atb_atb_by_structure(golden: Dump, my: Dump, paired_ops: set[tuple[int, str
             for golden_node, my_node in zip(golden_members, my_members):
                 if (step, my_node.name) not in matched_names:
                     for output in (True, False):
-                        side_g = golden_node.outputs if output else golden_node.inputs
-                        side_m = my_node.outputs if output else my_node.inputs
+                        side_g = _outputs(golden_node) if output else golden_node.inputs
+                        side_m = _outputs(my_node) if output else my_node.inputs
                         for position, my_record in side_m.items():
                             if position in side_g:
                                 pairs.append(Pair(golden=side_g[position], my=my_record,
                                                   rule=f"atb-atb: same op type {op_type} and order under a paired parent",
-                                                  priority=STRUCTURAL_PRIORITY))
+                                                  priority=PairPriority.STRUCTURAL))
                 descend(step, golden_node.name, my_node.name)
 
     for step in sorted({step for step, _ in my_nodes}):
@@ -390,7 +363,8 @@ def _atb_atb_by_structure(golden: Dump, my: Dump, paired_ops: set[tuple[int, str
 
 def _is_module_dump(dump: Dump) -> bool:
     """Return whether a non-ATB dump describes a module tree (records carry module class names)."""
-    return dump.source != SOURCE_NAME and any(record.op_type and "/" not in record.key.name for record in dump.records)
+    return dump.source != SOURCE_NAME and any(record.op_type and not is_op_record_name(record.key.name)
+                                          for record in dump.records)
 
 
 def map_pairs(golden: Dump, my: Dump, user_mapping: UserMapping | None) -> list[Pair] | None:

@@ -18,7 +18,7 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 
-from llmcheck.core.errors import BackendUnavailableError, LlmcheckError
+from llmcheck.plugin_api import BackendUnavailableError, LlmcheckError
 
 DEFAULT_TOOLKIT_HOME = "/usr/local/Ascend/ascend-toolkit/latest"
 PROBE_DIR = Path("tools") / "ait_backend" / "dump"

@@ -16,8 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from llmcheck.core.errors import DumpFormatError
-from llmcheck.core.records import TopologyNode
+from llmcheck.plugin_api import DumpFormatError, TopologyNode
 from llmcheck.plugins.atb.op_names import split_op_name
 
 #: Deeper than this is a corrupt or cyclic file, not a real graph.

@@ -10,8 +10,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from llmcheck.core.hookspecs import hookimpl
-from llmcheck.core.records import OpReference
+from llmcheck.plugin_api import OpReference, hookimpl
 from llmcheck.plugins.atb_ops.lazy_compute import LazyCompute
 
 _PACKAGE = "llmcheck.plugins.atb_ops"

@@ -13,7 +13,7 @@ from typing import Any, Callable, Mapping
 
 import torch
 
-from llmcheck.core.errors import UnsupportedOpError
+from llmcheck.plugin_api import UnsupportedOpError
 from llmcheck.plugins.atb_ops.op_inputs import (
     ACL_DT_UNDEFINED,
     acl_dtype,

@@ -13,7 +13,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Mapping, NamedTuple
 
 import torch
 
@@ -26,10 +26,22 @@ GEMMA_MODEL = 1
 _STRUCT = {NORM: "normParam", PRENORM: "preNormParam", POSTNORM: "postNormParam"}
 
 
-def _form(params: Mapping[str, Any]) -> tuple[int, Mapping[str, Any]]:
+class _NormForm(NamedTuple):
+    """What both norm ops read from their parameters: the layer type and its sub-struct's common fields."""
+
+    layer_type: int
+    params: Mapping[str, Any]
+    epsilon: float
+    quant: int
+    dynamic: int
+
+
+def _form(params: Mapping[str, Any]) -> _NormForm:
     layer_type = int(param(params, "layerType", 0))
     require(layer_type in _STRUCT, f"layerType {layer_type} is not NORM, PRENORM or POSTNORM")
-    return layer_type, sub_params(params, _STRUCT[layer_type])
+    form = sub_params(params, _STRUCT[layer_type])
+    return _NormForm(layer_type, form, float(param(form, "epsilon", 1e-5)), int(param(form, "quantType", 0)),
+                     int(param(form, "dynamicQuantType", 0)))
 
 
 def _rms(x: torch.Tensor, gamma: torch.Tensor, epsilon: float) -> torch.Tensor:
@@ -49,10 +61,7 @@ def _dynamic_quant(values: torch.Tensor, kind: int) -> list[torch.Tensor]:
 def rms_norm(inputs: Mapping[str, torch.Tensor], params: Mapping[str, Any]) -> list[torch.Tensor]:
     """Return the outputs of an RmsNormOperation."""
     tensors = [wide(tensor) for tensor in positional(inputs, at_least=2)]
-    layer_type, form = _form(params)
-    epsilon = float(param(form, "epsilon", 1e-5))
-    quant = int(param(form, "quantType", 0))
-    dynamic = int(param(form, "dynamicQuantType", 0))
+    layer_type, form, epsilon, quant, dynamic = _form(params)
 
     def gamma_of(tensor: torch.Tensor) -> torch.Tensor:
         return 1.0 + tensor if int(param(form, "modelType", 0)) == GEMMA_MODEL else tensor
@@ -91,10 +100,7 @@ def rms_norm(inputs: Mapping[str, torch.Tensor], params: Mapping[str, Any]) -> l
 def layer_norm(inputs: Mapping[str, torch.Tensor], params: Mapping[str, Any]) -> list[torch.Tensor]:
     """Return the outputs of a LayerNormOperation."""
     tensors = [wide(tensor) for tensor in positional(inputs, at_least=3)]
-    layer_type, form = _form(params)
-    epsilon = float(param(form, "epsilon", 1e-5))
-    quant = int(param(form, "quantType", 0))
-    dynamic = int(param(form, "dynamicQuantType", 0))
+    layer_type, form, epsilon, quant, dynamic = _form(params)
     if layer_type == NORM:
         x, gamma, beta = tensors[:3]
         begin = int(param(form, "beginNormAxis", 0))

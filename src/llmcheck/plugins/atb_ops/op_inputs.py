@@ -11,7 +11,7 @@ from typing import Any, Mapping
 
 import torch
 
-from llmcheck.core.errors import UnsupportedOpError
+from llmcheck.plugin_api import UnsupportedOpError
 
 #: aclDataType codes a parameter can name (``outDataType``, ``outTensorType``), as torch dtypes.
 ACL_DTYPES: dict[int, torch.dtype] = {

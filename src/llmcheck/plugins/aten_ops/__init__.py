@@ -9,8 +9,7 @@ kernel's output is held against a high-precision recomputation of the same call.
 
 from __future__ import annotations
 
-from llmcheck.core.hookspecs import hookimpl
-from llmcheck.core.records import OpReference
+from llmcheck.plugin_api import OpReference, hookimpl
 
 NAMESPACE_PREFIXES = ("aten.", "prims.")
 

@@ -14,8 +14,7 @@ from typing import Any, Iterator, Mapping
 
 import torch
 
-from llmcheck.core.call_arguments import decode_call
-from llmcheck.core.errors import DumpFormatError, UnsupportedOpError
+from llmcheck.plugin_api import DumpFormatError, UnsupportedOpError, decode_call
 
 #: Namespaces of the operator overloads replayed (``torch.ops.<namespace>``).
 NAMESPACES = ("aten", "prims")

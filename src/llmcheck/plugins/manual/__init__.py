@@ -11,8 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable
 
-from llmcheck.core.hookspecs import hookimpl
-from llmcheck.core.records import Dump, Pair, SourceInfo, UserMapping
+from llmcheck.plugin_api import Dump, Pair, SourceInfo, UserMapping, hookimpl
 from llmcheck.plugins.manual.manual_dump import SOURCE_NAME, load_manual_dump
 from llmcheck.plugins.manual.manual_pairing import manual_pairs
 

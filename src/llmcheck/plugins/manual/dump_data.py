@@ -28,8 +28,7 @@ from urllib.parse import quote
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
-from llmcheck.core.atomic_files import atomic_write_with, write_failed
-from llmcheck.core.errors import PathOutsideDumpError, UsageError
+from llmcheck.plugin_api import PathOutsideDumpError, UsageError, atomic_write_with, write_failed
 from llmcheck.plugins.manual.metadata_file import record_entry
 
 if TYPE_CHECKING:  # pragma: no cover

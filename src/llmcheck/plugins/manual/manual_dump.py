@@ -15,9 +15,17 @@ import os
 from pathlib import Path, PurePath
 from typing import Any, Mapping
 
-from llmcheck.core.dump_paths import inside_dump
-from llmcheck.core.errors import DumpFormatError, DumpNotFoundError, LlmcheckError, PathOutsideDumpError
-from llmcheck.core.records import Dump, RecordKey, TensorRecord
+from llmcheck.plugin_api import (
+    Dump,
+    DumpFormatError,
+    DumpNotFoundError,
+    LlmcheckError,
+    PathOutsideDumpError,
+    RecordKey,
+    TensorRecord,
+    inside_dump,
+    load_dump,
+)
 from llmcheck.plugins.manual.metadata_file import METADATA_NAME, looks_like_metadata, read_metadata
 
 SOURCE_NAME = "manual"
@@ -130,10 +138,8 @@ def resolve_atb_tensor(entry: Mapping[str, Any], token_id: str, metadata: Path) 
 
 def load_tensor_record(path: Path, metadata: Path) -> TensorRecord:
     """Return the one tensor of a file, read by whichever plugin reads that kind of file."""
-    from llmcheck.core.plugins import get_plugins
-
     try:
-        dump = get_plugins().load_tensors(path)
+        dump = load_dump(path)
     except DumpNotFoundError as exc:
         raise DumpNotFoundError(f"names {path}, which no plugin reads as a tensor file ({exc.what})",
                                 where=metadata) from exc

@@ -14,11 +14,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from llmcheck.core.records import Dump, Pair, TensorRecord
+from llmcheck.plugin_api import Dump, Pair, PairPriority, TensorRecord
 from llmcheck.plugins.manual.manual_dump import FORM_MAPPED, SOURCE_NAME, load_tensor_record
 
 RULE = "manual_mapping"
-PRIORITY = 100  # the user said so
 NOT_NAMED = "no dump_data entry names this tensor"
 
 
@@ -43,8 +42,8 @@ def mapped_pairs(golden: Dump, my: Dump) -> list[Pair]:
             counterpart = load_tensor_record(my_file, metadata).with_changes(
                 key=record.key, order=record.order, source_path=str(my_file),
                 attrs={"data_id": record.attrs["data_id"], "token_id": record.attrs["token_id"]})
-        pairs.append(Pair(record, counterpart, RULE, PRIORITY))
-    pairs.extend(Pair(None, record, RULE, PRIORITY, note=NOT_NAMED) for record in my.records if id(record) not in used)
+        pairs.append(Pair(record, counterpart, RULE, PairPriority.USER_MAPPING))
+    pairs.extend(Pair(None, record, RULE, PairPriority.USER_MAPPING, note=NOT_NAMED) for record in my.records if id(record) not in used)
     return pairs
 
 
@@ -57,8 +56,8 @@ def sided_pairs(golden: Dump, my: Dump) -> list[Pair]:
         counterpart = mine.get((record.key.name, record.key.step))
         note = "" if counterpart else (f"data_id {record.key.name} token {record.key.step} "
                                        f"has no {my.manifest['side']} entry")
-        pairs.append(Pair(record, counterpart, RULE, PRIORITY, note=note))
-    pairs.extend(Pair(None, record, RULE, PRIORITY,
+        pairs.append(Pair(record, counterpart, RULE, PairPriority.USER_MAPPING, note=note))
+    pairs.extend(Pair(None, record, RULE, PairPriority.USER_MAPPING,
                       note=f"data_id {record.key.name} token {record.key.step} has no {golden.manifest['side']} entry")
                  for record in my.records if (record.key.name, record.key.step) not in goldens)
     return pairs

@@ -24,9 +24,7 @@ from typing import Annotated, Any, Mapping
 
 import msgspec
 
-from llmcheck.core.atomic_files import atomic_write_text
-from llmcheck.core.dump_schema import convert, decode
-from llmcheck.core.errors import DumpFormatError
+from llmcheck.plugin_api import DumpFormatError, atomic_write_text, convert_json, decode_json
 
 log = logging.getLogger("llmcheck.manual")
 
@@ -55,7 +53,7 @@ def parse_metadata(value: Any, where: Path) -> dict[str, dict[str, Any]]:
     """Return a metadata object checked against :data:`MetadataSchema`; the error names the first bad field."""
     if not isinstance(value, Mapping):
         raise DumpFormatError("is not a JSON object {data_id: {token_id: entry}}", where=where)
-    convert(value, MetadataSchema, where)
+    convert_json(value, MetadataSchema, where)
     return {str(data_id): dict(tokens) for data_id, tokens in value.items()}
 
 
@@ -67,7 +65,7 @@ def read_metadata(path: Path) -> dict[str, dict[str, Any]]:
         raise DumpFormatError("no such metadata file", where=path, hint="check the path") from exc
     except OSError as exc:
         raise DumpFormatError(f"cannot read: {exc.strerror}", where=path) from exc
-    return parse_metadata(decode(raw, Any, path), path)
+    return parse_metadata(decode_json(raw, Any, path), path)
 
 
 def looks_like_metadata(path: Path) -> bool:

@@ -9,8 +9,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from llmcheck.core.hookspecs import hookimpl
-from llmcheck.core.records import MetricSpec
+from llmcheck.plugin_api import MetricSpec, hookimpl
 from llmcheck.plugins.metrics import accumulators
 from llmcheck.plugins.metrics.default_thresholds import DEFAULT_THRESHOLDS
 

@@ -21,7 +21,7 @@ from abc import ABC, abstractmethod
 
 import numpy as np
 
-from llmcheck.core.pair_chunk import PairChunk, Workspace, dot
+from llmcheck.plugin_api import PairChunk, Workspace, dot
 
 
 class _ChunkAccumulator(ABC):
@@ -57,66 +57,61 @@ class CosineSimilarity(_ChunkAccumulator):
         return max(-1.0, min(1.0, self.dot / norms))
 
 
-class MaxRelativeError(_ChunkAccumulator):
-    """max |my - golden| / |golden| over positions where |golden| > float32 eps (0 if there are none)."""
+class _RunningMax(_ChunkAccumulator):
+    """Base of the metrics that keep the largest per-chunk value (0 before any chunk)."""
 
     def __init__(self) -> None:
         self.worst = 0.0
-
-    def update_chunk(self, chunk: PairChunk) -> None:
-        if chunk.size:
-            self.worst = max(self.worst, chunk.max_relative_error())
 
     def result(self) -> float:
         return self.worst
 
 
-class MeanRelativeError(_ChunkAccumulator):
-    """Mean of |my - golden| / |golden| over the positions where it is defined (|golden| > float32 eps)."""
+class _RunningMean(_ChunkAccumulator):
+    """Base of the metrics that average a per-position value: a running total over a running count."""
 
     def __init__(self) -> None:
         self.total = 0.0
         self.count = 0
+
+    def result(self) -> float:
+        return self.total / self.count if self.count else 0.0
+
+
+class MaxRelativeError(_RunningMax):
+    """max |my - golden| / |golden| over positions where |golden| > float32 eps (0 if there are none)."""
+
+    def update_chunk(self, chunk: PairChunk) -> None:
+        if chunk.size:
+            self.worst = max(self.worst, chunk.max_relative_error())
+
+
+class MeanRelativeError(_RunningMean):
+    """Mean of |my - golden| / |golden| over the positions where it is defined (|golden| > float32 eps)."""
 
     def update_chunk(self, chunk: PairChunk) -> None:
         if chunk.size:
             self.total += chunk.sum_relative_error()
             self.count += chunk.relative_defined_count()
 
-    def result(self) -> float:
-        return self.total / self.count if self.count else 0.0
 
-
-class MaxAbsoluteError(_ChunkAccumulator):
+class MaxAbsoluteError(_RunningMax):
     """max |my - golden| over every position."""
-
-    def __init__(self) -> None:
-        self.worst = 0.0
 
     def update_chunk(self, chunk: PairChunk) -> None:
         self.worst = max(self.worst, chunk.max_abs_diff())
 
-    def result(self) -> float:
-        return self.worst
 
-
-class MeanAbsoluteError(_ChunkAccumulator):
+class MeanAbsoluteError(_RunningMean):
     """Mean of |my - golden| over every position."""
-
-    def __init__(self) -> None:
-        self.total = 0.0
-        self.count = 0
 
     def update_chunk(self, chunk: PairChunk) -> None:
         self.total += chunk.sum_abs_diff()
         self.count += chunk.size
 
-    def result(self) -> float:
-        return self.total / self.count if self.count else 0.0
 
-
-class RelativeEuclideanDistance(_ChunkAccumulator):
-    """||my - golden|| / ||golden||: 0 when both are zero, infinity when only golden is."""
+class _ErrorEnergy(_ChunkAccumulator):
+    """Base of the metrics that compare the error's energy sum (my - golden)**2 with the golden's sum golden**2."""
 
     def __init__(self) -> None:
         self.diff_sq = self.golden_sq = 0.0
@@ -124,6 +119,10 @@ class RelativeEuclideanDistance(_ChunkAccumulator):
     def update_chunk(self, chunk: PairChunk) -> None:
         self.diff_sq += chunk.sum_sq_diff()
         self.golden_sq += chunk.sum_sq_golden()
+
+
+class RelativeEuclideanDistance(_ErrorEnergy):
+    """||my - golden|| / ||golden||: 0 when both are zero, infinity when only golden is."""
 
     def result(self) -> float:
         if self.golden_sq == 0.0:
@@ -131,30 +130,19 @@ class RelativeEuclideanDistance(_ChunkAccumulator):
         return math.sqrt(self.diff_sq) / math.sqrt(self.golden_sq)
 
 
-class RootMeanSquareError(_ChunkAccumulator):
+class RootMeanSquareError(_RunningMean):
     """sqrt(mean((my - golden)**2)) over every position."""
 
-    def __init__(self) -> None:
-        self.diff_sq = 0.0
-        self.count = 0
-
     def update_chunk(self, chunk: PairChunk) -> None:
-        self.diff_sq += chunk.sum_sq_diff()
+        self.total += chunk.sum_sq_diff()
         self.count += chunk.size
 
     def result(self) -> float:
-        return math.sqrt(self.diff_sq / self.count) if self.count else 0.0
+        return math.sqrt(super().result())
 
 
-class SignalToQuantizationNoise(_ChunkAccumulator):
+class SignalToQuantizationNoise(_ErrorEnergy):
     """10 log10(sum golden**2 / sum (my - golden)**2) in dB: +inf when equal, -inf when golden is zero and my is not."""
-
-    def __init__(self) -> None:
-        self.diff_sq = self.golden_sq = 0.0
-
-    def update_chunk(self, chunk: PairChunk) -> None:
-        self.diff_sq += chunk.sum_sq_diff()
-        self.golden_sq += chunk.sum_sq_golden()
 
     def result(self) -> float:
         if self.diff_sq == 0.0:

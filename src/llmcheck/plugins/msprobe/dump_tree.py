@@ -25,24 +25,25 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
-from llmcheck.core.dump_paths import inside_dump
-from llmcheck.core.errors import DumpFormatError, DumpNotFoundError
-from llmcheck.core.records import (
+from llmcheck.plugin_api import (
     IO_INPUT,
     IO_OUTPUT,
     MOMENT_AFTER,
     MOMENT_BEFORE,
     Dump,
+    DumpFormatError,
+    DumpNotFoundError,
     RecordKey,
     TensorData,
     TensorRecord,
     TensorStats,
+    inside_dump,
     merge_rank_dumps,
 )
+from llmcheck.plugins.msprobe import SOURCE_NAME
 from llmcheck.plugins.msprobe.entry_names import parent_name, parse_entry_name
 from llmcheck.plugins.msprobe.tensor_files import TENSOR_SUFFIXES, tensor_loader
 
-SOURCE_NAME = "msprobe"
 DUMP_JSON = "dump.json"
 CONSTRUCT_JSON = "construct.json"
 STACK_JSON = "stack.json"

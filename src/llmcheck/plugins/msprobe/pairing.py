@@ -15,11 +15,10 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from llmcheck.core.records import Dump, Pair, TensorRecord
+from llmcheck.plugin_api import Dump, Pair, PairPriority, TensorRecord
 from llmcheck.plugins.msprobe.dump_tree import SOURCE_NAME
 
 RULE_MODULE_PATH = "msprobe_module_path"
-PRIORITY = 50
 
 
 def _slot(record: TensorRecord) -> tuple[str, str, str, int, int]:
@@ -40,5 +39,5 @@ def module_path_pairs(golden: Dump, my: Dump) -> list[Pair] | None:
         if not candidates:
             continue
         same_moment = [candidate for candidate in candidates if candidate.key.moment == record.key.moment]
-        pairs.append(Pair(record, (same_moment or candidates)[0], RULE_MODULE_PATH, PRIORITY))
+        pairs.append(Pair(record, (same_moment or candidates)[0], RULE_MODULE_PATH, PairPriority.SOURCE_RULE))
     return pairs

@@ -9,12 +9,11 @@ file. ``.npy`` files (msprobe's numpy arrays) are read with ``allow_pickle=False
 
 from __future__ import annotations
 
-import pickle
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from llmcheck.core.errors import DumpFormatError
+from llmcheck.plugin_api import DumpFormatError
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -28,20 +27,9 @@ def load_pt_tensor(path: Path) -> "torch.Tensor":
     """Return the one tensor a ``.pt`` file holds, loaded with ``weights_only=True``."""
     import torch
 
-    try:
-        try:  # memory-mapped: only the bytes a chunk needs are read
-            content = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-        except RuntimeError as exc:
-            if "mmap" not in str(exc):
-                raise
-            content = torch.load(path, map_location="cpu", weights_only=True)  # the legacy (non-zip) format
-    except pickle.UnpicklingError as exc:
-        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise DumpFormatError(f"refused: not loadable with weights_only=True ({first_line})", where=path,
-                              hint=_REFUSED_HINT) from exc
-    except (RuntimeError, EOFError, ValueError, OSError) as exc:
-        raise DumpFormatError(f"not a readable torch tensor file: {str(exc).strip().splitlines()[0]}",
-                              where=path) from exc
+    from llmcheck.plugin_api import load_weights_only
+
+    content = load_weights_only(path, refused_hint=_REFUSED_HINT)
     if not isinstance(content, torch.Tensor):
         raise DumpFormatError(f"refused: holds a {type(content).__name__}, not a tensor", where=path,
                               hint=_REFUSED_HINT)

@@ -17,19 +17,26 @@ import logging
 from pathlib import Path
 from typing import Callable
 
-from llmcheck.core.errors import DumpNotFoundError
-from llmcheck.core.hookspecs import hookimpl
-from llmcheck.core.records import Dump, Pair, SourceInfo, UserMapping, merge_rank_dumps
-from llmcheck.core.store import find_dumps, read_dump
+from llmcheck.plugin_api import (
+    NATIVE_SOURCE,
+    Dump,
+    DumpNotFoundError,
+    Pair,
+    SourceInfo,
+    UserMapping,
+    find_dumps,
+    hookimpl,
+    merge_rank_dumps,
+    read_dump,
+)
 from llmcheck.plugins.native import pairing, single_file
 
-SOURCE_NAME = "llmcheck"
 log = logging.getLogger("llmcheck.native")
 
 
 @hookimpl
 def llmcheck_register_sources(register: Callable[[SourceInfo], None]) -> None:
-    register(SourceInfo(SOURCE_NAME, "llmcheck's own dump format (manifest.json, index.jsonl, safetensors shards)"))
+    register(SourceInfo(NATIVE_SOURCE, "llmcheck's own dump format (manifest.json, index.jsonl, safetensors shards)"))
     register(SourceInfo(single_file.SOURCE_NAME, "one tensor file (.npy, .pt/.pth with weights_only, .safetensors) "
                                                  "or a checkpoint folder of .safetensors shards"))
 
@@ -41,7 +48,7 @@ def llmcheck_load_tensors(path: Path, source: str | None) -> Dump | None:
             return single_file.load_file(path)
         if single_file.claims_checkpoint(path):
             return single_file.load_checkpoint(path)
-    if source not in (None, SOURCE_NAME):
+    if source not in (None, NATIVE_SOURCE):
         return None
     dumps = find_dumps(path)
     if not dumps:

@@ -1,12 +1,12 @@
 """Built-in pairing rules: user mapping, exact key, and sequence alignment in execution order.
 
-* ``user_mapping`` (priority 100): the ``--mapping`` file's name patterns, or the exact key
+* ``user_mapping`` (``PairPriority.USER_MAPPING``): the ``--mapping`` file's name patterns, or the exact key
   pairs of an edited ``pairs.json``.
-* ``exact_key`` (priority 20): the same key on both sides -- same name, io, position, step,
+* ``exact_key`` (``PairPriority.EXACT_KEY``): the same key on both sides -- same name, io, position, step,
   call index and moment. Two runs of one model captured the same way pair completely.
-* ``op_sequence`` (priority 20): inside a module whose op-level records differ between the
+* ``op_sequence`` (``EXACT_KEY``): inside a module whose op-level records differ between the
   runs (a kernel swapped), the ops are aligned in execution order on op name, io and shape.
-* ``sequence`` (priority 0): for two runs of differently-named graphs of the same kind of
+* ``sequence`` (``PairPriority.SEQUENCE``): for two runs of differently-named graphs of the same kind of
   dump (two torch dumps, two FX dumps), the records no exact key matched are aligned in
   execution order (longest common subsequence, per step and module scope) on what does not
   depend on naming: io, shape and whether the dtype is a float.
@@ -19,15 +19,23 @@ import re
 from collections import defaultdict
 from typing import Iterable
 
-from llmcheck.core.records import Dump, Pair, RecordKey, TensorRecord, UserMapping
+from llmcheck.plugin_api import (
+    Dump,
+    OpCall,
+    Pair,
+    PairPriority,
+    RecordKey,
+    TensorRecord,
+    UserMapping,
+    group_op_calls,
+    is_float_dtype,
+    op_record_module,
+)
 
 RULE_USER = "user_mapping"
 RULE_EXACT = "exact_key"
 RULE_SEQUENCE = "sequence"
 RULE_OP_SEQUENCE = "op_sequence"
-PRIORITY_USER = 100
-PRIORITY_EXACT = 20
-PRIORITY_SEQUENCE = 0
 
 
 def map_pairs(golden: Dump, my: Dump, user_mapping: UserMapping | None) -> list[Pair]:
@@ -64,36 +72,28 @@ def exact_key_pairs(golden: Dump, my: Dump) -> list[Pair]:
     diverged = {group for group in golden_ops.keys() & my_ops.keys()
                 if [record.key for record in golden_ops[group]] != [record.key for record in my_ops[group]]}
     mine = my.by_key()
-    pairs = [Pair(record, mine[record.key], RULE_EXACT, PRIORITY_EXACT)
+    pairs = [Pair(record, mine[record.key], RULE_EXACT, PairPriority.EXACT_KEY)
              for record in golden.records if record.key in mine and _op_scope(record) not in diverged]
     for group in sorted(diverged, key=str):
-        golden_calls, my_calls = _op_calls(golden_ops[group]), _op_calls(my_ops[group])
+        golden_calls, my_calls = group_op_calls(golden_ops[group]), group_op_calls(my_ops[group])
         matcher = difflib.SequenceMatcher(None, [_call_signature(call) for call in golden_calls],
                                           [_call_signature(call) for call in my_calls], autojunk=False)
         for block in matcher.get_matching_blocks():
             for offset in range(block.size):
                 golden_call, my_call = golden_calls[block.a + offset], my_calls[block.b + offset]
-                pairs.extend(Pair(golden_record, my_record, RULE_OP_SEQUENCE, PRIORITY_EXACT)
-                             for golden_record, my_record in zip(golden_call, my_call))
+                pairs.extend(Pair(golden_record, my_record, RULE_OP_SEQUENCE, PairPriority.EXACT_KEY)
+                             for golden_record, my_record in zip(golden_call.records(), my_call.records()))
     return pairs
 
 
-def _op_calls(records: list[TensorRecord]) -> list[list[TensorRecord]]:
-    """Return the records of a scope grouped by op call (name and call index), in execution order."""
-    calls: dict[tuple[str, int], list[TensorRecord]] = {}
-    for record in records:
-        calls.setdefault((record.key.name, record.key.call_index), []).append(record)
-    return list(calls.values())
-
-
-def _call_signature(call: list[TensorRecord]) -> tuple[object, ...]:
+def _call_signature(call: OpCall) -> tuple[object, ...]:
     """Return what must agree for two op calls to be the same op: its name and each tensor's slot and shape."""
-    return (call[0].key.name,) + tuple(_op_signature(record)[1:] for record in call)
+    return (call.name,) + tuple(_op_signature(record)[1:] for record in call.records())
 
 
 def _op_scope(record: TensorRecord) -> tuple[int, str] | None:
-    name = record.key.name
-    return (record.key.step, name.rsplit("/", 1)[0]) if "/" in name else None
+    module = op_record_module(record.key.name)
+    return (record.key.step, module) if module is not None else None
 
 
 def _op_scopes(records: Iterable[TensorRecord]) -> dict[tuple[int, str], list[TensorRecord]]:
@@ -107,20 +107,18 @@ def _op_scopes(records: Iterable[TensorRecord]) -> dict[tuple[int, str], list[Te
 
 def _op_signature(record: TensorRecord) -> tuple[object, ...]:
     key = record.key
-    return key.name, key.io, key.position, key.moment, tuple(record.shape), record.dtype.startswith(
-        ("float", "bfloat", "complex"))
+    return key.name, key.io, key.position, key.moment, tuple(record.shape), is_float_dtype(record.dtype)
 
 
 def _signature(record: TensorRecord) -> tuple[str, tuple[int, ...], bool]:
-    return record.key.io, tuple(record.shape), record.dtype.startswith(("float", "bfloat", "complex"))
+    return record.key.io, tuple(record.shape), is_float_dtype(record.dtype)
 
 
 def _scope(record: TensorRecord) -> str:
     """Return the module scope a record belongs to: its parent, else the part of its name before ``/``."""
     if record.parent:
         return record.parent
-    name = record.key.name
-    return name.rsplit("/", 1)[0] if "/" in name else ""
+    return op_record_module(record.key.name) or ""
 
 
 def sequence_pairs(golden_records: list[TensorRecord], my_records: list[TensorRecord]) -> list[Pair]:
@@ -148,7 +146,7 @@ def _aligned(golden_side: list[TensorRecord], my_side: list[TensorRecord]) -> li
     """Return the pairs of the longest common subsequence of two record lists (by signature)."""
     matcher = difflib.SequenceMatcher(None, [_signature(r) for r in golden_side],
                                       [_signature(r) for r in my_side], autojunk=False)
-    return [Pair(golden_side[block.a + offset], my_side[block.b + offset], RULE_SEQUENCE, PRIORITY_SEQUENCE)
+    return [Pair(golden_side[block.a + offset], my_side[block.b + offset], RULE_SEQUENCE, PairPriority.SEQUENCE)
             for block in matcher.get_matching_blocks() for offset in range(block.size)]
 
 
@@ -182,7 +180,7 @@ def user_mapping_pairs(golden: Dump, my: Dump, mapping: UserMapping) -> list[Pai
         golden_by_key, my_by_key = golden.by_key(), my.by_key()
         for golden_key, my_key in mapping.key_pairs:
             if golden_key in golden_by_key and my_key in my_by_key:
-                pairs.append(Pair(golden_by_key[golden_key], my_by_key[my_key], RULE_USER, PRIORITY_USER))
+                pairs.append(Pair(golden_by_key[golden_key], my_by_key[my_key], RULE_USER, PairPriority.USER_MAPPING))
     for golden_text, my_text in mapping.entries:
         golden_pattern, my_pattern = _pattern(golden_text), _pattern(my_text)
         candidates: dict[tuple[object, ...], list[TensorRecord]] = defaultdict(list)
@@ -198,6 +196,6 @@ def user_mapping_pairs(golden: Dump, my: Dump, mapping: UserMapping) -> list[Pai
             slot = (match.groups(), *_slot(record.key))
             options = candidates.get(slot)
             if options and taken[slot] < len(options):
-                pairs.append(Pair(record, options[taken[slot]], RULE_USER, PRIORITY_USER))
+                pairs.append(Pair(record, options[taken[slot]], RULE_USER, PairPriority.USER_MAPPING))
                 taken[slot] += 1
     return pairs

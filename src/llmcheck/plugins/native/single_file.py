@@ -22,10 +22,17 @@ import os
 from pathlib import Path
 from typing import Any, Callable
 
-from llmcheck.core.dump_paths import inside_dump
-from llmcheck.core.errors import DumpFormatError
-from llmcheck.core.npy_format import read_npy_header
-from llmcheck.core.records import DTYPE_ITEMSIZE, Dump, RecordKey, TensorData, TensorRecord
+from llmcheck.plugin_api import (
+    DTYPE_ITEMSIZE,
+    LAYOUT_TENSOR_FILES,
+    Dump,
+    DumpFormatError,
+    RecordKey,
+    TensorData,
+    TensorRecord,
+    inside_dump,
+    read_npy_header,
+)
 
 SOURCE_NAME = "file"
 SINGLE_TENSOR_NAME = "tensor"
@@ -70,7 +77,8 @@ def load_checkpoint(path: Path) -> Dump:
             seen[record.key.name] = shard
             records.append(record.with_changes(order=len(records)))
     return Dump(source=SOURCE_NAME, root=path, records=records,
-                manifest={"checkpoint": str(path), "files": [shard.name for shard in shards]})
+                manifest={"layout": LAYOUT_TENSOR_FILES, "checkpoint": str(path),
+                          "files": [shard.name for shard in shards]})
 
 
 def load_file(path: Path) -> Dump:
@@ -82,7 +90,7 @@ def load_file(path: Path) -> Dump:
         records = _safetensors_records(path)
     else:
         records = _torch_records(path)
-    return Dump(source=SOURCE_NAME, root=path, records=records, manifest={"file": str(path)})
+    return Dump(source=SOURCE_NAME, root=path, records=records, manifest={"layout": LAYOUT_TENSOR_FILES, "file": str(path)})
 
 
 def _record(name: str, order: int, data: TensorData, path: Path, where: str) -> TensorRecord:
@@ -173,24 +181,11 @@ def _safetensors_records(path: Path) -> list[TensorRecord]:
 
 
 def _torch_records(path: Path) -> list[TensorRecord]:
-    import pickle
-
     import torch
 
-    from llmcheck.core.tensor_io import dtype_name
+    from llmcheck.plugin_api import dtype_name, load_weights_only
 
-    try:
-        try:  # memory-mapped: a large checkpoint is read as its pairs are measured, not all at once
-            content = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-        except RuntimeError as exc:
-            if "mmap" not in str(exc):
-                raise
-            content = torch.load(path, map_location="cpu", weights_only=True)  # the legacy (non-zip) format
-    except pickle.UnpicklingError as exc:
-        raise DumpFormatError("cannot be loaded with weights_only=True (it holds more than tensors and plain "
-                              "containers; llmcheck never unpickles arbitrary objects)", where=path) from exc
-    except (RuntimeError, EOFError, ValueError, OSError) as exc:
-        raise DumpFormatError(f"not a readable torch file: {exc}", where=path) from exc
+    content = load_weights_only(path)
     tensors: list[tuple[str, Any]] = []
     skipped: list[str] = []
     _collect_tensors(content, "", tensors, skipped, torch.is_tensor)

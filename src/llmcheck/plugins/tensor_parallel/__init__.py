@@ -10,8 +10,7 @@ It names no backend: any source whose records carry ranks is gathered the same w
 
 from __future__ import annotations
 
-from llmcheck.core.hookspecs import hookimpl
-from llmcheck.core.records import Dump, Pair, UserMapping
+from llmcheck.plugin_api import Dump, Pair, UserMapping, hookimpl
 
 
 @hookimpl

@@ -32,8 +32,16 @@ from dataclasses import replace
 from fnmatch import fnmatchcase
 from typing import Sequence
 
-from llmcheck.core.errors import UsageError
-from llmcheck.core.records import ALL_RANKS, Dump, Pair, TensorRecord, TensorStats, UserMapping
+from llmcheck.plugin_api import (
+    ALL_RANKS,
+    Dump,
+    Pair,
+    PairPriority,
+    TensorRecord,
+    TensorStats,
+    UsageError,
+    UserMapping,
+)
 from llmcheck.plugins.tensor_parallel.shard_gather import gathered_data, part_data
 from llmcheck.plugins.tensor_parallel.shard_layout import (
     CONCAT,
@@ -47,7 +55,6 @@ from llmcheck.plugins.tensor_parallel.shard_layout import (
     parse_rule,
 )
 
-PRIORITY = 50
 
 _Slot = tuple[str, str, str, int, int, str]
 
@@ -109,14 +116,14 @@ def _layout(record: TensorRecord, holders: Sequence[TensorRecord], stated: list[
 def _pairs(golden: TensorRecord, shards: list[TensorRecord], layout: ShardLayout) -> list[Pair]:
     if layout.kind == REPLICATED:
         return [Pair(golden if shard.key.rank == shards[0].key.rank else _for_rank(golden, shard.key.rank), shard,
-                     layout.shard_rule(shard.key.rank), PRIORITY) for shard in shards]
+                     layout.shard_rule(shard.key.rank), PairPriority.SOURCE_RULE) for shard in shards]
     pairs = []
     if layout.kind == CONCAT:
         pairs.extend(_shard_pairs(golden, shards, layout))
     gathered = _gathered(golden, shards, layout)
-    pairs.append(Pair(golden, gathered, layout.rule(), PRIORITY))
+    pairs.append(Pair(golden, gathered, layout.rule(), PairPriority.SOURCE_RULE))
     if layout.kind == SUM:  # a partial sum has no golden counterpart of its own: say where it went
-        pairs.extend(Pair(None, shard, layout.rule(), PRIORITY, note=f"a partial sum, compared summed as "
+        pairs.extend(Pair(None, shard, layout.rule(), PairPriority.SOURCE_RULE, note=f"a partial sum, compared summed as "
                           f"{gathered.key.label()}") for shard in shards)
     return pairs
 
@@ -144,7 +151,7 @@ def _shard_pairs(golden: TensorRecord, shards: list[TensorRecord], layout: Shard
         part = _for_rank(golden, shard.key.rank).with_changes(
             shape=tuple(shard.shape), stats=None,
             data=part_data(golden.data, axis, start, length, tuple(shard.shape)))
-        pairs.append(Pair(part, shard, layout.shard_rule(shard.key.rank), PRIORITY))
+        pairs.append(Pair(part, shard, layout.shard_rule(shard.key.rank), PairPriority.SOURCE_RULE))
         start += length
     return pairs
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from functools import partial
 from typing import TYPE_CHECKING, Sequence
 
-from llmcheck.core.records import TensorData
+from llmcheck.plugin_api import TensorData
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch

@@ -19,7 +19,7 @@ import re
 from dataclasses import dataclass
 from typing import Sequence
 
-from llmcheck.core.records import TensorRecord
+from llmcheck.plugin_api import TensorRecord
 
 CONCAT = "concat"
 SUM = "sum"

@@ -11,8 +11,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from llmcheck.core.hookspecs import hookimpl
-from llmcheck.core.records import CaptureBackend
+from llmcheck.plugin_api import CaptureBackend, hookimpl
 from llmcheck.plugins.torch_hooks.backend import TorchCaptureBackend
 
 

@@ -91,7 +91,7 @@ def _install() -> None:
 
 
 def _start_capture(module: Any) -> None:
-    from llmcheck.core.errors import LlmcheckError
+    from llmcheck.plugin_api import LlmcheckError
     from llmcheck.plugins.torch_hooks.capture import register_hook
     from llmcheck.plugins.torch_hooks.config import DumpConfig
 

@@ -20,9 +20,7 @@ import sys
 from pathlib import Path
 from typing import Any, Mapping
 
-from llmcheck.core.errors import UsageError
-from llmcheck.core.records import CaptureRequest
-from llmcheck.core.store import closing_state, find_dumps
+from llmcheck.plugin_api import CaptureRequest, UsageError, closing_state, find_dumps
 from llmcheck.plugins.torch_hooks.config import CONFIG_ENV, LEVEL_MODULE, LEVEL_OP, ON_ERROR_STOP, DumpConfig
 
 log = logging.getLogger("llmcheck.torch")
@@ -106,6 +104,8 @@ class TorchCaptureBackend:
 
     name = "torch"
     description = "PyTorch module and ATen-op capture of an unmodified program (CPU, CUDA, NPU)"
+    #: ``llmcheck dump`` without ``--backend`` uses this backend
+    is_default = True
 
     def run(self, request: CaptureRequest) -> int:
         """Run the request's command with capture on; return its exit code (128+N when killed by signal N)."""
@@ -135,6 +135,16 @@ class TorchCaptureBackend:
         exit_code = completed.returncode if completed.returncode >= 0 else 128 - completed.returncode
         report_outcome(sorted(set(find_dumps(output_dir)) - dumps_before), completed.returncode, output_dir)
         return exit_code
+
+    def capture_model(self, model: Any, request: CaptureRequest) -> Any:
+        """Return a running capture of ``model`` in this process, configured by the request's seed flags.
+
+        Use it as a context manager; its ``path`` is the dump folder once it is closed.
+        ``request.command`` is recorded in the manifest as the command line.
+        """
+        from llmcheck.plugins.torch_hooks.capture import register_hook
+
+        return register_hook(model, config_from_options(request.options, request.output_dir, list(request.command)))
 
 
 def report_outcome(written: list[Path], returncode: int, output_dir: Path) -> None:

@@ -30,17 +30,26 @@ from typing import Any, ContextManager
 
 import torch
 
-from llmcheck.core.errors import LlmcheckError, UsageError
-from llmcheck.core.records import IO_INPUT, IO_OUTPUT, MOMENT_AFTER, MOMENT_BEFORE, RecordKey, TopologyNode
-from llmcheck.core.store import DumpWriter
-from llmcheck.core.tensor_io import dtype_name
-from llmcheck.core.weights import PARAMETER_DIGESTS_ATTR
+from llmcheck.plugin_api import (
+    IO_INPUT,
+    IO_OUTPUT,
+    MOMENT_AFTER,
+    MOMENT_BEFORE,
+    PARAMETER_ATTR,
+    PARAMETER_DIGESTS_ATTR,
+    DumpWriter,
+    LlmcheckError,
+    RecordKey,
+    TopologyNode,
+    UsageError,
+    dtype_name,
+    encode_call,
+)
 from llmcheck.plugins.torch_hooks.config import LEVEL_MODULE, LEVEL_OP, ON_ERROR_RAISE, DumpConfig
 from llmcheck.plugins.torch_hooks.cpu_profile import CAPTURE_RANGE, StepProfiler
 from llmcheck.plugins.torch_hooks.module_graph_onnx import ONNX_FILE, GraphRecorder, GraphTensor, write_graph_onnx
 from llmcheck.plugins.torch_hooks.module_selection import ROOT_NAME, ModuleSelection, parent_name
 from llmcheck.plugins.torch_hooks.nested_tensors import call_inputs, call_outputs
-from llmcheck.core.call_arguments import encode_call
 from llmcheck.plugins.torch_hooks.op_capture import OpCaptureMode
 from llmcheck.plugins.torch_hooks.parameter_digests import ModuleParameterDigests
 from llmcheck.plugins.torch_hooks.tensor_sink import TensorSink
@@ -437,7 +446,7 @@ class CaptureSession:
         for position, tensor in tensors:
             key = RecordKey(name=name, io=io, position=position, step=self.step, call_index=call_index, moment=moment)
             parameter = self._parameter_name(tensor) if io == IO_INPUT and tensor.layout == torch.strided else None
-            record_attrs = {**attrs, "parameter": parameter} if parameter else attrs
+            record_attrs = {**attrs, PARAMETER_ATTR: parameter} if parameter else attrs
             identity = self.sink.add(key, tensor, op_type=op_type, parent=module_name, attrs=record_attrs,  # type: ignore[union-attr]
                                      op_output=io == IO_OUTPUT)
             if graph is not None:

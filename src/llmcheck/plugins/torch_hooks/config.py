@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from llmcheck.core.errors import UsageError
+from llmcheck.plugin_api import UsageError
 
 LEVEL_MODULE = "module"
 LEVEL_OP = "op"

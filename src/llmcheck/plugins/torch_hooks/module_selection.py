@@ -24,16 +24,12 @@ from typing import Any, Iterable
 
 import torch
 
+from llmcheck.plugin_api import ROOT_MODULE, module_ancestors, module_parent
 from llmcheck.plugins.torch_hooks.config import DumpConfig
 
-ROOT_NAME = "root"
-
-
-def parent_name(name: str) -> str | None:
-    """Return the path of a module's parent (``"root"`` for a top-level child, ``None`` for the root)."""
-    if name == ROOT_NAME:
-        return None
-    return name.rpartition(".")[0] or ROOT_NAME
+#: The capture's names for the record-naming convention the plugin API declares.
+ROOT_NAME = ROOT_MODULE
+parent_name = module_parent
 
 
 def module_ids(model: torch.nn.Module) -> dict[str, str]:
@@ -54,10 +50,7 @@ def module_ids(model: torch.nn.Module) -> dict[str, str]:
 
 def _lineage(name: str) -> list[str]:
     """Return the module and its ancestors' paths, ``"root"`` last."""
-    names = [name]
-    while (parent := parent_name(names[-1])) is not None:
-        names.append(parent)
-    return names
+    return [name, *module_ancestors(name)]
 
 
 def _matches_type(module: torch.nn.Module, module_list: Iterable[Any]) -> bool:

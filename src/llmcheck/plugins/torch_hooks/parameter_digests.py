@@ -21,7 +21,7 @@ from typing import Any, Callable
 
 import torch
 
-from llmcheck.core.tensor_io import dtype_name
+from llmcheck.plugin_api import dtype_name
 
 #: The dtypes a parameter's values are hashed at: its own, then each less precise one.
 ROUNDED_TO: dict[torch.dtype, tuple[torch.dtype, ...]] = {

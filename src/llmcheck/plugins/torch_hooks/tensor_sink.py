@@ -31,10 +31,16 @@ from typing import Any, Iterable, Mapping
 
 import torch
 
-from llmcheck.core.records import DTYPE_ITEMSIZE, RecordKey, TensorRecord
-from llmcheck.core.statistics import segmented_stats_vectors, stats_from_vectors, stats_vector
-from llmcheck.core.store import DumpWriter
-from llmcheck.core.tensor_io import dtype_name
+from llmcheck.plugin_api import (
+    DTYPE_ITEMSIZE,
+    DumpWriter,
+    RecordKey,
+    TensorRecord,
+    dtype_name,
+    segmented_stats_vectors,
+    stats_from_vectors,
+    stats_vector,
+)
 from llmcheck.plugins.torch_hooks.dump_progress import DumpProgress
 
 #: CPU tensors up to this many elements are measured with their batch, not one by one.

@@ -12,8 +12,7 @@ import importlib
 from pathlib import Path
 from typing import Any, Callable
 
-from llmcheck.core.hookspecs import hookimpl
-from llmcheck.core.records import Dump, SourceInfo
+from llmcheck.plugin_api import Dump, SourceInfo, hookimpl
 
 SOURCE_NAME = "fx"
 

@@ -31,10 +31,22 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from llmcheck.core.dump_paths import inside_dump, walk_files
-from llmcheck.core.errors import DumpFormatError, DumpNotFoundError
-from llmcheck.core.npy_format import NpyHeader, read_npy_header
-from llmcheck.core.records import IO_INPUT, IO_OUTPUT, Dump, RecordKey, TensorData, TensorRecord, TopologyNode
+from llmcheck.plugin_api import (
+    IO_INPUT,
+    IO_OUTPUT,
+    Dump,
+    DumpFormatError,
+    DumpNotFoundError,
+    NpyHeader,
+    RecordKey,
+    TensorData,
+    TensorRecord,
+    TopologyNode,
+    inside_dump,
+    read_npy_header,
+    walk_files,
+)
+from llmcheck.plugins.torchair_fx import SOURCE_NAME
 
 if TYPE_CHECKING:  # pragma: no cover
     import numpy as np
@@ -42,7 +54,6 @@ if TYPE_CHECKING:  # pragma: no cover
 
 log = logging.getLogger("llmcheck.fx")
 
-SOURCE_NAME = "fx"
 SAVED_DTYPES_FILE = "llmcheck_saved_dtypes.json"
 #: dtypes numpy lacks, saved as float32 and named in SAVED_DTYPES_FILE
 _TRUE_DTYPES = frozenset({"bfloat16", "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz",
@@ -128,7 +139,7 @@ class SavedAsFloat32Loader:
     dtype: str
 
     def __call__(self) -> "torch.Tensor":
-        from llmcheck.core.tensor_io import tensor_from_byte_range, torch_dtype
+        from llmcheck.plugin_api import tensor_from_byte_range, torch_dtype
 
         saved = tensor_from_byte_range(self.path, self.offset, self.nbytes, "float32", self.shape)
         return saved.to(torch_dtype(self.dtype))

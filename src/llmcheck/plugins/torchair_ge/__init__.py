@@ -12,8 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable
 
-from llmcheck.core.hookspecs import hookimpl
-from llmcheck.core.records import Dump, Pair, SourceInfo, UserMapping
+from llmcheck.plugin_api import Dump, Pair, SourceInfo, UserMapping, hookimpl
 
 SOURCE_NAME = "ge"
 

@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-from llmcheck.core.errors import BackendUnavailableError, LlmcheckError, UsageError
+from llmcheck.plugin_api import BackendUnavailableError, LlmcheckError, UsageError
 
 DUMP_MODES = ("input", "output", "all")
 GE_DUMP_FOLDER_PREFIX = "ge_dump_"

@@ -34,9 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
-from llmcheck.core.dump_paths import inside_dump, walk_files
-from llmcheck.core.errors import DumpFormatError
-from llmcheck.core.records import DTYPE_ITEMSIZE, TensorData
+from llmcheck.plugin_api import DTYPE_ITEMSIZE, DumpFormatError, TensorData, inside_dump, walk_files
 from llmcheck.plugins.torchair_ge.ge_dtypes import (
     FORMAT_FRACTAL_NZ,
     FORMAT_NC1HWC0,
@@ -438,7 +436,7 @@ def payload_from_tensor(tensor: object, *, layout: str = "ND") -> GeTensorPayloa
     """Return a tensor (torch or numpy) as a GE payload, in ``layout`` ``"ND"`` or ``"FRACTAL_NZ"``."""
     import torch
 
-    from llmcheck.core.tensor_io import dtype_name, tensor_bytes
+    from llmcheck.plugin_api import dtype_name, tensor_bytes
     from llmcheck.plugins.torchair_ge.ge_dtypes import TORCH_TO_GE_DTYPE
     from llmcheck.plugins.torchair_ge.ge_formats import nd_to_nz
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from llmcheck.core.errors import DumpFormatError
+from llmcheck.plugin_api import DumpFormatError
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -84,7 +84,7 @@ class StorageLayoutLoader:
     layout: str  # "FRACTAL_NZ" or "NC1HWC0"
 
     def __call__(self) -> "torch.Tensor":
-        from llmcheck.core.tensor_io import tensor_from_byte_range
+        from llmcheck.plugin_api import tensor_from_byte_range
 
         storage = tensor_from_byte_range(self.path, self.offset, self.nbytes, self.dtype, self.storage_shape)
         try:

@@ -24,15 +24,25 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from dataclasses import dataclass, field
 from typing import Sequence
 
-from llmcheck.core.records import IO_INPUT, IO_OUTPUT, Dump, Pair, TensorRecord, TopologyNode
+from llmcheck.plugin_api import (
+    IO_INPUT,
+    IO_OUTPUT,
+    CallId,
+    Dump,
+    OpCall,
+    Pair,
+    PairPriority,
+    TensorRecord,
+    TopologyNode,
+    group_op_calls,
+)
+from llmcheck.plugins.torchair_ge import SOURCE_NAME
 from llmcheck.plugins.torchair_ge.ge_graph_text import GeGraph, GeGraphOp, dumped_op_name
 
-PRIORITY = 50
+#: The torchair_fx plugin's source name: the dumps this plugin pairs GE ops with.
 FX_SOURCE = "fx"
-GE_SOURCE = "ge"
 COMPILER_INSERTED_TYPES = ("Cast", "TransData")
 
 RULE_FX_NAME = "ge-fx:fx_tensor_name"
@@ -45,46 +55,15 @@ RULE_GE_FUSED_OUTPUTS = "ge-ge:fused-last-outputs"
 RULE_GE_UNMATCHED = "ge-ge:no-counterpart"
 
 
-@dataclass
-class GeOpCall:
-    """One dumped GE op call: its records grouped by input/output position."""
-
-    step: int
-    graph_index: int
-    op_name: str
-    call_index: int
-    op_type: str
-    inputs: dict[int, TensorRecord] = field(default_factory=dict)
-    outputs: dict[int, TensorRecord] = field(default_factory=dict)
-
-    def ordered(self, io: str) -> list[TensorRecord]:
-        """Return the inputs or outputs in position order."""
-        side = self.inputs if io == IO_INPUT else self.outputs
-        return [side[position] for position in sorted(side)]
-
-    def records(self) -> list[TensorRecord]:
-        """Return all records of the call, inputs first."""
-        return self.ordered(IO_INPUT) + self.ordered(IO_OUTPUT)
+def _ge_call(record: TensorRecord) -> CallId:
+    """Return the GE op call a record belongs to: its op name within its graph, per step and call."""
+    op_name = str(record.attrs.get("ge_op_name", record.key.name))
+    return CallId(record.key.step, int(record.attrs.get("graph_index", 0)), op_name, record.key.call_index)
 
 
-def _int_position(record: TensorRecord) -> int | None:
-    return int(record.key.position) if record.key.position.isdigit() else None
-
-
-def ge_op_calls(dump: Dump) -> list[GeOpCall]:
+def ge_op_calls(dump: Dump) -> list[OpCall]:
     """Return the GE op calls of a GE dump, in record order."""
-    calls: dict[tuple[int, int, str, int], GeOpCall] = {}
-    for record in dump.records:
-        op_name = str(record.attrs.get("ge_op_name", record.key.name))
-        graph_index = int(record.attrs.get("graph_index", 0))
-        key = (record.key.step, graph_index, op_name, record.key.call_index)
-        call = calls.get(key)
-        if call is None:
-            call = calls[key] = GeOpCall(*key, op_type=record.op_type or "")
-        position = _int_position(record)
-        if position is not None:
-            (call.inputs if record.key.io == IO_INPUT else call.outputs)[position] = record
-    return list(calls.values())
+    return group_op_calls(dump.records, _ge_call)
 
 
 def graphs_from_topology(topology: TopologyNode | None) -> dict[int, GeGraph]:
@@ -156,7 +135,7 @@ class _PairList:
             expected: bool = False) -> None:
         """Add a pair, or a lone record (``expected``: it has no counterpart by nature, e.g. a compiler-made op)."""
         golden, my = (partner, subject) if self.subject_is_my else (subject, partner)
-        self.pairs.append(Pair(golden=golden, my=my, rule=rule, priority=PRIORITY, note=note, expected=expected))
+        self.pairs.append(Pair(golden=golden, my=my, rule=rule, priority=PairPriority.SOURCE_RULE, note=note, expected=expected))
         if partner is not None:
             self.paired_partners.add(id(partner))
 
@@ -164,25 +143,17 @@ class _PairList:
 # --- GE <-> FX ----------------------------------------------------------------------------
 
 
-@dataclass
-class _FxNodeRecords:
-    inputs: dict[str, TensorRecord] = field(default_factory=dict)
-    outputs: dict[str, TensorRecord] = field(default_factory=dict)
-
-    def ordered_inputs(self) -> list[TensorRecord]:
-        def position_key(position: str) -> list[int]:
-            return [int(part) if part.isdigit() else -1 for part in position.split(".")]
-
-        return [self.inputs[p] for p in sorted(self.inputs, key=position_key)]
+def _fx_call(record: TensorRecord) -> CallId:
+    """Return the FX node call a record belongs to: its node within its graph, per step."""
+    node = str(record.attrs.get("fx_node", record.key.name))
+    return CallId(record.key.step, int(record.attrs.get("graph_index", 0)), node, 0)
 
 
-def _fx_index(fx: Dump) -> dict[tuple[int, int, str], _FxNodeRecords]:
-    nodes: dict[tuple[int, int, str], _FxNodeRecords] = defaultdict(_FxNodeRecords)
-    for record in fx.records:
-        node = str(record.attrs.get("fx_node", record.key.name))
-        entry = nodes[(record.key.step, int(record.attrs.get("graph_index", 0)), node)]
-        (entry.inputs if record.key.io == IO_INPUT else entry.outputs)[record.key.position] = record
-    return nodes
+def _fx_index(fx: Dump) -> dict[tuple[int, int, str], OpCall]:
+    return {(call.step, call.graph, call.name): call for call in group_op_calls(fx.records, _fx_call)}
+
+
+_NO_CALL = OpCall("", "")
 
 
 def _fx_node_of(op: GeGraphOp) -> str | None:
@@ -193,7 +164,7 @@ def _fx_node_of(op: GeGraphOp) -> str | None:
     return None
 
 
-def _unmatched_ge_note(call: GeOpCall, graph: GeGraph | None, constituents: list[GeGraphOp]) -> tuple[str, bool]:
+def _unmatched_ge_note(call: OpCall, graph: GeGraph | None, constituents: list[GeGraphOp]) -> tuple[str, bool]:
     """Return why a GE op has no FX counterpart, and whether that is its nature (expected) rather than a gap."""
     if graph is None:
         return "no dynamo_original_graph_*.txt beside the GE dump, so GE ops cannot be mapped to FX nodes", False
@@ -217,9 +188,9 @@ def pair_ge_with_fx(ge: Dump, fx: Dump, ge_is_my: bool) -> list[Pair]:
     collected = _PairList(subject_is_my=ge_is_my)
     fused_inside: dict[tuple[int, int, str], str] = {}
     for call in ge_op_calls(ge):
-        graph = graphs.get(call.graph_index)
-        constituents = graph.constituents(call.op_name) if graph is not None else []
-        fx_graph = fx_graph_of.get(call.graph_index, call.graph_index)
+        graph = graphs.get(call.graph)
+        constituents = graph.constituents(call.name) if graph is not None else []
+        fx_graph = fx_graph_of.get(call.graph, call.graph)
         named = [op for op in constituents if _fx_node_of(op) is not None]
         if not named:
             note, expected = _unmatched_ge_note(call, graph, constituents)
@@ -232,17 +203,17 @@ def pair_ge_with_fx(ge: Dump, fx: Dump, ge_is_my: bool) -> list[Pair]:
         if fused:
             inside = {op.name for op in constituents}
             for op in named:
-                fused_inside[(call.step, fx_graph, _fx_node_of(op) or "")] = call.op_name
+                fused_inside[(call.step, fx_graph, _fx_node_of(op) or "")] = call.name
             for op in named:
-                node_records = fx_nodes.get((call.step, fx_graph, _fx_node_of(op) or ""), _FxNodeRecords())
-                fx_inputs = node_records.ordered_inputs()
+                node_records = fx_nodes.get((call.step, fx_graph, _fx_node_of(op) or ""), _NO_CALL)
+                fx_inputs = node_records.ordered(IO_INPUT)
                 for index, source in enumerate(op.input_sources()):
                     if source not in inside:
                         candidates.append(fx_inputs[index] if index < len(fx_inputs) else None)
             input_rule, note = RULE_FX_FUSED_INPUTS, f"fused op of {' + '.join(op.name for op in constituents)}"
         else:
-            node_records = fx_nodes.get((call.step, fx_graph, _fx_node_of(first) or ""), _FxNodeRecords())
-            candidates.extend(node_records.ordered_inputs())
+            node_records = fx_nodes.get((call.step, fx_graph, _fx_node_of(first) or ""), _NO_CALL)
+            candidates.extend(node_records.ordered(IO_INPUT))
             input_rule, note = RULE_FX_NAME, ""
         for fx_record, ge_record, how in align_tensors(candidates, call.ordered(IO_INPUT)):
             if fx_record is None:
@@ -251,10 +222,11 @@ def pair_ge_with_fx(ge: Dump, fx: Dump, ge_is_my: bool) -> list[Pair]:
                 collected.add(ge_record, fx_record, input_rule,
                               "; ".join(filter(None, [note, "paired by shape" if how == "shape" else ""])))
         output_rule = RULE_FX_FUSED_OUTPUTS if fused else RULE_FX_NAME
-        for position, ge_record in sorted(call.outputs.items()):
+        for position_text, ge_record in call.outputs.items():
+            position = int(position_text)  # GE numbers each output of an op
             fx_name = last.fx_tensor_names[position] if position < len(last.fx_tensor_names) else None
             ref = fx_output_ref(fx_name) if fx_name else None
-            fx_record = (fx_nodes.get((call.step, fx_graph, ref[0]), _FxNodeRecords()).outputs.get(ref[1])
+            fx_record = (fx_nodes.get((call.step, fx_graph, ref[0]), _NO_CALL).outputs.get(ref[1])
                          if ref else None)
             if fx_record is None:
                 why = (f"FX tensor {fx_name} is not in the FX dump (step {call.step})" if ref
@@ -263,7 +235,7 @@ def pair_ge_with_fx(ge: Dump, fx: Dump, ge_is_my: bool) -> list[Pair]:
             else:
                 collected.add(ge_record, fx_record, output_rule, note)
     for (step, graph_index, node), node_records in fx_nodes.items():
-        records = [*node_records.inputs.values(), *node_records.outputs.values()]
+        records = node_records.records()
         inside = fused_inside.get((step, graph_index, node))
         expected = True
         if inside is not None:
@@ -286,20 +258,20 @@ def pair_ge_with_fx(ge: Dump, fx: Dump, ge_is_my: bool) -> list[Pair]:
 def pair_fused_with_unfused(golden: Dump, my: Dump) -> list[Pair]:
     """Return the pairs of a fused GE run (my) against an unfused one (golden), expanding fused ops."""
     graphs = graphs_from_topology(golden.topology) or graphs_from_topology(my.topology)
-    golden_calls = {(c.step, c.graph_index, c.op_name, c.call_index): c for c in ge_op_calls(golden)}
+    golden_calls = {c.call_id: c for c in ge_op_calls(golden)}
     golden_names: dict[int, set[str]] = defaultdict(set)
     for _, graph_index, op_name, _ in golden_calls:
         golden_names[graph_index].add(op_name)
     my_calls = ge_op_calls(my)
     my_names: dict[int, set[str]] = defaultdict(set)
     for call in my_calls:
-        my_names[call.graph_index].add(call.op_name)
+        my_names[call.graph].add(call.name)
     golden_graph_of = {index: _best_partner(names, golden_names, index) for index, names in my_names.items()}
     collected = _PairList(subject_is_my=True)
     fused_inside: dict[tuple[int, int, str, int], str] = {}
     for call in my_calls:
-        golden_graph = golden_graph_of[call.graph_index]
-        same = golden_calls.get((call.step, golden_graph, call.op_name, call.call_index))
+        golden_graph = golden_graph_of[call.graph]
+        same = golden_calls.get((call.step, golden_graph, call.name, call.call_index))
         if same is not None:
             for io in (IO_INPUT, IO_OUTPUT):
                 for golden_record, my_record, how in align_tensors(same.ordered(io), call.ordered(io)):
@@ -307,8 +279,8 @@ def pair_fused_with_unfused(golden: Dump, my: Dump) -> list[Pair]:
                                   "" if how == "position" else "paired by shape" if how else
                                   "no golden tensor of matching size at this position")
             continue
-        graph = graphs.get(golden_graph) or graphs.get(call.graph_index)
-        constituents = graph.constituents(call.op_name) if graph is not None else []
+        graph = graphs.get(golden_graph) or graphs.get(call.graph)
+        constituents = graph.constituents(call.name) if graph is not None else []
         parts = [golden_calls.get((call.step, golden_graph, dumped_op_name(op.name), call.call_index))
                  for op in constituents]
         if len(constituents) < 2 or parts[-1] is None:
@@ -326,7 +298,7 @@ def pair_fused_with_unfused(golden: Dump, my: Dump) -> list[Pair]:
                 if source not in inside:
                     candidates.append(part_inputs[index] if index < len(part_inputs) else None)
             if part is not None:
-                fused_inside[(call.step, golden_graph, part.op_name, call.call_index)] = call.op_name
+                fused_inside[(call.step, golden_graph, part.name, call.call_index)] = call.name
         for golden_record, my_record, _ in align_tensors(candidates, call.ordered(IO_INPUT)):
             collected.add(my_record, golden_record, RULE_GE_FUSED_INPUTS if golden_record else RULE_GE_UNMATCHED,
                           note if golden_record else "no golden input of matching size at this position")
@@ -345,10 +317,10 @@ def pair_fused_with_unfused(golden: Dump, my: Dump) -> list[Pair]:
 
 def map_graph_pairs(golden: Dump, my: Dump) -> list[Pair] | None:
     """Return the graph-mode pairs for these two dumps, or ``None`` when neither side is a GE dump."""
-    if my.source == GE_SOURCE and golden.source == FX_SOURCE:
+    if my.source == SOURCE_NAME and golden.source == FX_SOURCE:
         return pair_ge_with_fx(ge=my, fx=golden, ge_is_my=True)
-    if golden.source == GE_SOURCE and my.source == FX_SOURCE:
+    if golden.source == SOURCE_NAME and my.source == FX_SOURCE:
         return pair_ge_with_fx(ge=golden, fx=my, ge_is_my=False)
-    if golden.source == GE_SOURCE and my.source == GE_SOURCE:
+    if golden.source == SOURCE_NAME and my.source == SOURCE_NAME:
         return pair_fused_with_unfused(golden, my)
     return None

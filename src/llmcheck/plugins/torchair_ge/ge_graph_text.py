@@ -33,7 +33,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Iterator, Sequence, Union
 
-from llmcheck.core.errors import DumpFormatError
+from llmcheck.plugin_api import DumpFormatError
 
 GRAPH_FILE_PREFIX = "dynamo_original_graph"
 FX_TENSOR_NAME_ATTR = "_fx_tensor_name"

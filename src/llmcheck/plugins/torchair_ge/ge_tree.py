@@ -23,9 +23,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
-from llmcheck.core.dump_paths import inside_dump
-from llmcheck.core.errors import DumpNotFoundError
-from llmcheck.core.records import IO_INPUT, IO_OUTPUT, Dump, RecordKey, TensorRecord, TopologyNode
+from llmcheck.plugin_api import (
+    IO_INPUT,
+    IO_OUTPUT,
+    Dump,
+    DumpNotFoundError,
+    RecordKey,
+    TensorRecord,
+    TopologyNode,
+    inside_dump,
+)
+from llmcheck.plugins.torchair_ge import SOURCE_NAME
 from llmcheck.plugins.torchair_ge.ge_dtypes import PLAIN_FORMATS
 from llmcheck.plugins.torchair_ge.ge_dump import (
     GeDumpFile,
@@ -36,7 +44,6 @@ from llmcheck.plugins.torchair_ge.ge_dump import (
 )
 from llmcheck.plugins.torchair_ge.ge_graph_text import GeGraph, GraphFileName, parse_graph_file_name, read_ge_graph
 
-SOURCE_NAME = "ge"
 GRAPH_SEARCH_LEVELS_UP = 8
 GRAPH_SEARCH_LEVELS_DOWN = 6
 

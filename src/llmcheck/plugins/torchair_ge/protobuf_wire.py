@@ -13,7 +13,7 @@ import mmap
 from pathlib import Path
 from typing import Iterator, NamedTuple
 
-from llmcheck.core.errors import DumpFormatError
+from llmcheck.plugin_api import DumpFormatError
 
 WIRE_VARINT = 0
 WIRE_FIXED64 = 1

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from llmcheck import MetricSpec, hookimpl
+from llmcheck.plugin_api import MetricSpec, hookimpl
 
 
 class MaxUlpAccumulator:

@@ -14,7 +14,7 @@ from typing import Iterator
 
 import torch
 
-from llmcheck.core.opcheck_criteria import RELATIVE, Criterion
+from llmcheck.core.opcheck.criteria import RELATIVE, Criterion
 from llmcheck.core.sentinels import sentinel_limit
 
 #: Elements measured per chunk (32 MiB of float64 per side).

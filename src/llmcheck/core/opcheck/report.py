@@ -16,7 +16,7 @@ from typing import Any, Sequence
 
 from llmcheck.core.atomic_files import atomic_output, atomic_write_with
 from llmcheck.core.errors import LlmcheckError
-from llmcheck.core.opcheck_run import ADDITION_FAILED, FAILED, PASS, UNSUPPORTED, OpcheckRow
+from llmcheck.core.opcheck.case_check import ADDITION_FAILED, FAILED, PASS, UNSUPPORTED, OpcheckRow
 
 CSV_NAME = "opcheck_result.csv"
 XLSX_NAME = "opcheck_result.xlsx"

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 from llmcheck.core.errors import LlmcheckError, UnsupportedOpError
-from llmcheck.core.op_cases import OpCase, position_order
-from llmcheck.core.opcheck_criteria import criterion_for
+from llmcheck.core.op_calls import OpCall, position_order
+from llmcheck.core.opcheck.criteria import criterion_for
 from llmcheck.core.records import OpReference, TensorRecord
 
 log = logging.getLogger("llmcheck.opcheck")
@@ -57,8 +57,8 @@ def op_param_text(params: Mapping[str, Any]) -> str:
         return str(params)
 
 
-def _case_row(case: OpCase, result: str, reason: str, tensor_path: str = "", out_id: str = "") -> OpcheckRow:
-    return OpcheckRow(op_id=case.op_id, op_name=case.op_type, op_param=op_param_text(case.params),
+def _case_row(case: OpCall, result: str, reason: str, tensor_path: str = "", out_id: str = "") -> OpcheckRow:
+    return OpcheckRow(op_id=case.name, op_name=case.op_type, op_param=op_param_text(case.params),
                       tensor_path=tensor_path, out_tensor_id=out_id, precision_standard="",
                       precision_result=result, fail_reason=reason, step=case.step, call_index=case.call_index,
                       order=case.order)
@@ -72,7 +72,7 @@ def _load(record: TensorRecord, device: str) -> Any:
     return record.data.load().to(device)
 
 
-def _outputs_to_check(case: OpCase, reference: OpReference) -> dict[str, TensorRecord]:
+def _outputs_to_check(case: OpCall, reference: OpReference) -> dict[str, TensorRecord]:
     if case.outputs:
         return dict(case.outputs)
     # An in-place op's result is the after-state of the inputs it wrote into.
@@ -89,7 +89,7 @@ def _as_positions(computed: Any) -> dict[str, Any]:
     return {"0": computed}
 
 
-def check_case(case: OpCase, reference: OpReference | None, *, device: str = "cpu",
+def check_case(case: OpCall, reference: OpReference | None, *, device: str = "cpu",
                precision_metrics: Sequence[str] = ()) -> list[OpcheckRow]:
     """Return the rows of one op call: one per dumped output, or one saying why the op was not checked."""
     import torch
@@ -116,9 +116,9 @@ def check_case(case: OpCase, reference: OpReference | None, *, device: str = "cp
     return rows
 
 
-def _check_output(case: OpCase, position: str, record: TensorRecord, reference_output: Any, device: str,
+def _check_output(case: OpCall, position: str, record: TensorRecord, reference_output: Any, device: str,
                   precision_metrics: Sequence[str]) -> OpcheckRow:
-    from llmcheck.core.opcheck_measures import measure_output
+    from llmcheck.core.opcheck.measures import measure_output
 
     base = _case_row(case, ADDITION_FAILED, "", tensor_path=record.source_path, out_id=position)
     criterion = criterion_for(record.dtype)

@@ -1,10 +1,10 @@
-"""``llmcheck opcheck``: recompute every operator of a dump from its dumped inputs and judge its dumped outputs.
+"""The ``llmcheck opcheck`` command: recompute every operator of a dump from its dumped inputs and judge its dumped outputs.
 
 The dump is read through the *load tensors* hook (an ATB tensor tree, a torch op-level
 dump, any source whose records carry an ``op_type``), grouped into op calls, and each call
 is recomputed by the reference its op type resolves to (:meth:`Plugins.op_reference`) on
 the CPU -- or a CUDA device with ``-device`` -- in float64 where the op allows. Each
-dumped output is judged by the criterion of its dtype (:mod:`llmcheck.core.opcheck_criteria`).
+dumped output is judged by the criterion of its dtype (:mod:`llmcheck.core.opcheck.criteria`).
 Calls are checked in parallel worker processes; the report lists every output, and every
 op that could not be checked with the reason.
 """
@@ -21,9 +21,10 @@ from pathlib import Path
 from typing import Sequence
 
 from llmcheck.core.errors import EXIT_FAILURES_FOUND, EXIT_OK, DumpNotFoundError, LlmcheckError, UsageError
-from llmcheck.core.op_cases import OpCase, group_op_cases, position_order, select_op_cases
-from llmcheck.core.opcheck_run import FAILED, OpcheckRow, check_case
-from llmcheck.core.records import OpReference
+from llmcheck.core.op_calls import OpCall, group_op_calls, position_order
+from llmcheck.core.opcheck.selection import select_op_calls
+from llmcheck.core.opcheck.case_check import FAILED, OpcheckRow, check_case
+from llmcheck.core.records import OpReference, TensorRecord
 
 log = logging.getLogger("llmcheck.opcheck")
 
@@ -52,7 +53,12 @@ def reference_device(device_id: str | None) -> str:
     return "cpu"
 
 
-def _with_csv_params(cases: list[OpCase], csv_path: Path) -> list[OpCase]:
+def _op_calls(records: Sequence[TensorRecord]) -> list[OpCall]:
+    """Return the op calls of the records that belong to an op (records without an ``op_type`` belong to none)."""
+    return group_op_calls([record for record in records if record.op_type is not None])
+
+
+def _with_csv_params(cases: list[OpCall], csv_path: Path) -> list[OpCall]:
     """Return the cases with op parameters taken from an op CSV where the dump gave none."""
     from dataclasses import replace
 
@@ -66,13 +72,13 @@ def _with_csv_params(cases: list[OpCase], csv_path: Path) -> list[OpCase]:
     except DumpNotFoundError as exc:
         raise UsageError("not an op CSV any installed source reads", where=csv_path,
                          hint="give the dump's operation_tensors_N.csv, or omit -c") from exc
-    by_op = {(case.op_id, case.step): case.params for case in group_op_cases(csv_dump.records)}
+    by_op = {(case.name, case.step): case.params for case in _op_calls(csv_dump.records)}
 
-    def recorded_op_param(case: OpCase) -> bool:
+    def recorded_op_param(case: OpCall) -> bool:
         return any("op_param" in record.attrs for record in (*case.inputs.values(), *case.outputs.values()))
 
-    return [replace(case, params=by_op[(case.op_id, case.step)])
-            if not recorded_op_param(case) and (case.op_id, case.step) in by_op else case
+    return [replace(case, params=by_op[(case.name, case.step)])
+            if not recorded_op_param(case) and (case.name, case.step) in by_op else case
             for case in cases]
 
 
@@ -82,7 +88,7 @@ def _worker_start() -> None:
     torch.set_num_threads(1)  # one thread per worker: the workers are the parallelism
 
 
-def _check_batch(batch: Sequence[tuple[OpCase, OpReference | None]], device: str,
+def _check_batch(batch: Sequence[tuple[OpCall, OpReference | None]], device: str,
                  precision_metrics: Sequence[str]) -> list[OpcheckRow]:
     rows: list[OpcheckRow] = []
     for case, reference in batch:
@@ -98,7 +104,7 @@ def _picklable(item: object) -> bool:
         return False
 
 
-def check_cases(cases: Sequence[OpCase], references: dict[str, OpReference | None], *, device: str,
+def check_cases(cases: Sequence[OpCall], references: dict[str, OpReference | None], *, device: str,
                 precision_metrics: Sequence[str], jobs: int | None) -> list[OpcheckRow]:
     """Return the rows of every case, checked in worker processes.
 
@@ -132,7 +138,7 @@ def opcheck_command(*, tensor_dir: Path, csv_path: Path | None, output_dir: Path
                     jobs: int | None) -> int:
     """Run opcheck on a dump and write its report; return 3 when an output failed its criterion, else 0."""
     from llmcheck.core.atomic_files import reports_written_into
-    from llmcheck.core.opcheck_report import CSV_NAME, XLSX_NAME, print_summary, write_reports
+    from llmcheck.core.opcheck.report import CSV_NAME, XLSX_NAME, print_summary, write_reports
     from llmcheck.core.plugins import get_plugins
     from llmcheck.core.report_folder import prepare_report_folder
 
@@ -149,13 +155,13 @@ def opcheck_command(*, tensor_dir: Path, csv_path: Path | None, output_dir: Path
     dump = plugins.load_tensors(Path(tensor_dir))
     if dump.cut:
         log.warning("%s: the dump is cut short: %s", tensor_dir, dump.cut)
-    all_cases = group_op_cases(dump.records)
+    all_cases = _op_calls(dump.records)
     if not all_cases:
         raise DumpNotFoundError(f"the {dump.source} dump holds no operator records", where=tensor_dir,
                                 hint="opcheck needs an ATB tensor dump or a torch dump captured at op level")
     if csv_path is not None:
         all_cases = _with_csv_params(all_cases, Path(csv_path))
-    cases = select_op_cases(all_cases, operation_ids, operation_names)
+    cases = select_op_calls(all_cases, operation_ids, operation_names)
     if not cases:
         raise UsageError(f"none of the dump's {len(all_cases)} ops matches the filters", where="-ids/-opname",
                          hint="check the op ids and type names in the dump")

@@ -1,0 +1,146 @@
+"""Everything a plugin may use from llmcheck, and nothing else (as ``pytest`` is to ``_pytest``).
+
+A plugin -- built-in or third-party -- imports from here only; ``llmcheck.core`` is private
+and may change in any release. A test fails when a built-in plugin imports a core module.
+What is here, by the question a plugin author asks:
+
+* **How do I implement a hook?** :data:`hookimpl` (the hooks: ``docs/hooks.md``).
+* **What do hooks exchange?** The record nouns: :class:`RecordKey`, :class:`TensorRecord`,
+  :class:`TensorStats`, :class:`TensorData`, :class:`TopologyNode`, :class:`Dump`,
+  :class:`Pair` and :class:`PairPriority`, :class:`UserMapping`, :class:`SourceInfo`,
+  :class:`CaptureBackend` / :class:`CaptureRequest`, :class:`MetricSpec` /
+  :class:`MetricAccumulator` / :class:`MetricResult`, :class:`OpReference`; the constants
+  of a record key (``IO_*``, ``MOMENT_*``, :data:`ALL_RANKS`), dtype names and classes, the
+  attrs compare reads of parameters (:data:`PARAMETER_ATTR`, :data:`PARAMETER_DIGESTS_ATTR`),
+  and the module-tree naming convention (:data:`ROOT_MODULE`, :func:`module_parent`, ...).
+* **How do I fail?** The typed errors; the CLI prints them as one line.
+* **How do I read a dump's files safely?** :func:`inside_dump`, :func:`walk_files`,
+  :func:`is_real_folder` (one containment rule), :func:`read_npy_header`, and the tensor
+  I/O helpers (:func:`tensor_from_byte_range`, ...; they import torch on first use).
+* **Which records make one op call?** :class:`OpCall`, :func:`group_op_calls`.
+* **How do I write files?** :func:`atomic_write_text`, :func:`atomic_write_with`, and the
+  llmcheck dump format (:class:`DumpWriter`, :func:`read_dump`, :func:`find_dumps`).
+* **How does a metric share work between metrics?** :class:`PairChunk` (``update_chunk``).
+
+Names that need torch are imported on first access, so importing this module stays cheap.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from llmcheck import lazy_attributes
+from llmcheck.core.atomic_files import atomic_write_text, atomic_write_with, write_failed
+from llmcheck.core.dump_paths import inside_dump, is_real_folder, walk_files
+from llmcheck.core.dump_schema import convert as convert_json, decode as decode_json
+from llmcheck.core.errors import (
+    BackendUnavailableError,
+    DumpFormatError,
+    DumpNotFoundError,
+    LlmcheckError,
+    PathOutsideDumpError,
+    PluginError,
+    UnsupportedOpError,
+    UsageError,
+)
+from llmcheck.core.graph_overlay import RECORD_NAME_KEY
+from llmcheck.core.hookspecs import hookimpl
+from llmcheck.core.npy_format import NpyHeader, read_npy_header
+from llmcheck.core.op_calls import CallId, OpCall, group_op_calls, position_order
+from llmcheck.core.pair_chunk import PairChunk, Workspace, dot
+from llmcheck.core.plugins import load_dump
+from llmcheck.core.records import (
+    ALL_RANKS,
+    DTYPE_ITEMSIZE,
+    FLOAT_DTYPES,
+    IO_INPUT,
+    IO_OUTPUT,
+    LAYOUT_TENSOR_FILES,
+    MODULE_SEPARATOR,
+    MOMENT_AFTER,
+    MOMENT_BEFORE,
+    OP_SEPARATOR,
+    ROOT_MODULE,
+    CaptureBackend,
+    CaptureRequest,
+    ChunkMetricAccumulator,
+    Dump,
+    MetricAccumulator,
+    MetricResult,
+    MetricSpec,
+    OpReference,
+    Pair,
+    PairPriority,
+    RecordKey,
+    SourceInfo,
+    TensorData,
+    TensorRecord,
+    TensorStats,
+    TopologyNode,
+    UserMapping,
+    dtype_class,
+    is_float_dtype,
+    is_op_record_name,
+    lies_inside,
+    merge_rank_dumps,
+    module_ancestors,
+    module_parent,
+    op_record_module,
+    op_record_name,
+)
+from llmcheck.core.store import NATIVE_SOURCE, DumpWriter, closing_state, find_dumps, read_dump
+from llmcheck.core.weights import PARAMETER_ATTR, PARAMETER_DIGESTS_ATTR
+
+if TYPE_CHECKING:  # pragma: no cover
+    from llmcheck.core.call_arguments import decode_call, encode_call
+    from llmcheck.core.statistics import segmented_stats_vectors, stats_from_vectors, stats_vector
+    from llmcheck.core.tensor_io import (dtype_name, load_weights_only, tensor_bytes, tensor_from_byte_range,
+                                         torch_dtype)
+
+#: public name -> module defining it, for names whose module imports torch (loaded on first access)
+_NEEDS_TORCH: dict[str, str] = {
+    "dtype_name": "llmcheck.core.tensor_io",
+    "torch_dtype": "llmcheck.core.tensor_io",
+    "tensor_bytes": "llmcheck.core.tensor_io",
+    "tensor_from_byte_range": "llmcheck.core.tensor_io",
+    "load_weights_only": "llmcheck.core.tensor_io",
+    "stats_vector": "llmcheck.core.statistics",
+    "stats_from_vectors": "llmcheck.core.statistics",
+    "segmented_stats_vectors": "llmcheck.core.statistics",
+    "encode_call": "llmcheck.core.call_arguments",
+    "decode_call": "llmcheck.core.call_arguments",
+}
+
+__all__ = [
+    # hooks
+    "hookimpl",
+    # record nouns and their constants
+    "ALL_RANKS", "DTYPE_ITEMSIZE", "FLOAT_DTYPES", "IO_INPUT", "IO_OUTPUT", "MOMENT_AFTER", "MOMENT_BEFORE",
+    "LAYOUT_TENSOR_FILES",
+    "CaptureBackend", "CaptureRequest", "ChunkMetricAccumulator", "Dump", "MetricAccumulator", "MetricResult", "MetricSpec",
+    "OpReference", "Pair", "PairPriority", "RecordKey", "SourceInfo", "TensorData", "TensorRecord",
+    "TensorStats", "TopologyNode", "UserMapping", "dtype_class", "is_float_dtype", "merge_rank_dumps",
+    # module-tree record names
+    "ROOT_MODULE", "MODULE_SEPARATOR", "OP_SEPARATOR", "module_parent", "module_ancestors",
+    "op_record_name", "op_record_module", "is_op_record_name", "lies_inside",
+    # record attrs that compare reads: parameters and their digests (weights checked against rounding)
+    "PARAMETER_ATTR", "PARAMETER_DIGESTS_ATTR",
+    # errors
+    "LlmcheckError", "UsageError", "DumpFormatError", "DumpNotFoundError", "PathOutsideDumpError",
+    "PluginError", "BackendUnavailableError", "UnsupportedOpError",
+    # reading a dump's files
+    "inside_dump", "walk_files", "is_real_folder", "NpyHeader", "read_npy_header", "decode_json",
+    "convert_json", "load_dump",
+    # op calls
+    "CallId", "OpCall", "group_op_calls", "position_order",
+    # writing files and llmcheck dumps
+    "atomic_write_text", "atomic_write_with", "write_failed", "DumpWriter", "read_dump", "find_dumps", "NATIVE_SOURCE",
+    "closing_state", "RECORD_NAME_KEY",
+    # metrics sharing per-chunk work
+    "PairChunk", "Workspace", "dot",
+    # torch-backed helpers (imported on first access)
+    *_NEEDS_TORCH,
+]
+
+
+__getattr__ = lazy_attributes(__name__, _NEEDS_TORCH, globals())
