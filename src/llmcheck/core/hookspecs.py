@@ -9,8 +9,10 @@ test keeps the two in step). Four families make the product:
 * **metric** -- named measures of a pair, with direction and thresholds per dtype.
 
 one export resolver, :func:`llmcheck_export_onnx`, that turns a source's topology file
-into a viewable ONNX graph, and the operator references ``llmcheck opcheck`` recomputes
-single ops with (:func:`llmcheck_register_op_references`, :func:`llmcheck_resolve_op_reference`).
+into a viewable ONNX graph, the operator references ``llmcheck opcheck`` recomputes
+single ops with (:func:`llmcheck_register_op_references`, :func:`llmcheck_resolve_op_reference`),
+a capture backend's own ``dump`` flags (:func:`llmcheck_register_backend_options`), and the
+files a compare writes (:func:`llmcheck_register_reporters`).
 
 Registries take a ``register`` callback, so the core can de-duplicate and name both plugins
 in a clash; resolvers (which loader claims this path) are ``firstresult``. A plugin
@@ -25,6 +27,7 @@ from typing import Callable
 
 import pluggy
 
+from llmcheck.core.backend_options import BackendOption
 from llmcheck.core.records import (
     CaptureBackend,
     Dump,
@@ -34,6 +37,7 @@ from llmcheck.core.records import (
     SourceInfo,
     UserMapping,
 )
+from llmcheck.core.reporters import Reporter
 
 PROJECT_NAME = "llmcheck"
 
@@ -51,6 +55,20 @@ def llmcheck_register_capture_backends(register: Callable[[CaptureBackend], None
     Called once, the first time a command needs the list of backends (``llmcheck dump``,
     ``llmcheck plugins``). Call ``register(backend)`` for each backend; ``backend.name``
     is what the user passes to ``--backend``. Two plugins registering the same name is a
+    :class:`~llmcheck.core.errors.PluginError` naming both.
+    """
+
+
+@hookspec
+def llmcheck_register_backend_options(register: Callable[[BackendOption], None]) -> None:
+    """Declare the ``llmcheck dump`` flags of a capture backend.
+
+    Called once, when ``llmcheck dump`` builds its command line (``--help`` included). Call
+    ``register(BackendOption(backend, name, help, ...))`` per flag: ``backend`` is the
+    ``--backend`` name it belongs to (usually one this plugin registers), ``name`` the key
+    the parsed value arrives under in ``CaptureRequest.options``. Only the chosen backend's
+    options are flags of a run; ``llmcheck dump --backend NAME --help`` lists them. Two
+    plugins declaring the same spelling for one backend is a
     :class:`~llmcheck.core.errors.PluginError` naming both.
     """
 
@@ -110,6 +128,23 @@ def llmcheck_register_metrics(register: Callable[[MetricSpec], None]) -> None:
 
     Called once, the first time a compare needs the metric table. Call
     ``register(MetricSpec(...))`` per metric. Two plugins registering the same name is a
+    :class:`~llmcheck.core.errors.PluginError` naming both.
+    """
+
+
+# --- report ---------------------------------------------------------------------------
+
+
+@hookspec
+def llmcheck_register_reporters(register: Callable[[Reporter], None]) -> None:
+    """Register output formats of ``llmcheck compare``.
+
+    Called once per compare, before anything is measured (an unknown ``--report`` name
+    fails early). Call ``register(Reporter(name, description, file_name, write, default))``
+    per format: ``write(result, path)`` gets the finished
+    :class:`~llmcheck.core.compare.CompareResult` and the path of ``file_name`` in the
+    output folder. A ``default`` reporter runs on every compare; the others run when the
+    user passes ``--report NAME``. Two plugins registering the same name is a
     :class:`~llmcheck.core.errors.PluginError` naming both.
     """
 

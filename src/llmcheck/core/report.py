@@ -1,4 +1,7 @@
-"""Compare reports: ``cmp_report.csv``, ``summary.json``, ``pairs.json``, ``report.html`` and the terminal summary.
+"""Compare reports: the ``cmp_report.csv`` and ``summary.json`` writers, the report file names, and the terminal summary.
+
+The built-in ``reports`` plugin registers the writers as reporters (``core/reporters.py``);
+the file names stay here because ``export model-explorer`` reads a compare folder by them.
 
 The CSV's first 24 columns are the seed tool's, in its order, so scripts written for
 ``msit llm compare`` keep working; llmcheck's columns follow. Cells a spreadsheet would run
@@ -15,7 +18,6 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 from llmcheck.core.atomic_files import atomic_output, atomic_write_text
 from llmcheck.core.depth_profile import error_measure, row_error
-from llmcheck.core.pairing import write_pairs_json
 from llmcheck.core.records import VERDICT_ERROR, VERDICT_FAIL, VERDICT_WARN, ComparisonRow, TensorStats
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -168,24 +170,6 @@ def write_csv(result: "CompareResult", path: Path) -> None:
 def write_summary(result: "CompareResult", path: Path) -> None:
     """Write summary.json (strict JSON: non-finite numbers as strings)."""
     atomic_write_text(path, json.dumps(json_safe(result.summary()), indent=2) + "\n")
-
-
-def write_reports(result: "CompareResult", output_dir: Path) -> dict[str, Path]:
-    """Write the four report files into ``output_dir`` (created if needed) and return their paths by kind."""
-    from llmcheck.core.errors import LlmcheckError
-    from llmcheck.core.report_html import write_html
-
-    try:
-        output_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise LlmcheckError(f"cannot create the output folder: {exc.strerror}", where=output_dir) from exc
-    written = {"csv": output_dir / CSV_NAME, "summary": output_dir / SUMMARY_NAME, "pairs": output_dir / PAIRS_NAME,
-               "html": output_dir / HTML_NAME}
-    write_csv(result, written["csv"])
-    write_summary(result, written["summary"])
-    write_pairs_json(written["pairs"], result.pairing, result.golden, result.my)
-    write_html(result, written["html"])
-    return written
 
 
 # --- terminal ----------------------------------------------------------------------------------

@@ -16,8 +16,10 @@ import json
 from pathlib import Path
 from typing import Any, Callable
 
+from llmcheck.core.backend_options import BackendOption
 from llmcheck.core.hookspecs import hookimpl
 from llmcheck.core.records import CaptureBackend, Dump, Pair, SourceInfo, UserMapping
+from llmcheck.core.seed_flags import seed_dump_options
 from llmcheck.plugins.atb.onnx_export import atb_json_to_onnx
 
 __all__ = ["atb_json_to_onnx"]
@@ -44,6 +46,16 @@ def llmcheck_register_capture_backends(register: Callable[[CaptureBackend], None
     from llmcheck.plugins.atb.launcher import AtbCaptureBackend
 
     register(AtbCaptureBackend())
+
+
+@hookimpl
+def llmcheck_register_backend_options(register: Callable[[BackendOption], None]) -> None:
+    from llmcheck.plugins.atb.launcher import BACKEND_NAME
+
+    for option in seed_dump_options(BACKEND_NAME):
+        register(option)
+    register(BackendOption(BACKEND_NAME, "save_tiling", "Also save the kernels' tiling data.", type=bool,
+                           default=False, aliases=("-tiling",)))
 
 
 @hookimpl
