@@ -277,7 +277,8 @@ def test_hook_llmcheck_register_metrics(third_party_site: Path) -> None:
     listed = {entry["name"]: entry for entry in json.loads(result.stdout)}
     assert listed["maxulp"]["distribution"] == "llmcheck-maxulp"
     assert listed["maxulp"]["version"] == "1.2.3"
-    assert listed["maxulp"]["hooks"] == ["llmcheck_register_metrics"]
+    assert listed["maxulp"]["hooks"] == ["llmcheck_register_backend_options", "llmcheck_register_capture_backends",
+                                         "llmcheck_register_metrics", "llmcheck_register_reporters"]
     assert BUILTIN_PLUGINS <= set(listed)
     table = _run_llmcheck(["plugins"], third_party_site)
     assert "max_ulp" in table.stdout
@@ -317,3 +318,29 @@ def test_third_party_metric_is_a_column_of_every_compare(third_party_site: Path,
     with open(tmp_path / "out" / "cmp_report.csv", newline="") as report:
         (row,) = list(csv.DictReader(report))
     assert float(row["max_ulp"]) == 8.0
+
+
+def test_a_pip_installed_plugin_adds_a_reporter_and_a_backend_with_options_without_a_core_change(
+        third_party_site: Path, make_llmcheck_dump, tmp_path: Path) -> None:
+    import torch
+
+    golden = make_llmcheck_dump(tmp_path / "golden", {"x": torch.ones(8)})
+    my = make_llmcheck_dump(tmp_path / "my", {"x": torch.full((8,), 1 + 2 ** -20)})  # 8 float32 ULPs off
+    compared = _run_llmcheck(["compare", "-gp", str(golden), "-mp", str(my), "-o", str(tmp_path / "out"), "-j", "1",
+                              "--report", "ulp"], third_party_site)
+    assert compared.returncode in (0, 3), compared.stderr
+    assert json.loads((tmp_path / "out" / "max_ulp.json").read_text()) == {"x step 0 output.0": 8.0}
+
+    helped = _run_llmcheck(["dump", "--backend", "stamp", "--help"], third_party_site)
+    assert helped.returncode == 0 and "--label TEXT" in helped.stdout and "--times INTEGER" in helped.stdout
+    out = tmp_path / "stamped"
+    dumped = _run_llmcheck(["dump", "--backend", "stamp", "--label", "golden", "--times", "2", "-o", str(out),
+                            "--", sys.executable, "-c", "import sys; sys.exit(4)"], third_party_site)
+    assert dumped.returncode == 4, dumped.stderr
+    stamp = json.loads((out / "stamp.json").read_text())
+    assert stamp == {"label": "golden", "argv": [sys.executable, "-c", "import sys; sys.exit(4)"], "exit_codes": [4, 4]}
+    wrong = _run_llmcheck(["dump", "--backend", "stamp", "--times", "twice", "-o", str(out), "--", "true"],
+                          third_party_site)
+    assert wrong.returncode == 2
+    assert wrong.stderr == ("llmcheck: error: Invalid value for '--times': 'twice' is not a valid integer. "
+                            "(see 'llmcheck dump --help')\n")
