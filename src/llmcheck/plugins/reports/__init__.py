@@ -13,18 +13,26 @@ Through the same hook a third-party package uses (:func:`~llmcheck.core.hookspec
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
+from llmcheck.core.atomic_files import atomic_write_text
 from llmcheck.core.hookspecs import hookimpl
 from llmcheck.core.pairing import write_pairs_json
-from llmcheck.core.report import CSV_NAME, HTML_NAME, PAIRS_NAME, SUMMARY_NAME, write_csv, write_summary
-from llmcheck.core.report_html import write_html
+from llmcheck.core.report import CSV_NAME, HTML_NAME, PAIRS_NAME, SUMMARY_NAME, json_safe
 from llmcheck.core.reporters import Reporter
+from llmcheck.plugins.reports.csv_table import write_csv
+from llmcheck.plugins.reports.html_page import write_html
 from llmcheck.plugins.reports.junit_xml import JUNIT_NAME, write_junit
 
 if TYPE_CHECKING:  # pragma: no cover
     from llmcheck.core.compare import CompareResult
+
+
+def write_summary(result: "CompareResult", path: Path) -> None:
+    """Write summary.json (strict JSON: non-finite numbers as strings)."""
+    atomic_write_text(path, json.dumps(json_safe(result.summary()), indent=2) + "\n")
 
 
 def _write_pairs(result: "CompareResult", path: Path) -> None:

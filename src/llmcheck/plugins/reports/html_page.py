@@ -7,7 +7,8 @@ named -- and the module heat map (layers down, submodule kinds across). The per-
 charts (each drawing only the pairs that metric judged) are folded away; the table of pairs
 fits 1280 px, with a details drawer per row. The page names no metric: the error measure is
 the metric holding that role, and each metric's direction comes with its results. The
-data is embedded as JSON (``report_template.html`` next to this module is the page).
+data is embedded as JSON (``report_template.html`` next to this module is the page). The
+built-in ``reports`` plugin registers it as the ``html`` reporter.
 """
 
 from __future__ import annotations
@@ -83,7 +84,7 @@ def _depth_views(result: "CompareResult", measure: MetricSpec | None) -> dict[st
 
 def report_data(result: "CompareResult") -> dict[str, Any]:
     """Return what the page shows, as JSON-safe data."""
-    from llmcheck.core.report_story import story
+    from llmcheck.plugins.reports.story import story
     from llmcheck.core.stats_compare import DECIDING_STAT
 
     plotted = [(spec.name, spec.higher_is_better) for spec in result.metric_specs]
@@ -108,7 +109,7 @@ def report_data(result: "CompareResult") -> dict[str, Any]:
 
 def render_html(result: "CompareResult") -> str:
     """Return the report page with its data embedded."""
-    template = resources.files("llmcheck.core").joinpath(TEMPLATE_NAME).read_text(encoding="utf-8")
+    template = resources.files(__package__).joinpath(TEMPLATE_NAME).read_text(encoding="utf-8")
     payload = json.dumps(report_data(result), separators=(",", ":"), allow_nan=False)
     # Inside <script>, "</" could close the element early; U+2028/9 break older JS parsers.
     payload = payload.replace("</", "<\\/").replace("\u2028", "\\u2028").replace("\u2029", "\\u2029")

@@ -13,8 +13,8 @@ import numpy as np
 from llmcheck.core.depth_profile import error_measure, row_error
 from llmcheck.core.errors import LlmcheckError
 from llmcheck.core.records import IO_OUTPUT, ComparisonRow, TensorData
-from llmcheck.core.verdicts import is_float_dtype
 from llmcheck.core.report import describe, measure_text
+from llmcheck.core.verdicts import is_float_dtype
 
 if TYPE_CHECKING:  # pragma: no cover
     from llmcheck.core.compare import CompareResult
