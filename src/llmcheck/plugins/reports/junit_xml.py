@@ -65,8 +65,8 @@ def junit_document(result: "CompareResult") -> ElementTree.Element:
     counts = result.counts()
     totals = {"tests": str(counts["pairs"]), "failures": str(counts["failures"]), "errors": str(counts["errors"]),
               "skipped": "0", "time": f"{result.elapsed_s:.3f}"}
-    suites = ElementTree.Element("testsuites", name=SUITE_NAME, **totals)
-    suite = ElementTree.SubElement(suites, "testsuite", name=SUITE_NAME, **totals)
+    suites = ElementTree.Element("testsuites", {"name": SUITE_NAME, **totals})
+    suite = ElementTree.SubElement(suites, "testsuite", {"name": SUITE_NAME, **totals})
     properties = ElementTree.SubElement(suite, "properties")
     for name, value in (("golden", result.golden.root), ("golden_source", result.golden.source),
                         ("my", result.my.root), ("my_source", result.my.source),
