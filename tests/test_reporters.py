@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import textwrap
+import types
 import xml.etree.ElementTree as ElementTree
 from pathlib import Path
 
@@ -64,3 +66,27 @@ def test_an_unknown_report_is_one_error_listing_the_known_ones_before_anything_r
     assert capsys.readouterr().err == ("llmcheck: error: --report: unknown report 'xlsx' "
                                        "(known reports: csv, summary, pairs, html, junit)\n")
     assert not out.exists()
+
+
+def _hook_example(hook_name: str) -> types.ModuleType:
+    """Return the ``Example::`` of a hook's docstring, run as a plugin module."""
+    from llmcheck.core import hookspecs
+
+    module = types.ModuleType(f"{hook_name}_example")
+    exec(textwrap.dedent(getattr(hookspecs, hook_name).__doc__.split("Example::", 1)[1]), module.__dict__)
+    return module
+
+
+def test_the_reporter_example_of_the_hook_reference_writes_its_file(llmcheck_plugins, runs, tmp_path: Path) -> None:
+    llmcheck_plugins(_hook_example("llmcheck_register_reporters"))
+    golden, my = runs
+    out = tmp_path / "out"
+    main(["compare", "-gp", str(golden), "-mp", str(my), "-o", str(out), "-j", "1", "--report", "verdicts"])
+    assert (out / "verdicts.csv").read_text().splitlines() == [
+        "embed step 0 output.0, pass", "layer0 step 0 output.0, fail", "layer1 step 0 output.0, error"]
+
+
+def test_the_backend_option_example_of_the_hook_reference_declares_its_flag(llmcheck_plugins) -> None:
+    facade = llmcheck_plugins(_hook_example("llmcheck_register_backend_options"))
+    (repeat,) = facade.backend_options("plain")
+    assert repeat.flag_text == "-r/--repeat" and repeat.value(3) == 3 and repeat.default == 1

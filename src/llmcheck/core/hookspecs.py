@@ -70,6 +70,16 @@ def llmcheck_register_backend_options(register: Callable[[BackendOption], None])
     options are flags of a run; ``llmcheck dump --backend NAME --help`` lists them. Two
     plugins declaring the same spelling for one backend is a
     :class:`~llmcheck.core.errors.PluginError` naming both.
+
+    Example::
+
+        from llmcheck import BackendOption, hookimpl
+
+
+        @hookimpl
+        def llmcheck_register_backend_options(register):
+            register(BackendOption(backend="plain", name="repeat", help="Run the program this many times.",
+                                   type=int, default=1, aliases=("-r",)))
     """
 
 
@@ -146,6 +156,22 @@ def llmcheck_register_reporters(register: Callable[[Reporter], None]) -> None:
     output folder. A ``default`` reporter runs on every compare; the others run when the
     user passes ``--report NAME``. Two plugins registering the same name is a
     :class:`~llmcheck.core.errors.PluginError` naming both.
+
+    Example::
+
+        from llmcheck import Reporter, hookimpl
+
+
+        def write_verdicts(result, path):
+            with path.open("w") as out:
+                for row in result.rows:
+                    print(row.golden.key.label(), row.verdict, sep=", ", file=out)
+
+
+        @hookimpl
+        def llmcheck_register_reporters(register):
+            register(Reporter(name="verdicts", description="one line per pair: its label and verdict",
+                              file_name="verdicts.csv", write=write_verdicts))
     """
 
 
