@@ -78,13 +78,12 @@ class BackendOptionsCommand(click.Command):
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         """Add the chosen backend's options, then parse; a flag of another backend is one error naming it."""
-        from llmcheck.core.dump_command import capture_backend
         from llmcheck.core.plugins import get_plugins
 
         backend_param = next(param for param in self.own_params if param.name == "backend")
         backend = _backend_named(args, str(backend_param.default))
         plugins = get_plugins()
-        chosen = capture_backend(backend)
+        chosen = plugins.capture_backend(backend)
         declared = plugins.backend_options(backend)
         self.params = [*self.own_params, *(_click_option(option) for option in declared)]
         others = sorted(name for name in plugins.capture_backends() if name != backend)

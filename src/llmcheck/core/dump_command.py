@@ -12,20 +12,8 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from llmcheck.core.backend_options import option_values
-from llmcheck.core.errors import UsageError
-from llmcheck.core.records import CaptureBackend, CaptureRequest
+from llmcheck.core.records import CaptureRequest
 from llmcheck.core.seed_flags import split_command
-
-
-def capture_backend(name: str) -> CaptureBackend:
-    """Return the registered capture backend called ``name``, or raise a usage error listing the known ones."""
-    from llmcheck.core.plugins import get_plugins
-
-    backends = get_plugins().capture_backends()
-    if name not in backends:
-        raise UsageError(f"unknown backend {name!r}", where="--backend",
-                         hint=f"available: {', '.join(sorted(backends)) or 'none'}")
-    return backends[name]
 
 
 def dump_command(*, backend: str, exec_text: str | None, trailing_command: Sequence[str], output_dir: Path,
@@ -39,9 +27,10 @@ def dump_command(*, backend: str, exec_text: str | None, trailing_command: Seque
     from llmcheck.core.plugins import get_plugins
     from llmcheck.core.store import check_output_folder
 
-    options = option_values(get_plugins().backend_options(backend), given_options)
+    plugins = get_plugins()
+    options = option_values(plugins.backend_options(backend), given_options)
     argv = split_command(exec_text, trailing_command)
     check_output_folder(output_dir, "new dumps")
-    chosen = capture_backend(backend)
+    chosen = plugins.capture_backend(backend)
     request = CaptureRequest(backend=backend, command=argv, output_dir=output_dir, options=options, log_level=log_level)
     return chosen.run(request)

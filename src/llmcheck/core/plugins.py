@@ -103,6 +103,14 @@ class Plugins:
             self._backends = self._collect(self.manager.hook.llmcheck_register_capture_backends, "capture backend")
         return self._backends
 
+    def capture_backend(self, name: str) -> CaptureBackend:
+        """Return the backend named ``name``, or raise a usage error listing the known ones."""
+        backends = self.capture_backends()
+        if name not in backends:
+            raise UsageError(f"unknown backend {name!r}", where="--backend",
+                             hint=f"available: {', '.join(sorted(backends)) or 'none'}")
+        return backends[name]
+
     def sources(self) -> dict[str, SourceInfo]:
         """Return every dump kind a loader answers to, by name."""
         if self._sources is None:
