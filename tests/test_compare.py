@@ -15,7 +15,7 @@ from llmcheck.core.cli import main
 from llmcheck.core.compare import compare_dumps
 from llmcheck.core.pairing import load_user_mapping
 from llmcheck.core.plugins import get_plugins
-from llmcheck.core.report import SEED_COLUMNS
+from llmcheck.plugins.reports.csv_table import SEED_COLUMNS
 
 INPUT_IDS = torch.tensor([[1, 7, 42, 9, 100, 3, 250, 18]])
 

@@ -120,7 +120,7 @@ def test_ranks_of_one_run_write_side_by_side(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(("flags", "message"), [
     (["--type", "layer"], "llmcheck: error: --type: the torch backend cannot dump 'layer'"),
-    (["-tiling"], "llmcheck: error: -tiling/--save-tiling: tiling data exists only for ATB kernels"),
+    (["-tiling"], "llmcheck: error: -tiling: is an option of backend atb, not torch"),
     (["--exec", "no-such-program-xyz --flag"], "llmcheck: error: --exec: cannot run 'no-such-program-xyz': no such program"),
 ])
 def test_wrong_use_is_one_line_usage_error(tmp_path: Path, flags: list[str], message: str) -> None:

@@ -15,9 +15,12 @@ from llmcheck import hookimpl
 from llmcheck.core.cli import main
 from llmcheck.core.errors import DumpNotFoundError, PluginError, UsageError
 from llmcheck.core.plugins import build_plugins, get_plugins
+from llmcheck.core.backend_options import BackendOption
 from llmcheck.core.records import Dump, MetricSpec, Pair, RecordKey, SourceInfo, TensorRecord
+from llmcheck.core.reporters import Reporter
+from llmcheck.core.seed_flags import seed_dump_options
 
-BUILTIN_PLUGINS = {"atb", "torch_hooks", "torchair_ge", "torchair_fx", "manual"}
+BUILTIN_PLUGINS = {"atb", "torch_hooks", "torchair_ge", "torchair_fx", "manual", "reports"}
 THIRD_PARTY = Path(__file__).parent / "third_party_plugin"
 
 
@@ -102,9 +105,15 @@ class _RecordingBackend:
         return subprocess.run(list(request.command), check=False).returncode
 
 
+def _register_seed_flags(register) -> None:
+    for option in seed_dump_options("recorder"):
+        register(option)
+
+
 def test_hook_llmcheck_register_capture_backends(llmcheck_plugins, tmp_path: Path) -> None:
     backend = _RecordingBackend()
-    llmcheck_plugins(_plugin("recorder_plugin", llmcheck_register_capture_backends=lambda register: register(backend)))
+    llmcheck_plugins(_plugin("recorder_plugin", llmcheck_register_capture_backends=lambda register: register(backend),
+                             llmcheck_register_backend_options=_register_seed_flags))
     code = main(["dump", "--backend", "recorder", "-o", str(tmp_path), "-er", "3,5,7,7", "--type", "tensor", "model",
                  "--exec", f"{sys.executable} -c 'import sys; sys.exit(3)'"])
     assert code == 3  # the child's exit code comes back
@@ -124,6 +133,90 @@ def test_dump_without_backend_uses_the_backend_that_declares_itself_default(llmc
     assert main(["dump", "-o", str(tmp_path), "--", "true"]) == 2
     assert "--backend: several backends claim to be the default (" in capsys.readouterr().err
     assert claimant.requests == []
+def _positive_shots(value: int, flag: str) -> int:
+    if value < 1:
+        raise UsageError(f"invalid value {value}", where=flag, hint="give 1 or more shots")
+    return value
+
+
+def _register_recorder_options(register) -> None:
+    register(BackendOption("recorder", "shots", "How many times to run the program.", type=int, default=1,
+                           aliases=("-n",), parse=_positive_shots))
+    register(BackendOption("recorder", "mode", "How to run it.", choices=("fast", "careful"), default="fast"))
+    register(BackendOption("recorder", "quiet", "Say nothing.", type=bool))
+    register(BackendOption("another", "only_elsewhere", "An option of another backend."))
+
+
+def test_hook_llmcheck_register_backend_options(llmcheck_plugins, tmp_path: Path,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    backend = _RecordingBackend()
+    llmcheck_plugins(_plugin("recorder_plugin", llmcheck_register_capture_backends=lambda register: register(backend),
+                             llmcheck_register_backend_options=_register_recorder_options))
+    assert main(["dump", "--backend", "recorder", "-o", str(tmp_path / "a"), "-n", "3", "--mode", "careful",
+                 "--", sys.executable, "-c", "pass"]) == 0
+    assert main(["dump", "--backend=recorder", "-o", str(tmp_path / "b"), "--quiet", "--", "true"]) == 0
+    assert [request.options for request in backend.requests] == [
+        {"shots": 3, "mode": "careful", "quiet": False}, {"shots": 1, "mode": "fast", "quiet": True}]
+    capsys.readouterr()
+    assert main(["dump", "--backend", "recorder", "--help"]) == 0
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert "-n, --shots INTEGER How many times to run the program. [default: 1]" in help_text
+    assert "--mode [fast|careful]" in help_text and "--only-elsewhere" not in help_text
+    assert "--save-time" not in help_text  # the seed flags are the torch and atb backends' own
+    for args, expected in (
+        (["-n", "0"], "llmcheck: error: -n/--shots: invalid value 0 (give 1 or more shots)\n"),
+        (["--mode", "slow"], "llmcheck: error: Invalid value for '--mode': 'slow' is not one of 'fast', 'careful'. "
+                             "(see 'llmcheck dump --help')\n"),
+        (["--only-elsewhere", "x"], "llmcheck: error: --only-elsewhere: is an option of backend another, not recorder "
+                                    "('llmcheck dump --backend recorder --help' lists recorder's options)\n"),
+    ):
+        assert main(["dump", "--backend", "recorder", "-o", str(tmp_path / "c"), *args, "--", "true"]) == 2
+        assert capsys.readouterr().err == expected
+    assert len(backend.requests) == 2  # a wrong flag runs nothing
+
+
+def test_two_plugins_declaring_one_flag_of_a_backend_is_an_error_naming_both(llmcheck_plugins) -> None:
+    def register_save_time(register) -> None:
+        register(BackendOption("torch", "step_time", "Clashes with the seed's -time.", aliases=("-time",)))
+
+    facade = llmcheck_plugins(_plugin("timing_plugin", llmcheck_register_backend_options=register_save_time))
+    with pytest.raises(PluginError, match="backend option 'torch -time' is registered by both") as raised:
+        facade.backend_options("torch")
+    assert {"'torch_hooks'", "'timing_plugin'"} <= set(str(raised.value).split())
+
+
+def test_a_backend_option_that_cannot_be_a_flag_is_a_plugin_error(llmcheck_plugins) -> None:
+    facade = llmcheck_plugins(_plugin("bad_plugin", llmcheck_register_backend_options=lambda register: register(
+        BackendOption("torch", "output", "Takes dump's own -o."))))
+    with pytest.raises(PluginError, match="backend option '--output' of backend 'torch' cannot be a flag"):
+        facade.backend_options()
+
+
+def _write_verdicts(result, path: Path) -> None:
+    path.write_text("".join(f"{row.golden.key.name} {row.verdict}\n" for row in result.rows))
+
+
+def test_hook_llmcheck_register_reporters(llmcheck_plugins, make_llmcheck_dump, tmp_path: Path) -> None:
+    import torch
+
+    llmcheck_plugins(_plugin("verdicts_plugin", llmcheck_register_reporters=lambda register: register(
+        Reporter("verdicts", "one line per pair: name and verdict", "verdicts.txt", _write_verdicts))))
+    golden = make_llmcheck_dump(tmp_path / "golden", {"a": torch.ones(4), "b": torch.ones(4)})
+    my = make_llmcheck_dump(tmp_path / "my", {"a": torch.ones(4), "b": torch.full((4,), 2.0)})
+    out = tmp_path / "out"
+    assert main(["compare", "-gp", str(golden), "-mp", str(my), "-o", str(out), "-j", "1", "--report", "verdicts"]) == 3
+    assert (out / "verdicts.txt").read_text() == "a pass\nb fail\n"
+    assert (out / "cmp_report.csv").is_file()  # the default reports are still written
+    assert main(["compare", "-gp", str(golden), "-mp", str(my), "-o", str(tmp_path / "plain"), "-j", "1"]) == 3
+    assert not (tmp_path / "plain" / "verdicts.txt").exists()  # not a default: only on request
+
+
+def test_two_plugins_registering_one_report_name_is_an_error_naming_both(llmcheck_plugins) -> None:
+    facade = llmcheck_plugins(_plugin("csv_plugin", llmcheck_register_reporters=lambda register: register(
+        Reporter("csv", "another CSV", "other.csv", _write_verdicts))))
+    with pytest.raises(PluginError, match="reporter 'csv' is registered by both") as raised:
+        facade.reporters()
+    assert {"'reports'", "'csv_plugin'"} <= set(str(raised.value).split())
 
 
 def _load_csv_dump(path: Path, source: str | None) -> Dump | None:
@@ -193,7 +286,8 @@ def test_hook_llmcheck_register_metrics(third_party_site: Path) -> None:
     listed = {entry["name"]: entry for entry in json.loads(result.stdout)}
     assert listed["maxulp"]["distribution"] == "llmcheck-maxulp"
     assert listed["maxulp"]["version"] == "1.2.3"
-    assert listed["maxulp"]["hooks"] == ["llmcheck_register_metrics"]
+    assert listed["maxulp"]["hooks"] == ["llmcheck_register_backend_options", "llmcheck_register_capture_backends",
+                                         "llmcheck_register_metrics", "llmcheck_register_reporters"]
     assert BUILTIN_PLUGINS <= set(listed)
     table = _run_llmcheck(["plugins"], third_party_site)
     assert "max_ulp" in table.stdout
@@ -233,3 +327,29 @@ def test_third_party_metric_is_a_column_of_every_compare(third_party_site: Path,
     with open(tmp_path / "out" / "cmp_report.csv", newline="") as report:
         (row,) = list(csv.DictReader(report))
     assert float(row["max_ulp"]) == 8.0
+
+
+def test_a_pip_installed_plugin_adds_a_reporter_and_a_backend_with_options_without_a_core_change(
+        third_party_site: Path, make_llmcheck_dump, tmp_path: Path) -> None:
+    import torch
+
+    golden = make_llmcheck_dump(tmp_path / "golden", {"x": torch.ones(8)})
+    my = make_llmcheck_dump(tmp_path / "my", {"x": torch.full((8,), 1 + 2 ** -20)})  # 8 float32 ULPs off
+    compared = _run_llmcheck(["compare", "-gp", str(golden), "-mp", str(my), "-o", str(tmp_path / "out"), "-j", "1",
+                              "--report", "ulp"], third_party_site)
+    assert compared.returncode in (0, 3), compared.stderr
+    assert json.loads((tmp_path / "out" / "max_ulp.json").read_text()) == {"x step 0 output.0": 8.0}
+
+    helped = _run_llmcheck(["dump", "--backend", "stamp", "--help"], third_party_site)
+    assert helped.returncode == 0 and "--label TEXT" in helped.stdout and "--times INTEGER" in helped.stdout
+    out = tmp_path / "stamped"
+    dumped = _run_llmcheck(["dump", "--backend", "stamp", "--label", "golden", "--times", "2", "-o", str(out),
+                            "--", sys.executable, "-c", "import sys; sys.exit(4)"], third_party_site)
+    assert dumped.returncode == 4, dumped.stderr
+    stamp = json.loads((out / "stamp.json").read_text())
+    assert stamp == {"label": "golden", "argv": [sys.executable, "-c", "import sys; sys.exit(4)"], "exit_codes": [4, 4]}
+    wrong = _run_llmcheck(["dump", "--backend", "stamp", "--times", "twice", "-o", str(out), "--", "true"],
+                          third_party_site)
+    assert wrong.returncode == 2
+    assert wrong.stderr == ("llmcheck: error: Invalid value for '--times': 'twice' is not a valid integer. "
+                            "(see 'llmcheck dump --help')\n")

@@ -241,7 +241,7 @@ def test_an_op_only_the_my_run_executes_is_named_as_the_suspect(tmp_path):
     assert [entry["name"] for entry in suspects["my_only"]][:1] == ["model.layers.2.mlp/aten.mul.Tensor"]
     assert "the my-run executes 1 operation here that the golden run does not: model.layers.2.mlp/aten.mul.Tensor" \
         in suspects["sentence"]
-    from llmcheck.core.report import write_reports
+    from llmcheck.core.reporters import write_reports
 
     html = write_reports(result, tmp_path / "report")["html"].read_text()
     assert "suspects: the my-run executes 1 operation here that the golden run does not" in html

@@ -11,7 +11,7 @@ import torch
 from llmcheck.core import small_pairs
 from llmcheck.core.compare import compare_dumps
 from llmcheck.core.records import RecordKey, TensorRecord
-from llmcheck.core.report import write_reports
+from llmcheck.core.reporters import write_reports
 from llmcheck.core.store import DumpWriter, read_dump
 from llmcheck.core.tensor_io import dtype_name
 from llmcheck.plugins.metrics import builtin_metric_specs

@@ -5,7 +5,8 @@ Public API (imported lazily, so ``import llmcheck`` stays cheap and torch-free):
 * ``hookimpl`` -- the marker plugin authors decorate hook implementations with;
 * ``DumpConfig``, ``register_hook``, ``remove_hook`` -- in-process PyTorch capture;
 * ``dump_data`` -- manual golden/my tensor mapping;
-* the nouns of :mod:`llmcheck.core.records`.
+* the nouns of :mod:`llmcheck.core.records`, ``BackendOption`` (a ``dump`` flag a backend declares) and
+  ``Reporter`` (a ``compare`` output format).
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ _LAZY: dict[str, str] = {
     "SourceInfo": "llmcheck.core.records",
     "CaptureRequest": "llmcheck.core.records",
     "OpReference": "llmcheck.core.records",
+    "BackendOption": "llmcheck.core.backend_options",
+    "Reporter": "llmcheck.core.reporters",
     "UnsupportedOpError": "llmcheck.core.errors",
     "DumpWriter": "llmcheck.core.store",
     "read_dump": "llmcheck.core.store",

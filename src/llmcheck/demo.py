@@ -95,7 +95,8 @@ def run_demo(output: Path, dtype: str = "fp32") -> int:
 
     from llmcheck.core.compare import compare_with_progress
     from llmcheck.core.plugins import get_plugins
-    from llmcheck.core.report import print_summary, write_reports
+    from llmcheck.core.report import print_summary
+    from llmcheck.core.reporters import write_reports
     from llmcheck.core.store import check_output_folder
 
     check_output_folder(Path(output), "demo runs")

@@ -21,6 +21,11 @@ What is here, by the question a plugin author asks:
 * **How do I write files?** :func:`atomic_write_text`, :func:`atomic_write_with`, and the
   llmcheck dump format (:class:`DumpWriter`, :func:`read_dump`, :func:`find_dumps`).
 * **How does a metric share work between metrics?** :class:`PairChunk` (``update_chunk``).
+* **How does a backend declare its ``dump`` flags?** :class:`BackendOption`, and
+  :func:`seed_dump_options` for the original tool's flag set.
+* **How does a reporter render a compare?** :class:`Reporter` gets a :class:`CompareResult`;
+  the file names, :func:`describe`, :func:`json_safe`, :func:`write_pairs_json`, the depth
+  profile helpers and :func:`atomic_output` are what the built-in reports share.
 
 Names that need torch are imported on first access, so importing this module stays cheap.
 """
@@ -30,7 +35,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from llmcheck import lazy_attributes
-from llmcheck.core.atomic_files import atomic_write_text, atomic_write_with, write_failed
+from llmcheck.core.atomic_files import atomic_output, atomic_write_text, atomic_write_with, write_failed
+from llmcheck.core.backend_options import BackendOption
+from llmcheck.core.depth_profile import (depth_points, drawn_step, error_measure, heatmap, introduced_point,
+                                         placement, row_error)
 from llmcheck.core.dump_paths import inside_dump, is_real_folder, walk_files
 from llmcheck.core.dump_schema import convert as convert_json, decode as decode_json
 from llmcheck.core.errors import (
@@ -48,6 +56,7 @@ from llmcheck.core.hookspecs import hookimpl
 from llmcheck.core.npy_format import NpyHeader, read_npy_header
 from llmcheck.core.op_calls import CallId, OpCall, group_op_calls, position_order
 from llmcheck.core.pair_chunk import PairChunk, Workspace, dot
+from llmcheck.core.pairing import write_pairs_json
 from llmcheck.core.plugins import load_dump
 from llmcheck.core.records import (
     ALL_RANKS,
@@ -62,8 +71,13 @@ from llmcheck.core.records import (
     OP_SEPARATOR,
     ROOT_MODULE,
     CaptureBackend,
+    VERDICT_ERROR,
+    VERDICT_FAIL,
+    VERDICT_PASS,
+    VERDICT_WARN,
     CaptureRequest,
     ChunkMetricAccumulator,
+    ComparisonRow,
     Dump,
     MetricAccumulator,
     MetricResult,
@@ -88,17 +102,25 @@ from llmcheck.core.records import (
     op_record_module,
     op_record_name,
 )
+from llmcheck.core.report import (CSV_NAME, HTML_NAME, PAIRS_NAME, SUMMARY_NAME, describe, divergence_line,
+                                  json_safe, measure_text)
+from llmcheck.core.reporters import Reporter
+from llmcheck.core.seed_flags import seed_dump_options
 from llmcheck.core.store import NATIVE_SOURCE, DumpWriter, closing_state, find_dumps, read_dump
 from llmcheck.core.weights import PARAMETER_ATTR, PARAMETER_DIGESTS_ATTR
 
 if TYPE_CHECKING:  # pragma: no cover
     from llmcheck.core.call_arguments import decode_call, encode_call
     from llmcheck.core.statistics import segmented_stats_vectors, stats_from_vectors, stats_vector
+    from llmcheck.core.compare import CompareResult
+    from llmcheck.core.stats_compare import DECIDING_STAT, statistics_columns
+    from llmcheck.core.tensor_chunks import ChunkReader
     from llmcheck.core.tensor_io import (dtype_name, load_weights_only, tensor_bytes, tensor_from_byte_range,
                                          torch_dtype)
 
-#: public name -> module defining it, for names whose module imports torch (loaded on first access)
-_NEEDS_TORCH: dict[str, str] = {
+#: public name -> module defining it, for names whose module imports torch, numpy or the compare engine
+#: (loaded on first access, so importing this module stays cheap)
+_LOADED_ON_FIRST_USE: dict[str, str] = {
     "dtype_name": "llmcheck.core.tensor_io",
     "torch_dtype": "llmcheck.core.tensor_io",
     "tensor_bytes": "llmcheck.core.tensor_io",
@@ -109,6 +131,10 @@ _NEEDS_TORCH: dict[str, str] = {
     "segmented_stats_vectors": "llmcheck.core.statistics",
     "encode_call": "llmcheck.core.call_arguments",
     "decode_call": "llmcheck.core.call_arguments",
+    "ChunkReader": "llmcheck.core.tensor_chunks",  # numpy
+    "CompareResult": "llmcheck.core.compare",  # the whole compare engine, numpy with it
+    "statistics_columns": "llmcheck.core.stats_compare",
+    "DECIDING_STAT": "llmcheck.core.stats_compare",
 }
 
 __all__ = [
@@ -138,9 +164,16 @@ __all__ = [
     "closing_state", "RECORD_NAME_KEY",
     # metrics sharing per-chunk work
     "PairChunk", "Workspace", "dot",
-    # torch-backed helpers (imported on first access)
-    *_NEEDS_TORCH,
+    # capture backends: their declared dump options
+    "BackendOption", "seed_dump_options",
+    # reporters: a compare's result and what its reports share
+    "Reporter", "ComparisonRow", "VERDICT_PASS", "VERDICT_WARN", "VERDICT_FAIL", "VERDICT_ERROR",
+    "CSV_NAME", "SUMMARY_NAME", "PAIRS_NAME", "HTML_NAME", "describe", "divergence_line", "measure_text",
+    "json_safe", "write_pairs_json", "atomic_output",
+    "depth_points", "drawn_step", "error_measure", "heatmap", "introduced_point", "placement", "row_error",
+    # heavier helpers (imported on first access): torch-backed, numpy-backed, CompareResult, statistics_columns
+    *_LOADED_ON_FIRST_USE,
 ]
 
 
-__getattr__ = lazy_attributes(__name__, _NEEDS_TORCH, globals())
+__getattr__ = lazy_attributes(__name__, _LOADED_ON_FIRST_USE, globals())

@@ -18,21 +18,12 @@ from typing import Any, Sequence
 import click
 
 from llmcheck import __version__
-from llmcheck.core.errors import LlmcheckError
-from llmcheck.core.seed_flags import (
-    DUMP_TYPES,
-    LOG_LEVELS,
-    expand_multi_value_options,
-    parse_bool,
-    parse_choice_int,
-    parse_execute_range,
-    parse_names,
-    parse_operation_ids,
-    split_command,
-)
+from llmcheck.core.errors import LlmcheckError, UsageError
+from llmcheck.core.backend_options import BackendOption
+from llmcheck.core.seed_flags import LOG_LEVELS, expand_multi_value_options, parse_names, parse_operation_ids
 
-#: Options that take space-separated lists in the seed tool (``--type layer tensor``).
-MULTI_VALUE_OPTIONS = ("--type", "-metric", "--metric", "--precision-metric")
+#: Options that take space-separated lists in the seed tool (``-metric kl abs``); ``dump``'s come from its backend.
+MULTI_VALUE_OPTIONS = ("-metric", "--metric", "--precision-metric")
 
 log_level_option = click.option(
     "-l", "--log-level", type=click.Choice(LOG_LEVELS, case_sensitive=False), default="info",
@@ -74,66 +65,92 @@ def cli() -> None:
 # --- dump ------------------------------------------------------------------------------
 
 
-@cli.command(context_settings={"ignore_unknown_options": False},
-             short_help="Run a program with capture on and write a dump.")
+class BackendOptionsCommand(click.Command):
+    """``llmcheck dump``: its own options, then the ones the chosen ``--backend`` declares.
+
+    The backend is read from the arguments before they are parsed, so ``--help`` and the
+    parser both see exactly that backend's flags (``llmcheck_register_backend_options``).
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.own_params = list(self.params)
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        """Add the chosen backend's options, then parse; a flag of another backend is one error naming it."""
+        from llmcheck.core.plugins import get_plugins
+
+        plugins = get_plugins()
+        chosen = plugins.capture_backend(_backend_named(args, None))  # None: the backend declared default
+        backend = chosen.name
+        declared = plugins.backend_options(backend)
+        self.params = [*self.own_params, *(_click_option(option) for option in declared)]
+        others = sorted(name for name in plugins.capture_backends() if name != backend)
+        self.epilog = (f"Backend {backend} ({chosen.description}): the options after -l/--log-level are its own. "
+                       f"Other backends: {', '.join(others) or 'none'}; 'llmcheck dump --backend NAME --help' "
+                       "shows theirs.")
+        args = expand_multi_value_options(args, [flag for option in declared if option.multiple
+                                                 for flag in option.flags])
+        try:
+            return super().parse_args(ctx, list(args))  # click consumes the list it parses
+        except click.NoSuchOption:
+            _raise_if_another_backends_option(args, backend, plugins.backend_options())
+            raise
+
+
+def _raise_if_another_backends_option(args: Sequence[str], backend: str, every_option: Sequence[BackendOption]) -> None:
+    """Raise a usage error naming the backends that own the first flag in ``args`` that ``backend`` lacks."""
+    own = {flag for option in every_option if option.backend == backend for flag in option.flags}
+    for token in args:
+        if token == "--":
+            return
+        flag = token.split("=", 1)[0]
+        owners = sorted({option.backend for option in every_option if flag in option.flags})
+        if owners and flag not in own:
+            raise UsageError(f"is an option of backend {', '.join(owners)}, not {backend}", where=flag,
+                             hint=f"'llmcheck dump --backend {backend} --help' lists {backend}'s options")
+
+
+def _backend_named(args: Sequence[str], default: str | None) -> str | None:
+    """Return the last ``--backend`` value before any ``--`` in ``args`` (the user's program follows ``--``)."""
+    backend = default
+    for index, token in enumerate(args):
+        if token == "--":
+            break
+        if token == "--backend" and index + 1 < len(args):
+            backend = args[index + 1]
+        elif token.startswith("--backend="):
+            backend = token.split("=", 1)[1]
+    return backend
+
+
+def _click_option(option: BackendOption) -> click.Option:
+    """Return the click flag of a declared backend option."""
+    shown_default = option.default not in (None, False, "", ())
+    if option.type is bool:
+        return click.Option([*option.flags, option.name], is_flag=True, default=bool(option.default),
+                            help=option.help)
+    kind: Any = click.Choice(option.choices) if option.choices else option.type
+    return click.Option([*option.flags, option.name], type=kind, multiple=option.multiple, default=option.default,
+                        show_default=shown_default, help=option.help)
+
+
+@cli.command(cls=BackendOptionsCommand, short_help="Run a program with capture on and write a dump.")
 @click.option("--backend", default=None,
               help="Dump backend (see 'llmcheck plugins'; default: the one declared default, torch when built in).")
 @click.option("--exec", "exec_text", help='Command to run, e.g. --exec "python infer.py --x 1" (no shell).')
-@click.option("--type", "dump_types", multiple=True, type=click.Choice(DUMP_TYPES),
-              help="What to dump; several allowed: --type model tensor. Default: tensor (plus model).")
-@click.option("-sd", "--only-save-desc", is_flag=True, help="Save tensor descriptions only, no data.")
-@click.option("-ids", "--save-operation-ids", default="", help="Dump only these op ids, e.g. 2,3_1.")
-@click.option("-er", "--execute-range", default="0,0", show_default=True,
-              help="Steps (tokens) to dump, as closed ranges LOW,HIGH: 0,4 is steps 0 to 4, 3,5,7,7 is steps "
-                   "3, 4, 5 and 7; or 'all'. (In Python, DumpConfig(token_range=[0, 4]) lists steps: 0 and 4.)")
-@click.option("-child", "--save-operation-child", default="True", show_default=True,
-              help="With -ids, also dump the children of the chosen ops (True/False).")
-@click.option("-time", "--save-time", default=3, type=int, show_default=True,
-              help="0 before, 1 after, 2 both, 3 inputs before and outputs after.")
-@click.option("-opname", "--operation-name", default=None, help="Dump ops whose type starts with these names: self,linear.")
-@click.option("-tiling", "--save-tiling", is_flag=True, help="Also save tiling data (ATB).")
-@click.option("-stp", "--save-tensor-part", default=2, type=int, show_default=True,
-              help="0 inputs only, 1 outputs only, 2 both.")
 @click.option("-o", "--output", default="./", show_default=True, type=click.Path(file_okay=False, path_type=Path),
               help="Folder the dump is written under (a new dump folder per run).")
-@click.option("-device", "--device-id", default=None, help="Dump only this device id (comma list allowed).")
-@click.option("-seed", "--seed", default=None, type=int, help="Make the run deterministic with this seed.")
-@click.option("--on-capture-error", type=click.Choice(["stop", "raise"]), default="stop", show_default=True,
-              help="A failure inside capture (a full disk): 'stop' capture and let the program run on, "
-                   "or also 'raise' it into the program.")
 @log_level_option
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
-def dump(backend: str | None, exec_text: str | None, dump_types: Sequence[str], only_save_desc: bool,
-         save_operation_ids: str, execute_range: str, save_operation_child: str, save_time: int,
-         operation_name: str | None, save_tiling: bool, save_tensor_part: int, output: Path,
-         device_id: str | None, seed: int | None, on_capture_error: str, log_level: str,
-         command: Sequence[str]) -> None:
+def dump(backend: str | None, exec_text: str | None, output: Path, log_level: str, command: Sequence[str],
+         **backend_options: Any) -> None:
     """Run a program with capture on: llmcheck dump --backend torch -o OUT --exec "python infer.py"."""
-    from llmcheck.core.plugins import get_plugins
-    from llmcheck.core.records import CaptureRequest
+    from llmcheck.core.dump_command import dump_command
 
     _configure_logging(log_level)
-    options: dict[str, Any] = {
-        "type": list(dict.fromkeys(dump_types or ("tensor",))),
-        "only_save_desc": only_save_desc,
-        "save_operation_ids": parse_operation_ids(save_operation_ids),
-        "execute_range": parse_execute_range(execute_range),
-        "save_operation_child": parse_bool(save_operation_child, "-child/--save-operation-child"),
-        "save_time": parse_choice_int(save_time, (0, 1, 2, 3), "-time/--save-time"),
-        "operation_name": parse_names(operation_name) if operation_name else [],
-        "save_tiling": save_tiling,
-        "save_tensor_part": parse_choice_int(save_tensor_part, (0, 1, 2), "-stp/--save-tensor-part"),
-        "device_id": device_id,
-        "seed": seed,
-        "on_capture_error": on_capture_error,
-    }
-    argv = split_command(exec_text, command)
-    from llmcheck.core.store import check_output_folder
-
-    check_output_folder(output, "new dumps")
-    chosen = get_plugins().capture_backend(backend)
-    request = CaptureRequest(backend=chosen.name, command=argv, output_dir=output, options=options, log_level=log_level)
-    raise SystemExit(chosen.run(request))
+    raise SystemExit(dump_command(backend=backend, exec_text=exec_text, trailing_command=command, output_dir=output,
+                                  given_options=backend_options, log_level=log_level))
 
 
 # --- compare ---------------------------------------------------------------------------
@@ -146,7 +163,7 @@ def dump(backend: str | None, exec_text: str | None, dump_types: Sequence[str], 
 @click.option("--golden-source", default=None, help="Force the source plugin reading --golden-path (e.g. fx).")
 @click.option("--my-source", default=None, help="Force the source plugin reading --my-path (e.g. ge).")
 @click.option("-o", "--output", default="./llmcheck_compare", show_default=True, type=click.Path(file_okay=False, path_type=Path),
-              help="Folder for cmp_report.csv, summary.json, pairs.json, report.html.")
+              help="Folder for cmp_report.csv, summary.json, pairs.json, report.html (and any --report).")
 @click.option("--metric", "metrics", multiple=True, help="Metrics to compute (default: all registered).")
 @click.option("--mapping", "-mf", "--op-mapping-file", "mapping", default=None, type=click.Path(path_type=Path),
               help="User mapping (JSON or YAML: golden name pattern -> my name pattern), or an edited pairs.json.")
@@ -164,11 +181,14 @@ def dump(backend: str | None, exec_text: str | None, dump_types: Sequence[str], 
                    "(pip install 'llmcheck[ray]'; docs/scale-out.md).")
 @click.option("--ray-address", default=None, help="The Ray cluster for --executor ray (default: the running one, "
                                                   "else a local one; 'auto', 'ray://HEAD:10001').")
+@click.option("--report", "report_names", multiple=True,
+              help="Also write this report format (repeatable), e.g. --report junit for junit.xml; "
+                   "'llmcheck plugins' lists the formats.")
 @log_level_option
 def compare(golden_path: Path, my_path: Path, golden_source: str | None, my_source: str | None, output: Path,
             metrics: Sequence[str], mapping: Path | None, jobs: int | None, thresholds: Path | None,
             noise_path: Path | None, noise_source: str | None, allow_unmatched: bool, executor: str,
-            ray_address: str | None, log_level: str) -> None:
+            ray_address: str | None, report_names: Sequence[str], log_level: str) -> None:
     """Pair two runs, measure every pair, and name the first divergence.
 
     Example: llmcheck compare -gp golden -mp my -o report
@@ -181,6 +201,7 @@ def compare(golden_path: Path, my_path: Path, golden_source: str | None, my_sour
         output_dir=output, metric_names=list(metrics), mapping_path=mapping, jobs=jobs, thresholds_path=thresholds,
         noise_path=noise_path, noise_source=noise_source,
         allow_unmatched=allow_unmatched, executor=executor, ray_address=ray_address,
+        report_names=list(report_names),
     ))
 
 
@@ -295,6 +316,8 @@ def plugins(as_json: bool) -> None:
     console.print("backends: " + (", ".join(sorted(facade.capture_backends())) or "none"))
     console.print("sources:  " + (", ".join(sorted(facade.sources())) or "none"))
     console.print("metrics:  " + (", ".join(facade.metrics()) or "none"))
+    console.print("reports:  " + (", ".join(f"{name}{'' if reporter.default else ' (--report)'}"
+                                            for name, reporter in facade.reporters().items()) or "none"))
 
 
 # --- demo ------------------------------------------------------------------------------

@@ -1,8 +1,9 @@
 """Compare two runs: load both, pair their records, measure every pair, judge it, name the first divergence.
 
 :func:`compare_dumps` is the in-process API (the demo and tests use it); :func:`compare_command`
-is ``llmcheck compare``: it also writes ``cmp_report.csv``, ``summary.json``, ``pairs.json``
-and ``report.html`` and prints the terminal summary. A pair that cannot be measured (shapes
+is ``llmcheck compare``: it also writes the reports (by default ``cmp_report.csv``,
+``summary.json``, ``pairs.json`` and ``report.html``; ``--report NAME`` adds a plugin's
+format, see ``core/reporters.py``) and prints the terminal summary. A pair that cannot be measured (shapes
 differ, no data in a statistics-only dump) is a row with verdict ``error`` and its reason --
 never a dropped row.
 """
@@ -426,23 +427,26 @@ def compare_command(*, golden_path: Path, my_path: Path, golden_source: str | No
                     output_dir: Path, metric_names: Sequence[str], mapping_path: Path | None, jobs: int | None,
                     thresholds_path: Path | None = None, noise_path: Path | None = None,
                     noise_source: str | None = None, allow_unmatched: bool = False, executor: str = "local",
-                    ray_address: str | None = None) -> int:
+                    ray_address: str | None = None, report_names: Sequence[str] = ()) -> int:
     """Run ``llmcheck compare`` and return its exit code: 0 all pass, 1 no pair at all, 3 failing or
     unmeasurable pairs, or golden records left unmatched that no pairing rule expects (unless ``allow_unmatched``).
+    ``report_names`` are the reporters to run besides the default ones (``--report``).
     """
     from rich.console import Console
 
     from llmcheck.core.pairing import load_user_mapping
     from llmcheck.core.plugins import get_plugins
     from llmcheck.core.atomic_files import reports_written_into
-    from llmcheck.core.report import CSV_NAME, HTML_NAME, PAIRS_NAME, SUMMARY_NAME, print_summary, write_reports
+    from llmcheck.core.report import print_summary
     from llmcheck.core.report_folder import prepare_report_folder
+    from llmcheck.core.reporters import choose_reporters, write_reports
     from llmcheck.core.verdicts import load_threshold_overrides
 
     if jobs is not None and jobs < 1:
         raise UsageError(f"invalid value {jobs}", where="-j/--jobs", hint="give 1 or more worker processes")
     output_dir = Path(output_dir)
-    prepare_report_folder(output_dir, (CSV_NAME, SUMMARY_NAME, PAIRS_NAME, HTML_NAME))
+    reporters = choose_reporters(get_plugins().reporters(), report_names)
+    prepare_report_folder(output_dir, [reporter.file_name for reporter in reporters])
     console = Console(soft_wrap=True)
     specs = select_metrics(metric_names)
     overrides = (load_threshold_overrides(Path(thresholds_path), {spec.name: spec for spec in specs})
@@ -460,7 +464,7 @@ def compare_command(*, golden_path: Path, my_path: Path, golden_source: str | No
                                    user_mapping=user_mapping, threshold_overrides=overrides, workers=jobs,
                                    noise=noise, executor=_executor(executor, ray_address))
     with reports_written_into(output_dir):
-        written = write_reports(result, output_dir)
+        written = write_reports(result, output_dir, report_names)
     print_summary(result, console, written)
     if not result.rows:
         return EXIT_FAILURE

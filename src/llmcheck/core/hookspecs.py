@@ -9,10 +9,11 @@ families make the product:
 * **map pairs** -- propose golden <-> my pairs, each with the rule that made it;
 * **metric** -- named measures of a pair, with direction and thresholds per dtype.
 
-Besides them: the operator references ``llmcheck opcheck`` recomputes single ops with
-(:func:`llmcheck_register_op_references`, :func:`llmcheck_resolve_op_reference`) and one
-export resolver, :func:`llmcheck_export_onnx`, that turns a source's topology file into a
-viewable ONNX graph.
+one export resolver, :func:`llmcheck_export_onnx`, that turns a source's topology file
+into a viewable ONNX graph, the operator references ``llmcheck opcheck`` recomputes
+single ops with (:func:`llmcheck_register_op_references`, :func:`llmcheck_resolve_op_reference`),
+a capture backend's own ``dump`` flags (:func:`llmcheck_register_backend_options`), and the
+files a compare writes (:func:`llmcheck_register_reporters`).
 
 A plugin implements a hook by defining a function of the same name decorated with
 ``hookimpl`` (from ``llmcheck.plugin_api``); it may accept any subset of the arguments.
@@ -42,6 +43,7 @@ from typing import Callable
 
 import pluggy
 
+from llmcheck.core.backend_options import BackendOption
 from llmcheck.core.records import (
     CaptureBackend,
     Dump,
@@ -51,6 +53,7 @@ from llmcheck.core.records import (
     SourceInfo,
     UserMapping,
 )
+from llmcheck.core.reporters import Reporter
 
 PROJECT_NAME = "llmcheck"
 
@@ -93,6 +96,30 @@ def llmcheck_register_capture_backends(register: Callable[[CaptureBackend], None
         @hookimpl
         def llmcheck_register_capture_backends(register):
             register(PlainRunBackend())
+    """
+
+
+@hookspec
+def llmcheck_register_backend_options(register: Callable[[BackendOption], None]) -> None:
+    """Declare the ``llmcheck dump`` flags of a capture backend.
+
+    Called once, when ``llmcheck dump`` builds its command line (``--help`` included). Call
+    ``register(BackendOption(backend, name, help, ...))`` per flag: ``backend`` is the
+    ``--backend`` name it belongs to (usually one this plugin registers), ``name`` the key
+    the parsed value arrives under in ``CaptureRequest.options``. Only the chosen backend's
+    options are flags of a run; ``llmcheck dump --backend NAME --help`` lists them. Two
+    plugins declaring the same spelling for one backend is a
+    :class:`~llmcheck.core.errors.PluginError` naming both.
+
+    Example::
+
+        from llmcheck import BackendOption, hookimpl
+
+
+        @hookimpl
+        def llmcheck_register_backend_options(register):
+            register(BackendOption(backend="plain", name="repeat", help="Run the program this many times.",
+                                   type=int, default=1, aliases=("-r",)))
     """
 
 
@@ -241,6 +268,39 @@ def llmcheck_register_metrics(register: Callable[[MetricSpec], None]) -> None:
             register(MetricSpec("max_abs_diff", "largest absolute difference", higher_is_better=False,
                                 make_accumulator=MaxAbsDiff,
                                 thresholds={"fp32": (1e-5, 1e-3), "bf16": (1e-2, 1e-1), "default": (1e-3, 1e-2)}))
+    """
+
+
+# --- report ---------------------------------------------------------------------------
+
+
+@hookspec
+def llmcheck_register_reporters(register: Callable[[Reporter], None]) -> None:
+    """Register output formats of ``llmcheck compare``.
+
+    Called once per compare, before anything is measured (an unknown ``--report`` name
+    fails early). Call ``register(Reporter(name, description, file_name, write, default))``
+    per format: ``write(result, path)`` gets the finished
+    :class:`~llmcheck.core.compare.CompareResult` and the path of ``file_name`` in the
+    output folder. A ``default`` reporter runs on every compare; the others run when the
+    user passes ``--report NAME``. Two plugins registering the same name is a
+    :class:`~llmcheck.core.errors.PluginError` naming both.
+
+    Example::
+
+        from llmcheck import Reporter, hookimpl
+
+
+        def write_verdicts(result, path):
+            with path.open("w") as out:
+                for row in result.rows:
+                    print(row.golden.key.label(), row.verdict, sep=", ", file=out)
+
+
+        @hookimpl
+        def llmcheck_register_reporters(register):
+            register(Reporter(name="verdicts", description="one line per pair: its label and verdict",
+                              file_name="verdicts.csv", write=write_verdicts))
     """
 
 

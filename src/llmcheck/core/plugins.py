@@ -21,11 +21,12 @@ from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, Callable, Sequence
 
 import pluggy
 
 from llmcheck.core import hookspecs
+from llmcheck.core.backend_options import BackendOption, option_problem
 from llmcheck.core.errors import DumpFormatError, DumpNotFoundError, LlmcheckError, PluginError, UsageError
 from llmcheck.core.records import (
     CaptureBackend,
@@ -38,6 +39,7 @@ from llmcheck.core.records import (
     TensorRecord,
     UserMapping,
 )
+from llmcheck.core.reporters import Reporter
 
 ENTRY_POINT_GROUP = "llmcheck"
 #: The source name of a folder no plugin claims, read as the tensor files directly in it.
@@ -76,6 +78,8 @@ class Plugins:
         self._sources: dict[str, SourceInfo] | None = None
         self._metrics: dict[str, MetricSpec] | None = None
         self._op_references: dict[str, OpReference] | None = None
+        self._reporters: dict[str, Reporter] | None = None
+        self._backend_options: list[BackendOption] | None = None
 
     # --- listing ---
 
@@ -145,19 +149,40 @@ class Plugins:
         resolved = self.manager.hook.llmcheck_resolve_op_reference(op_type=op_type)
         return resolved if isinstance(resolved, OpReference) else None
 
-    def _collect(self, hook: Any, what: str) -> dict[str, Any]:
-        """Call a registry hook plugin by plugin, so a clash names both plugins."""
+    def reporters(self) -> dict[str, Reporter]:
+        """Return every registered compare output format by name, in registration order."""
+        if self._reporters is None:
+            self._reporters = self._collect(self.manager.hook.llmcheck_register_reporters, "reporter")
+        return self._reporters
+
+    def backend_options(self, backend: str | None = None) -> list[BackendOption]:
+        """Return the ``dump`` options declared for ``backend`` (every backend's when ``None``), in registration order."""
+        if self._backend_options is None:
+            def spellings(option: BackendOption) -> list[str]:
+                problem = option_problem(option)
+                if problem is not None:
+                    raise PluginError(f"backend option {option.flag!r} of backend {option.backend!r} cannot be a "
+                                      f"flag: {problem}", hint="fix the plugin's llmcheck_register_backend_options")
+                return [f"{option.backend} {spelling}" for spelling in (*option.flags, option.name)]
+
+            self._backend_options = list(self._collect(self.manager.hook.llmcheck_register_backend_options,
+                                                       "backend option", spellings).values())
+        return [option for option in self._backend_options if backend is None or option.backend == backend]
+
+    def _collect(self, hook: Any, what: str,
+                 keys: Callable[[Any], Sequence[str]] = lambda item: [item.name]) -> dict[str, Any]:
+        """Call a registry hook plugin by plugin, so a clash (any of an item's ``keys`` taken) names both plugins."""
         found: dict[str, Any] = {}
         owners: dict[str, str] = {}
         for impl in reversed(hook.get_hookimpls()):  # pluggy's call order: last registered first (LIFO)
             def register(item: Any, _owner: str = impl.plugin_name) -> None:
-                if item.name in found:
-                    raise PluginError(
-                        f"{what} {item.name!r} is registered by both {owners[item.name]!r} and {_owner!r}",
-                        hint="disable one with LLMCHECK_DISABLE_PLUGINS",
-                    )
-                found[item.name] = item
-                owners[item.name] = _owner
+                item_keys = keys(item)
+                for key in item_keys:
+                    if key in owners:
+                        raise PluginError(f"{what} {key!r} is registered by both {owners[key]!r} and {_owner!r}",
+                                          hint="disable one with LLMCHECK_DISABLE_PLUGINS")
+                owners.update(dict.fromkeys(item_keys, _owner))
+                found[item_keys[0]] = item
 
             # One plugin at a time, through pluggy (so LLMCHECK_TRACE_PLUGINS still sees the call),
             # lets ``register`` know whose item it is receiving.

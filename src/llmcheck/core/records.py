@@ -573,11 +573,12 @@ class CaptureRequest:
     """What ``llmcheck dump`` asks a capture backend to do.
 
     ``command`` is the user's program as an argv list (never a shell string).
-    ``options`` holds the seed flags by their long names (``type``, ``only_save_desc``,
-    ``save_operation_ids``, ``execute_range``, ``save_operation_child``, ``save_time``,
-    ``operation_name``, ``save_tiling``, ``save_tensor_part``, ``device_id``, ...), already
-    parsed; a backend reads the ones it honours and rejects, with a :class:`UsageError`,
-    the ones it cannot.
+    ``options`` holds the value of every option the backend declared
+    (``llmcheck_register_backend_options``) by its name, already parsed -- for a backend
+    that declares the seed flags: ``type``, ``only_save_desc``, ``save_operation_ids``,
+    ``execute_range``, ``save_operation_child``, ``save_time``, ``operation_name``,
+    ``save_tensor_part``, ``device_id``, ``seed``; a backend rejects, with a
+    :class:`UsageError`, a combination it cannot honour.
     """
 
     backend: str

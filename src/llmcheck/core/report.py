@@ -1,22 +1,18 @@
-"""Compare reports: ``cmp_report.csv``, ``summary.json``, ``pairs.json``, ``report.html`` and the terminal summary.
+"""What a compare says in the terminal, the words its reports share, and the names of the default report files.
 
-The CSV's first 24 columns are the seed tool's, in its order, so scripts written for
-``msit llm compare`` keep working; llmcheck's columns follow. Cells a spreadsheet would run
-as a formula (starting ``= + - @``, not a number) are prefixed with ``'``.
+The files themselves are written by reporters (``core/reporters.py``; the built-in
+``reports`` plugin writes the four default ones). Their names stay here because
+``export model-explorer`` reads a compare folder by them.
 """
 
 from __future__ import annotations
 
-import csv
-import json
 import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
-from llmcheck.core.atomic_files import atomic_output, atomic_write_text
 from llmcheck.core.depth_profile import error_measure, row_error
-from llmcheck.core.pairing import write_pairs_json
-from llmcheck.core.records import VERDICT_ERROR, VERDICT_FAIL, VERDICT_WARN, ComparisonRow, TensorStats
+from llmcheck.core.records import VERDICT_ERROR, VERDICT_FAIL, VERDICT_WARN, ComparisonRow
 
 if TYPE_CHECKING:  # pragma: no cover
     from rich.console import Console
@@ -28,22 +24,7 @@ SUMMARY_NAME = "summary.json"
 PAIRS_NAME = "pairs.json"
 HTML_NAME = "report.html"
 
-#: The seed tool's seven metrics, in its column order.
-SEED_METRICS = ("cosine_similarity", "max_relative_error", "mean_relative_error", "max_absolute_error",
-                "mean_absolute_error", "kl_divergence", "relative_euclidean_distance")
-#: The seed tool's CSV header (``CSV_GOLDEN_HEADER``), exactly.
-SEED_COLUMNS = (
-    "token_id", "data_id", "golden_data_path", "golden_op_type", "golden_dtype", "golden_shape",
-    "golden_max_value", "golden_min_value", "golden_mean_value", "my_data_path", "my_op_type", "my_dtype",
-    "my_shape", "my_max_value", "my_min_value", "my_mean_value", *SEED_METRICS, "cmp_fail_reason",
-)
-#: llmcheck's own columns after the seed's.
-OWN_COLUMNS = (
-    "name", "step", "io", "position", "call_index", "my_name", "verdict", "deciding_metric", "deciding_value",
-    "warn_threshold", "fail_threshold", "judged_as", "pairing_rule", "attribution", "fed_by", "rmse", "sqnr",
-    "golden_nan_count", "golden_inf_count", "my_nan_count", "my_inf_count", "nonfinite_mismatch",
-    "error", "feeder_error", "growth", "structure", "sibling_growth", "expected_error", "noise_error", "evidence",
-)
+
 def describe(value: Any) -> str:
     """Return a metric value as reports print it (``inf``, ``nan``, or 6 significant digits)."""
     if isinstance(value, float):
@@ -53,20 +34,6 @@ def describe(value: Any) -> str:
             return "inf" if value > 0 else "-inf"
         return f"{value:.6g}"
     return str(value)
-
-
-_FORMULA_STARTS = ("=", "+", "-", "@", "\uff1d", "\uff0b", "\uff0d", "\uff20", "\t", "\r")
-
-
-def guard_cell(value: Any) -> Any:
-    """Return a CSV cell that a spreadsheet will not execute: text starting like a formula gets a ``'``."""
-    if not isinstance(value, str) or not value.startswith(_FORMULA_STARTS):
-        return value
-    try:
-        float(value)
-        return value
-    except ValueError:
-        return "'" + value
 
 
 _JSON_SCALARS = frozenset({str, int, bool, type(None)})
@@ -90,102 +57,6 @@ def json_safe(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return [json_safe(v) for v in value]
     return value
-
-
-def _number(value: float | int | None) -> Any:
-    if value is None:
-        return ""
-    if isinstance(value, float) and not math.isfinite(value):
-        return describe(value)
-    return value
-
-
-def _stats_cells(stats: TensorStats | None) -> list[Any]:
-    if stats is None:
-        return ["", "", ""]
-    return [_number(stats.max), _number(stats.min), _number(stats.mean)]
-
-
-def _count(stats: TensorStats | None, field: str) -> Any:
-    value = getattr(stats, field, None) if stats is not None else None
-    return "" if value is None else value
-
-
-def csv_header(result: "CompareResult") -> list[str]:
-    """Return the CSV header: the seed's 24 columns, llmcheck's, any metric not named yet, then statistics columns."""
-    from llmcheck.core.stats_compare import statistics_columns
-
-    named = set(SEED_METRICS) | set(OWN_COLUMNS)
-    return [*SEED_COLUMNS, *OWN_COLUMNS, *(spec.name for spec in result.metric_specs if spec.name not in named),
-            *statistics_columns([row.metrics for row in result.rows])]
-
-
-def csv_row(row: ComparisonRow, header: list[str]) -> list[Any]:
-    """Return one report row's cells in header order."""
-    golden, my = row.golden, row.my
-    deciding = row.metrics.get(row.deciding_metric or "")
-    cells: dict[str, Any] = {
-        "token_id": golden.key.step, "data_id": golden.attrs.get("data_id", row.index),  # a manual mapping names it
-        "golden_data_path": golden.source_path,
-        "golden_op_type": golden.op_type or "", "golden_dtype": f"torch.{golden.dtype}",
-        "golden_shape": str(list(golden.shape)), "my_data_path": my.source_path, "my_op_type": my.op_type or "",
-        "my_dtype": f"torch.{my.dtype}", "my_shape": str(list(my.shape)), "cmp_fail_reason": row.reason,
-        "name": golden.key.name, "step": golden.key.step, "io": golden.key.io, "position": golden.key.position,
-        "call_index": golden.key.call_index, "my_name": my.key.name, "verdict": row.verdict,
-        "deciding_metric": row.deciding_metric or "", "deciding_value": _number(deciding.value) if deciding else "",
-        "warn_threshold": _number(deciding.warn_threshold) if deciding else "",
-        "fail_threshold": _number(deciding.fail_threshold) if deciding else "",
-        "judged_as": row.judged_as, "pairing_rule": row.rule,
-        "attribution": row.attribution, "fed_by": " | ".join(row.fed_by),
-        "golden_nan_count": _count(row.golden_stats, "nan_count"), "golden_inf_count": _count(row.golden_stats, "inf_count"),
-        "my_nan_count": _count(row.my_stats, "nan_count"), "my_inf_count": _count(row.my_stats, "inf_count"),
-        "nonfinite_mismatch": row.nonfinite_mismatch,
-        "error": _number(row.error), "feeder_error": _number(row.feeder_error), "growth": _number(row.growth),
-        "structure": row.structure,
-        "sibling_growth": (f"{describe(row.sibling_growth[0])}-{describe(row.sibling_growth[1])}"
-                           if row.sibling_growth else ""),
-        "expected_error": _number(row.expected_error), "noise_error": _number(row.noise_error),
-        "evidence": row.evidence,
-    }
-    for prefix, stats in (("golden", row.golden_stats), ("my", row.my_stats)):
-        for column, value in zip(("max_value", "min_value", "mean_value"), _stats_cells(stats)):
-            cells[f"{prefix}_{column}"] = value
-    for name, result in row.metrics.items():
-        cells.setdefault(name, _number(result.value))
-    return [guard_cell(cells.get(column, "")) for column in header]
-
-
-def write_csv(result: "CompareResult", path: Path) -> None:
-    """Write cmp_report.csv: one row per pair, in golden execution order."""
-    header = csv_header(result)
-    with atomic_output(path, "w", newline="", encoding="utf-8") as handle:
-        writer = csv.writer(handle)
-        writer.writerow(header)
-        for row in result.rows:
-            writer.writerow(csv_row(row, header))
-
-
-def write_summary(result: "CompareResult", path: Path) -> None:
-    """Write summary.json (strict JSON: non-finite numbers as strings)."""
-    atomic_write_text(path, json.dumps(json_safe(result.summary()), indent=2) + "\n")
-
-
-def write_reports(result: "CompareResult", output_dir: Path) -> dict[str, Path]:
-    """Write the four report files into ``output_dir`` (created if needed) and return their paths by kind."""
-    from llmcheck.core.errors import LlmcheckError
-    from llmcheck.core.report_html import write_html
-
-    try:
-        output_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise LlmcheckError(f"cannot create the output folder: {exc.strerror}", where=output_dir) from exc
-    written = {"csv": output_dir / CSV_NAME, "summary": output_dir / SUMMARY_NAME, "pairs": output_dir / PAIRS_NAME,
-               "html": output_dir / HTML_NAME}
-    write_csv(result, written["csv"])
-    write_summary(result, written["summary"])
-    write_pairs_json(written["pairs"], result.pairing, result.golden, result.my)
-    write_html(result, written["html"])
-    return written
 
 
 # --- terminal ----------------------------------------------------------------------------------

@@ -1,8 +1,9 @@
-"""Parsing and validation of the seed tool's flag values (``-er 3,5,7,7``, ``-ids 2,3_1``, ...).
+"""The seed tool's dump flags (``-er 3,5,7,7``, ``-ids 2,3_1``, ...): their declaration and the parsing of their values.
 
-The original ``ait llm`` flags are kept so users' scripts keep working; their values are
-checked here once, so every backend receives already-valid, typed options and a wrong value
-is one clear usage error naming the flag.
+The original ``ait llm`` flags are kept so users' scripts keep working. A backend that
+honours them declares them with :func:`seed_dump_options` in its
+``llmcheck_register_backend_options``; their values are checked here once, so the backend
+receives already-valid, typed options and a wrong value is one clear usage error naming the flag.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import re
 import shlex
 from typing import Sequence
 
+from llmcheck.core.backend_options import BackendOption
 from llmcheck.core.errors import UsageError
 
 DUMP_TYPES = ("model", "layer", "op", "kernel", "tensor", "cpu_profiling", "onnx", "stats")
@@ -129,3 +131,50 @@ def expand_multi_value_options(args: Sequence[str], names: Sequence[str]) -> lis
                 for value in values[1:]:
                     out.extend([token, value])
     return out
+
+
+def _dump_types(values: Sequence[str], flag: str) -> list[str]:
+    """Return the ``--type`` values without repeats; none given is ``tensor``."""
+    return list(dict.fromkeys(values or ("tensor",)))
+
+
+def _operation_names(value: str | None, flag: str) -> list[str]:
+    return parse_names(value) if value else []
+
+
+def _save_time(value: int, flag: str) -> int:
+    return parse_choice_int(value, (0, 1, 2, 3), flag)
+
+
+def _tensor_part(value: int, flag: str) -> int:
+    return parse_choice_int(value, (0, 1, 2), flag)
+
+
+def seed_dump_options(backend: str) -> list[BackendOption]:
+    """Return the seed tool's ``dump`` flags as options of ``backend``, for a backend that honours them to register.
+
+    They are the ``msit llm dump`` spellings users' scripts already pass; each value reaches
+    ``CaptureRequest.options`` under the long name, parsed (``execute_range`` as inclusive
+    ``(low, high)`` pairs or ``None`` for ``all``, ``save_operation_ids`` as a list, ...).
+    """
+    return [
+        BackendOption(backend, "type", "What to dump; several allowed: --type model tensor. Default: tensor (plus model).",
+                      choices=DUMP_TYPES, multiple=True, parse=_dump_types),
+        BackendOption(backend, "only_save_desc", "Save tensor descriptions only, no data.", type=bool, default=False,
+                      aliases=("-sd",)),
+        BackendOption(backend, "save_operation_ids", "Dump only these op ids, e.g. 2,3_1.", default="",
+                      aliases=("-ids",), parse=parse_operation_ids),
+        BackendOption(backend, "execute_range", "Steps (tokens) to dump, as closed ranges LOW,HIGH: 0,4 is steps 0 to 4, "
+                      "3,5,7,7 is steps 3, 4, 5 and 7; or 'all'.", default="0,0", aliases=("-er",),
+                      parse=parse_execute_range),
+        BackendOption(backend, "save_operation_child", "With -ids, also dump the children of the chosen ops (True/False).",
+                      default="True", aliases=("-child",), parse=parse_bool),
+        BackendOption(backend, "save_time", "0 before, 1 after, 2 both, 3 inputs before and outputs after.", type=int,
+                      default=3, aliases=("-time",), parse=_save_time),
+        BackendOption(backend, "operation_name", "Dump ops whose type starts with these names: self,linear.",
+                      aliases=("-opname",), parse=_operation_names),
+        BackendOption(backend, "save_tensor_part", "0 inputs only, 1 outputs only, 2 both.", type=int, default=2,
+                      aliases=("-stp",), parse=_tensor_part),
+        BackendOption(backend, "device_id", "Dump only this device id (comma list allowed).", aliases=("-device",)),
+        BackendOption(backend, "seed", "Make the run deterministic with this seed.", type=int, aliases=("-seed",)),
+    ]

@@ -16,7 +16,8 @@ import json
 from pathlib import Path
 from typing import Any, Callable
 
-from llmcheck.plugin_api import CaptureBackend, Dump, Pair, SourceInfo, UserMapping, hookimpl
+from llmcheck.plugin_api import (BackendOption, CaptureBackend, Dump, Pair, SourceInfo, UserMapping, hookimpl,
+                                 seed_dump_options)
 from llmcheck.plugins.atb.onnx_export import atb_json_to_onnx
 
 __all__ = ["atb_json_to_onnx"]
@@ -43,6 +44,16 @@ def llmcheck_register_capture_backends(register: Callable[[CaptureBackend], None
     from llmcheck.plugins.atb.launcher import AtbCaptureBackend
 
     register(AtbCaptureBackend())
+
+
+@hookimpl
+def llmcheck_register_backend_options(register: Callable[[BackendOption], None]) -> None:
+    from llmcheck.plugins.atb.launcher import BACKEND_NAME
+
+    for option in seed_dump_options(BACKEND_NAME):
+        register(option)
+    register(BackendOption(BACKEND_NAME, "save_tiling", "Also save the kernels' tiling data.", type=bool,
+                           default=False, aliases=("-tiling",)))
 
 
 @hookimpl

@@ -9,12 +9,27 @@ this plugin does not import torch.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Callable
 
-from llmcheck.plugin_api import CaptureBackend, hookimpl
-from llmcheck.plugins.torch_hooks.backend import TorchCaptureBackend
+from llmcheck.plugin_api import BackendOption, CaptureBackend, hookimpl, seed_dump_options
+from llmcheck.plugins.torch_hooks.backend import BACKEND_NAME, TorchCaptureBackend
+from llmcheck.plugins.torch_hooks.config import ON_CAPTURE_ERROR, ON_ERROR_STOP
+
+#: Said under ``-er`` in ``llmcheck dump --help``: the Python API's ``token_range`` counts differently.
+TOKEN_RANGE_NOTE = " (In Python, DumpConfig(token_range=[0, 4]) lists steps: 0 and 4.)"
 
 
 @hookimpl
 def llmcheck_register_capture_backends(register: Callable[[CaptureBackend], None]) -> None:
     register(TorchCaptureBackend())
+
+
+@hookimpl
+def llmcheck_register_backend_options(register: Callable[[BackendOption], None]) -> None:
+    for option in seed_dump_options(BACKEND_NAME):
+        register(dataclasses.replace(option, help=option.help + TOKEN_RANGE_NOTE)
+                 if option.name == "execute_range" else option)
+    register(BackendOption(BACKEND_NAME, "on_capture_error", "A failure inside capture (a full disk): 'stop' capture "
+                           "and let the program run on, or also 'raise' it into the program.",
+                           choices=ON_CAPTURE_ERROR, default=ON_ERROR_STOP))

@@ -25,6 +25,8 @@ from llmcheck.plugins.torch_hooks.config import CONFIG_ENV, LEVEL_MODULE, LEVEL_
 
 log = logging.getLogger("llmcheck.torch")
 
+BACKEND_NAME = "torch"
+
 BOOTSTRAP_DIR = Path(__file__).resolve().parent / "bootstrap"
 #: Where the child finds the llmcheck package if its Python does not have it installed.
 PACKAGE_PARENT_ENV = "LLMCHECK_PACKAGE_PARENT"
@@ -102,7 +104,7 @@ BARE_PYTHON_NAMES = ("python", "python3")
 class TorchCaptureBackend:
     """The ``torch`` dump backend: capture any PyTorch program's modules or ATen operators."""
 
-    name = "torch"
+    name = BACKEND_NAME
     description = "PyTorch module and ATen-op capture of an unmodified program (CPU, CUDA, NPU)"
     #: ``llmcheck dump`` without ``--backend`` uses this backend
     is_default = True

@@ -7,7 +7,8 @@ named -- and the module heat map (layers down, submodule kinds across). The per-
 charts (each drawing only the pairs that metric judged) are folded away; the table of pairs
 fits 1280 px, with a details drawer per row. The page names no metric: the error measure is
 the metric holding that role, and each metric's direction comes with its results. The
-data is embedded as JSON (``report_template.html`` next to this module is the page).
+data is embedded as JSON (``report_template.html`` next to this module is the page). The
+built-in ``reports`` plugin registers it as the ``html`` reporter.
 """
 
 from __future__ import annotations
@@ -18,21 +19,13 @@ from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from llmcheck.core.atomic_files import atomic_write_text
-from llmcheck.core.depth_profile import (
-    depth_points,
-    drawn_step,
-    error_measure,
-    heatmap,
-    introduced_point,
-    placement,
-    row_error,
+from llmcheck.plugin_api import (
+    atomic_write_text, ComparisonRow, depth_points, drawn_step, error_measure, heatmap, introduced_point,
+    json_safe, MetricSpec, placement, row_error,
 )
-from llmcheck.core.records import ComparisonRow, MetricSpec
-from llmcheck.core.report import json_safe
 
 if TYPE_CHECKING:  # pragma: no cover
-    from llmcheck.core.compare import CompareResult
+    from llmcheck.plugin_api import CompareResult
 
 TEMPLATE_NAME = "report_template.html"
 DATA_PLACEHOLDER = "/*LLMCHECK_DATA*/"
@@ -83,8 +76,8 @@ def _depth_views(result: "CompareResult", measure: MetricSpec | None) -> dict[st
 
 def report_data(result: "CompareResult") -> dict[str, Any]:
     """Return what the page shows, as JSON-safe data."""
-    from llmcheck.core.report_story import story
-    from llmcheck.core.stats_compare import DECIDING_STAT
+    from llmcheck.plugins.reports.story import story
+    from llmcheck.plugin_api import DECIDING_STAT
 
     plotted = [(spec.name, spec.higher_is_better) for spec in result.metric_specs]
     if any(DECIDING_STAT in row.metrics for row in result.rows):  # statistics-only pairs: plot what judged them
@@ -108,7 +101,7 @@ def report_data(result: "CompareResult") -> dict[str, Any]:
 
 def render_html(result: "CompareResult") -> str:
     """Return the report page with its data embedded."""
-    template = resources.files("llmcheck.core").joinpath(TEMPLATE_NAME).read_text(encoding="utf-8")
+    template = resources.files(__package__).joinpath(TEMPLATE_NAME).read_text(encoding="utf-8")
     payload = json.dumps(report_data(result), separators=(",", ":"), allow_nan=False)
     # Inside <script>, "</" could close the element early; U+2028/9 break older JS parsers.
     payload = payload.replace("</", "<\\/").replace("\u2028", "\\u2028").replace("\u2029", "\\u2029")

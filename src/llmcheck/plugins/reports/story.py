@@ -10,13 +10,13 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from llmcheck.core.depth_profile import error_measure, row_error
-from llmcheck.core.errors import LlmcheckError
-from llmcheck.core.records import IO_OUTPUT, ComparisonRow, TensorData, is_float_dtype
-from llmcheck.core.report import describe, measure_text
+from llmcheck.plugin_api import (
+    IO_OUTPUT, ComparisonRow, describe, error_measure, is_float_dtype, LlmcheckError, measure_text, row_error,
+    TensorData,
+)
 
 if TYPE_CHECKING:  # pragma: no cover
-    from llmcheck.core.compare import CompareResult
+    from llmcheck.plugin_api import CompareResult
 
 
 def final_output(result: "CompareResult") -> ComparisonRow | None:
@@ -47,7 +47,7 @@ def next_tokens(row: ComparisonRow) -> tuple[int, int] | None:
 
 def _last_row(data: TensorData, width: int) -> np.ndarray:
     """Return the last ``width`` values of a tensor as float64, decoded with numpy (no torch import for a report)."""
-    from llmcheck.core.tensor_chunks import ChunkReader
+    from llmcheck.plugin_api import ChunkReader
 
     with ChunkReader(data) as reader:
         return reader.read(reader.size - width, np.empty(width),

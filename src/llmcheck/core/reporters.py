@@ -1,0 +1,76 @@
+"""Reporters: the files ``llmcheck compare`` writes, each one registered by a plugin.
+
+Why: an output format -- JUnit XML for a CI server, a team's dashboard JSON -- is a plugin,
+not an edit of the core (datasette's ``register_output_renderer``). A plugin registers a
+:class:`Reporter` through :func:`~llmcheck.core.hookspecs.llmcheck_register_reporters`;
+the ``default`` ones (``cmp_report.csv``, ``summary.json``, ``pairs.json``, ``report.html``)
+run on every compare, the others when ``compare --report NAME`` asks for them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable, Mapping, Sequence
+
+from llmcheck.core.errors import LlmcheckError, PluginError, UsageError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from llmcheck.core.compare import CompareResult
+
+#: The flag that asks for a reporter, named in its errors.
+REPORT_FLAG = "--report"
+
+
+@dataclass(frozen=True, slots=True)
+class Reporter:
+    """One output format of ``llmcheck compare``, named for ``--report NAME``.
+
+    ``write(result, path)`` writes the whole compare (:class:`~llmcheck.core.compare.CompareResult`:
+    rows, pairing, both dumps, ``summary()``) into ``path``, which is ``file_name`` inside
+    the output folder; write it atomically (``llmcheck.core.atomic_files``) so an
+    interrupted compare leaves no half file. ``default`` reporters run on every compare.
+    """
+
+    name: str
+    description: str
+    file_name: str
+    write: Callable[["CompareResult", Path], None]
+    default: bool = False
+
+
+def choose_reporters(registered: Mapping[str, Reporter], requested: Sequence[str] = ()) -> list[Reporter]:
+    """Return the default reporters and the ``requested`` ones, in registration order; an unknown name is a usage error."""
+    if not registered:
+        raise PluginError("no reporter is registered, so a compare would write no file",
+                          hint="reinstall llmcheck (pip install -e .) so its built-in 'reports' plugin is found, "
+                               "or check LLMCHECK_LOAD_PLUGINS / LLMCHECK_DISABLE_PLUGINS")
+    unknown = [name for name in requested if name not in registered]
+    if unknown:
+        raise UsageError(f"unknown report {unknown[0]!r}", where=REPORT_FLAG,
+                         hint=f"known reports: {', '.join(registered)}")
+    chosen = [reporter for reporter in registered.values() if reporter.default or reporter.name in requested]
+    by_file: dict[str, str] = {}
+    for reporter in chosen:
+        if reporter.file_name in by_file:
+            raise UsageError(f"reports {by_file[reporter.file_name]!r} and {reporter.name!r} both write "
+                             f"{reporter.file_name}", where=REPORT_FLAG, hint="ask for one of them")
+        by_file[reporter.file_name] = reporter.name
+    return chosen
+
+
+def write_reports(result: "CompareResult", output_dir: Path, requested: Sequence[str] = ()) -> dict[str, Path]:
+    """Write the default reports and the ``requested`` ones into ``output_dir`` (created if needed); return their paths by name."""
+    from llmcheck.core.plugins import get_plugins
+
+    reporters = choose_reporters(get_plugins().reporters(), requested)
+    try:
+        output_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise LlmcheckError(f"cannot create the output folder: {exc.strerror}", where=output_dir) from exc
+    written: dict[str, Path] = {}
+    for reporter in reporters:
+        path = output_dir / reporter.file_name
+        reporter.write(result, path)
+        written[reporter.name] = path
+    return written

@@ -1,0 +1,92 @@
+"""Compare's output formats are reporters: the four default files, and JUnit XML for CI on request."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+import types
+import xml.etree.ElementTree as ElementTree
+from pathlib import Path
+
+import pytest
+import torch
+
+from llmcheck.core.cli import main
+
+DEFAULT_FILES = {"cmp_report.csv", "summary.json", "pairs.json", "report.html"}
+
+
+@pytest.fixture
+def runs(make_llmcheck_dump, tmp_path: Path) -> tuple[Path, Path]:
+    """Return a golden and a my dump: one pair equal, one 50 % off, one that cannot be measured (shapes differ)."""
+    torch.manual_seed(0)
+    golden = {"embed": torch.randn(64), "layer0": torch.randn(64), "layer1": torch.randn(8)}
+    my = {"embed": golden["embed"].clone(), "layer0": golden["layer0"] * 1.5, "layer1": torch.randn(4)}
+    return make_llmcheck_dump(tmp_path / "golden", golden), make_llmcheck_dump(tmp_path / "my", my)
+
+
+def test_a_compare_writes_the_four_default_reports_and_junit_only_when_asked(runs, tmp_path: Path) -> None:
+    golden, my = runs
+    assert main(["compare", "-gp", str(golden), "-mp", str(my), "-o", str(tmp_path / "plain"), "-j", "1"]) == 3
+    assert {path.name for path in (tmp_path / "plain").iterdir()} == DEFAULT_FILES
+    out = tmp_path / "ci"
+    assert main(["compare", "-gp", str(golden), "-mp", str(my), "-o", str(out), "-j", "1", "--report", "junit"]) == 3
+    assert {path.name for path in out.iterdir()} == DEFAULT_FILES | {"junit.xml"}
+
+
+def test_junit_xml_has_a_case_per_pair_and_the_summary_s_failures_and_errors(runs, tmp_path: Path) -> None:
+    golden, my = runs
+    out = tmp_path / "ci"
+    main(["compare", "-gp", str(golden), "-mp", str(my), "-o", str(out), "-j", "1", "--report", "junit"])
+    counts = json.loads((out / "summary.json").read_text())["counts"]
+    suites = ElementTree.parse(out / "junit.xml").getroot()
+    (suite,) = suites.findall("testsuite")
+    cases = suite.findall("testcase")
+    assert (int(suite.get("tests")), int(suite.get("failures")), int(suite.get("errors"))) == (
+        counts["pairs"], counts["failures"], counts["errors"]) == (3, 1, 1)
+    assert suites.get("tests") == suite.get("tests")
+    assert [case.get("classname") for case in cases] == ["embed", "layer0", "layer1"]  # execution order
+    embed, layer0, layer1 = cases
+    assert list(embed) == []  # a passing pair is a passing test
+    (failure,) = layer0.findall("failure")
+    assert failure.get("message").startswith("layer0 step 0 output.0: relative_euclidean_distance 0.5 > ")
+    assert "pairing rule: " in failure.text and "attribution: introduced" in failure.text
+    (error,) = layer1.findall("error")
+    assert error.get("message") == "shape mismatch: golden [8] vs my [4]"
+    properties = {item.get("name"): item.get("value") for item in suite.find("properties")}
+    assert properties["golden"] == str(golden) and properties["culprit"] == "layer0 step 0 output.0"
+
+
+def test_an_unknown_report_is_one_error_listing_the_known_ones_before_anything_runs(
+        runs, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    golden, my = runs
+    out = tmp_path / "out"
+    assert main(["compare", "-gp", str(golden), "-mp", str(my), "-o", str(out), "--report", "junit",
+                 "--report", "xlsx"]) == 2
+    assert capsys.readouterr().err == ("llmcheck: error: --report: unknown report 'xlsx' "
+                                       "(known reports: csv, summary, pairs, html, junit)\n")
+    assert not out.exists()
+
+
+def _hook_example(hook_name: str) -> types.ModuleType:
+    """Return the ``Example::`` of a hook's docstring, run as a plugin module."""
+    from llmcheck.core import hookspecs
+
+    module = types.ModuleType(f"{hook_name}_example")
+    exec(textwrap.dedent(getattr(hookspecs, hook_name).__doc__.split("Example::", 1)[1]), module.__dict__)
+    return module
+
+
+def test_the_reporter_example_of_the_hook_reference_writes_its_file(llmcheck_plugins, runs, tmp_path: Path) -> None:
+    llmcheck_plugins(_hook_example("llmcheck_register_reporters"))
+    golden, my = runs
+    out = tmp_path / "out"
+    main(["compare", "-gp", str(golden), "-mp", str(my), "-o", str(out), "-j", "1", "--report", "verdicts"])
+    assert (out / "verdicts.csv").read_text().splitlines() == [
+        "embed step 0 output.0, pass", "layer0 step 0 output.0, fail", "layer1 step 0 output.0, error"]
+
+
+def test_the_backend_option_example_of_the_hook_reference_declares_its_flag(llmcheck_plugins) -> None:
+    facade = llmcheck_plugins(_hook_example("llmcheck_register_backend_options"))
+    (repeat,) = facade.backend_options("plain")
+    assert repeat.flag_text == "-r/--repeat" and repeat.value(3) == 3 and repeat.default == 1
