@@ -24,8 +24,9 @@ its baseline, *inherited from an unmatched op* when a record only one run has pr
 input, *encloses* when it is a module whose output fails only because an introduced row lies
 inside it, and *unknown* when nothing fed it. A row that fails the dtype table alone (no rule
 above says it adds error) after an introduced row of its step, outside that row, is
-*inherited* too: with one defect, one row is introduced. The first *introduced* row in execution order
-is the deepest module whose inputs agree and whose output does not.
+*inherited* too, as are another output of an introduced call and the same weights met again:
+with one defect, one row is introduced. The first *introduced* row in execution order is the
+deepest module whose inputs agree and whose output does not.
 """
 
 from __future__ import annotations
