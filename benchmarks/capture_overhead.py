@@ -15,14 +15,31 @@ the same number of bytes is written to the same folder by plain sequential 64 Mi
 (no fsync, like the dump writer; and with fsync at the end, for reference).
 
     python benchmarks/capture_overhead.py [--device cuda] [--rounds 3] [--output-dir DIR]
+
+``--small-tensors`` measures what each recorded tensor costs instead, where Python and
+synchronisation per tensor dominate, not bytes: 64 blocks of LayerNorm -> Linear -> GELU
+-> Linear at hidden 64 (642 module or 1984 op tensors of 2 KB a forward), one thread. It
+prints microseconds of added time per recorded tensor -- (capture forward - plain
+forward) / records -- for statistics only, full module tensors and op level: of the
+forward's wall time, of the wall time until the dump is on disk, and of CPU time (all
+threads, until on disk; steadier than wall time on a shared machine), the fastest round
+each. With ``--baseline-src DIR`` (the ``src`` folder of an earlier checkout, e.g.
+``git archive main src | tar -x -C /tmp/base``) the earlier code is timed in the same
+run, alternating child processes, and printed beside the current code.
+Targets (CPU, one thread): <= 10 us per tensor statistics only, <= 25 us full tensors.
+
+    python benchmarks/capture_overhead.py --small-tensors [--baseline-src /tmp/base/src] [--rounds 7]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -49,24 +66,31 @@ def _sync(device: torch.device) -> None:
 def _time_plain(model: torch.nn.Module, input_ids: torch.Tensor) -> float:
     _sync(input_ids.device)
     start = time.perf_counter()
-    model(input_ids, use_cache=False)
+    model(input_ids) if isinstance(model, torch.nn.Sequential) else model(input_ids, use_cache=False)
     _sync(input_ids.device)
     return time.perf_counter() - start
 
 
-def _time_capture(model: torch.nn.Module, input_ids: torch.Tensor, folder: Path, options: dict) -> tuple[float, float, int]:
-    """Return (forward seconds, seconds until the dump is closed, bytes written)."""
+_last_cpu_s = 0.0  # CPU seconds (all threads) of the last _time_capture, from the forward until closed
+
+
+def _time_capture(model: torch.nn.Module, input_ids: torch.Tensor, folder: Path, options: dict,
+                  records: bool = False) -> tuple[float, float, int]:
+    """Return (forward seconds, seconds until the dump is closed, bytes written or, with ``records``, records)."""
     session = register_hook(model, DumpConfig(dump_path=folder, token_range=None, **options))
     _sync(input_ids.device)
+    global _last_cpu_s
+    start_cpu = time.process_time()
     start = time.perf_counter()
-    model(input_ids, use_cache=False)
+    model(input_ids) if isinstance(model, torch.nn.Sequential) else model(input_ids, use_cache=False)
     _sync(input_ids.device)
     forward_s = time.perf_counter() - start
     session.close()
     closed_s = time.perf_counter() - start
-    bytes_written = session.writer.bytes_written
+    _last_cpu_s = time.process_time() - start_cpu
+    amount = session.writer.records_written if records else session.writer.bytes_written
     shutil.rmtree(session.path)
-    return forward_s, closed_s, bytes_written
+    return forward_s, closed_s, amount
 
 
 def raw_write_seconds(folder: Path, total_bytes: int, fsync: bool) -> float:
@@ -85,6 +109,95 @@ def raw_write_seconds(folder: Path, total_bytes: int, fsync: bool) -> float:
     return elapsed
 
 
+SMALL_VARIANTS = {
+    "statistics only": dict(mode="module", statistics_only=True),
+    "full module tensors": dict(mode="module"),
+    "op level": dict(mode="op"),
+}
+
+
+class SmallBlock(torch.nn.Module):
+    """LayerNorm -> Linear -> GELU -> Linear with a residual: five modules, ten small tensors a call."""
+
+    def __init__(self, hidden: int) -> None:
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(hidden)
+        self.up = torch.nn.Linear(hidden, hidden)
+        self.act = torch.nn.GELU()
+        self.down = torch.nn.Linear(hidden, hidden)
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return hidden_states + self.down(self.act(self.up(self.norm(hidden_states))))
+
+
+def small_tensor_model(blocks: int = 64, hidden: int = 64) -> torch.nn.Module:
+    """Return the seeded many-small-tensors stack the per-tensor figures are measured on."""
+    torch.manual_seed(0)
+    return torch.nn.Sequential(*(SmallBlock(hidden) for _ in range(blocks)))
+
+
+def small_tensor_child(rounds: int, device: torch.device, folder: Path) -> dict[str, dict[str, float]]:
+    """Return, per variant, the median forward and to-disk seconds, the plain forward and records per forward."""
+    model = small_tensor_model().to(device)
+    inputs = torch.randn(1, 8, 64, generator=torch.Generator().manual_seed(1)).to(device)
+    plain_s: list[float] = []
+    plain_cpu_s: list[float] = []
+    runs: dict[str, list[tuple[float, float, int]]] = {variant: [] for variant in SMALL_VARIANTS}
+    cpu: dict[str, list[float]] = {variant: [] for variant in SMALL_VARIANTS}
+    with torch.no_grad():
+        for _ in range(2):  # warm-up: first calls of each path
+            _time_plain(model, inputs)
+            for options in SMALL_VARIANTS.values():
+                _time_capture(model, inputs, folder, options, records=True)
+        for _ in range(rounds):
+            started_cpu = time.process_time()
+            plain_s.append(_time_plain(model, inputs))
+            plain_cpu_s.append(time.process_time() - started_cpu)
+            for variant, options in SMALL_VARIANTS.items():
+                runs[variant].append(_time_capture(model, inputs, folder, options, records=True))
+                cpu[variant].append(_last_cpu_s)
+    # the fastest round: on a shared machine the others measure its neighbours, not the capture
+    plain, plain_cpu = min(plain_s), min(plain_cpu_s)
+    return {variant: {"plain_s": plain, "forward_s": min(r[0] for r in timings),
+                      "closed_s": min(r[1] for r in timings), "records": timings[-1][2],
+                      "plain_cpu_s": plain_cpu, "closed_cpu_s": min(cpu[variant])}
+            for variant, timings in runs.items()}
+
+
+def run_small_tensors(args: argparse.Namespace, folder: Path) -> None:
+    """Time the per-tensor cost of the current code (and the baseline's) in alternating child processes."""
+    versions = {"current": Path(__file__).resolve().parent.parent / "src"}
+    if args.baseline_src is not None:
+        versions["baseline"] = args.baseline_src.resolve()
+    results: dict[str, list[dict[str, dict[str, float]]]] = {label: [] for label in versions}
+    for _ in range(args.repeat):
+        for label, src in versions.items():
+            env = {**os.environ, "PYTHONPATH": str(src)}
+            child = subprocess.run([sys.executable, __file__, "--small-tensors-child", "--rounds", str(args.rounds),
+                                    "--device", args.device, "--output-dir", str(folder)],
+                                   env=env, check=True, capture_output=True, text=True)
+            results[label].append(json.loads(child.stdout.strip().splitlines()[-1]))
+    name = torch.cuda.get_device_name() if args.device.startswith("cuda") else "CPU, 1 thread"
+    print(f"model: 64 x (LayerNorm -> Linear -> GELU -> Linear), hidden 64, input [1, 8, 64], on {name}; "
+          f"fastest of {args.rounds} rounds in each of {args.repeat} child runs per version")
+    plain_ms = min(run["statistics only"]["plain_s"] for runs in results.values() for run in runs) * 1000
+    print(f"plain forward: {plain_ms:.2f} ms")
+    columns = [("fwd", "forward_s", "plain_s"), ("disk", "closed_s", "plain_s"), ("cpu", "closed_cpu_s", "plain_cpu_s")]
+    print(f"{'us per recorded tensor':<22}{'records':>8}" + "".join(f"{label + ' ' + column:>16}"
+                                                            for label in versions for column, _, _ in columns))
+    for variant in SMALL_VARIANTS:
+        line = f"{variant:<22}{int(results['current'][0][variant]['records']):>8}"
+        for label in versions:
+            for _, key, plain_key in columns:
+                per_tensor = min((run[variant][key] - run[variant][plain_key]) / run[variant]["records"]
+                                 for run in results[label]) * 1e6
+                line += f"{per_tensor:>14.1f}us"
+        print(line)
+    print("(added time per record -- fwd: the forward's wall time; disk: wall time until the dump is closed; "
+          "cpu: CPU seconds of all threads until closed, steadier on a shared machine. "
+          "Targets: <= 10 us statistics only, <= 25 us full tensors)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
@@ -94,7 +207,25 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--seq", type=int, default=256)
     parser.add_argument("--output-dir", type=Path, default=None, help="where dumps are written (default: a temp dir)")
+    parser.add_argument("--small-tensors", action="store_true", help="measure microseconds per recorded tensor")
+    parser.add_argument("--small-tensors-child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--baseline-src", type=Path, default=None,
+                        help="--small-tensors: the src folder of an earlier checkout, timed beside the current code")
+    parser.add_argument("--repeat", type=int, default=2, help="--small-tensors: child runs per code version")
     args = parser.parse_args()
+    if args.small_tensors or args.small_tensors_child:
+        torch.set_num_threads(1)
+        folder = Path(args.output_dir or tempfile.mkdtemp(prefix="llmcheck_bench_"))
+        folder.mkdir(parents=True, exist_ok=True)
+        try:
+            if args.small_tensors_child:
+                print(json.dumps(small_tensor_child(args.rounds, torch.device(args.device), folder)))
+            else:
+                run_small_tensors(args, folder)
+        finally:
+            if args.output_dir is None:
+                shutil.rmtree(folder, ignore_errors=True)
+        return
 
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)

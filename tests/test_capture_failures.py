@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from llmcheck import read_dump
 from llmcheck.core.store import find_dumps
@@ -143,7 +144,7 @@ def test_op_level_capture_stopped_mid_step_leaves_the_dispatch_mode(tmp_path: Pa
     session = register_hook(model, DumpConfig(dump_path=tmp_path, token_range=None, mode=("module", "op")))
     with torch.no_grad():
         model(torch.ones(2, 4))
-        assert session.failure is not None and session._op_mode is None
+        assert session.failure is not None and _get_current_dispatch_mode() is None
         assert torch.equal(torch.ones(2) + 1, torch.full((2,), 2.0))  # no mode left intercepting ops
     session.close()
     assert read_dump(session.path).cut is not None

@@ -91,3 +91,24 @@ def test_cuda_statistics_only_capture_fetches_statistics_without_data(tmp_path: 
     dump = read_dump(session.path)
     assert dump.records and all(r.data is None and r.stats.nan_count == 0 for r in dump.records)
     assert not list(session.path.glob("shard_*"))
+
+
+@pytest.mark.parametrize("options", [dict(statistics_only=True), dict(), dict(mode=["module", "op"])],
+                         ids=["statistics only", "full module tensors", "op level"])
+def test_cuda_forward_makes_no_synchronising_call_and_leaves_outputs_bitwise_identical(tmp_path: Path, cuda_llama,
+                                                                                      options: dict) -> None:
+    with torch.no_grad():
+        plain = cuda_llama(_prompt()).logits
+        # weight digests copy each parameter to the host once per dump, by design: not part of this check
+        session = register_hook(cuda_llama, DumpConfig(dump_path=tmp_path, weight_digests=False, **options))
+        prompt = _prompt()
+        torch.cuda.set_sync_debug_mode("error")  # any synchronising call in any thread raises
+        try:
+            captured = cuda_llama(prompt).logits
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+        session.close()
+    assert session.failure is None  # the writer thread waited on events, not by synchronising
+    assert torch.equal(captured, plain)
+    dump = read_dump(session.path)
+    assert dump.cut is None and dump.records and all(r.stats is not None for r in dump.records)

@@ -106,12 +106,14 @@ from llmcheck.core.report import (CSV_NAME, HTML_NAME, PAIRS_NAME, SUMMARY_NAME,
                                   json_safe, measure_text)
 from llmcheck.core.reporters import Reporter
 from llmcheck.core.seed_flags import seed_dump_options
-from llmcheck.core.store import NATIVE_SOURCE, DumpWriter, closing_state, find_dumps, read_dump
+from llmcheck.core.store import (NATIVE_SOURCE, DumpWriter, KeyFields, closing_state, find_dumps, index_line,
+                                 read_dump)
 from llmcheck.core.weights import PARAMETER_ATTR, PARAMETER_DIGESTS_ATTR
 
 if TYPE_CHECKING:  # pragma: no cover
     from llmcheck.core.call_arguments import decode_call, encode_call
-    from llmcheck.core.statistics import segmented_stats_vectors, stats_from_vectors, stats_vector
+    from llmcheck.core.statistics import (segmented_stats_vectors, stats_from_vectors, stats_json_from_rows,
+                                          stats_vector)
     from llmcheck.core.compare import CompareResult
     from llmcheck.core.stats_compare import DECIDING_STAT, statistics_columns
     from llmcheck.core.tensor_chunks import ChunkReader
@@ -128,6 +130,7 @@ _LOADED_ON_FIRST_USE: dict[str, str] = {
     "load_weights_only": "llmcheck.core.tensor_io",
     "stats_vector": "llmcheck.core.statistics",
     "stats_from_vectors": "llmcheck.core.statistics",
+    "stats_json_from_rows": "llmcheck.core.statistics",
     "segmented_stats_vectors": "llmcheck.core.statistics",
     "encode_call": "llmcheck.core.call_arguments",
     "decode_call": "llmcheck.core.call_arguments",
@@ -161,7 +164,7 @@ __all__ = [
     "CallId", "OpCall", "group_op_calls", "position_order",
     # writing files and llmcheck dumps
     "atomic_write_text", "atomic_write_with", "write_failed", "DumpWriter", "read_dump", "find_dumps", "NATIVE_SOURCE",
-    "closing_state", "RECORD_NAME_KEY",
+    "closing_state", "RECORD_NAME_KEY", "index_line", "KeyFields",
     # metrics sharing per-chunk work
     "PairChunk", "Workspace", "dot",
     # capture backends: their declared dump options

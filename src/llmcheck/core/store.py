@@ -23,7 +23,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
 
 import msgspec
 
@@ -72,20 +72,37 @@ SAFETENSORS_DTYPE: dict[str, str] = {
 def record_to_json(record: TensorRecord) -> dict[str, Any]:
     """Return a record as one index line's JSON object (data location excluded)."""
     key = record.key
+    return index_line((key.name, key.io, key.position, key.step, key.call_index, key.moment), record.dtype,
+                      record.shape, record.order, record.device, record.rank, record.op_type, record.parent,
+                      None if record.stats is None else record.stats.as_json(), record.attrs)
+
+
+#: A record key's fields but its rank, in :class:`RecordKey`'s order: name, io, position, step, call_index, moment.
+KeyFields = tuple[str, str, str, int, int, str]
+
+
+def index_line(key: KeyFields, dtype: str, shape: tuple[int, ...], order: int, device: str, rank: int,
+               op_type: str | None, parent: str | None, stats: Mapping[str, Any] | None,
+               attrs: Mapping[str, Any]) -> dict[str, Any]:
+    """Return one index line's JSON object from a record's parts (``stats`` as :meth:`TensorStats.as_json` gives it).
+
+    A capture builds its lines with this directly (:meth:`DumpWriter.add_prepared`): thousands
+    of records a step, where building a :class:`TensorRecord` first costs as much as the rest.
+    """
+    name, io, position, step, call_index, moment = key
     line: dict[str, Any] = {
-        "name": key.name, "io": key.io, "position": key.position, "step": key.step,
-        "call_index": key.call_index, "moment": key.moment,
-        "dtype": record.dtype, "shape": list(record.shape), "order": record.order,
-        "device": record.device, "rank": record.rank,
+        "name": name, "io": io, "position": position, "step": step, "call_index": call_index, "moment": moment,
+        "dtype": dtype, "shape": list(shape), "order": order,
+        "device": device, "rank": rank,
     }
-    if record.op_type is not None:
-        line["op_type"] = record.op_type
-    if record.parent is not None:
-        line["parent"] = record.parent
-    if record.stats is not None:
-        line["stats"] = record.stats.as_json()
-    if record.attrs:
-        line["attrs"] = dict(record.attrs)
+    if op_type is not None:
+        line["op_type"] = op_type
+    if parent is not None:
+        line["parent"] = parent
+    if stats is not None:
+        line["stats"] = stats
+    if attrs:
+        line["attrs"] = dict(attrs)
     return line
 
 
@@ -149,15 +166,43 @@ def _atomic_write_json(path: Path, value: Any) -> None:
     atomic_write_text(path, json.dumps(value, indent=2, sort_keys=False) + "\n")
 
 
+#: Index lines and the topology are encoded by msgspec: ten times faster than ``json.dumps``
+#: (a capture writes one line per recorded tensor, and its writer thread shares the GIL with the run).
+_JSON_ENCODER = msgspec.json.Encoder()
+
+
+def _atomic_write_json_fast(path: Path, value: Any) -> None:
+    """Write ``value`` as indented JSON like :func:`_atomic_write_json`, encoded in C (a large module tree)."""
+    atomic_write_text(path, msgspec.json.format(_JSON_ENCODER.encode(value), indent=2).decode() + "\n")
+
+
 @dataclass
 class _Batch:
     """Records waiting to be written, with the CPU tensors of those that carry data."""
 
-    records: list[TensorRecord] = field(default_factory=list)
+    records: list[TensorRecord | dict[str, Any]] = field(default_factory=list)  # a dict: an index line already
     tensors: list["torch.Tensor | None"] = field(default_factory=list)
     tensor_bytes: int = 0
     #: ids of the tensor objects already in this batch: one given for several records is stored once
     tensor_ids: set[int] = field(default_factory=set)
+    #: gives the batch's index lines and tensors in the writer thread (:meth:`DumpWriter.add_prepared`)
+    prepare: Callable[[], tuple[list[dict[str, Any]], list["torch.Tensor | None"]]] | None = None
+    #: builds the tree to write as ``topology.json`` in the writer thread (:meth:`DumpWriter.write_topology_later`)
+    topology: Callable[[], TopologyNode] | None = None
+
+    def append(self, record: "TensorRecord | dict[str, Any]", tensor: "torch.Tensor | None") -> None:
+        """Add a record and its CPU tensor (or ``None``); a tensor given again is counted once."""
+        self.records.append(record)
+        self.tensors.append(tensor)
+        if tensor is not None and id(tensor) not in self.tensor_ids:
+            if tensor.device.type != "cpu":
+                raise ValueError("DumpWriter needs CPU tensors; copy them off the device first")
+            self.tensor_ids.add(id(tensor))
+            self.tensor_bytes += tensor.numel() * tensor.element_size()
+
+    def full(self, shard_bytes: int) -> bool:
+        """Return whether the batch should be written now (a shard's worth of bytes or of records)."""
+        return self.tensor_bytes >= shard_bytes or len(self.records) >= MAX_RECORDS_PER_BATCH
 
 
 class DumpWriter:
@@ -228,29 +273,52 @@ class DumpWriter:
         self._raise_writer_error()
         if self._closed:
             raise LlmcheckError("the dump is closed", where=self.path)
-        if tensor is not None and tensor.device.type != "cpu":
-            raise ValueError("DumpWriter.add needs a CPU tensor; copy it off the device first")
-        self._batch.records.append(record)
-        self._batch.tensors.append(tensor)
-        if tensor is not None and id(tensor) not in self._batch.tensor_ids:
-            self._batch.tensor_ids.add(id(tensor))
-            self._batch.tensor_bytes += tensor.numel() * tensor.element_size()
-        if self._batch.tensor_bytes >= self.shard_bytes or len(self._batch.records) >= MAX_RECORDS_PER_BATCH:
+        self._batch.append(record, tensor)
+        if self._batch.full(self.shard_bytes):
             self.flush()
+
+    def add_prepared(self, prepare: Callable[[], tuple[list[dict[str, Any]], list["torch.Tensor | None"]]],
+                     topology: Callable[[], TopologyNode] | None = None) -> None:
+        """Queue records that ``prepare`` gives the writer thread as :func:`index_line` objects and CPU tensors.
+
+        Why: a capture hands over a step of records whose statistics are still to be
+        measured (and, from an accelerator, whose bytes are still in flight). Done in the
+        writer thread, that work leaves the captured program's forward; the queue's bound
+        is its back-pressure. ``prepare``'s exception is a failed write, raised here next.
+        Records keep their order: the pending batch is handed over first. ``topology``, if
+        given, builds the tree written after the records (one hand-over, not two: a second
+        would wait for the writer to take the first).
+        """
+        self._raise_writer_error()
+        if self._closed:
+            raise LlmcheckError("the dump is closed", where=self.path)
+        self.flush()
+        self._hand_to_writer(_Batch(prepare=prepare, topology=topology))
 
     def write_topology(self, topology: TopologyNode) -> None:
         """Write the run's module/op tree once, as ``topology.json``."""
-        _atomic_write_json(self.path / TOPOLOGY_NAME, topology_to_json(topology))
+        _atomic_write_json_fast(self.path / TOPOLOGY_NAME, topology_to_json(topology))
+
+    def write_topology_later(self, build: Callable[[], TopologyNode]) -> None:
+        """Have the writer thread build the tree with ``build`` and write it, after the records queued so far.
+
+        A capture's module tree of thousands of nodes is then built outside the forward.
+        """
+        self._raise_writer_error()
+        self.flush()
+        self._hand_to_writer(_Batch(topology=build))
 
     def flush(self) -> None:
         """Hand the current batch to the writer (a capture calls this at the end of each step)."""
         batch, self._batch = self._batch, _Batch()
-        if not batch.records:
-            return
+        if batch.records:
+            self._hand_to_writer(batch)
+
+    def _hand_to_writer(self, batch: _Batch) -> None:
         if self._queue is None:
             self._write_batch(batch)
         else:
-            self._queue.put(batch)
+            self._queue.put(batch)  # waits while the writer is a batch behind: back-pressure, never loss
         self._raise_writer_error()
 
     def close(self) -> None:
@@ -330,6 +398,22 @@ class DumpWriter:
                     self._error = exc
 
     def _write_batch(self, batch: _Batch) -> None:
+        if batch.prepare is not None:
+            lines, tensors = batch.prepare()
+            part = _Batch()
+            for line, tensor in zip(lines, tensors):
+                part.append(line, tensor)
+                if part.full(self.shard_bytes):
+                    self._write_part(part)
+                    part = _Batch()
+            if part.records:
+                self._write_part(part)
+        elif batch.records:
+            self._write_part(batch)
+        if batch.topology is not None:
+            self.write_topology(batch.topology())
+
+    def _write_part(self, batch: _Batch) -> None:
         shard_name = None
         entries: list[tuple[int, str]] = []
         if batch.tensor_bytes or any(t is not None for t in batch.tensors):
@@ -339,13 +423,13 @@ class DumpWriter:
         tensor_names = dict(entries)
         lines = []
         for position, record in enumerate(batch.records):
-            line = record_to_json(record)
+            line = record if isinstance(record, dict) else record_to_json(record)
             if position in tensor_names:
                 line["shard"] = shard_name
                 line["tensor"] = tensor_names[position]
-            lines.append(json.dumps(line, separators=(",", ":")) + "\n")
+            lines.append(line)
         # The shard is complete and renamed before any line that points into it exists.
-        text = "".join(lines)
+        text = _JSON_ENCODER.encode_lines(lines).decode()
         try:
             self._index.write(text)
             self._index.flush()

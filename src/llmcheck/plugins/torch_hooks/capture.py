@@ -25,6 +25,7 @@ import logging
 import os
 import weakref
 from contextlib import nullcontext
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ContextManager
 
@@ -35,7 +36,6 @@ from llmcheck.plugin_api import (
     IO_OUTPUT,
     MOMENT_AFTER,
     MOMENT_BEFORE,
-    PARAMETER_ATTR,
     PARAMETER_DIGESTS_ATTR,
     DumpWriter,
     LlmcheckError,
@@ -43,20 +43,22 @@ from llmcheck.plugin_api import (
     TopologyNode,
     UsageError,
     dtype_name,
-    encode_call,
 )
 from llmcheck.plugins.torch_hooks.config import LEVEL_MODULE, LEVEL_OP, ON_ERROR_RAISE, DumpConfig
 from llmcheck.plugins.torch_hooks.cpu_profile import CAPTURE_RANGE, StepProfiler
-from llmcheck.plugins.torch_hooks.module_graph_onnx import ONNX_FILE, GraphRecorder, GraphTensor, write_graph_onnx
+from llmcheck.plugins.torch_hooks.module_graph_onnx import ONNX_FILE, GraphRecorder, write_graph_onnx
 from llmcheck.plugins.torch_hooks.module_selection import ROOT_NAME, ModuleSelection, parent_name
+from llmcheck.plugins.torch_hooks.module_topology import ModuleTopology
 from llmcheck.plugins.torch_hooks.nested_tensors import call_inputs, call_outputs
-from llmcheck.plugins.torch_hooks.op_capture import OpCaptureMode
+from llmcheck.plugins.torch_hooks.op_capture import OpRecorder
 from llmcheck.plugins.torch_hooks.parameter_digests import ModuleParameterDigests
-from llmcheck.plugins.torch_hooks.tensor_sink import TensorSink
+from llmcheck.plugins.torch_hooks.tensor_sink import NullSink, TensorSink
 
 log = logging.getLogger("llmcheck.torch")
 
 BACKEND_NAME = "torch"
+
+_NO_SCOPE = nullcontext()  # reusable: the capture scope of every call when not profiling
 
 
 def process_rank() -> int:
@@ -97,13 +99,31 @@ def _device_wanted(device: torch.device, device_ids: tuple[str, ...]) -> bool:
     return bool({index, f"{device.type}{index}", f"{device.type}:{index}"} & set(device_ids))
 
 
+@dataclass(frozen=True, slots=True)
+class _ModuleSite:
+    """What the hooks of one module need, resolved once at attach time (no lookups per call)."""
+
+    name: str
+    op_type: str
+    parent: str | None
+    is_root: bool
+    records_inputs_before: bool
+    records_after: bool
+    leaf: bool
+
+
 class CaptureSession:
     """A capture running on one model: its hooks, its step counter and the dump it writes.
 
     Returned by :func:`register_hook`. ``path`` is the dump folder (``None`` when the
-    ``device_ids`` filter leaves this process out). ``close()`` -- or leaving a ``with``
-    block, or :func:`remove_hook` -- removes the hooks, writes what is pending and closes
-    the dump. Not thread-safe: one model is run by one thread at a time.
+    ``device_ids`` filter leaves this process out: the session then writes into a
+    :class:`NullSink`). ``close()`` -- or leaving a ``with`` block, or :func:`remove_hook`
+    -- removes the hooks, writes what is pending and closes the dump. Not thread-safe: one
+    model is run by one thread at a time.
+
+    The parts: module hooks and the step counter here; the op level in
+    :class:`~.op_capture.OpRecorder`; the module tree in :class:`~.module_topology.ModuleTopology`;
+    copies, statistics and the writer behind the sink (:mod:`.tensor_sink`).
     """
 
     def __init__(self, model: torch.nn.Module, config: DumpConfig) -> None:
@@ -120,27 +140,20 @@ class CaptureSession:
         self.closed = False
         self.failure: str | None = None  # why capture stopped early; None while it runs or ended normally
         self._raises = config.on_capture_error == ON_ERROR_RAISE
-        self._module_level = LEVEL_MODULE in config.levels
-        self._op_level = LEVEL_OP in config.levels
         self._root_depth = 0
         self._dumping = False
         self._stack: list[tuple[str, int]] = []  # (module path, call index or -1) of the calls running now
         self._call_counts: dict[str, int] = {}
-        self._first_run: dict[str, int] = {}
-        self._topology_size_written = -1
-        self._op_mode: OpCaptureMode | None = None
-        self._op_names: dict[Any, str] = {}
-        self._parameter_names: tuple[int, dict[tuple[int, tuple[int, ...], Any], str]] | None = None
-        self._parents = {name: parent_name(name) for name in self.selection.ids}
-        self._leaf_modules = {name or ROOT_NAME for name, module in model.named_modules()
-                              if next(module.children(), None) is None}
+        self.topology_order = ModuleTopology(model, self.selection.ids)
+        self._ops = OpRecorder(self) if LEVEL_OP in config.levels else None
         self._weight_digests = (ModuleParameterDigests(model, self.selection.module_selected, ROOT_NAME)
-                                if self._module_level and config.weight_digests else None)
+                                if LEVEL_MODULE in config.levels and config.weight_digests else None)
         self._graph: GraphRecorder | None = None  # the first dumped step's calls, for --type onnx
         self._graph_open = False
         self.writer: DumpWriter | None = None
         self.path: Path | None = None
         self._profiler: StepProfiler | None = None
+        self.sink: TensorSink | NullSink = NullSink()
         if not self.enabled:
             log.warning("not capturing on %s: device_ids %s leave it out", device, ", ".join(config.device_ids))
         else:
@@ -152,12 +165,11 @@ class CaptureSession:
             self.path = self.writer.path
             if config.profile_cpu:
                 self._profiler = StepProfiler(self.path / "cpu_profiling")
-        self.sink = TensorSink(self.writer, rank=self.rank, statistics_only=config.statistics_only,
-                               max_pending_bytes=config.max_pending_bytes) if self.writer else None
+            self.sink = TensorSink(self.writer, rank=self.rank, statistics_only=config.statistics_only,
+                                   max_pending_bytes=config.max_pending_bytes)
         self._hooks: list[Any] = []
         self._root_after_hook: Any = None  # kept after a failure mid-step, to leave the op mode at the step's end
-        for name, module in model.named_modules():
-            self._attach(name or ROOT_NAME, module)
+        self._attach_all()
         self_ref = weakref.ref(self)
         self._atexit = lambda: (session := self_ref()) is not None and session.close_at_exit()
         atexit.register(self._atexit)
@@ -175,30 +187,11 @@ class CaptureSession:
     @property
     def records_written(self) -> int:
         """Return how many records the dump holds so far (handed to the writer)."""
-        return self.sink.records_added if self.sink is not None else 0
+        return self.sink.records_added
 
     def topology(self) -> TopologyNode:
-        """Return the module tree: class names, module ids, children in first-execution order.
-
-        A container that never runs itself (``ModuleList``) takes the place of its first
-        child to run; modules that never ran keep their definition order, after the others.
-        """
-        ids = self.selection.ids
-        never_run = len(self._first_run)
-
-        def node(name: str, module: torch.nn.Module) -> tuple[TopologyNode, int]:
-            children = []
-            for child_name, child in module.named_children():
-                path = child_name if name == ROOT_NAME else f"{name}.{child_name}"
-                if path in ids:
-                    children.append(node(path, child))
-            children.sort(key=lambda item: item[1])  # stable: unrun ones keep definition order
-            first = min([self._first_run.get(name, never_run), *(rank for _, rank in children)])
-            attrs = {"id": ids[name]} if ids.get(name) else {}
-            return TopologyNode(name=name, op_type=type(module).__name__,
-                                children=tuple(child for child, _ in children), attrs=attrs), first
-
-        return node(ROOT_NAME, self.model)[0]
+        """Return the module tree: class names, module ids, children in first-execution order."""
+        return self.topology_order.tree()
 
     def close(self) -> None:
         """Remove the hooks, write every pending record and the module tree, and close the dump.
@@ -211,19 +204,16 @@ class CaptureSession:
         atexit.unregister(self._atexit)
         self._remove_hooks(keep_root_after=False)
         self._leave_op_mode()
-        if self.writer is None or self.sink is None or self.failure is not None:
+        if self.failure is not None:
             return
         try:
             if self._profiler is not None and self._profiler.running:
                 self._profiler.stop(self.step)
-            self.sink.hand_over()
-            self._write_topology()
-            self.writer.close()
-            self.sink.finish()
-            if self._graph is not None:
-                write_graph_onnx(self._graph, self.path / ONNX_FILE, type(self.model).__name__)  # type: ignore[operator]
+            self.sink.close(self.topology_order.changed_tree())
+            if self._graph is not None and self.path is not None:
+                write_graph_onnx(self._graph, self.path / ONNX_FILE, type(self.model).__name__)
         except Exception as exc:
-            self._contain(exc)
+            self.contain(exc)
 
     def close_at_exit(self) -> None:
         """Close the dump as the process exits; never raises (no forward is left to hand an error to)."""
@@ -232,9 +222,31 @@ class CaptureSession:
         except Exception:
             pass  # already reported by the warning of _stop_after_failure
 
+    # --- what the op level asks of its session ---
+
+    def current_module(self) -> str:
+        """Return the path of the innermost module running now (``"root"`` outside any)."""
+        return self._stack[-1][0] if self._stack else ROOT_NAME
+
+    def next_call_index(self, name: str) -> int:
+        """Return the call index of a new call of ``name`` in this step and count it."""
+        call_index = self._call_counts.get(name, 0)
+        self._call_counts[name] = call_index + 1
+        return call_index
+
+    def open_graph(self) -> GraphRecorder | None:
+        """Return the graph recording this step's calls (``--type onnx``, first dumped step), else ``None``."""
+        return self._graph if self._graph_open else None
+
+    def capture_scope(self) -> ContextManager[Any]:
+        """Return the profiler range that marks capture's own work (a no-op unless profiling)."""
+        if self._profiler is not None and self._profiler.running:
+            return torch.profiler.record_function(CAPTURE_RANGE)
+        return _NO_SCOPE
+
     # --- failures ---
 
-    def _contain(self, exc: Exception) -> None:
+    def contain(self, exc: Exception) -> None:
         """Handle a failure of capture's own work: stop capturing, then raise it only under ``on_capture_error="raise"``."""
         self._stop_after_failure(exc)
         if self._raises:
@@ -256,12 +268,7 @@ class CaptureSession:
                 self._profiler.stop(self.step)
             except Exception:
                 pass  # the profile is lost with the rest of the capture
-        if self.sink is not None:
-            self.sink.finish()  # the progress display ends with the capture
-        kept = 0
-        if self.writer is not None:
-            self.writer.close_cut(reason)
-            kept = self.writer.records_written
+        kept = self.sink.close_cut(reason)
         policy = "the error is raised into the program" if self._raises else "the program runs on"
         log.warning("capture stopped: %s; the dump %s is closed as cut with its %d complete records, %s",
                     reason, self.path, kept, policy)
@@ -274,33 +281,52 @@ class CaptureSession:
 
     # --- hooks ---
 
-    def _attach(self, name: str, module: torch.nn.Module) -> None:
-        is_root = module is self.model
+    def _attach_all(self) -> None:
+        """Hook every submodule, each with its :class:`_ModuleSite` resolved now.
+
+        Per-module hooks, not torch's global module hooks: a global forward pre-hook is not
+        given the call's keyword arguments (HF passes ``hidden_states=`` by keyword), and a
+        global hook would put every module of the process -- other models too -- on
+        torch's slow hooked call path. The work per call is constant either way.
+        """
+        config = self.config
+        module_level = LEVEL_MODULE in config.levels
+        op_level = self._ops is not None
+        for name, module in self.model.named_modules():
+            name = name or ROOT_NAME
+            selected = module_level and self.selection.module_selected(name)
+            site = _ModuleSite(
+                name=name, op_type=type(module).__name__, parent=parent_name(name), is_root=module is self.model,
+                records_inputs_before=selected and config.saves_inputs_before,
+                records_after=selected and (config.saves_inputs_after or config.saves_outputs),
+                leaf=not op_level and next(module.children(), None) is None,
+            )
+            self._attach(site, module)
+
+    def _attach(self, site: _ModuleSite, module: torch.nn.Module) -> None:
+        name, is_root = site.name, site.is_root
+        first_run = self.topology_order.first_run
+        stack = self._stack
 
         def before(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
             try:
-                return start_call(module, args, kwargs)
+                if is_root:
+                    self._root_depth += 1
+                    if self._root_depth == 1:
+                        self._begin_step()
+                elif self._root_depth == 0:
+                    return None  # called outside a forward of the model: not part of any step
+                if name not in first_run:
+                    first_run[name] = len(first_run)
+                if not self._dumping:
+                    stack.append((name, -1))
+                    return None
+                call_index = self.next_call_index(name)
+                stack.append((name, call_index))
+                if site.records_inputs_before:
+                    self._save(site, call_inputs(args, kwargs), IO_INPUT, call_index, MOMENT_BEFORE)
             except Exception as exc:  # capture's own failure: the program's forward must not see it
-                self._contain(exc)
-                return None
-
-        def start_call(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-            if is_root:
-                self._root_depth += 1
-                if self._root_depth == 1:
-                    self._begin_step()
-            elif self._root_depth == 0:
-                return None  # called outside a forward of the model: not part of any step
-            if name not in self._first_run:
-                self._first_run[name] = len(self._first_run)
-            if not self._dumping:
-                self._stack.append((name, -1))
-                return None
-            call_index = self._call_counts.get(name, 0)
-            self._call_counts[name] = call_index + 1
-            self._stack.append((name, call_index))
-            if self._module_level and self.config.saves_inputs_before and self.selection.module_selected(name):
-                self._save(name, module, call_inputs(args, kwargs), IO_INPUT, call_index, MOMENT_BEFORE)
+                self.contain(exc)
             return None
 
         def after(module: torch.nn.Module, args: tuple[Any, ...], *rest: Any) -> None:
@@ -313,24 +339,25 @@ class CaptureSession:
                     self._leave_op_mode()
                     self._remove_hooks(keep_root_after=False)
                 return None
-            matched = bool(self._stack) and self._stack[-1][0] == name
+            matched = bool(stack) and stack[-1][0] == name
             if not matched and not is_root:
                 return None  # a call whose start this session did not see
-            call_index = self._stack.pop()[1] if matched else -1
+            call_index = stack.pop()[1] if matched else -1
             try:
-                if call_index >= 0 and len(rest) == 2 and self._module_level and self.selection.module_selected(name):
+                if call_index >= 0 and len(rest) == 2 and site.records_after:
                     kwargs, output = rest
+                    config = self.config
                     digests = (self._weight_digests.of(name)
                                if self._weight_digests is not None and call_index == 0 else None)
-                    if self.config.saves_inputs_after:
-                        self._save(name, module, call_inputs(args, kwargs), IO_INPUT, call_index, MOMENT_AFTER,
-                                   None if self.config.saves_outputs else digests)
-                    if self.config.saves_outputs:
-                        self._save(name, module, call_outputs(output), IO_OUTPUT, call_index, MOMENT_AFTER, digests)
+                    if config.saves_inputs_after:
+                        self._save(site, call_inputs(args, kwargs), IO_INPUT, call_index, MOMENT_AFTER,
+                                   None if config.saves_outputs else digests)
+                    if config.saves_outputs:
+                        self._save(site, call_outputs(output), IO_OUTPUT, call_index, MOMENT_AFTER, digests)
                 if is_root and self._root_depth == 1:
                     self._end_step()
             except Exception as exc:  # capture's own failure: the program's forward must not see it
-                self._contain(exc)
+                self.contain(exc)
             finally:
                 if is_root:
                     self._root_depth -= 1
@@ -345,127 +372,32 @@ class CaptureSession:
         if is_root:
             self._root_after_hook = after_hook
 
-    def _save(self, name: str, module: torch.nn.Module, tensors: list[tuple[str, torch.Tensor]], io: str,
-              call_index: int, moment: str, digests: dict[str, Any] | None = None) -> None:
+    def _save(self, site: _ModuleSite, tensors: list[tuple[str, torch.Tensor]], io: str, call_index: int,
+              moment: str, digests: dict[str, Any] | None = None) -> None:
         """Record a call's inputs or outputs; the first record carries the module's parameter digests, if any."""
         if not tensors:
             return
-        op_type = type(module).__name__
-        parent = self._parents[name]
-        graph = self._graph if self._graph_open and not self._op_level and name in self._leaf_modules else None
+        name, op_type, parent = site.name, site.op_type, site.parent
+        graph = self._graph if self._graph_open and site.leaf else None
+        sink = self.sink
+        step = self.step
         previous, self.busy = self.busy, True
         try:
-            with self._capture_scope():
-                self.sink.settle_versions()  # type: ignore[union-attr]
+            with self.capture_scope():
+                sink.settle_versions()
                 for position, tensor in tensors:
-                    key = RecordKey(name=name, io=io, position=position, step=self.step, call_index=call_index,
-                                    moment=moment)
                     attrs = {PARAMETER_DIGESTS_ATTR: digests} if digests else None
                     digests = None
-                    identity = self.sink.add(key, tensor, op_type=op_type, parent=parent,  # type: ignore[union-attr]
-                                             attrs=attrs)
+                    identity = sink.add((name, io, position, step, call_index, moment), tensor, op_type=op_type,
+                                        parent=parent, attrs=attrs)
                     if graph is not None:
-                        self._add_to_graph(graph, key, identity, tensor, op_type, parent or ROOT_NAME, None)
+                        graph.add_record(RecordKey(name, io, position, step, call_index, moment), identity,
+                                         dtype_name(tensor.dtype), tuple(tensor.shape), op_type, parent or ROOT_NAME,
+                                         None, inputs_read_before=self.config.saves_inputs_before)
         finally:
             self.busy = previous
 
-    def capture_op(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        """Run one ATen operator call and record its inputs and outputs (called by the op mode).
-
-        The operator itself runs outside any containment: its own errors are the program's.
-        """
-        if self.failure is not None:
-            return func(*args, **kwargs)
-        try:
-            recorded = self._record_op_inputs(func, args, kwargs)
-        except Exception as exc:  # capture's own failure: the program's forward must not see it
-            self._contain(exc)
-            recorded = None
-        result = func(*args, **kwargs)
-        if recorded is None or self.failure is not None:
-            return result
-        try:
-            self._record_op_outputs(result, *recorded)
-        except Exception as exc:
-            self._contain(exc)
-        return result
-
-    def _record_op_inputs(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...] | None:
-        """Record an operator's inputs before it runs; return what its outputs' records need (None: not selected)."""
-        module_name = self._stack[-1][0] if self._stack else ROOT_NAME
-        op_type = self._op_names.get(func)
-        if op_type is None:
-            op_type = self._op_names[func] = str(func)
-        if not self.selection.op_selected(module_name, op_type):
-            return None
-        name = f"{module_name}/{op_type}"
-        call_index = self._call_counts.get(name, 0)
-        self._call_counts[name] = call_index + 1
-        config = self.config
-        self.busy = True
-        try:
-            with self._capture_scope():
-                self.sink.settle_versions()  # type: ignore[union-attr]
-                attrs, inputs = encode_call(args, kwargs)
-                if config.saves_inputs_before:
-                    self._save_op(name, inputs, IO_INPUT, call_index, MOMENT_BEFORE, op_type, module_name, attrs)
-        finally:
-            self.busy = False
-        return name, call_index, inputs, op_type, module_name, attrs
-
-    def _record_op_outputs(self, result: Any, name: str, call_index: int, inputs: list[tuple[str, torch.Tensor]],
-                           op_type: str, module_name: str, attrs: dict[str, Any]) -> None:
-        """Record an operator's outputs (and, with save_time 1 or 2, its inputs as they are after it ran)."""
-        config = self.config
-        self.busy = True
-        try:
-            with self._capture_scope():
-                if config.saves_inputs_after:
-                    self._save_op(name, inputs, IO_INPUT, call_index, MOMENT_AFTER, op_type, module_name, attrs)
-                if config.saves_outputs:
-                    self._save_op(name, call_outputs(result), IO_OUTPUT, call_index, MOMENT_AFTER, op_type,
-                                  module_name, attrs)
-        finally:
-            self.busy = False
-
-    def _parameter_name(self, tensor: torch.Tensor) -> str | None:
-        """Return the model parameter a tensor is (same storage, shape and dtype), or None.
-
-        Op-level records of weights carry it as ``attrs["parameter"]``: compare checks them
-        against the golden weights rounded to the my-run's dtype, since loading or converting
-        weights wrongly is the most common porting defect.
-        """
-        if self._parameter_names is None or self._parameter_names[0] != self.step:
-            self._parameter_names = (self.step, {(p.data_ptr(), tuple(p.shape), p.dtype): n
-                                                 for n, p in self.model.named_parameters()})
-        return self._parameter_names[1].get((tensor.data_ptr(), tuple(tensor.shape), tensor.dtype))
-
-    def _save_op(self, name: str, tensors: list[tuple[str, torch.Tensor]], io: str, call_index: int, moment: str,
-                 op_type: str, module_name: str, attrs: dict[str, Any]) -> None:
-        graph = self._graph if self._graph_open else None
-        for position, tensor in tensors:
-            key = RecordKey(name=name, io=io, position=position, step=self.step, call_index=call_index, moment=moment)
-            parameter = self._parameter_name(tensor) if io == IO_INPUT and tensor.layout == torch.strided else None
-            record_attrs = {**attrs, PARAMETER_ATTR: parameter} if parameter else attrs
-            identity = self.sink.add(key, tensor, op_type=op_type, parent=module_name, attrs=record_attrs,  # type: ignore[union-attr]
-                                     op_output=io == IO_OUTPUT)
-            if graph is not None:
-                self._add_to_graph(graph, key, identity, tensor, op_type, module_name, attrs)
-
-    def _add_to_graph(self, graph: GraphRecorder, key: RecordKey, identity: int, tensor: torch.Tensor, op_type: str,
-                      module_name: str, arguments: dict[str, Any] | None) -> None:
-        if key.io == IO_INPUT and key.moment == MOMENT_AFTER and self.config.saves_inputs_before:
-            return  # the node reads its inputs as they were before it ran
-        label = f"{key.name}.{key.io}.{key.position}"
-        graph.add(key.name, key.call_index, op_type, module_name, key.io,
-                  GraphTensor(identity, label, dtype_name(tensor.dtype), tuple(tensor.shape)), arguments)
-
     # --- steps ---
-
-    def _capture_scope(self) -> ContextManager[Any]:
-        if self._profiler is not None and self._profiler.running:
-            return torch.profiler.record_function(CAPTURE_RANGE)
-        return nullcontext()
 
     def _begin_step(self) -> None:
         self.step += 1
@@ -479,9 +411,8 @@ class CaptureSession:
             self._graph_open = True
         if self._dumping and self._weight_digests is not None:
             self._weight_digests.refresh()  # once per dump: weights rarely change between steps
-        if self._dumping and self._op_level:
-            self._op_mode = OpCaptureMode(self)
-            self._op_mode.__enter__()
+        if self._dumping and self._ops is not None:
+            self._ops.enter_step()
 
     def _end_step(self) -> None:
         self._leave_op_mode()
@@ -489,23 +420,17 @@ class CaptureSession:
         self._stack.clear()
         if self._profiler is not None and self._profiler.running:
             self._profiler.stop(self.step)
+        build_tree = self.topology_order.changed_tree() if self.enabled else None
         if self._dumping:
             self._dumping = False
             self.steps_dumped.append(self.step)
-            self.sink.hand_over(finished_step=self.step)  # type: ignore[union-attr]
-        if self.writer is not None:
-            self._write_topology()
+            self.sink.hand_over(finished_step=self.step, build_tree=build_tree)
+        elif build_tree is not None:
+            self.sink.hand_over(build_tree=build_tree)
 
     def _leave_op_mode(self) -> None:
-        if self._op_mode is not None:
-            mode, self._op_mode = self._op_mode, None
-            mode.__exit__(None, None, None)
-
-    def _write_topology(self) -> None:
-        """Write ``topology.json`` when modules ran for the first time since it was last written."""
-        if len(self._first_run) != self._topology_size_written:
-            self.writer.write_topology(self.topology())  # type: ignore[union-attr]
-            self._topology_size_written = len(self._first_run)
+        if self._ops is not None:
+            self._ops.leave_step()
 
 
 def register_hook(model: torch.nn.Module, config: DumpConfig | None = None,

@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from llmcheck.plugin_api import IO_INPUT, MOMENT_AFTER, RecordKey
+
 log = logging.getLogger("llmcheck.torch")
 
 DOMAIN = "llmcheck.torch"
@@ -59,6 +61,19 @@ class GraphRecorder:
             node_name = f"{name}[{call_index}]" if call_index else name
             call = self.calls[(name, call_index)] = GraphCall(node_name, op_type, module, arguments=arguments)
         (call.inputs if io == "input" else call.outputs).append(tensor)
+
+    def add_record(self, key: RecordKey, identity: int, dtype: str, shape: tuple[int, ...], op_type: str,
+                   module: str, arguments: dict[str, Any] | None, *, inputs_read_before: bool) -> None:
+        """Note a captured record as an edge of its call; ``identity`` is the sink's id of the data.
+
+        With ``inputs_read_before`` a call's inputs as they are after it ran are skipped: the
+        node reads them as they were before it ran.
+        """
+        if key.io == IO_INPUT and key.moment == MOMENT_AFTER and inputs_read_before:
+            return
+        label = f"{key.name}.{key.io}.{key.position}"
+        self.add(key.name, key.call_index, op_type, module, key.io, GraphTensor(identity, label, dtype, shape),
+                 arguments)
 
 
 def _elem_type(dtype: str) -> int:

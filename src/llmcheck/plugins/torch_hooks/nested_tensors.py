@@ -32,6 +32,8 @@ def tensors_in(value: Any, path: str, depth: int = 0) -> Iterator[tuple[str, tor
 
 def call_inputs(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> list[tuple[str, torch.Tensor]]:
     """Return the tensors of a call's arguments: positional ones at ``"0"``, ``"1"``, keywords by name."""
+    if not kwargs and len(args) == 1 and isinstance(args[0], torch.Tensor):
+        return [("0", args[0])]  # the common call, without walking the structure
     found = list(tensors_in(args, ""))
     if kwargs:
         found.extend(tensors_in(kwargs, ""))

@@ -4,14 +4,18 @@ Why it is shaped like this:
 
 * The run must not change and later in-place ops must not change what was saved, so every
   tensor is copied at the moment it is seen -- never read later from the live tensor.
-* Measuring costs about twenty small torch calls per tensor, which a large tensor pays
-  for and a small one does not (a decode step's activations, any tensor on an
-  accelerator, where each call is a kernel launch). So a large CPU tensor is cloned and
-  measured at once (:func:`stats_vector`, in cache-sized chunks), while a small CPU
-  tensor or any accelerator tensor is only cloned (one call, no sync) and the batch's
-  clones are measured together at the end of the step by
-  :func:`segmented_stats_vectors` -- a dozen calls per distinct size -- and, on an
-  accelerator, moved to pinned host memory in one asynchronous transfer, then one sync.
+* The forward only copies: one ``clone`` per distinct tensor, no statistics, no host
+  read, no wait. At the end of a step (or when ``max_pending_bytes`` of copies are held)
+  the batch goes to the dump writer's thread (:meth:`DumpWriter.add_prepared`), which
+  measures the copies and writes them while the program runs on: small copies and every
+  accelerator copy together by :func:`segmented_stats_vectors` (a dozen calls per
+  distinct size, where :func:`stats_vector` costs about twenty per tensor -- a kernel
+  launch each on an accelerator), a large CPU copy alone in cache-sized chunks. From an
+  accelerator the statistics and data go to pinned host memory by asynchronous copies
+  that the writer thread waits for on an event (:func:`wait_for_copies`); torch's
+  pinned-memory cache hands the buffers of a written batch to the next one (the ring).
+* The writer's queue holds one batch besides the one being written: the forward waits
+  only when the writer is that far behind -- back-pressure, never loss.
 * A tensor seen several times in one step (a module's output is the next module's input;
   q, k and v projections share their input) is copied and measured once: the same Python
   object, alive and with an unchanged version counter, is the same data. The writer
@@ -20,55 +24,53 @@ Why it is shaped like this:
   op and gives a view its base's counter once the mode returns), so it is never reused
   there and its version is read at the next capture, when it is final.
 * Pending copies are bounded by ``max_pending_bytes``: past it, the batch is handed over
-  mid-step (one extra sync on an accelerator) so memory never grows with the model.
+  mid-step so memory never grows with the model (at most three batches exist: the one
+  filling, the one queued and the one being written).
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import time
 import weakref
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 import torch
 
 from llmcheck.plugin_api import (
     DTYPE_ITEMSIZE,
     DumpWriter,
-    RecordKey,
-    TensorRecord,
+    KeyFields,
+    TopologyNode,
     dtype_name,
+    index_line,
     segmented_stats_vectors,
-    stats_from_vectors,
+    stats_json_from_rows,
     stats_vector,
 )
 from llmcheck.plugins.torch_hooks.dump_progress import DumpProgress
 
-#: CPU tensors up to this many elements are measured with their batch, not one by one.
+#: CPU tensors up to this many elements are measured with their batch, larger ones one by one.
 SMALL_TENSOR_ELEMENTS = 1 << 16
+
+_NO_ATTRS: Mapping[str, Any] = {}
 
 
 @dataclass(slots=True)
 class _Slot:
-    """One distinct tensor of a batch: how it is measured and the copy the dump gets."""
+    """One distinct tensor of a batch: the copy taken when it was seen, and the copy the dump gets."""
 
-    vector: torch.Tensor | None  # its statistics, when measured as soon as it was seen
-    deferred: torch.Tensor | None  # a clone measured with the batch at hand-over (moved there from a device)
-    host: torch.Tensor | None  # the CPU copy written to the dump (None for statistics only)
+    copy: torch.Tensor | None  # measured by the writer thread (then dropped)
+    host: torch.Tensor | None  # the CPU copy written to the dump (None for statistics only; set there from a device)
 
 
-@dataclass(slots=True)
-class _PendingRecord:
-    """A record waiting for its statistics (fetched once per batch)."""
-
-    key: RecordKey
-    dtype: str
-    shape: tuple[int, ...]
-    order: int
-    device: str
-    op_type: str | None
-    parent: str | None
-    attrs: Mapping[str, Any]
-    slot: int | None  # None: not captured (sparse, meta, unknown dtype)
+#: A record waiting for the writer thread to measure its copy and write its index line, as a tuple (the
+#: forward makes one per recorded tensor): key fields, dtype, shape, order, device, op_type, parent, attrs,
+#: and the index of its copy in the batch's slots (None: not captured -- sparse, meta, unknown dtype).
+_PendingRecord = tuple[KeyFields, str, tuple[int, ...], int, str, "str | None", "str | None", Mapping[str, Any],
+                       "int | None"]
 
 
 @dataclass(slots=True)
@@ -89,8 +91,13 @@ class _Batch:
     records: list[_PendingRecord] = field(default_factory=list)
     slots: list[_Slot] = field(default_factory=list)
     seen: dict[int, _SeenTensor] = field(default_factory=dict)
+    #: data named by the caller (a model weight) -> (version, slot, identity): stored once however it is viewed
+    same_data: dict[Any, tuple[int | None, int, int]] = field(default_factory=dict)
     unsettled: list[int] = field(default_factory=list)  # ids of operator outputs awaiting their version
     pending_bytes: int = 0
+    #: CUDA devices of the copies -> the stream they were made on (set at hand-over)
+    streams: dict[torch.device, Any] = field(default_factory=dict)
+    cuda_devices: set[torch.device] = field(default_factory=set)
 
 
 def _version(tensor: torch.Tensor) -> int | None:
@@ -101,31 +108,29 @@ def _version(tensor: torch.Tensor) -> int | None:
         return None
 
 
-def _capturable(tensor: torch.Tensor) -> bool:
-    """Return whether the tensor's data can be copied and stored (dense, real storage, a known dtype)."""
-    return tensor.layout == torch.strided and not tensor.is_meta and dtype_name(tensor.dtype) in DTYPE_ITEMSIZE
+@dataclass(frozen=True, slots=True)
+class _TensorKind:
+    """What records of tensors of one (dtype, layout, device) share: whether they are copied, their texts."""
+
+    capturable: bool  # dense, real storage, a known dtype
+    dtype: str
+    device: str
+    on_cpu: bool
+    on_cuda: bool
+    item_bytes: int
 
 
-def _slot_for(tensor: torch.Tensor, statistics_only: bool) -> tuple[_Slot, int]:
-    """Return the copy (and, for a large CPU tensor, the statistics) of a tensor as it is now, and the bytes held."""
-    contiguous = torch.contiguous_format
-    on_cpu = tensor.device.type == "cpu"
-    if not on_cpu or tensor.numel() <= SMALL_TENSOR_ELEMENTS:
-        deferred = tensor.clone(memory_format=contiguous)
-        host = deferred if on_cpu and not statistics_only else None
-        return _Slot(None, deferred, host), deferred.numel() * deferred.element_size()
-    if statistics_only:
-        # a strided view (a transposed weight) is measured several times slower than a contiguous copy
-        source = tensor if tensor.is_contiguous() else tensor.contiguous()
-        return _Slot(stats_vector(source), None, None), 0
-    host = tensor.clone(memory_format=contiguous)
-    return _Slot(stats_vector(host), None, host), host.numel() * host.element_size()
+def _kind_of(tensor: torch.Tensor) -> _TensorKind:
+    dtype = dtype_name(tensor.dtype)
+    capturable = tensor.layout == torch.strided and not tensor.is_meta and dtype in DTYPE_ITEMSIZE
+    return _TensorKind(capturable, dtype, str(tensor.device), tensor.device.type == "cpu",
+                       tensor.device.type == "cuda", tensor.element_size() if capturable else 0)
 
 
 def copies_to_host(device_copies: list[torch.Tensor]) -> list[torch.Tensor]:
     """Return CPU tensors receiving the device tensors' values by one asynchronous pinned transfer.
 
-    The values are there only after the device is synchronised. The tensors are views of
+    The values are there once the copy is done (:func:`wait_for_copies`). The tensors are views of
     one pinned buffer, placed largest item size first so each view is aligned.
     """
     order = sorted(range(len(device_copies)), key=lambda i: -device_copies[i].element_size())
@@ -142,17 +147,89 @@ def copies_to_host(device_copies: list[torch.Tensor]) -> list[torch.Tensor]:
     return hosts
 
 
-def synchronize(devices: Iterable[torch.device]) -> None:
-    """Wait until every queued kernel and copy on these accelerator devices is done."""
+def wait_for_copies(devices: Iterable[torch.device], streams: Mapping[torch.device, Any]) -> None:
+    """Wait until the work queued so far on these accelerator devices is done, without a synchronising call.
+
+    On CUDA an event recorded now on the copies' stream (``streams``, else the current
+    one) is polled: unlike ``synchronize()`` this never trips
+    ``torch.cuda.set_sync_debug_mode`` and only the calling (writer) thread waits.
+    """
     for device in devices:
         if device.type == "cuda":
-            torch.cuda.synchronize(device)
+            event = torch.cuda.Event()
+            event.record(streams.get(device) or torch.cuda.current_stream(device))
+            while not event.query():
+                time.sleep(_POLL_S)
         else:
             accelerator = getattr(torch, "accelerator", None)
             if accelerator is not None and hasattr(accelerator, "synchronize"):
                 accelerator.synchronize(device)
             else:  # torch_npu and other backends register a torch.<type> module
                 getattr(torch, device.type).synchronize(device)
+
+
+#: How often the writer thread looks whether an accelerator's copies are done.
+_POLL_S = 0.0002
+
+
+def _prepare_lines(batch: _Batch, rank: int, statistics_only: bool) -> tuple[list[dict[str, Any]],
+                                                                            list[torch.Tensor | None]]:
+    """Return a handed-over batch's index lines and CPU tensors (run by the writer thread)."""
+    slots = batch.slots
+    stats = _measure(slots, statistics_only, batch.streams)
+    lines = []
+    tensors: list[torch.Tensor | None] = []
+    for key, dtype, shape, order, device, op_type, parent, attrs, index in batch.records:
+        lines.append(index_line(key, dtype, shape, order, device, rank, op_type, parent,
+                                None if index is None else stats[index], attrs))
+        tensors.append(None if index is None else slots[index].host)
+    return lines, tensors
+
+
+def _measure(slots: list[_Slot], statistics_only: bool, streams: Mapping[torch.device, Any]) -> list[dict[str, Any]]:
+    """Return the statistics of every slot: small copies measured together, one host copy per device.
+
+    ``streams`` are the CUDA streams the forward made the copies on (its current ones).
+    From an accelerator, the statistics and (unless statistics only) the data go to pinned
+    host memory by asynchronous copies, and this thread waits on an event for them -- a
+    wait that neither blocks the captured program nor counts as a synchronisation.
+    """
+    stats: list[dict[str, Any]] = [{}] * len(slots)
+    measured: list[tuple[list[int], torch.Tensor]] = []
+    batched: dict[torch.device, tuple[list[int], list[torch.Tensor]]] = {}
+    alone: tuple[list[int], list[torch.Tensor]] = ([], [])  # large CPU copies: each measured in cache-sized chunks
+    with torch.no_grad():
+        for index, slot in enumerate(slots):
+            copy, slot.copy = slot.copy, None
+            if copy is None:
+                continue
+            if copy.device.type == "cpu" and copy.numel() > SMALL_TENSOR_ELEMENTS:
+                alone[0].append(index)
+                alone[1].append(stats_vector(copy))
+            else:
+                indices, copies = batched.setdefault(copy.device, ([], []))
+                indices.append(index)
+                copies.append(copy)
+        other_accelerators = [device for device in batched if device.type not in ("cpu", "cuda")]
+        wait_for_copies(other_accelerators, streams)  # their copies may be on a stream this thread cannot name
+        for device, (indices, copies) in batched.items():
+            # on the stream the copies were made on: ordered after them, and their memory stays with it
+            stream = streams.get(device)
+            with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
+                rows = segmented_stats_vectors(copies)
+                if device.type != "cpu":
+                    if not statistics_only:
+                        for i, host in zip(indices, copies_to_host(copies)):
+                            slots[i].host = host
+                    rows = copies_to_host([rows])[0]
+            measured.append((indices, rows))
+        if alone[0]:
+            measured.append((alone[0], torch.stack(alone[1])))
+        wait_for_copies([device for device in batched if device.type != "cpu"], streams)
+        for indices, rows in measured:
+            for i, row_stats in zip(indices, stats_json_from_rows(rows)):
+                stats[i] = row_stats
+    return stats
 
 
 class TensorSink:
@@ -171,44 +248,58 @@ class TensorSink:
         self._batch = _Batch()
         self._order = 0
         self._identities = 0
-        self._names: dict[Any, str] = {}  # dtype or device -> its text in records
+        self._kinds: dict[tuple[Any, Any, Any], _TensorKind] = {}
 
-    def add(self, key: RecordKey, tensor: torch.Tensor, *, op_type: str | None, parent: str | None,
-            attrs: Mapping[str, Any] | None = None, op_output: bool = False) -> int:
-        """Record ``tensor`` under ``key`` as it is now (copied now, measured and written later).
+    def add(self, key: KeyFields, tensor: torch.Tensor, *, op_type: str | None, parent: str | None,
+            attrs: Mapping[str, Any] | None = None, op_output: bool = False, same_data: Any = None) -> int:
+        """Record ``tensor`` under ``key`` (a :class:`RecordKey`'s fields) as it is now: copied now, measured later.
 
         ``op_output`` marks the result of an operator still inside the dispatch mode (see
-        the module docstring). Returns the tensor's identity: equal for records of the same
-        data seen in one batch (the dataflow edges of :mod:`.module_graph_onnx`).
+        the module docstring). ``same_data`` names the data when the caller knows it (a
+        model weight, seen by op level as a new tensor object per operator): records with
+        the same name and version counter share one copy. Returns the tensor's identity: equal for records of the same
+        data seen in one batch (the dataflow edges of :mod:`.module_graph_onnx`). The path
+        is a handful of Python operations and one ``clone`` -- no statistics, no host read.
         """
         batch = self._batch
+        try:
+            version: int | None = tensor._version
+        except RuntimeError:  # an inference tensor has no version counter
+            version = None
         seen = None if op_output else batch.seen.get(id(tensor))
-        version = _version(tensor)
-        slot: int | None
-        if seen is not None and seen.version is not None and seen.version == version and seen.ref() is tensor \
-                and seen.shape == tensor.shape:
-            slot, identity = seen.slot, seen.identity
-        elif not _capturable(tensor):
-            slot, identity = None, self._new_identity()
-            attrs = {**(attrs or {}), "not_captured": f"{tensor.layout} {tensor.dtype} on {tensor.device}"}
+        shape = tensor.shape
+        known = batch.same_data.get(same_data) if same_data is not None else None
+        kind_key = (tensor.dtype, tensor.layout, tensor.device)
+        kind = self._kinds.get(kind_key) or self._kinds.setdefault(kind_key, _kind_of(tensor))
+        if seen is not None and seen.version == version and version is not None and seen.ref() is tensor \
+                and seen.shape == shape:
+            slot: int | None = seen.slot
+            identity = seen.identity
+        elif known is not None and known[0] == version and version is not None:
+            _, slot, identity = known
         else:
-            with torch.no_grad():
-                new_slot, nbytes = _slot_for(tensor.detach(), self.statistics_only)
-            batch.slots.append(new_slot)
-            batch.pending_bytes += nbytes
-            slot, identity = len(batch.slots) - 1, self._new_identity()
-            if version is not None:
-                batch.seen[id(tensor)] = _SeenTensor(weakref.ref(tensor), None if op_output else version,
-                                                     tensor.shape, slot, identity)
-                if op_output:
-                    batch.unsettled.append(id(tensor))
-        dtype, device = tensor.dtype, tensor.device
-        dtype_text = self._names.get(dtype) or self._names.setdefault(dtype, dtype_name(dtype))
-        device_text = self._names.get(device) or self._names.setdefault(device, str(device))
-        batch.records.append(_PendingRecord(
-            key=key, dtype=dtype_text, shape=tuple(tensor.shape), order=self._order, device=device_text,
-            op_type=op_type, parent=parent, attrs=attrs or {}, slot=slot,
-        ))
+            self._identities += 1
+            identity = self._identities
+            if not kind.capturable:
+                slot = None
+                attrs = {**(attrs or {}), "not_captured": f"{tensor.layout} {tensor.dtype} on {tensor.device}"}
+            else:
+                source = tensor.detach() if tensor.requires_grad else tensor
+                copy = source.clone(memory_format=torch.contiguous_format)  # measured by the writer thread
+                if kind.on_cuda:
+                    batch.cuda_devices.add(copy.device)
+                batch.slots.append(_Slot(copy, copy if kind.on_cpu and not self.statistics_only else None))
+                batch.pending_bytes += copy.numel() * kind.item_bytes
+                slot = len(batch.slots) - 1
+                if version is not None:
+                    batch.seen[id(tensor)] = _SeenTensor(weakref.ref(tensor), None if op_output else version,
+                                                         shape, slot, identity)
+                    if op_output:
+                        batch.unsettled.append(id(tensor))
+                    if same_data is not None:
+                        batch.same_data[same_data] = (version, slot, identity)
+        batch.records.append((key, kind.dtype, tuple(shape), self._order, kind.device, op_type, parent,
+                              attrs or _NO_ATTRS, slot))
         self._order += 1
         if batch.pending_bytes >= self.max_pending_bytes:
             self.hand_over()
@@ -217,57 +308,34 @@ class TensorSink:
     def settle_versions(self) -> None:
         """Read the now final version counters of operator outputs seen inside the dispatch mode."""
         batch = self._batch
+        if not batch.unsettled:
+            return
         for tensor_id in batch.unsettled:
             seen = batch.seen.get(tensor_id)
             tensor = seen.ref() if seen is not None else None
-            if tensor is not None:
-                seen.version = _version(tensor)  # type: ignore[union-attr]
+            if seen is not None and tensor is not None:
+                seen.version = _version(tensor)
         batch.unsettled.clear()
 
-    def _new_identity(self) -> int:
-        self._identities += 1
-        return self._identities
+    def hand_over(self, finished_step: int | None = None, build_tree: Callable[[], TopologyNode] | None = None) -> None:
+        """Hand the batch to the writer thread, which measures, moves and writes it; the forward goes on.
 
-    def hand_over(self, finished_step: int | None = None) -> None:
-        """Measure the batch's deferred copies, move device ones to the host (one sync), write and flush.
-
-        ``finished_step`` is the step this hand-over closes (``None`` mid-step or at close).
+        ``finished_step`` is the step this hand-over closes (``None`` mid-step or at close);
+        ``build_tree`` builds the module tree to write after it (``None``: unchanged).
+        The forward waits only while the writer is a whole batch behind (back-pressure).
         """
         batch, self._batch = self._batch, _Batch()
         if not batch.records:
+            if build_tree is not None:
+                self.writer.write_topology_later(build_tree)
             self._tell_progress(finished_step, step_done=True)
             return
-        slots = batch.slots
-        vectors: list[torch.Tensor] = [slot.vector for slot in slots]  # type: ignore[misc]
-        deferred: dict[torch.device, list[int]] = {}
-        for index, slot in enumerate(slots):
-            if slot.deferred is not None:
-                deferred.setdefault(slot.deferred.device, []).append(index)
-        with torch.no_grad():
-            for device, indices in deferred.items():
-                copies = [slots[i].deferred for i in indices]
-                rows = segmented_stats_vectors(copies)  # type: ignore[arg-type]
-                if device.type != "cpu" and not self.statistics_only:
-                    for i, host in zip(indices, copies_to_host(copies)):  # type: ignore[arg-type]
-                        slots[i].host = host
-                for i, row in zip(indices, rows.unbind(0)):
-                    vectors[i] = row
-                    slots[i].deferred = None
-            synchronize(device for device in deferred if device.type != "cpu")  # copies and statistics are done
-            stats = stats_from_vectors(vectors) if vectors else []
-        for pending in batch.records:
-            has_slot = pending.slot is not None
-            record = TensorRecord(
-                key=pending.key, dtype=pending.dtype, shape=pending.shape, order=pending.order,
-                device=pending.device, rank=self.rank, op_type=pending.op_type, parent=pending.parent,
-                stats=stats[pending.slot] if has_slot else None, attrs=pending.attrs,  # type: ignore[index]
-            )
-            self.writer.add(record, slots[pending.slot].host if has_slot else None)  # type: ignore[index]
+        batch.streams = {device: torch.cuda.current_stream(device) for device in batch.cuda_devices}
+        self.writer.add_prepared(functools.partial(_prepare_lines, batch, self.rank, self.statistics_only),
+                                 build_tree)
         self.records_added += len(batch.records)
-        self.bytes_handed_over += sum(slot.host.numel() * slot.host.element_size() for slot in slots
-                                      if slot.host is not None)
-        self.writer.flush()
-        self._tell_progress(batch.records[-1].key.step if finished_step is None else finished_step,
+        self.bytes_handed_over += 0 if self.statistics_only else batch.pending_bytes
+        self._tell_progress(batch.records[-1][0][3] if finished_step is None else finished_step,
                             step_done=finished_step is not None)
 
     def _tell_progress(self, step: int | None, *, step_done: bool) -> None:
@@ -275,7 +343,44 @@ class TensorSink:
             self.progress.batch_written(step=step, records=self.records_added, tensor_bytes=self.bytes_handed_over,
                                         step_done=step_done)
 
+    def close(self, build_tree: Callable[[], TopologyNode] | None) -> None:
+        """Write every pending record and the module tree (``None``: unchanged since written), close the dump."""
+        self.hand_over(build_tree=build_tree)
+        self.writer.close()
+        self.finish()
+
+    def close_cut(self, reason: str) -> int:
+        """Close the dump after a failure at its last complete record; return how many records it keeps."""
+        self._batch = _Batch()
+        self.finish()  # the progress display ends with the capture
+        self.writer.close_cut(reason)
+        return self.writer.records_written
+
     def finish(self) -> None:
         """End the progress display (the dump is complete)."""
         if self.progress is not None:
             self.progress.close()
+
+
+class NullSink:
+    """The sink of a capture that writes no dump (``device_ids`` leave this process out): it keeps nothing."""
+
+    records_added = 0
+
+    def add(self, key: KeyFields, tensor: torch.Tensor, *, op_type: str | None, parent: str | None,
+            attrs: Mapping[str, Any] | None = None, op_output: bool = False, same_data: Any = None) -> int:
+        """Keep nothing; every record has identity 0."""
+        return 0
+
+    def settle_versions(self) -> None:
+        """Nothing is pending."""
+
+    def hand_over(self, finished_step: int | None = None, build_tree: Callable[[], TopologyNode] | None = None) -> None:
+        """Nothing is pending, no dump to write the tree into."""
+
+    def close(self, build_tree: Callable[[], TopologyNode] | None) -> None:
+        """No dump to close."""
+
+    def close_cut(self, reason: str) -> int:
+        """No dump to cut: it keeps no record."""
+        return 0
