@@ -62,9 +62,10 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any
 
 import torch
 
@@ -674,7 +675,7 @@ class MsprobePeer:
         shutil.rmtree(newest.parent, ignore_errors=True)
         return target
 
-    def judge(self, zoo: "Zoo", setting: Setting, arch: Arch, defect: str, accepted: Sequence[Accepted]) -> dict[str, Any]:
+    def judge(self, zoo: Zoo, setting: Setting, arch: Arch, defect: str, accepted: Sequence[Accepted]) -> dict[str, Any]:
         """Return msprobe's marks for one case (empty when the setting is not one msprobe is run on)."""
         from msprobe.core.compare.find_first.analyzer import DiffAnalyzer
         from msprobe.pytorch.compare.pt_compare import pt_compare

@@ -21,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-from fuzz_inputs import INTERNAL_ERROR, KINDS, OUTCOMES, prepare, run_case  # noqa: E402
+from fuzz_inputs import INTERNAL_ERROR, KINDS, OUTCOMES, prepare, run_case
 
 
 def main() -> int:

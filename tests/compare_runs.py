@@ -7,8 +7,9 @@ so the session-wide SmolLM2 fixture is left as it was found.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 

@@ -37,7 +37,7 @@ class DevToolsPage:
         self.sock: socket.socket | None = None
         self.next_id = 0
 
-    def __enter__(self) -> "DevToolsPage":
+    def __enter__(self) -> DevToolsPage:
         deadline = time.monotonic() + 30
         while True:
             try:

@@ -25,9 +25,10 @@ import json
 import random
 import shutil
 import signal
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -326,7 +327,7 @@ def run_case(kind: InputKind, seed_folder: Path, work: Path, case: int) -> CaseR
             code = main(seed.command(work / "report"))
     except _Timeout:
         return CaseResult(kind.name, case, HANG, "")
-    except BaseException as exc:  # noqa: BLE001 - anything out of main is a bug
+    except BaseException as exc:
         return CaseResult(kind.name, case, INTERNAL_ERROR, f"{type(exc).__name__}: {exc}")
     finally:
         signal.alarm(0)

@@ -50,9 +50,8 @@ def _dump_with_msprobe(model: torch.nn.Module, out: Path, task: str, level: str,
 def _dump_with_llmcheck(model: torch.nn.Module, out: Path) -> None:
     from llmcheck import DumpConfig, register_hook
 
-    with register_hook(model, DumpConfig(dump_path=str(out), token_range=[0], tensor_part=2)):
-        with torch.no_grad():
-            model(torch.tensor(INPUT_IDS))
+    with register_hook(model, DumpConfig(dump_path=str(out), token_range=[0], tensor_part=2)), torch.no_grad():
+        model(torch.tensor(INPUT_IDS))
 
 
 def main() -> None:

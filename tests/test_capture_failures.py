@@ -6,8 +6,6 @@ kernel refuses the shard write with EFBIG exactly as a full disk refuses with EN
 
 from __future__ import annotations
 
-import json
-import os
 import resource
 import signal
 import subprocess
@@ -103,7 +101,7 @@ class _UnsavableTensor(torch.Tensor):
     """A tensor subclass whose copies fail: what a third-party subclass with an incomplete __torch_function__ does."""
 
     @classmethod
-    def __torch_function__(cls, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN206
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
         if func is torch.Tensor.clone:
             raise RuntimeError("clone is not supported by this tensor type")
         return super().__torch_function__(func, types, args, kwargs or {})

@@ -157,9 +157,9 @@ def test_dump_data_rejects_wrong_arguments_with_clear_errors(tmp_path: Path) -> 
         dump_data("gold", 0, torch.ones(2), output_path=tmp_path)
     with pytest.raises(UsageError, match="exactly one"):
         dump_data("acl", 0, output_path=tmp_path)
-    with pytest.raises(PathOutsideDumpError, match="without '..'"):
+    with pytest.raises(PathOutsideDumpError, match=r"without '\.\.'"):
         dump_data("acl", 0, tensor_path="../../etc/passwd.bin", output_path=tmp_path)
-    with pytest.raises(UsageError, match="golden_data must be a torch.Tensor"):
+    with pytest.raises(UsageError, match=r"golden_data must be a torch\.Tensor"):
         dump_data(0, 0, [1.0, 2.0], "my.bin", tmp_path)
     with pytest.raises(UsageError, match="token_id must be an int"):
         dump_data(-1, 0, torch.ones(2), "my.bin", tmp_path)
@@ -257,7 +257,7 @@ def test_paths_relative_to_the_writers_working_folder_are_found_and_the_missing_
     run = golden.parent.parent.name  # {pid}_cmp_dump_data
     for metadata in (golden, acl):  # the original tool's form: relative to the writer's working folder
         mapping = json.loads(metadata.read_text())
-        for data_id, tokens in mapping.items():
+        for tokens in mapping.values():
             tokens["3"] = f"./output/{run}/{metadata.parent.name}/{tokens['3']}"
         metadata.write_text(json.dumps(mapping))
     moved = tmp_path / "elsewhere"

@@ -73,7 +73,7 @@ class _ClashingPlugin:
 
 
 def test_two_plugins_registering_one_op_type_is_an_error_naming_both(llmcheck_plugins) -> None:
-    with pytest.raises(PluginError, match="operator reference 'LinearOperation' is registered by both .*'atb_ops'"):
+    with pytest.raises(PluginError, match=r"operator reference 'LinearOperation' is registered by both .*'atb_ops'"):
         llmcheck_plugins(_ClashingPlugin()).op_references()
 
 

@@ -15,7 +15,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from llmcheck.core.cli import main

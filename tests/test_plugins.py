@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 
 from llmcheck import hookimpl
+from llmcheck.core.backend_options import BackendOption
 from llmcheck.core.cli import main
 from llmcheck.core.errors import DumpNotFoundError, PluginError, UsageError
 from llmcheck.core.plugins import build_plugins, get_plugins
-from llmcheck.core.backend_options import BackendOption
 from llmcheck.core.records import Dump, MetricSpec, Pair, RecordKey, SourceInfo, TensorRecord
 from llmcheck.core.reporters import Reporter
 from llmcheck.core.seed_flags import seed_dump_options
@@ -35,7 +35,7 @@ def _plugin(name: str, **hooks: object) -> types.ModuleType:
 def test_plugins_json_lists_the_builtin_plugins_found_through_entry_points(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["plugins", "--json"]) == 0
     listed = {entry["name"]: entry for entry in json.loads(capsys.readouterr().out)}
-    assert BUILTIN_PLUGINS <= set(listed)
+    assert set(listed) >= BUILTIN_PLUGINS
     for name in BUILTIN_PLUGINS:
         assert listed[name]["distribution"] == "llmcheck"
         assert listed[name]["version"]
@@ -288,7 +288,7 @@ def test_hook_llmcheck_register_metrics(third_party_site: Path) -> None:
     assert listed["maxulp"]["version"] == "1.2.3"
     assert listed["maxulp"]["hooks"] == ["llmcheck_register_backend_options", "llmcheck_register_capture_backends",
                                          "llmcheck_register_metrics", "llmcheck_register_reporters"]
-    assert BUILTIN_PLUGINS <= set(listed)
+    assert set(listed) >= BUILTIN_PLUGINS
     table = _run_llmcheck(["plugins"], third_party_site)
     assert "max_ulp" in table.stdout
 

@@ -11,9 +11,9 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 import torch

@@ -161,8 +161,9 @@ def test_table_lists_every_pair_with_a_details_drawer(compared, report_page: Pat
 
 def render_with_hash(page: Path, fragment: str) -> tuple[str, str]:
     """Render the page opened at ``#fragment`` (the page opens that row's drawer)."""
-    from headless_browser import browser_command
     import subprocess
+
+    from headless_browser import browser_command
 
     completed = subprocess.run(browser_command("--dump-dom", page.resolve().as_uri() + "#" + fragment),
                                capture_output=True, text=True, timeout=120)

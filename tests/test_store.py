@@ -208,7 +208,7 @@ def test_a_corrupt_manifest_is_reported_as_a_damaged_dump_not_as_no_dump(tmp_pat
     with DumpWriter(tmp_path, "test") as writer:
         writer.add(_record("a", torch.ones(2), 0), torch.ones(2))
     (writer.path / "manifest.json").write_text("{")
-    with pytest.raises(DumpFormatError, match="manifest.json: not valid JSON"):
+    with pytest.raises(DumpFormatError, match=r"manifest\.json: not valid JSON"):
         get_plugins().load_tensors(writer.path)
 
 

@@ -192,7 +192,7 @@ def test_saved_dtypes_file_restores_bfloat16_and_a_broken_one_is_named(tmp_path)
     assert record.dtype == "bfloat16" and torch.equal(record.data.load(), values)
 
     (folder / "llmcheck_saved_dtypes.json").write_text("{not json")
-    with pytest.raises(DumpFormatError, match="llmcheck_saved_dtypes.json: not valid JSON"):
+    with pytest.raises(DumpFormatError, match=r"llmcheck_saved_dtypes\.json: not valid JSON"):
         get_plugins().load_tensors(tmp_path, "fx")
 
 
@@ -214,6 +214,6 @@ def test_a_tensor_file_whose_header_text_is_cut_is_an_error_naming_it(tmp_path):
     np.save(path, np.ones(4, np.float32))
     content = path.read_bytes()
     path.write_bytes(content.replace(b"(4,)", b"(4, ", 1))  # numpy's literal parser meets an unclosed tuple
-    with pytest.raises(DumpFormatError, match="not a valid .npy file") as caught:
+    with pytest.raises(DumpFormatError, match=r"not a valid \.npy file") as caught:
         get_plugins().load_tensors(tmp_path, "fx")
     assert str(path) in caught.value.one_line()

@@ -140,9 +140,8 @@ def run_rank(rank: int, world: int, out: Path, init_file: str, defect_rank: int 
         target = module.local if isinstance(module, RowParallelLinear) else module
         with torch.no_grad():
             target.weight.mul_(1.05)
-    with register_hook(model, DumpConfig(dump_path=str(out), token_range=[0], tensor_part=2)):
-        with torch.no_grad():
-            model(torch.tensor(INPUT_IDS))
+    with register_hook(model, DumpConfig(dump_path=str(out), token_range=[0], tensor_part=2)), torch.no_grad():
+        model(torch.tensor(INPUT_IDS))
     if world > 1:
         dist.barrier()
         dist.destroy_process_group()

@@ -12,7 +12,8 @@ Public API (imported lazily, so ``import llmcheck`` stays cheap and torch-free):
 from __future__ import annotations
 
 import importlib
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 __version__ = "0.1.0"
 

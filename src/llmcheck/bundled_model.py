@@ -45,7 +45,7 @@ def smollm2_gguf_path() -> Path | None:
     spec = importlib.util.find_spec(GGUF_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
         return None
-    path = Path(list(spec.submodule_search_locations)[0]) / GGUF_FILE
+    path = Path(next(iter(spec.submodule_search_locations))) / GGUF_FILE
     return path if path.is_file() else None
 
 
@@ -90,7 +90,7 @@ def smollm2_folder(cache_dir: Path | None = None) -> Path:
     return folder
 
 
-def load_smollm2(cache_dir: Path | None = None, dtype: "torch.dtype | None" = None) -> tuple[Any, Any]:
+def load_smollm2(cache_dir: Path | None = None, dtype: torch.dtype | None = None) -> tuple[Any, Any]:
     """Return ``(model, tokenizer)`` of SmolLM2-135M in eval mode (float32 unless ``dtype`` says)."""
     import torch
 

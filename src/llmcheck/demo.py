@@ -11,9 +11,10 @@ names the module where it is introduced.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 PROMPT = "The capital of France is Paris. The capital of Germany is"
 WRONG_EPSILON = 1e-2

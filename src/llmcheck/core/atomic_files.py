@@ -16,9 +16,10 @@ import errno as errno_names
 import os
 import re
 import tempfile
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
 from pathlib import Path
-from typing import IO, Any, Callable, Iterator
+from typing import IO, Any
 
 from llmcheck.core.errors import WriteFailedError
 
@@ -61,10 +62,8 @@ def reports_written_into(folder: Path | str) -> Iterator[None]:
 
 def remove_quietly(path: Path | str) -> None:
     """Remove a file if it is there; a removal that fails is left alone (it was a best effort)."""
-    try:
+    with suppress(OSError):
         os.unlink(path)
-    except OSError:
-        pass
 
 
 def _temporary_beside(target: Path) -> tuple[int, str]:

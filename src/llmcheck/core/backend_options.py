@@ -10,8 +10,9 @@ what the chosen backend declares through
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 #: ``dump``'s own parameters (every backend has them): no backend option may take these names.
 RESERVED_NAMES = frozenset({"backend", "exec_text", "output", "log_level", "command", "help"})

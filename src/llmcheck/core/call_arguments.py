@@ -18,7 +18,8 @@ A value that cannot be written exactly is
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import torch
 
@@ -112,7 +113,7 @@ def decode_call(
     return [decode(value) for value in attrs["args"]], {key: decode(value) for key, value in attrs.get("kwargs", {}).items()}
 
 
-def resolve_op(op_type: str) -> "torch._ops.OpOverload":
+def resolve_op(op_type: str) -> torch._ops.OpOverload:
     """Return the ATen operator overload named ``op_type`` (``"aten.mm.default"``)."""
     namespace, _, rest = op_type.partition(".")
     op_name, _, overload = rest.rpartition(".")

@@ -12,14 +12,15 @@ import json
 import logging
 import sys
 import traceback
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import click
 
 from llmcheck import __version__
-from llmcheck.core.errors import LlmcheckError, UsageError
 from llmcheck.core.backend_options import BackendOption
+from llmcheck.core.errors import LlmcheckError, UsageError
 from llmcheck.core.seed_flags import LOG_LEVELS, expand_multi_value_options, parse_names, parse_operation_ids
 
 #: Options that take space-separated lists in the seed tool (``-metric kl abs``); ``dump``'s come from its backend.

@@ -14,9 +14,10 @@ import dataclasses
 import functools
 import logging
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Protocol, Sequence
+from typing import Any, Protocol
 
 from llmcheck.core.digests import digest_row, judged_on_digests
 from llmcheck.core.divergence import (
@@ -44,6 +45,7 @@ from llmcheck.core.records import (
     UserMapping,
     is_float_dtype,
 )
+from llmcheck.core.sentinels import sentinel_limit_in_run
 from llmcheck.core.stats_compare import (
     DECIDING_STAT,
     comparable_statistics,
@@ -51,6 +53,7 @@ from llmcheck.core.stats_compare import (
     judge_statistics,
     masked_statistics,
 )
+from llmcheck.core.suspects import Suspects, find_suspects
 from llmcheck.core.verdicts import (
     NONFINITE_METRIC,
     ThresholdOverride,
@@ -60,8 +63,6 @@ from llmcheck.core.verdicts import (
     run_dtype,
     run_precision,
 )
-from llmcheck.core.sentinels import sentinel_limit_in_run
-from llmcheck.core.suspects import Suspects, find_suspects
 from llmcheck.core.weights import check_weights
 
 log = logging.getLogger("llmcheck.compare")
@@ -434,9 +435,9 @@ def compare_command(*, golden_path: Path, my_path: Path, golden_source: str | No
     """
     from rich.console import Console
 
+    from llmcheck.core.atomic_files import reports_written_into
     from llmcheck.core.pairing import load_user_mapping
     from llmcheck.core.plugins import get_plugins
-    from llmcheck.core.atomic_files import reports_written_into
     from llmcheck.core.report import print_summary
     from llmcheck.core.report_folder import prepare_report_folder
     from llmcheck.core.reporters import choose_reporters, write_reports

@@ -17,8 +17,9 @@ Only one step is drawn: the introduced divergence's, else the first divergence's
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 from llmcheck.core.records import IO_OUTPUT, ROOT_MODULE, ComparisonRow, MetricSpec, lies_inside
 

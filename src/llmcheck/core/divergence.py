@@ -32,8 +32,9 @@ deepest module whose inputs agree and whose output does not.
 from __future__ import annotations
 
 import math
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Hashable, Mapping, Sequence
+from typing import Any
 
 from llmcheck.core.feeders import FeederIndex, Feeding, inside
 from llmcheck.core.op_calls import CallId
@@ -124,7 +125,7 @@ def _label_text(record: TensorRecord) -> str:
 class _Judge:
     """Walks the rows in golden order once, judging each against its feeders, siblings and twin."""
 
-    def __init__(self, rows: Sequence[ComparisonRow], measure: ErrorMeasure, twin: "NoiseTwin | None",
+    def __init__(self, rows: Sequence[ComparisonRow], measure: ErrorMeasure, twin: NoiseTwin | None,
                  unmatched_my: Sequence[TensorRecord], same_program: bool = False,
                  weights: Mapping[int, WeightFinding] | None = None) -> None:
         self.same_program = same_program

@@ -8,8 +8,9 @@ shell), and the output folder checked -- all before the program runs.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from llmcheck.core.backend_options import option_values
 from llmcheck.core.records import CaptureRequest

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import errno
 import os
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 from llmcheck.core.errors import DumpFormatError, PathOutsideDumpError
 

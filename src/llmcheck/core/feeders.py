@@ -22,8 +22,8 @@ row fed by one is reported as *inherited from an unmatched op*.
 
 from __future__ import annotations
 
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
-from typing import Hashable, Sequence
 
 from llmcheck.core.op_calls import CallId
 from llmcheck.core.records import IO_INPUT, IO_OUTPUT, ComparisonRow, TensorRecord, TensorStats, lies_inside

@@ -38,8 +38,8 @@ rule. A record the plugin built itself (shards gathered into one tensor) is allo
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import pluggy
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 import importlib.util
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from llmcheck.core.errors import BackendUnavailableError
 

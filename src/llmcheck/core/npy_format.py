@@ -23,7 +23,7 @@ if TYPE_CHECKING:  # pragma: no cover
 class NpyHeader:
     """The header of an ``.npy`` file: dtype, shape, order, where the data starts."""
 
-    dtype: "np.dtype"
+    dtype: np.dtype
     shape: tuple[int, ...]
     fortran_order: bool
     data_offset: int

@@ -14,8 +14,9 @@ kept apart in ``outputs_before``).
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Mapping, NamedTuple, Sequence
+from typing import Any, NamedTuple
 
 from llmcheck.core.records import IO_INPUT, MOMENT_BEFORE, TensorRecord
 
@@ -29,7 +30,7 @@ class CallId(NamedTuple):
     call_index: int
 
     @classmethod
-    def of(cls, record: TensorRecord) -> "CallId":
+    def of(cls, record: TensorRecord) -> CallId:
         """Return the call a record belongs to by its key alone (eager dumps, ATB op ids)."""
         return cls(record.key.step, 0, record.key.name, record.key.call_index)
 

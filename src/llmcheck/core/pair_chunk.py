@@ -11,7 +11,8 @@ engine reuses from chunk to chunk: read it, never keep it.
 from __future__ import annotations
 
 import os
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -52,7 +53,7 @@ class Workspace:
 class PairChunk:
     """Both sides of one chunk (flattened, float64, finite, equal length) and their shared derived values."""
 
-    __slots__ = ("golden", "my", "size", "_workspace", "_cache")
+    __slots__ = ("_cache", "_workspace", "golden", "my", "size")
 
     def __init__(self, golden: np.ndarray, my: np.ndarray, workspace: Workspace) -> None:
         self.golden = golden

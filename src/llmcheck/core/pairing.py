@@ -30,9 +30,10 @@ per listed value.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from llmcheck.core.atomic_files import atomic_write_text
 from llmcheck.core.errors import PluginError, UsageError

@@ -17,11 +17,12 @@ from __future__ import annotations
 import json
 import os
 import sys
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import pluggy
 

@@ -26,8 +26,9 @@ from __future__ import annotations
 import logging
 import os
 from collections import defaultdict
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from llmcheck.core.errors import UsageError
 from llmcheck.core.metric_engine import (

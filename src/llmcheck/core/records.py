@@ -9,10 +9,11 @@ through a :class:`TensorData` handle only when a pair is measured.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import IntEnum
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:  # pragma: no cover
     import numpy as np
@@ -163,7 +164,7 @@ class TensorStats:
         return {k: _json_number(getattr(self, k)) for k in self.__slots__}
 
     @classmethod
-    def from_json(cls, values: Mapping[str, Any]) -> "TensorStats":
+    def from_json(cls, values: Mapping[str, Any]) -> TensorStats:
         """Build statistics from :meth:`as_json` output (unknown keys ignored)."""
         return cls(**{k: _number_from_json(values.get(k)) for k in cls.__slots__})
 
@@ -183,7 +184,7 @@ def _number_from_json(value: Any) -> float | int | None:
 class TensorLoader(Protocol):
     """Returns a record's tensor in its exact dtype; used when the bytes are not a plain range."""
 
-    def __call__(self) -> "torch.Tensor": ...
+    def __call__(self) -> torch.Tensor: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -212,7 +213,7 @@ class TensorData:
         """Return the number of elements the shape holds."""
         return math.prod(self.shape)
 
-    def load(self) -> "torch.Tensor":
+    def load(self) -> torch.Tensor:
         """Return the tensor in its exact dtype and shape (memory-mapped for byte ranges)."""
         if self.loader is not None:
             return self.loader()
@@ -259,7 +260,7 @@ class TensorRecord:
         """Return the tensor's size in bytes in its own dtype."""
         return self.numel * DTYPE_ITEMSIZE.get(self.dtype, 0)
 
-    def with_changes(self, **changes: Any) -> "TensorRecord":
+    def with_changes(self, **changes: Any) -> TensorRecord:
         """Return a copy with the given fields replaced."""
         return replace(self, **changes)
 
@@ -270,12 +271,12 @@ class TopologyNode:
 
     name: str
     op_type: str
-    children: tuple["TopologyNode", ...] = ()
+    children: tuple[TopologyNode, ...] = ()
     inputs: tuple[str, ...] = ()
     outputs: tuple[str, ...] = ()
     attrs: Mapping[str, Any] = field(default_factory=dict)
 
-    def walk(self) -> Iterator["TopologyNode"]:
+    def walk(self) -> Iterator[TopologyNode]:
         """Yield this node and its descendants depth first, in child order."""
         yield self
         for child in self.children:
@@ -417,7 +418,7 @@ class MetricAccumulator(Protocol):
     the core then calls ``update_chunk`` instead of ``update``.
     """
 
-    def update(self, golden: "np.ndarray", my: "np.ndarray") -> None:
+    def update(self, golden: np.ndarray, my: np.ndarray) -> None:
         """Fold in one chunk of both tensors, flattened, as float64 arrays of equal length."""
 
     def result(self) -> float:
@@ -427,7 +428,7 @@ class MetricAccumulator(Protocol):
 class ChunkMetricAccumulator(MetricAccumulator, Protocol):
     """A metric accumulator that reads the values several metrics share from one :class:`PairChunk`."""
 
-    def update_chunk(self, chunk: "PairChunk") -> None:
+    def update_chunk(self, chunk: PairChunk) -> None:
         """Fold in one chunk: ``chunk`` holds both sides and, computed once for every metric, their
         difference, absolute difference and dot products (see ``llmcheck.core.pair_chunk``)."""
 
@@ -533,7 +534,7 @@ class ComparisonRow:
     expected_error: float | None = None
     evidence: str = ""
 
-    def with_changes(self, **changes: Any) -> "ComparisonRow":
+    def with_changes(self, **changes: Any) -> ComparisonRow:
         """Return a copy with the given fields replaced."""
         return replace(self, **changes)
 
@@ -558,7 +559,7 @@ class OpReference:
     """
 
     op_type: str
-    compute: Callable[[Mapping[str, "torch.Tensor"], Mapping[str, Any]], Sequence["torch.Tensor"]]
+    compute: Callable[[Mapping[str, torch.Tensor], Mapping[str, Any]], Sequence[torch.Tensor]]
     description: str
     inplace_inputs: tuple[int, ...] = ()
 

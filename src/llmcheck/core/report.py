@@ -8,8 +8,9 @@ The files themselves are written by reporters (``core/reporters.py``; the built-
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any
 
 from llmcheck.core.depth_profile import error_measure, row_error
 from llmcheck.core.records import VERDICT_ERROR, VERDICT_FAIL, VERDICT_WARN, ComparisonRow
@@ -66,7 +67,7 @@ _STYLE = {VERDICT_FAIL: "bold red", VERDICT_WARN: "yellow", VERDICT_ERROR: "mage
 _SEVERITY = {VERDICT_FAIL: 3, VERDICT_ERROR: 2, VERDICT_WARN: 1}
 
 
-def worst_rows(result: "CompareResult", count: int = 10) -> list[ComparisonRow]:
+def worst_rows(result: CompareResult, count: int = 10) -> list[ComparisonRow]:
     """Return up to ``count`` non-passing rows, worst first: verdict, NaN/Inf mismatch, then the error measure."""
     measure = error_measure(result.metric_specs)
 
@@ -102,7 +103,7 @@ def divergence_line(row: ComparisonRow) -> str:
     return f"{where}: {measure_text(row)}{attribution}"
 
 
-def print_summary(result: "CompareResult", console: "Console", written: Mapping[str, Path] | None = None) -> None:
+def print_summary(result: CompareResult, console: Console, written: Mapping[str, Path] | None = None) -> None:
     """Print counts, the first divergence, the first introduced divergence and the ten worst rows."""
     counts = result.counts()
     read = result.tensor_bytes_read
@@ -147,7 +148,7 @@ def print_summary(result: "CompareResult", console: "Console", written: Mapping[
         console.print("wrote " + ", ".join(str(path) for path in written.values()), markup=False)
 
 
-def twin_hint(result: "CompareResult") -> str:
+def twin_hint(result: CompareResult) -> str:
     """Return advice to record a noise twin when the runs differ in precision and none was given, else ''."""
     from llmcheck.core.verdicts import run_precision
 
@@ -161,7 +162,7 @@ def twin_hint(result: "CompareResult") -> str:
             "--noise-path (docs/commands/compare.md)")
 
 
-def _print_worst_rows(result: "CompareResult", console: "Console") -> None:
+def _print_worst_rows(result: CompareResult, console: Console) -> None:
     """Print the worst rows with the measure they are sorted by (the error measure), and what decided each."""
     worst = worst_rows(result)
     if not worst:
@@ -178,7 +179,7 @@ def _print_worst_rows(result: "CompareResult", console: "Console") -> None:
                       f"{value}  {row.attribution or '-'}{decided}", highlight=False, markup=True)
 
 
-def _print_metric_table(result: "CompareResult", console: "Console") -> None:
+def _print_metric_table(result: CompareResult, console: Console) -> None:
     """Print every metric of every pair, one per line (the two-single-files case)."""
     width = max(len(spec.name) for spec in result.metric_specs) if result.metric_specs else 0
     for row in result.rows:

@@ -10,8 +10,8 @@ folder holding the previous run's report is fine; its files are replaced, and sa
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from llmcheck.core.errors import DumpNotFoundError, LlmcheckError, UsageError
 from llmcheck.core.store import check_output_folder

@@ -9,9 +9,10 @@ run on every compare, the others when ``compare --report NAME`` asks for them.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING
 
 from llmcheck.core.errors import LlmcheckError, PluginError, UsageError
 
@@ -35,7 +36,7 @@ class Reporter:
     name: str
     description: str
     file_name: str
-    write: Callable[["CompareResult", Path], None]
+    write: Callable[[CompareResult, Path], None]
     default: bool = False
 
 
@@ -59,7 +60,7 @@ def choose_reporters(registered: Mapping[str, Reporter], requested: Sequence[str
     return chosen
 
 
-def write_reports(result: "CompareResult", output_dir: Path, requested: Sequence[str] = ()) -> dict[str, Path]:
+def write_reports(result: CompareResult, output_dir: Path, requested: Sequence[str] = ()) -> dict[str, Path]:
     """Write the default reports and the ``requested`` ones into ``output_dir`` (created if needed); return their paths by name."""
     from llmcheck.core.plugins import get_plugins
 

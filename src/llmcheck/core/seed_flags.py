@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import re
 import shlex
-from typing import Sequence
+from collections.abc import Sequence
 
 from llmcheck.core.backend_options import BackendOption
 from llmcheck.core.errors import UsageError

@@ -7,7 +7,7 @@ them to the host in one transfer (one sync per step on an accelerator, not one p
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 

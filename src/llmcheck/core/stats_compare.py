@@ -16,7 +16,7 @@ that differ fail the row, as they do for full tensors.
 
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 from llmcheck.core.records import (
     VERDICT_FAIL,

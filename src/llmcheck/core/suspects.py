@@ -11,8 +11,9 @@ for golden-only records (an operation the my-run skips).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 from llmcheck.core.pairing import Pairing
 from llmcheck.core.records import VERDICT_PASS, VERDICT_WARN, ComparisonRow, TensorRecord

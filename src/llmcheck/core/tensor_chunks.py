@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import mmap
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 
@@ -160,7 +160,7 @@ class ChunkReader:
             raise DumpFormatError(f"{data.dtype} shape {list(data.shape)} needs {data.numel * itemsize} bytes but "
                                   f"the record holds {data.nbytes}", where=path, offset=data.offset)
         try:
-            handle = open(path, "rb")
+            handle = open(path, "rb")  # noqa: SIM115 - closed by the with below; only open() errors caught here
         except FileNotFoundError as exc:
             raise DumpFormatError("tensor data file is missing", where=path) from exc
         with handle:
@@ -198,7 +198,7 @@ class ChunkReader:
             self._map.close()
             self._map = None
 
-    def __enter__(self) -> "ChunkReader":
+    def __enter__(self) -> ChunkReader:
         return self
 
     def __exit__(self, *exc_info: object) -> None:

@@ -18,8 +18,9 @@ slack and the count of elements (a digest only says *that* they differ).
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from llmcheck.core.records import DTYPE_ITEMSIZE, ComparisonRow, TensorRecord
 

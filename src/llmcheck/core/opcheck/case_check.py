@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from llmcheck.core.errors import LlmcheckError, UnsupportedOpError
 from llmcheck.core.op_calls import OpCall, position_order

@@ -15,15 +15,15 @@ import logging
 import os
 import pickle
 import time
+from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 from multiprocessing import get_context
 from pathlib import Path
-from typing import Sequence
 
 from llmcheck.core.errors import EXIT_FAILURES_FOUND, EXIT_OK, DumpNotFoundError, LlmcheckError, UsageError
 from llmcheck.core.op_calls import OpCall, group_op_calls, position_order
-from llmcheck.core.opcheck.selection import select_op_calls
 from llmcheck.core.opcheck.case_check import FAILED, OpcheckRow, check_case
+from llmcheck.core.opcheck.selection import select_op_calls
 from llmcheck.core.records import OpReference, TensorRecord
 
 log = logging.getLogger("llmcheck.opcheck")

@@ -9,8 +9,8 @@ and is counted in ``nonfinite_mismatch``.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator
 
 import torch
 

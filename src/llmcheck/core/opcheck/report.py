@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import csv
 from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from llmcheck.core.atomic_files import atomic_output, atomic_write_with
 from llmcheck.core.errors import LlmcheckError
@@ -36,7 +37,7 @@ def columns(precision_metrics: Sequence[str]) -> list[str]:
         names.append("cosine_similarity")
     if "kl" in precision_metrics:
         names.append("kl_divergence")
-    return names + ["fail_reason", "step", "call_index", "dtype"]
+    return [*names, "fail_reason", "step", "call_index", "dtype"]
 
 
 def row_cells(row: OpcheckRow, precision_metrics: Sequence[str]) -> list[Any]:
@@ -49,7 +50,7 @@ def row_cells(row: OpcheckRow, precision_metrics: Sequence[str]) -> list[Any]:
         cells.append(row.cosine_similarity)
     if "kl" in precision_metrics:
         cells.append(row.kl_divergence)
-    return [_guarded(cell) for cell in cells + [row.fail_reason, row.step, row.call_index, row.dtype]]
+    return [_guarded(cell) for cell in [*cells, row.fail_reason, row.step, row.call_index, row.dtype]]
 
 
 def _guarded(value: Any) -> Any:

@@ -13,11 +13,20 @@ Importing this package stays light (no torch, no onnx): each hook imports its mo
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-from llmcheck.plugin_api import (BackendOption, CaptureBackend, Dump, Pair, SourceInfo, UserMapping, hookimpl,
-                                 seed_dump_options)
+from llmcheck.plugin_api import (
+    BackendOption,
+    CaptureBackend,
+    Dump,
+    Pair,
+    SourceInfo,
+    UserMapping,
+    hookimpl,
+    seed_dump_options,
+)
 from llmcheck.plugins.atb.onnx_export import atb_json_to_onnx
 
 __all__ = ["atb_json_to_onnx"]

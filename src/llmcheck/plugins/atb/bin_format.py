@@ -27,9 +27,10 @@ from __future__ import annotations
 import logging
 import math
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Mapping
+from typing import TYPE_CHECKING
 
 from llmcheck.plugin_api import (
     DumpFormatError,
@@ -123,7 +124,7 @@ def _fail(path: Path, what: str, offset: int | None, hint: str | None = None) ->
 def _read_header_bytes(path: Path) -> tuple[bytes, int, int]:
     """Return the header text (through ``$End=1\\n``), the payload offset and the file size."""
     try:
-        handle = open(path, "rb")
+        handle = open(path, "rb")  # noqa: SIM115 - closed by the with below; only open() errors caught here
     except FileNotFoundError as exc:
         raise _fail(path, "no such file", None, "check the path; ATB tensors are the .bin files of a dump") from exc
     except OSError as exc:
@@ -301,7 +302,7 @@ class NzLoader:
     dtype: str
     storage_dims: tuple[int, ...]
 
-    def __call__(self) -> "torch.Tensor":
+    def __call__(self) -> torch.Tensor:
         from llmcheck.plugin_api import tensor_from_byte_range
         from llmcheck.plugins.atb.nz_format import nz_to_nd
 
@@ -317,7 +318,7 @@ class Int4Loader:
     nbytes: int
     dims: tuple[int, ...]
 
-    def __call__(self) -> "torch.Tensor":
+    def __call__(self) -> torch.Tensor:
         import torch
 
         from llmcheck.plugin_api import tensor_from_byte_range
@@ -403,7 +404,7 @@ def resolve_reference(header: BinHeader, dump_root: Path | None) -> Path:
     raise _fail(header.path, f"'data={header.data_reference}' names a file that does not exist in the dump", 0)
 
 
-def read_bin(path: Path, dump_root: Path | None = None) -> "torch.Tensor":
+def read_bin(path: Path, dump_root: Path | None = None) -> torch.Tensor:
     """Return the tensor of one ``.bin`` file (ND for NZ storage); error if it holds no data."""
     header = read_bin_header(path)
     reason = no_data_reason(header)
@@ -423,7 +424,7 @@ def _stat_text(value: float | None) -> str:
 
 def write_bin(
     path: Path,
-    tensor: "torch.Tensor | None" = None,
+    tensor: torch.Tensor | None = None,
     *,
     dtype: str | None = None,
     dims: tuple[int, ...] | None = None,

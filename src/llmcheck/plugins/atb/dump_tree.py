@@ -25,9 +25,10 @@ import json
 import logging
 import os
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from llmcheck.plugin_api import (
     IO_INPUT,

@@ -17,8 +17,9 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from llmcheck.plugin_api import CaptureRequest, LlmcheckError, UsageError
 from llmcheck.plugins.atb.probe_library import choose_probe

@@ -11,7 +11,8 @@ alignment padding: shape ``[..., m16, n1 * n0]``.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Sequence
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -32,7 +33,7 @@ def nd_shape_of_nz(storage_dims: Sequence[int]) -> tuple[int, ...]:
     return (*leading, m, n1 * n0)
 
 
-def nz_to_nd(storage: "torch.Tensor") -> "torch.Tensor":
+def nz_to_nd(storage: torch.Tensor) -> torch.Tensor:
     """Return the ND matrix held by an NZ-tiled tensor of storage shape ``[..., n1, m, n0]``."""
     if storage.dim() < 3:
         raise ValueError(f"FRACTAL_NZ storage needs at least 3 dims [.., n1, m, n0], got {list(storage.shape)}")
@@ -40,7 +41,7 @@ def nz_to_nd(storage: "torch.Tensor") -> "torch.Tensor":
     return storage.transpose(-3, -2).contiguous().reshape(nd_shape)
 
 
-def nd_to_nz(matrix: "torch.Tensor", block_columns: int = 16) -> "torch.Tensor":
+def nd_to_nz(matrix: torch.Tensor, block_columns: int = 16) -> torch.Tensor:
     """Return ``matrix`` ``[..., m, n]`` tiled as NZ storage ``[..., n1, m16, n0]`` (zero padded).
 
     A 2-D matrix gets a leading batch dim of 1, as ATB's transdata gives it.

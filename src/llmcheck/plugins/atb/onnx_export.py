@@ -15,8 +15,9 @@ import json
 import logging
 import os
 import re
+from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any
 
 from llmcheck.plugin_api import RECORD_NAME_KEY, LlmcheckError
 from llmcheck.plugins.atb.op_csv import CsvTensor, read_op_csv, rows_by_op_name
@@ -82,7 +83,7 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, (bool, int)) and _INT64_RANGE[0] <= int(value) <= _INT64_RANGE[1]
 
 
-def param_attributes(param: dict[str, Any] | Any) -> list["onnx.AttributeProto"]:
+def param_attributes(param: dict[str, Any] | Any) -> list[onnx.AttributeProto]:
     """Return a node's ONNX attributes for an ATB param object, each with its natural type."""
     from onnx import AttributeProto, helper
 
@@ -90,9 +91,7 @@ def param_attributes(param: dict[str, Any] | Any) -> list["onnx.AttributeProto"]
     for name, value in _flatten_param("", param if isinstance(param, dict) else {"param": param}):
         if _is_int(value):
             attribute = helper.make_attribute(name, int(value))
-        elif isinstance(value, float):
-            attribute = helper.make_attribute(name, value)
-        elif isinstance(value, str):
+        elif isinstance(value, (float, str)):
             attribute = helper.make_attribute(name, value)
         elif isinstance(value, list) and not value:
             attribute = helper.make_attribute(name, [], attr_type=AttributeProto.INTS)
@@ -140,7 +139,7 @@ def _boundary(nodes: list[AtbGraphNode]) -> tuple[tuple[str, ...], tuple[str, ..
     return tuple(read_from_outside), tuple(name for name in produced if name not in consumed)
 
 
-def _value_info(name: str, described: CsvTensor | None) -> "onnx.ValueInfoProto":
+def _value_info(name: str, described: CsvTensor | None) -> onnx.ValueInfoProto:
     from onnx import TensorProto, helper
 
     if described is None:
@@ -151,7 +150,7 @@ def _value_info(name: str, described: CsvTensor | None) -> "onnx.ValueInfoProto"
 
 
 def build_onnx_model(root: AtbGraphNode, level: int, described: dict[str, CsvTensor],
-                     title: str = "") -> "onnx.ModelProto":
+                     title: str = "") -> onnx.ModelProto:
     """Return the checked ONNX model of ``root`` flattened to ``level`` (tensor types from ``described``)."""
     import onnx
     from onnx import helper

@@ -9,9 +9,10 @@ write them; the ONNX export takes tensor types and shapes from them.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from llmcheck.plugin_api import DumpFormatError
 from llmcheck.plugins.atb.acl_dtypes import dtype_from_csv_name

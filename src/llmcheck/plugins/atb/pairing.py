@@ -28,9 +28,9 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
-from typing import Callable, Iterable
 
 from llmcheck.plugin_api import (
     ROOT_MODULE,
@@ -200,7 +200,7 @@ class _Kinds:
     entries: tuple[tuple[str, str], ...]
 
     @classmethod
-    def from_mapping(cls, user_mapping: UserMapping | None, atb_is_golden: bool) -> "_Kinds":
+    def from_mapping(cls, user_mapping: UserMapping | None, atb_is_golden: bool) -> _Kinds:
         entries = tuple(user_mapping.entries) if user_mapping is not None else ()
         return cls(tuple((golden, my) if atb_is_golden else (my, golden) for golden, my in entries))
 

@@ -42,7 +42,7 @@ def dynamic_symbols(library: Path) -> list[str]:
     """Return the names in an ELF shared object's dynamic symbol table (``.dynsym``)."""
     library = Path(library)
     try:
-        handle = open(library, "rb")
+        handle = open(library, "rb")  # noqa: SIM115 - closed by the with below; only open() errors caught here
     except OSError as exc:
         raise BackendUnavailableError(f"cannot read: {exc.strerror}", where=library) from exc
     with handle:

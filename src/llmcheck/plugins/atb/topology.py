@@ -12,9 +12,10 @@ backend-neutral :class:`~llmcheck.core.records.TopologyNode`.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from llmcheck.plugin_api import DumpFormatError, TopologyNode
 from llmcheck.plugins.atb.op_names import split_op_name
@@ -34,11 +35,11 @@ class AtbGraphNode:
     inputs: tuple[str, ...] = ()
     outputs: tuple[str, ...] = ()
     internals: tuple[str, ...] = ()
-    children: tuple["AtbGraphNode", ...] = ()
+    children: tuple[AtbGraphNode, ...] = ()
     is_model: bool = False
     extra: Mapping[str, Any] = field(default_factory=dict)
 
-    def walk(self) -> list["AtbGraphNode"]:
+    def walk(self) -> list[AtbGraphNode]:
         """Return this node and all its descendants, depth first, in child order."""
         found = [self]
         for child in self.children:

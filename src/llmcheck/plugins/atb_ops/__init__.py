@@ -8,7 +8,7 @@ register more ATB ops the same way, or override none of these (a clash is an err
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from llmcheck.plugin_api import OpReference, hookimpl
 from llmcheck.plugins.atb_ops.lazy_compute import LazyCompute

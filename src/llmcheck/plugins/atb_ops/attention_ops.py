@@ -19,7 +19,8 @@ Input layouts, in ATB's order:
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 

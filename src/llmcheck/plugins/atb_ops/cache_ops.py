@@ -14,7 +14,8 @@ call). Values are copied, so the references keep the dtype: a cache must match e
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 

@@ -9,7 +9,8 @@ Binary element-wise types broadcast like torch. Comparisons and logical types gi
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import torch
 

@@ -8,8 +8,9 @@ checks ops in parallel.
 from __future__ import annotations
 
 import importlib
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 
 @dataclass(frozen=True, slots=True)

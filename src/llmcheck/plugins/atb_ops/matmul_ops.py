@@ -10,7 +10,8 @@ leading batch dim of 1 and its alignment padding: the padding on the reduced dim
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 

@@ -7,7 +7,8 @@ Parameters are read from ``op_param.json`` with the defaults of the parameter st
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 

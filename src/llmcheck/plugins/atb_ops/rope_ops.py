@@ -9,7 +9,8 @@ head, 4 rotates each half of the head (GLM), ``headSize`` rotates adjacent pairs
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 

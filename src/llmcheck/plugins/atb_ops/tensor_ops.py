@@ -6,7 +6,8 @@ real defect, and integer outputs compare exactly); Softmax and Reduce compute in
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 

@@ -9,8 +9,9 @@ are reported unsupported with that reason.
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, Iterator, Mapping
+from typing import Any
 
 import torch
 
@@ -31,7 +32,7 @@ UNREPLAYABLE = {
 }
 
 
-def operator_named(op_type: str) -> "torch._ops.OpOverload | None":
+def operator_named(op_type: str) -> torch._ops.OpOverload | None:
     """Return the operator overload ``namespace.name.overload`` names, or ``None`` when torch has none."""
     namespace, _, rest = op_type.partition(".")
     name, _, overload = rest.rpartition(".")
@@ -60,7 +61,7 @@ def _tensors_in(value: Any, path: str) -> Iterator[tuple[str, torch.Tensor]]:
             yield from _tensors_in(item, f"{path}.{index}" if path else str(index))
 
 
-def _draws_random(operator: "torch._ops.OpOverload", args: list[Any], kwargs: dict[str, Any]) -> bool:
+def _draws_random(operator: torch._ops.OpOverload, args: list[Any], kwargs: dict[str, Any]) -> bool:
     """Return whether this call uses randomness: a seeded op, unless its dropout is off (``p`` 0 or not training)."""
     if torch.Tag.nondeterministic_seeded not in operator.tags:
         return False

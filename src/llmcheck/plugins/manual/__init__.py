@@ -8,8 +8,8 @@ calls said (see ``docs/sources/manual.md``).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from llmcheck.plugin_api import Dump, Pair, SourceInfo, UserMapping, hookimpl
 from llmcheck.plugins.manual.manual_dump import SOURCE_NAME, load_manual_dump

@@ -20,13 +20,13 @@ Tensors are saved as safetensors (no pickle; bf16 and fp8 exact). Every token of
 
 from __future__ import annotations
 
+import hashlib
 import inspect
 import logging
 import os
-import hashlib
-from urllib.parse import quote
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
+from urllib.parse import quote
 
 from llmcheck.plugin_api import PathOutsideDumpError, UsageError, atomic_write_with, write_failed
 from llmcheck.plugins.manual.metadata_file import record_entry
@@ -117,7 +117,7 @@ def _save_tensor(tensor: Any, folder: Path, token_id: str, data_id: str, what: s
     return relative.as_posix()
 
 
-def _device_index(tensor: "torch.Tensor") -> int:
+def _device_index(tensor: torch.Tensor) -> int:
     return tensor.get_device() if tensor.device.type != "cpu" else -1
 
 

@@ -12,8 +12,9 @@ with; the *map pairs* rule of this plugin pairs them.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path, PurePath
-from typing import Any, Mapping
+from typing import Any
 
 from llmcheck.plugin_api import (
     Dump,

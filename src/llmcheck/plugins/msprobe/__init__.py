@@ -11,8 +11,8 @@ See ``docs/sources/msprobe.md``. Importing this package stays light (no torch).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from llmcheck.plugin_api import Dump, Pair, SourceInfo, UserMapping, hookimpl
 

@@ -21,9 +21,10 @@ from __future__ import annotations
 import json
 import logging
 import re
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Any
 
 from llmcheck.plugin_api import (
     IO_INPUT,

@@ -23,7 +23,7 @@ TENSOR_SUFFIXES = (".pt", ".npy")
 _REFUSED_HINT = "llmcheck loads msprobe tensors with torch.load(weights_only=True) only; re-dump the tensor"
 
 
-def load_pt_tensor(path: Path) -> "torch.Tensor":
+def load_pt_tensor(path: Path) -> torch.Tensor:
     """Return the one tensor a ``.pt`` file holds, loaded with ``weights_only=True``."""
     import torch
 
@@ -36,7 +36,7 @@ def load_pt_tensor(path: Path) -> "torch.Tensor":
     return content
 
 
-def load_npy_tensor(path: Path) -> "torch.Tensor":
+def load_npy_tensor(path: Path) -> torch.Tensor:
     """Return the array a ``.npy`` file holds as a tensor, read with ``allow_pickle=False``."""
     import numpy as np
     import torch
@@ -49,7 +49,7 @@ def load_npy_tensor(path: Path) -> "torch.Tensor":
     return torch.from_numpy(np.ascontiguousarray(array))
 
 
-def tensor_loader(path: Path) -> "partial[torch.Tensor]":
+def tensor_loader(path: Path) -> partial[torch.Tensor]:
     """Return a picklable loader of a tensor file (worker processes measure pairs too)."""
     if path.suffix == ".npy":
         return partial(load_npy_tensor, path)

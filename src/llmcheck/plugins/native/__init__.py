@@ -14,8 +14,8 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from llmcheck.plugin_api import (
     NATIVE_SOURCE,

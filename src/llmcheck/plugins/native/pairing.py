@@ -17,7 +17,7 @@ from __future__ import annotations
 import difflib
 import re
 from collections import defaultdict
-from typing import Iterable
+from collections.abc import Iterable
 
 from llmcheck.plugin_api import (
     Dump,
@@ -88,7 +88,7 @@ def exact_key_pairs(golden: Dump, my: Dump) -> list[Pair]:
 
 def _call_signature(call: OpCall) -> tuple[object, ...]:
     """Return what must agree for two op calls to be the same op: its name and each tensor's slot and shape."""
-    return (call.name,) + tuple(_op_signature(record)[1:] for record in call.records())
+    return (call.name, *(_op_signature(record)[1:] for record in call.records()))
 
 
 def _op_scope(record: TensorRecord) -> tuple[int, str] | None:

@@ -19,8 +19,9 @@ import json
 import logging
 import math
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from llmcheck.plugin_api import (
     DTYPE_ITEMSIZE,

@@ -14,11 +14,19 @@ Through the same hook a third-party package uses (:func:`~llmcheck.core.hookspec
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 from llmcheck.plugin_api import (
-    CSV_NAME, HTML_NAME, PAIRS_NAME, SUMMARY_NAME, atomic_write_text, hookimpl, json_safe, Reporter,
+    CSV_NAME,
+    HTML_NAME,
+    PAIRS_NAME,
+    SUMMARY_NAME,
+    Reporter,
+    atomic_write_text,
+    hookimpl,
+    json_safe,
     write_pairs_json,
 )
 from llmcheck.plugins.reports.csv_table import write_csv
@@ -29,12 +37,12 @@ if TYPE_CHECKING:  # pragma: no cover
     from llmcheck.plugin_api import CompareResult
 
 
-def write_summary(result: "CompareResult", path: Path) -> None:
+def write_summary(result: CompareResult, path: Path) -> None:
     """Write summary.json (strict JSON: non-finite numbers as strings)."""
     atomic_write_text(path, json.dumps(json_safe(result.summary()), indent=2) + "\n")
 
 
-def _write_pairs(result: "CompareResult", path: Path) -> None:
+def _write_pairs(result: CompareResult, path: Path) -> None:
     """Write pairs.json of the compare's pairing."""
     write_pairs_json(path, result.pairing, result.golden, result.my)
 

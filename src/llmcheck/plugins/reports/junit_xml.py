@@ -18,7 +18,7 @@ import xml.etree.ElementTree as ElementTree
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from llmcheck.plugin_api import VERDICT_ERROR, VERDICT_FAIL, VERDICT_WARN, atomic_write_text, ComparisonRow
+from llmcheck.plugin_api import VERDICT_ERROR, VERDICT_FAIL, VERDICT_WARN, ComparisonRow, atomic_write_text
 
 if TYPE_CHECKING:  # pragma: no cover
     from llmcheck.plugin_api import CompareResult
@@ -59,7 +59,7 @@ def _testcase(row: ComparisonRow) -> ElementTree.Element:
     return case
 
 
-def junit_document(result: "CompareResult") -> ElementTree.Element:
+def junit_document(result: CompareResult) -> ElementTree.Element:
     """Return the ``<testsuites>`` element of a compare: one suite, one case per pair."""
     counts = result.counts()
     totals = {"tests": str(counts["pairs"]), "failures": str(counts["failures"]), "errors": str(counts["errors"]),
@@ -76,7 +76,7 @@ def junit_document(result: "CompareResult") -> ElementTree.Element:
     return suites
 
 
-def write_junit(result: "CompareResult", path: Path) -> None:
+def write_junit(result: CompareResult, path: Path) -> None:
     """Write junit.xml (UTF-8, with the XML declaration CI parsers expect)."""
     document = junit_document(result)
     ElementTree.indent(document)

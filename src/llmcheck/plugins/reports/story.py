@@ -11,15 +11,22 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from llmcheck.plugin_api import (
-    IO_OUTPUT, ComparisonRow, describe, error_measure, is_float_dtype, LlmcheckError, measure_text, row_error,
+    IO_OUTPUT,
+    ComparisonRow,
+    LlmcheckError,
     TensorData,
+    describe,
+    error_measure,
+    is_float_dtype,
+    measure_text,
+    row_error,
 )
 
 if TYPE_CHECKING:  # pragma: no cover
     from llmcheck.plugin_api import CompareResult
 
 
-def final_output(result: "CompareResult") -> ComparisonRow | None:
+def final_output(result: CompareResult) -> ComparisonRow | None:
     """Return the last output compared in the last step (the model's output: logits, or the last layer's)."""
     outputs = [row for row in result.rows if row.golden.key.io == IO_OUTPUT]
     if not outputs:
@@ -54,7 +61,7 @@ def _last_row(data: TensorData, width: int) -> np.ndarray:
                            lambda name, size, dtype=np.float64: np.empty(size, dtype=dtype))
 
 
-def output_effect(result: "CompareResult") -> str:
+def output_effect(result: CompareResult) -> str:
     """Return what the difference does at the output, in words."""
     row = final_output(result)
     if row is None:
@@ -76,7 +83,7 @@ def output_effect(result: "CompareResult") -> str:
     return text
 
 
-def story(result: "CompareResult") -> str:
+def story(result: CompareResult) -> str:
     """Return the compare in one sentence."""
     counts = result.counts()
     compared = (f"Compared my run {result.my.root.name} ({result.my.source}) with golden {result.golden.root.name} "

@@ -28,9 +28,9 @@ usage error naming the mapping file.
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import replace
 from fnmatch import fnmatchcase
-from typing import Sequence
 
 from llmcheck.plugin_api import (
     ALL_RANKS,
@@ -54,7 +54,6 @@ from llmcheck.plugins.tensor_parallel.shard_layout import (
     infer_layout,
     parse_rule,
 )
-
 
 _Slot = tuple[str, str, str, int, int, str]
 

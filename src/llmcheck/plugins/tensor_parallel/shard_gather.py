@@ -7,8 +7,9 @@ record, and worker processes can measure it (the bound handles pickle).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from functools import partial
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING
 
 from llmcheck.plugin_api import TensorData
 
@@ -16,14 +17,14 @@ if TYPE_CHECKING:  # pragma: no cover
     import torch
 
 
-def concatenated(shards: Sequence[TensorData], dim: int) -> "torch.Tensor":
+def concatenated(shards: Sequence[TensorData], dim: int) -> torch.Tensor:
     """Return the shards joined along ``dim``, in rank order."""
     import torch
 
     return torch.cat([shard.load() for shard in shards], dim=dim)
 
 
-def summed(shards: Sequence[TensorData]) -> "torch.Tensor":
+def summed(shards: Sequence[TensorData]) -> torch.Tensor:
     """Return the sum of partial sums (what the all-reduce gives), accumulated in float32 at least, in the shards' dtype."""
     import torch
 
@@ -36,7 +37,7 @@ def summed(shards: Sequence[TensorData]) -> "torch.Tensor":
     return total.to(tensors[0].dtype)
 
 
-def part_of(whole: TensorData, dim: int, start: int, length: int) -> "torch.Tensor":
+def part_of(whole: TensorData, dim: int, start: int, length: int) -> torch.Tensor:
     """Return the part of a tensor one rank holds: ``length`` entries from ``start`` along ``dim``."""
     return whole.load().narrow(dim, start, length).contiguous()
 

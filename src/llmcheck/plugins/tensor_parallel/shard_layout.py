@@ -16,8 +16,8 @@ rank holding the record takes part.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 from llmcheck.plugin_api import TensorRecord
 

@@ -9,8 +9,9 @@ lazily so loading the plugin never imports torch. See ``docs/sources/torchair-fx
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from llmcheck.plugin_api import Dump, SourceInfo, hookimpl
 

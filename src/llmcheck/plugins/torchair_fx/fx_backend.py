@@ -23,9 +23,10 @@ import inspect
 import json
 import logging
 import os
+from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -164,7 +165,7 @@ def fx_dump_backend(graph_module: torch.fx.GraphModule, example_inputs: Sequence
     return make_fx_dump_backend(dump_path)(graph_module, example_inputs)
 
 
-def dump_exported_program(program: "torch.export.ExportedProgram", args: Sequence[Any] = (),
+def dump_exported_program(program: torch.export.ExportedProgram, args: Sequence[Any] = (),
                           kwargs: dict[str, Any] | None = None, *, dump_path: str | Path,
                           rank: int | None = None, world_size: int | None = None) -> Any:
     """Run a ``torch.export`` program once with FX dumping and return its result (one new graph folder)."""

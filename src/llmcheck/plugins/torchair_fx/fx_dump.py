@@ -49,7 +49,6 @@ from llmcheck.plugin_api import (
 from llmcheck.plugins.torchair_fx import SOURCE_NAME
 
 if TYPE_CHECKING:  # pragma: no cover
-    import numpy as np
     import torch
 
 log = logging.getLogger("llmcheck.fx")
@@ -120,7 +119,7 @@ class NpyArrayLoader:
 
     path: Path
 
-    def __call__(self) -> "torch.Tensor":
+    def __call__(self) -> torch.Tensor:
         import numpy as np
         import torch
 
@@ -138,7 +137,7 @@ class SavedAsFloat32Loader:
     shape: tuple[int, ...]
     dtype: str
 
-    def __call__(self) -> "torch.Tensor":
+    def __call__(self) -> torch.Tensor:
         from llmcheck.plugin_api import tensor_from_byte_range, torch_dtype
 
         saved = tensor_from_byte_range(self.path, self.offset, self.nbytes, "float32", self.shape)

@@ -9,8 +9,8 @@ an unfused GE run (``--golden-source ge --my-source ge``). :mod:`.config` builds
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from llmcheck.plugin_api import Dump, Pair, SourceInfo, UserMapping, hookimpl
 

@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 from llmcheck.plugin_api import BackendUnavailableError, LlmcheckError, UsageError
 

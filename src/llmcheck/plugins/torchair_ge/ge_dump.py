@@ -30,9 +30,9 @@ from __future__ import annotations
 import math
 import mmap
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
 
 from llmcheck.plugin_api import DTYPE_ITEMSIZE, DumpFormatError, TensorData, inside_dump, walk_files
 from llmcheck.plugins.torchair_ge.ge_dtypes import (
@@ -350,7 +350,7 @@ def read_ge_dump(path: Path) -> GeDumpFile:
             prefix = stream.read(FRAME_HEADER_BYTES)
             header_len = int.from_bytes(prefix, "little") if len(prefix) == FRAME_HEADER_BYTES else -1
             framed_error: DumpFormatError | None = None
-            if 0 < header_len and FRAME_HEADER_BYTES + header_len <= file_size:
+            if header_len > 0 and FRAME_HEADER_BYTES + header_len <= file_size:
                 header_bytes = stream.read(header_len)
                 try:
                     return _framed(WireReader(header_bytes, path, FRAME_HEADER_BYTES), file_size, header_len)

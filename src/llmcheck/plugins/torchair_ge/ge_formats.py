@@ -25,7 +25,7 @@ if TYPE_CHECKING:  # pragma: no cover
 NZ_TILE = 16  # the M0 tile height of FRACTAL_NZ for every dtype
 
 
-def nz_to_nd(storage: "torch.Tensor", original_shape: tuple[int, ...]) -> "torch.Tensor":
+def nz_to_nd(storage: torch.Tensor, original_shape: tuple[int, ...]) -> torch.Tensor:
     """Return the logical ``original_shape`` tensor held by a FRACTAL_NZ storage tensor.
 
     ``storage`` has shape ``(*batch, N1, M1, M0, N0)``; the result is its tiles put back
@@ -43,7 +43,7 @@ def nz_to_nd(storage: "torch.Tensor", original_shape: tuple[int, ...]) -> "torch
     return matrix[:, :rows, :columns].reshape(original_shape).contiguous()
 
 
-def nd_to_nz(tensor: "torch.Tensor", column_tile: int = NZ_TILE) -> "torch.Tensor":
+def nd_to_nz(tensor: torch.Tensor, column_tile: int = NZ_TILE) -> torch.Tensor:
     """Return the FRACTAL_NZ storage of a row-major tensor (the device's layout; used to write test dumps).
 
     ``column_tile`` is N0: 16 for 16-bit types, 8 for 32-bit, 32 for 8-bit on Ascend.
@@ -59,7 +59,7 @@ def nd_to_nz(tensor: "torch.Tensor", column_tile: int = NZ_TILE) -> "torch.Tenso
     return tiles.reshape(*batch, n1, m1, NZ_TILE, column_tile).contiguous()
 
 
-def nc1hwc0_to_nchw(storage: "torch.Tensor", original_shape: tuple[int, ...]) -> "torch.Tensor":
+def nc1hwc0_to_nchw(storage: torch.Tensor, original_shape: tuple[int, ...]) -> torch.Tensor:
     """Return the NCHW tensor held by an NC1HWC0 storage tensor ``(N, C1, H, W, C0)``, channels cropped."""
     if storage.dim() != 5 or len(original_shape) != 4:
         raise ValueError(f"NC1HWC0 needs 5 storage dims and a 4-D original shape, got {list(storage.shape)} "
@@ -83,7 +83,7 @@ class StorageLayoutLoader:
     original_shape: tuple[int, ...]
     layout: str  # "FRACTAL_NZ" or "NC1HWC0"
 
-    def __call__(self) -> "torch.Tensor":
+    def __call__(self) -> torch.Tensor:
         from llmcheck.plugin_api import tensor_from_byte_range
 
         storage = tensor_from_byte_range(self.path, self.offset, self.nbytes, self.dtype, self.storage_shape)

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from typing import Sequence
+from collections.abc import Sequence
 
 from llmcheck.plugin_api import (
     IO_INPUT,

@@ -28,10 +28,11 @@ line-based one of the tool it replaces.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import Iterator, Sequence, Union
+from typing import Union
 
 from llmcheck.plugin_api import DumpFormatError
 
@@ -58,7 +59,7 @@ class TextMessage:
                 return value
         return default
 
-    def messages(self, name: str) -> list["TextMessage"]:
+    def messages(self, name: str) -> list[TextMessage]:
         """Return the sub-messages of field ``name``."""
         return [value for value in self.all(name) if isinstance(value, TextMessage)]
 

@@ -67,7 +67,10 @@ class DumpPlacement:
 def placement_of(file_path: Path) -> DumpPlacement:
     """Return what the folders above a dump file say about it (missing levels stay ``None``)."""
     levels = list(reversed(file_path.parent.parts))
-    level = lambda i: levels[i] if i < len(levels) else ""  # noqa: E731
+
+    def level(i: int) -> str:
+        return levels[i] if i < len(levels) else ""
+
     if not level(0).isdigit():
         return DumpPlacement(0, level(0), None, None, None, None)
     step = int(level(0))

@@ -10,8 +10,9 @@ offset, never an ``IndexError``.
 from __future__ import annotations
 
 import mmap
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator, NamedTuple
+from typing import NamedTuple
 
 from llmcheck.plugin_api import DumpFormatError
 
