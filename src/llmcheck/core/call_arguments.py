@@ -118,9 +118,10 @@ def resolve_op(op_type: str) -> torch._ops.OpOverload:
     namespace, _, rest = op_type.partition(".")
     op_name, _, overload = rest.rpartition(".")
     try:
-        return getattr(getattr(getattr(torch.ops, namespace), op_name), overload)
+        overload_op: torch._ops.OpOverload = getattr(getattr(getattr(torch.ops, namespace), op_name), overload)
     except (AttributeError, RuntimeError) as exc:
         raise UsageError(f"no such operator in this torch build: {op_type!r}") from exc
+    return overload_op
 
 
 def replay_call(op_type: str, attrs: Mapping[str, Any], tensor_at: Callable[[str], torch.Tensor],

@@ -366,7 +366,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         click.echo("llmcheck: error: aborted", err=True)
         return 130
     except click.ClickException as exc:
-        command = exc.ctx.command_path if getattr(exc, "ctx", None) else "llmcheck"
+        command = exc.ctx.command_path if isinstance(exc, click.UsageError) and exc.ctx else "llmcheck"
         click.echo(f"llmcheck: error: {exc.format_message()} (see '{command} --help')", err=True)
         return 2 if isinstance(exc, click.UsageError) else 1
     except LlmcheckError as exc:

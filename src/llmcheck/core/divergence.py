@@ -425,7 +425,7 @@ def describe_row(row: ComparisonRow | None) -> dict[str, Any] | None:
     }
     if row.deciding_metric == NONFINITE_METRIC:
         described.update(value=row.nonfinite_mismatch, threshold=0, warn_threshold=0)
-    elif row.deciding_metric in row.metrics:
+    elif row.deciding_metric is not None and row.deciding_metric in row.metrics:
         result = row.metrics[row.deciding_metric]
         described.update(value=result.value, threshold=result.fail_threshold, warn_threshold=result.warn_threshold)
     return described

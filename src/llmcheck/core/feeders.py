@@ -81,7 +81,7 @@ class FeederIndex:
     def __init__(self, ordered_rows: Sequence[ComparisonRow], unmatched_my: Sequence[TensorRecord] = ()) -> None:
         self.ordered = list(ordered_rows)
         self.position = {id(row): index for index, row in enumerate(self.ordered)}
-        self.inputs_of: dict[tuple[str, int, int], list[ComparisonRow]] = {}
+        self.inputs_of: dict[CallId, list[ComparisonRow]] = {}
         self.inputs_by_name: dict[tuple[str, int], list[ComparisonRow]] = {}
         self.parents: dict[str, str] = {}
         # identity -> [(golden order, row)] of the outputs that hold it, in golden order

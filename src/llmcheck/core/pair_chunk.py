@@ -12,17 +12,20 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
 #: Golden magnitudes at or below this are too close to zero for a relative error (float32 eps, as the seed tool).
 RELATIVE_FLOOR = float(np.finfo(np.float32).eps)
 
+#: What a :class:`PairChunk` derived value is (an array or a number), kept through its cache.
+_Value = TypeVar("_Value")
+
 
 def _einsum_dot(a: np.ndarray, b: np.ndarray) -> float:
     """Return the dot product of two flat float64 arrays (the fastest way for the current process)."""
-    return np.einsum("i,i->", a, b)
+    return float(np.einsum("i,i->", a, b))
 
 
 #: A multi-threaded BLAS dot wakes its threads for every chunk, and on a busy machine that
@@ -30,7 +33,7 @@ def _einsum_dot(a: np.ndarray, b: np.ndarray) -> float:
 #: sets OPENBLAS_NUM_THREADS=1 before they import numpy) and use BLAS, any other process uses
 #: numpy's own single-threaded sum of products.
 dot: Callable[[np.ndarray, np.ndarray], float] = (
-    np.dot if os.environ.get("OPENBLAS_NUM_THREADS") == "1" else _einsum_dot)  # type: ignore[assignment]
+    np.dot if os.environ.get("OPENBLAS_NUM_THREADS") == "1" else _einsum_dot)
 
 
 class Workspace:
@@ -62,8 +65,8 @@ class PairChunk:
         self._workspace = workspace
         self._cache: dict[str, Any] = {}
 
-    def _cached(self, name: str, compute: Callable[[], Any]) -> Any:
-        value = self._cache.get(name)
+    def _cached(self, name: str, compute: Callable[[], _Value]) -> _Value:
+        value: _Value | None = self._cache.get(name)
         if value is None:
             value = compute()
             self._cache[name] = value

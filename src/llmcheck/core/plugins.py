@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
@@ -212,7 +212,7 @@ class Plugins:
             raise DumpNotFoundError("no such file or directory", where=path,
                                     hint="check the path: give a dump folder, a folder holding one dump, "
                                          "or a tensor file")
-        dump = self.manager.hook.llmcheck_load_tensors(path=path, source=source)
+        dump: Dump | None = self.manager.hook.llmcheck_load_tensors(path=path, source=source)
         if dump is None and source is None and tensor_folder and path.is_dir():
             dump = self._tensor_folder(path)
         if dump is not None:
@@ -328,11 +328,12 @@ def _raise_if_broken_json(path: Path) -> None:
 
 
 def _trace_to_stderr(manager: pluggy.PluginManager) -> None:
-    def before(hook_name: str, hook_impls: Any, kwargs: dict[str, Any]) -> None:
+    def before(hook_name: str, hook_impls: Sequence[pluggy.HookImpl], kwargs: Mapping[str, Any]) -> None:
         names = [impl.plugin_name for impl in hook_impls]
         print(f"llmcheck: trace: {hook_name}({', '.join(kwargs)}) -> {names}", file=sys.stderr)
 
-    def after(outcome: Any, hook_name: str, hook_impls: Any, kwargs: dict[str, Any]) -> None:
+    def after(outcome: pluggy.Result[Any], hook_name: str, hook_impls: Sequence[pluggy.HookImpl],
+              kwargs: Mapping[str, Any]) -> None:
         exception = outcome.exception
         shown = f"raised {exception!r}" if exception else f"returned {type(outcome.get_result()).__name__}"
         print(f"llmcheck: trace: {hook_name} {shown}", file=sys.stderr)

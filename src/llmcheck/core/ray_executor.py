@@ -35,10 +35,10 @@ from llmcheck.core.metric_engine import (
     DEFAULT_CHUNK_VALUES,
     PairJob,
     PairMeasurement,
-    Workspace,
     measure_jobs,
     split_by_bytes,
 )
+from llmcheck.core.pair_chunk import Workspace
 from llmcheck.core.records import MetricSpec, TensorData
 
 log = logging.getLogger("llmcheck.ray")

@@ -159,14 +159,16 @@ class TensorStats:
     nan_count: int | None = None
     inf_count: int | None = None
 
-    def as_json(self) -> dict[str, float | int | None]:
+    def as_json(self) -> dict[str, float | int | str | None]:
         """Return a JSON-safe dict (NaN and infinities become strings JSON can carry)."""
         return {k: _json_number(getattr(self, k)) for k in self.__slots__}
 
     @classmethod
     def from_json(cls, values: Mapping[str, Any]) -> TensorStats:
         """Build statistics from :meth:`as_json` output (unknown keys ignored)."""
-        return cls(**{k: _number_from_json(values.get(k)) for k in cls.__slots__})
+        # by field name, so mypy cannot pair each value with its field; as_json wrote each with its type
+        numbers: dict[str, Any] = {k: _number_from_json(values.get(k)) for k in cls.__slots__}
+        return cls(**numbers)
 
 
 def _json_number(value: float | int | None) -> float | int | str | None:
@@ -178,7 +180,8 @@ def _json_number(value: float | int | None) -> float | int | str | None:
 def _number_from_json(value: Any) -> float | int | None:
     if isinstance(value, str):
         return float(value)
-    return value
+    number: float | int | None = value  # JSON numbers or null, as as_json wrote them
+    return number
 
 
 class TensorLoader(Protocol):
@@ -549,7 +552,8 @@ class OpReference:
     ``params``: the op's parameters as the source recorded them (ATB's ``op_param.json``,
     the recorded call arguments of a torch op). It returns the op's outputs in output
     position order (``"0"``, ``"1"``, ...), computed in higher precision (float64 where the
-    op allows); opcheck measures each dumped output against the one at its position. It
+    op allows), or a mapping from output position to tensor; opcheck measures each dumped
+    output against the one at its position. It
     raises :class:`~llmcheck.core.errors.UnsupportedOpError` for a variant it cannot
     compute (the report lists the op with that reason).
 
@@ -559,7 +563,8 @@ class OpReference:
     """
 
     op_type: str
-    compute: Callable[[Mapping[str, torch.Tensor], Mapping[str, Any]], Sequence[torch.Tensor]]
+    compute: Callable[[Mapping[str, torch.Tensor], Mapping[str, Any]],
+                      Sequence[torch.Tensor] | Mapping[str, torch.Tensor]]
     description: str
     inplace_inputs: tuple[int, ...] = ()
 

@@ -82,7 +82,7 @@ def tensor_bytes(tensor: torch.Tensor) -> memoryview:
         tensor = tensor.contiguous()
     if tensor.numel() == 0:
         return memoryview(b"")
-    return memoryview(tensor.reshape(-1).view(torch.uint8).numpy()).cast("B")
+    return tensor.reshape(-1).view(torch.uint8).numpy().data.cast("B")
 
 
 def load_weights_only(path: Path, refused_hint: str | None = None) -> object:

@@ -239,8 +239,7 @@ def _visit_op(walk: _Walk, op_dir: Path, step: int, ids: tuple[int, ...], names:
     op_param = _read_op_param(op_dir)
     if op_param is None:
         op_param = walk.op_param_from_csv(step, f"{op_type}_{op_id}")
-    common = {"op_id": op_id, "op_type": op_type, "parent": parent, "step": step, "op_path": "/".join(names),
-              "op_param": op_param}
+    op_path = "/".join(names)
 
     def emit(files: list[tuple[str, int, str | None, Path]], moment: str) -> None:
         for io, index, ir_name, path in files:
@@ -248,7 +247,8 @@ def _visit_op(walk: _Walk, op_dir: Path, step: int, ids: tuple[int, ...], names:
                 continue
             header = read_bin_header(inside_dump(path, walk.layout.root))
             walk.records.append(_record(walk, path, header, io=io, index=index, moment=moment,
-                                        ir_name=ir_name, **common))
+                                        ir_name=ir_name, op_id=op_id, op_type=op_type, parent=parent, step=step,
+                                        op_path=op_path, op_param=op_param))
 
     loose = _tensor_files(op_dir)  # tensors saved next to op_param.json (no before/after folder)
     emit(_tensor_files(op_dir / MOMENT_BEFORE) + [item for item in loose if item[0] == IO_INPUT], MOMENT_BEFORE)

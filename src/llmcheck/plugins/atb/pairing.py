@@ -47,7 +47,7 @@ from llmcheck.plugin_api import (
     module_ancestors,
     module_parent,
 )
-from llmcheck.plugins.atb.dump_tree import SOURCE_NAME
+from llmcheck.plugins.atb import SOURCE_NAME
 from llmcheck.plugins.atb.op_names import op_id_key
 
 log = logging.getLogger("llmcheck.atb")

@@ -283,4 +283,4 @@ def _stats(item: Mapping[str, Any], where: Path) -> TensorStats | None:
             raise DumpFormatError(f"statistic {column}={value!r} is not a number", where=where) from exc
     if all(value is None for value in values.values()):
         return None
-    return TensorStats(**values)
+    return TensorStats(min=values["min"], max=values["max"], mean=values["mean"], l2norm=values["l2norm"])

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 from llmcheck.plugin_api import Dump, Pair, PairPriority, TensorRecord
-from llmcheck.plugins.msprobe.dump_tree import SOURCE_NAME
+from llmcheck.plugins.msprobe import SOURCE_NAME
 
 RULE_MODULE_PATH = "msprobe_module_path"
 

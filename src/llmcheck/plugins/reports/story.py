@@ -56,9 +56,11 @@ def _last_row(data: TensorData, width: int) -> np.ndarray:
     """Return the last ``width`` values of a tensor as float64, decoded with numpy (no torch import for a report)."""
     from llmcheck.plugin_api import ChunkReader
 
+    def scratch(name: str, size: int, dtype: np.dtype) -> np.ndarray:
+        return np.empty(size, dtype=dtype)
+
     with ChunkReader(data) as reader:
-        return reader.read(reader.size - width, np.empty(width),
-                           lambda name, size, dtype=np.float64: np.empty(size, dtype=dtype))
+        return reader.read(reader.size - width, np.empty(width), scratch)
 
 
 def output_effect(result: CompareResult) -> str:

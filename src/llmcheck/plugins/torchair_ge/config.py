@@ -85,7 +85,7 @@ def fx_dump_settings(dump_folder: Path) -> dict[str, Any]:
 
 def _compiler_config_class() -> Any:
     try:
-        from torchair.configs.compiler_config import CompilerConfig  # type: ignore[import-not-found]
+        from torchair.configs.compiler_config import CompilerConfig
     except ImportError as exc:
         raise BackendUnavailableError(
             f"torchair is not importable here ({exc})", where="torchair",

@@ -122,8 +122,8 @@ class GeDumpTensor:
     @property
     def converts_layout(self) -> bool:
         """Return whether the payload is in a device layout llmcheck converts back to ``original_shape``."""
-        return (self.format_code in (FORMAT_FRACTAL_NZ, FORMAT_NC1HWC0) and bool(self.original_shape)
-                and tuple(self.original_shape) != self.shape)
+        return (self.format_code in (FORMAT_FRACTAL_NZ, FORMAT_NC1HWC0) and self.original_shape is not None
+                and len(self.original_shape) > 0 and tuple(self.original_shape) != self.shape)
 
     @property
     def logical_shape(self) -> tuple[int, ...]:

@@ -99,6 +99,7 @@ def align_tensors(candidates: Sequence[TensorRecord | None], targets: Sequence[T
     used: set[int] = set()
     aligned: list[tuple[TensorRecord | None, TensorRecord, str]] = []
     for index, target in enumerate(targets):
+        choice: int | None
         at_position = candidates[index] if index < len(candidates) and index not in used else None
         if at_position is not None and tuple(at_position.shape) == tuple(target.shape):
             choice, how = index, "position"
@@ -236,10 +237,10 @@ def pair_ge_with_fx(ge: Dump, fx: Dump, ge_is_my: bool) -> list[Pair]:
                 collected.add(ge_record, fx_record, output_rule, note)
     for (step, graph_index, node), node_records in fx_nodes.items():
         records = node_records.records()
-        inside = fused_inside.get((step, graph_index, node))
+        fused_op = fused_inside.get((step, graph_index, node))
         expected = True
-        if inside is not None:
-            why = f"inside fused GE op {inside}"
+        if fused_op is not None:
+            why = f"inside fused GE op {fused_op}"
         elif any(id(record) in collected.paired_partners for record in records):
             why = "FX argument with no GE input (a non-tensor argument, or one GE folded into a constant)"
         elif not node_records.outputs:
@@ -271,7 +272,7 @@ def pair_fused_with_unfused(golden: Dump, my: Dump) -> list[Pair]:
     fused_inside: dict[tuple[int, int, str, int], str] = {}
     for call in my_calls:
         golden_graph = golden_graph_of[call.graph]
-        same = golden_calls.get((call.step, golden_graph, call.name, call.call_index))
+        same = golden_calls.get(CallId(call.step, golden_graph, call.name, call.call_index))
         if same is not None:
             for io in (IO_INPUT, IO_OUTPUT):
                 for golden_record, my_record, how in align_tensors(same.ordered(io), call.ordered(io)):
@@ -281,7 +282,7 @@ def pair_fused_with_unfused(golden: Dump, my: Dump) -> list[Pair]:
             continue
         graph = graphs.get(golden_graph) or graphs.get(call.graph)
         constituents = graph.constituents(call.name) if graph is not None else []
-        parts = [golden_calls.get((call.step, golden_graph, dumped_op_name(op.name), call.call_index))
+        parts = [golden_calls.get(CallId(call.step, golden_graph, dumped_op_name(op.name), call.call_index))
                  for op in constituents]
         if len(constituents) < 2 or parts[-1] is None:
             why = ("no golden GE op of this name" if graph is not None

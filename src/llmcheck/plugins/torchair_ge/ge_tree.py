@@ -230,7 +230,7 @@ def _records_of_file(dump_file: GeDumpFile, parsed: GeDumpFileName, placement: D
                      call_index: int, graph_index: int, first_order: int, source_path: str) -> list[TensorRecord]:
     device_number = placement.device
     rank = placement.rank if placement.rank is not None else int(device_number) if device_number else 0
-    records = []
+    records: list[TensorRecord] = []
     for io, tensors in ((IO_INPUT, dump_file.inputs), (IO_OUTPUT, dump_file.outputs)):
         for position, tensor in enumerate(tensors):
             attrs: dict[str, object] = {
