@@ -68,8 +68,8 @@ def test_cuda_inputs_are_copied_before_an_in_place_op(tmp_path: Path) -> None:
 
 
 def test_cuda_op_level_capture_replays_on_the_cpu(tmp_path: Path, cuda_llama) -> None:
-    from llmcheck.core.records import RecordKey
     from llmcheck.core.call_arguments import replay_call
+    from llmcheck.core.records import RecordKey
 
     with torch.no_grad(), register_hook(cuda_llama, DumpConfig(dump_path=tmp_path, mode="op",
                                                                include=["model.layers.0.mlp"])) as session:

@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from llmcheck import DumpConfig, read_dump, register_hook
+from llmcheck.core.call_arguments import decode_call, encode_call, replay_call
 from llmcheck.core.errors import DumpFormatError
 from llmcheck.core.records import RecordKey
-from llmcheck.core.call_arguments import decode_call, encode_call, replay_call
 
 ATTENTION = "model.layers.0.self_attn"
 
@@ -56,7 +56,7 @@ def test_every_op_of_an_attention_block_replays_bitwise_from_the_dump_alone(op_d
             continue
         key = record.key
 
-        def tensor_at(position: str) -> torch.Tensor:
+        def tensor_at(position: str, key: RecordKey = key) -> torch.Tensor:
             return by_key[RecordKey(key.name, "input", position, key.step, key.call_index, "before")].data.load()
 
         result = replay_call(record.op_type, record.attrs, tensor_at)

@@ -13,7 +13,7 @@ import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from llmcheck.plugin_api import atomic_output, ComparisonRow, describe, TensorStats
+from llmcheck.plugin_api import ComparisonRow, TensorStats, atomic_output, describe
 
 if TYPE_CHECKING:  # pragma: no cover
     from llmcheck.plugin_api import CompareResult
@@ -67,7 +67,7 @@ def _count(stats: TensorStats | None, field: str) -> Any:
     return "" if value is None else value
 
 
-def csv_header(result: "CompareResult") -> list[str]:
+def csv_header(result: CompareResult) -> list[str]:
     """Return the CSV header: the seed's 24 columns, llmcheck's, any metric not named yet, then statistics columns."""
     from llmcheck.plugin_api import statistics_columns
 
@@ -111,7 +111,7 @@ def csv_row(row: ComparisonRow, header: list[str]) -> list[Any]:
     return [guard_cell(cells.get(column, "")) for column in header]
 
 
-def write_csv(result: "CompareResult", path: Path) -> None:
+def write_csv(result: CompareResult, path: Path) -> None:
     """Write cmp_report.csv: one row per pair, in golden execution order."""
     header = csv_header(result)
     with atomic_output(path, "w", newline="", encoding="utf-8") as handle:

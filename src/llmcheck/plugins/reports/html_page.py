@@ -20,8 +20,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from llmcheck.plugin_api import (
-    atomic_write_text, ComparisonRow, depth_points, drawn_step, error_measure, heatmap, introduced_point,
-    json_safe, MetricSpec, placement, row_error,
+    ComparisonRow,
+    MetricSpec,
+    atomic_write_text,
+    depth_points,
+    drawn_step,
+    error_measure,
+    heatmap,
+    introduced_point,
+    json_safe,
+    placement,
+    row_error,
 )
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -59,7 +68,7 @@ def _row_data(row: ComparisonRow, metric_names: list[str], measure: MetricSpec |
     }
 
 
-def _depth_views(result: "CompareResult", measure: MetricSpec | None) -> dict[str, Any]:
+def _depth_views(result: CompareResult, measure: MetricSpec | None) -> dict[str, Any]:
     """Return the headline chart's points and the heat map of the drawn step."""
     introduced, first = result.first_introduced, result.first_divergence
     step = drawn_step(result.rows, introduced, first)
@@ -74,10 +83,10 @@ def _depth_views(result: "CompareResult", measure: MetricSpec | None) -> dict[st
     }
 
 
-def report_data(result: "CompareResult") -> dict[str, Any]:
+def report_data(result: CompareResult) -> dict[str, Any]:
     """Return what the page shows, as JSON-safe data."""
-    from llmcheck.plugins.reports.story import story
     from llmcheck.plugin_api import DECIDING_STAT
+    from llmcheck.plugins.reports.story import story
 
     plotted = [(spec.name, spec.higher_is_better) for spec in result.metric_specs]
     if any(DECIDING_STAT in row.metrics for row in result.rows):  # statistics-only pairs: plot what judged them
@@ -99,7 +108,7 @@ def report_data(result: "CompareResult") -> dict[str, Any]:
     return data
 
 
-def render_html(result: "CompareResult") -> str:
+def render_html(result: CompareResult) -> str:
     """Return the report page with its data embedded."""
     template = resources.files(__package__).joinpath(TEMPLATE_NAME).read_text(encoding="utf-8")
     payload = json.dumps(report_data(result), separators=(",", ":"), allow_nan=False)
@@ -108,6 +117,6 @@ def render_html(result: "CompareResult") -> str:
     return template.replace(DATA_PLACEHOLDER, payload, 1)
 
 
-def write_html(result: "CompareResult", path: Path) -> None:
+def write_html(result: CompareResult, path: Path) -> None:
     """Write report.html."""
     atomic_write_text(path, render_html(result))

@@ -10,7 +10,7 @@ this plugin does not import torch.
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable
+from collections.abc import Callable
 
 from llmcheck.plugin_api import BackendOption, CaptureBackend, hookimpl, seed_dump_options
 from llmcheck.plugins.torch_hooks.backend import BACKEND_NAME, TorchCaptureBackend

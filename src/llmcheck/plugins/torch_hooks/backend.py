@@ -17,8 +17,9 @@ import logging
 import os
 import subprocess
 import sys
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from llmcheck.plugin_api import CaptureRequest, UsageError, closing_state, find_dumps
 from llmcheck.plugins.torch_hooks.config import CONFIG_ENV, LEVEL_MODULE, LEVEL_OP, ON_ERROR_STOP, DumpConfig

@@ -24,10 +24,11 @@ import atexit
 import logging
 import os
 import weakref
-from contextlib import nullcontext
+from collections.abc import Sequence
+from contextlib import AbstractContextManager, nullcontext, suppress
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ContextManager
+from typing import Any
 
 import torch
 
@@ -78,10 +79,10 @@ def process_rank() -> int:
 
 def model_device(model: torch.nn.Module) -> torch.device:
     """Return the device of the model's first parameter or buffer (CPU for a model with neither)."""
-    for tensor in model.parameters():
-        return tensor.device
-    for tensor in model.buffers():
-        return tensor.device
+    for parameter in model.parameters():
+        return parameter.device
+    for buffer in model.buffers():
+        return buffer.device
     return torch.device("cpu")
 
 
@@ -90,7 +91,7 @@ def device_label(device: torch.device) -> str:
     return device.type if device.index is None else f"{device.type}{device.index}"
 
 
-def _device_wanted(device: torch.device, device_ids: tuple[str, ...]) -> bool:
+def _device_wanted(device: torch.device, device_ids: Sequence[str]) -> bool:
     if not device_ids:
         return True
     if device.type == "cpu":
@@ -158,7 +159,7 @@ class CaptureSession:
             log.warning("not capturing on %s: device_ids %s leave it out", device, ", ".join(config.device_ids))
         else:
             self.writer = DumpWriter(
-                config.dump_path, BACKEND_NAME, config=config.as_json(),
+                Path(config.dump_path), BACKEND_NAME, config=config.as_json(),
                 command_line=None if config.command_line is None else list(config.command_line),
                 rank=self.rank, device=self.device, dir_suffix=f"rank{self.rank}_{self.device}",
             )
@@ -171,14 +172,20 @@ class CaptureSession:
         self._root_after_hook: Any = None  # kept after a failure mid-step, to leave the op mode at the step's end
         self._attach_all()
         self_ref = weakref.ref(self)
-        self._atexit = lambda: (session := self_ref()) is not None and session.close_at_exit()
+
+        def close_at_exit() -> None:
+            session = self_ref()
+            if session is not None:
+                session.close_at_exit()
+
+        self._atexit = close_at_exit
         atexit.register(self._atexit)
         if self.path is not None:
             log.info("capturing %s into %s", type(model).__name__, self.path)
 
     # --- public ---
 
-    def __enter__(self) -> "CaptureSession":
+    def __enter__(self) -> CaptureSession:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
@@ -217,10 +224,8 @@ class CaptureSession:
 
     def close_at_exit(self) -> None:
         """Close the dump as the process exits; never raises (no forward is left to hand an error to)."""
-        try:
+        with suppress(Exception):  # already reported by the warning of _stop_after_failure
             self.close()
-        except Exception:
-            pass  # already reported by the warning of _stop_after_failure
 
     # --- what the op level asks of its session ---
 
@@ -238,7 +243,7 @@ class CaptureSession:
         """Return the graph recording this step's calls (``--type onnx``, first dumped step), else ``None``."""
         return self._graph if self._graph_open else None
 
-    def capture_scope(self) -> ContextManager[Any]:
+    def capture_scope(self) -> AbstractContextManager[Any]:
         """Return the profiler range that marks capture's own work (a no-op unless profiling)."""
         if self._profiler is not None and self._profiler.running:
             return torch.profiler.record_function(CAPTURE_RANGE)
@@ -264,10 +269,8 @@ class CaptureSession:
         if self._root_depth == 0:
             self._leave_op_mode()
         if self._profiler is not None and self._profiler.running:
-            try:
+            with suppress(Exception):  # the profile is lost with the rest of the capture
                 self._profiler.stop(self.step)
-            except Exception:
-                pass  # the profile is lost with the rest of the capture
         kept = self.sink.close_cut(reason)
         policy = "the error is raised into the program" if self._raises else "the program runs on"
         log.warning("capture stopped: %s; the dump %s is closed as cut with its %d complete records, %s",

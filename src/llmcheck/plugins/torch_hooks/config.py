@@ -10,9 +10,10 @@ not import torch.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from llmcheck.plugin_api import UsageError
 
@@ -175,7 +176,7 @@ class DumpConfig:
 
     def dumps_step(self, step: int) -> bool:
         """Return whether step ``step`` (the n-th forward of the top-level model) is dumped."""
-        return self.token_range is None or step in self.token_range  # type: ignore[operator]
+        return self.token_range is None or step in self.token_range
 
     def as_json(self) -> dict[str, Any]:
         """Return the config as JSON-safe values (module classes by name), for manifests and child processes."""
@@ -190,7 +191,7 @@ class DumpConfig:
         return values
 
     @classmethod
-    def from_json(cls, values: Mapping[str, Any]) -> "DumpConfig":
+    def from_json(cls, values: Mapping[str, Any]) -> DumpConfig:
         """Build a config from :meth:`as_json` output; an unknown key is a usage error naming it."""
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(values) - known)
@@ -199,7 +200,7 @@ class DumpConfig:
         return cls(**values)
 
     @classmethod
-    def from_env(cls, text: str) -> "DumpConfig":
+    def from_env(cls, text: str) -> DumpConfig:
         """Build a config from the JSON text of the ``LLMCHECK_TORCH_CAPTURE`` variable."""
         try:
             values = json.loads(text)

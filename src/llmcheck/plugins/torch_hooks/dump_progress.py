@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import sys
 import time
-from typing import TextIO
+from typing import Any, TextIO
 
 log = logging.getLogger("llmcheck.torch.progress")
 
@@ -28,10 +28,10 @@ class DumpProgress:
         self.records = 0
         self.bytes_written = 0
         self._started_s = time.monotonic()
-        self._display = None  # rich.live.Live once the first batch arrived (live mode only)
+        self._display: Any = None  # rich.live.Live once the first batch arrived (live mode only)
 
     @classmethod
-    def for_this_process(cls) -> "DumpProgress | None":
+    def for_this_process(cls) -> DumpProgress | None:
         """Return the reporter this process wants: ``None`` when INFO is off, live when stderr is a terminal."""
         if not log.isEnabledFor(logging.INFO):
             return None

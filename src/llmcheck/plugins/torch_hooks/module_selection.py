@@ -19,8 +19,9 @@ Rules (documented in ``docs/sources/torch.md``):
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from fnmatch import fnmatchcase
-from typing import Any, Iterable
+from typing import Any
 
 import torch
 
@@ -69,7 +70,7 @@ class ModuleSelection:
     def __init__(self, model: torch.nn.Module, config: DumpConfig) -> None:
         self.ids = module_ids(model)
         modules = {(name or ROOT_NAME): module for name, module in model.named_modules()}
-        prefixes = config.type_prefixes
+        prefixes = tuple(config.type_prefixes)
         wanted_ids = set(config.module_ids)
         self._by_id_or_prefix = bool(wanted_ids or prefixes)
         self._prefixes = prefixes

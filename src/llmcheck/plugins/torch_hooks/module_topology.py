@@ -7,7 +7,7 @@ run, and the tree is rebuilt and written only when a step ran modules not seen b
 from __future__ import annotations
 
 import functools
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 

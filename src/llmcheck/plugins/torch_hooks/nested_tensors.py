@@ -8,7 +8,8 @@ are entered; other objects (an HF ``Cache``, a config) hold no captured tensors.
 
 from __future__ import annotations
 
-from typing import Any, Iterator, Mapping
+from collections.abc import Iterator, Mapping
+from typing import Any
 
 import torch
 

@@ -14,7 +14,8 @@ point at the data of the first.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -40,7 +41,7 @@ _ParameterKey = tuple[int, tuple[int, ...], tuple[int, ...], torch.dtype]
 class OpCaptureMode(TorchDispatchMode):
     """Hands every operator call to its recorder, except the session's own work (copies, statistics)."""
 
-    def __init__(self, recorder: "OpRecorder") -> None:
+    def __init__(self, recorder: OpRecorder) -> None:
         super().__init__()
         self.recorder = recorder
 
@@ -54,7 +55,7 @@ class OpCaptureMode(TorchDispatchMode):
 class OpRecorder:
     """Records the operator calls of the dumped steps of one session (the op level of a capture)."""
 
-    def __init__(self, session: "CaptureSession") -> None:
+    def __init__(self, session: CaptureSession) -> None:
         self.session = session
         self._mode: OpCaptureMode | None = None
         self._op_names: dict[Any, str] = {}

@@ -17,7 +17,8 @@ per parameter and dtype, about a second per gigabyte of weights on a CPU. Turn i
 from __future__ import annotations
 
 import hashlib
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -35,7 +36,7 @@ ROUNDED_TO: dict[torch.dtype, tuple[torch.dtype, ...]] = {
 def value_digest(tensor: torch.Tensor) -> str:
     """Return a digest of a tensor's values in its dtype (its bytes in row-major order, not its strides)."""
     host = tensor.detach().reshape(-1).contiguous().cpu()
-    return hashlib.blake2b(host.view(torch.uint8).numpy(), digest_size=16).hexdigest()
+    return hashlib.blake2b(host.view(torch.uint8).numpy().data, digest_size=16).hexdigest()
 
 
 def parameter_digests(parameter: torch.Tensor) -> dict[str, Any]:

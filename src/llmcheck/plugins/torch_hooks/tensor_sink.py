@@ -34,8 +34,9 @@ import contextlib
 import functools
 import time
 import weakref
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any
 
 import torch
 
@@ -77,7 +78,7 @@ _PendingRecord = tuple[KeyFields, str, tuple[int, ...], int, str, "str | None", 
 class _SeenTensor:
     """What was saved for a live tensor object this batch, valid while it is alive and unchanged."""
 
-    ref: "weakref.ref[torch.Tensor]"
+    ref: weakref.ref[torch.Tensor]
     version: int | None  # None until settled (an operator output seen inside the dispatch mode)
     shape: torch.Size
     slot: int
