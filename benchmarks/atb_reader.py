@@ -43,7 +43,7 @@ def seed_style_read(path: Path) -> torch.Tensor:
             name, value = content[start:index].decode().split("=")
             start = index + 1
             if name == "$End":
-                payload = content[index + 1:]
+                payload = content[index + 1 :]
                 break
             if name == "dims":
                 dims = [int(size) for size in value.split(",")]
@@ -102,8 +102,10 @@ def main() -> None:
             ours_s.append(timed(ours))
             seed_s.append(timed(seed))
         ours_median, seed_median = statistics.median(ours_s), statistics.median(seed_s)
-        print(f"tensor: {gigabytes:.2f} GB read and summed: llmcheck {gigabytes / ours_median:.2f} GB/s, "
-              f"seed-style {gigabytes / seed_median:.2f} GB/s, ratio {seed_median / ours_median:.2f}x")
+        print(
+            f"tensor: {gigabytes:.2f} GB read and summed: llmcheck {gigabytes / ours_median:.2f} GB/s, "
+            f"seed-style {gigabytes / seed_median:.2f} GB/s, ratio {seed_median / ours_median:.2f}x"
+        )
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

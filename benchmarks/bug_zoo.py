@@ -80,6 +80,7 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 # --------------------------------------------------------------------------- architectures
 
+
 @dataclass(frozen=True)
 class Arch:
     """One model family: how to build it and where its parts live inside a decoder layer."""
@@ -100,16 +101,45 @@ class Arch:
 
 
 ARCHS: dict[str, Arch] = {
-    "llama": Arch("llama", "LlamaConfig", 5,
-                  dict(hidden_size=128, intermediate_size=256, num_attention_heads=4, num_key_value_heads=4,
-                       vocab_size=384), "sdpa", fused_qkv=False, fused_gate_up=False, activation="act_fn"),
-    "qwen2": Arch("qwen2", "Qwen2Config", 4,
-                  dict(hidden_size=96, intermediate_size=256, num_attention_heads=6, num_key_value_heads=2,
-                       vocab_size=320), "eager", fused_qkv=False, fused_gate_up=False, activation="act_fn"),
-    "phi3": Arch("phi3", "Phi3Config", 6,
-                 dict(hidden_size=128, intermediate_size=256, num_attention_heads=4, num_key_value_heads=4,
-                      vocab_size=512, pad_token_id=0, bos_token_id=1, eos_token_id=2),
-                 "sdpa", fused_qkv=True, fused_gate_up=True, activation="activation_fn"),
+    "llama": Arch(
+        "llama",
+        "LlamaConfig",
+        5,
+        dict(hidden_size=128, intermediate_size=256, num_attention_heads=4, num_key_value_heads=4, vocab_size=384),
+        "sdpa",
+        fused_qkv=False,
+        fused_gate_up=False,
+        activation="act_fn",
+    ),
+    "qwen2": Arch(
+        "qwen2",
+        "Qwen2Config",
+        4,
+        dict(hidden_size=96, intermediate_size=256, num_attention_heads=6, num_key_value_heads=2, vocab_size=320),
+        "eager",
+        fused_qkv=False,
+        fused_gate_up=False,
+        activation="act_fn",
+    ),
+    "phi3": Arch(
+        "phi3",
+        "Phi3Config",
+        6,
+        dict(
+            hidden_size=128,
+            intermediate_size=256,
+            num_attention_heads=4,
+            num_key_value_heads=4,
+            vocab_size=512,
+            pad_token_id=0,
+            bos_token_id=1,
+            eos_token_id=2,
+        ),
+        "sdpa",
+        fused_qkv=True,
+        fused_gate_up=True,
+        activation="activation_fn",
+    ),
 }
 
 
@@ -119,13 +149,16 @@ def _realistic_init(model: torch.nn.Module, seed: int) -> None:
     with torch.no_grad():
         for module in model.modules():
             if isinstance(module, torch.nn.Linear):
-                module.weight.copy_(torch.randn(module.weight.shape, generator=generator)
-                                    / math.sqrt(module.in_features))
+                module.weight.copy_(
+                    torch.randn(module.weight.shape, generator=generator) / math.sqrt(module.in_features)
+                )
                 if module.bias is not None:
                     module.bias.copy_(0.1 * torch.randn(module.bias.shape, generator=generator))
             elif isinstance(module, torch.nn.Embedding):
                 module.weight.copy_(torch.randn(module.weight.shape, generator=generator))
-            elif type(module).__name__.endswith(("RMSNorm", "LayerNorm")) and getattr(module, "weight", None) is not None:
+            elif (
+                type(module).__name__.endswith(("RMSNorm", "LayerNorm")) and getattr(module, "weight", None) is not None
+            ):
                 module.weight.copy_(1 + 0.1 * torch.randn(module.weight.shape, generator=generator))
 
 
@@ -134,8 +167,13 @@ def build_model(arch: Arch, seed: int = SEED) -> torch.nn.Module:
     import transformers
 
     config_class = getattr(transformers, arch.config_class)
-    config = config_class(num_hidden_layers=arch.num_layers, rms_norm_eps=RMS_EPSILON, tie_word_embeddings=False,
-                          max_position_embeddings=256, **arch.config)
+    config = config_class(
+        num_hidden_layers=arch.num_layers,
+        rms_norm_eps=RMS_EPSILON,
+        tie_word_embeddings=False,
+        max_position_embeddings=256,
+        **arch.config,
+    )
     torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation=arch.attn_implementation)
     _realistic_init(model, seed)
@@ -150,6 +188,7 @@ def input_ids(arch: Arch) -> torch.Tensor:
 
 
 # --------------------------------------------------------------------------- defects
+
 
 @dataclass(frozen=True)
 class Accepted:
@@ -195,8 +234,9 @@ def _k_rows(model: torch.nn.Module, arch: Arch, layer: str) -> tuple[str, slice]
 _ATTENTION_WRAPPERS = 0
 
 
-def _wrap_attention_function(model: torch.nn.Module, layer: str,
-                             change: Callable[[Callable[..., Any], tuple[Any, ...], dict[str, Any]], Any]) -> None:
+def _wrap_attention_function(
+    model: torch.nn.Module, layer: str, change: Callable[[Callable[..., Any], tuple[Any, ...], dict[str, Any]], Any]
+) -> None:
     """Make one attention module call ``change(real_function, args, kwargs)`` instead of its attention function.
 
     The module gets its own copy of the config whose ``_attn_implementation`` names a wrapper
@@ -340,23 +380,35 @@ class Defect:
     inject: Callable[[torch.nn.Module, Arch, str], list[Accepted]]
 
 
-DEFECTS: dict[str, Defect] = {defect.name: defect for defect in [
-    Defect("down_proj_x1.05", "mlp.down_proj weight x1.05 (a quantisation scale 5 % off)", inject_down_proj_scale),
-    Defect("norm_eps_1e-2", f"post_attention_layernorm epsilon {RMS_EPSILON:g} -> {WRONG_EPSILON:g} "
-           "(a fused kernel's hard-coded value)", inject_norm_epsilon),
-    Defect("norm_gain_+0.05", "input_layernorm weight + 0.05 (an offset-gain convention mixed up)", inject_norm_gain),
-    Defect("act_silu_to_gelu", "MLP activation SiLU -> GELU", inject_activation_swap),
-    Defect("softmax_scale_x1.1", "attention softmax scale x1.1 (head_dim miscounted)", inject_softmax_scale),
-    Defect("head_zeroed", "attention function writes zeros for its last head", inject_head_zeroed),
-    Defect("causal_mask_dropped", "attention function ignores the causal mask", inject_causal_mask_dropped),
-    Defect("attn_branch_x0.9", "self_attn output x0.9 before the residual add", inject_attention_branch_scale),
-    Defect("rope_theta_5e5", f"rotary base 10000 -> {WRONG_ROPE_THETA:g} in one layer (another model "
-           "version's config)", inject_rope_theta),
-    Defect("q_column_x1.5", "one input column of the query weight x1.5", inject_q_column),
-    Defect("k_proj_x0.95", "key projection weight x0.95", inject_k_proj_scale),
-    Defect("o_proj_int8", "o_proj weight rounded to per-tensor int8", inject_o_proj_int8),
-    Defect("gate_up_swapped", "MLP gate and up projection weights swapped", inject_gate_up_swapped),
-]}
+DEFECTS: dict[str, Defect] = {
+    defect.name: defect
+    for defect in [
+        Defect("down_proj_x1.05", "mlp.down_proj weight x1.05 (a quantisation scale 5 % off)", inject_down_proj_scale),
+        Defect(
+            "norm_eps_1e-2",
+            f"post_attention_layernorm epsilon {RMS_EPSILON:g} -> {WRONG_EPSILON:g} "
+            "(a fused kernel's hard-coded value)",
+            inject_norm_epsilon,
+        ),
+        Defect(
+            "norm_gain_+0.05", "input_layernorm weight + 0.05 (an offset-gain convention mixed up)", inject_norm_gain
+        ),
+        Defect("act_silu_to_gelu", "MLP activation SiLU -> GELU", inject_activation_swap),
+        Defect("softmax_scale_x1.1", "attention softmax scale x1.1 (head_dim miscounted)", inject_softmax_scale),
+        Defect("head_zeroed", "attention function writes zeros for its last head", inject_head_zeroed),
+        Defect("causal_mask_dropped", "attention function ignores the causal mask", inject_causal_mask_dropped),
+        Defect("attn_branch_x0.9", "self_attn output x0.9 before the residual add", inject_attention_branch_scale),
+        Defect(
+            "rope_theta_5e5",
+            f"rotary base 10000 -> {WRONG_ROPE_THETA:g} in one layer (another model version's config)",
+            inject_rope_theta,
+        ),
+        Defect("q_column_x1.5", "one input column of the query weight x1.5", inject_q_column),
+        Defect("k_proj_x0.95", "key projection weight x0.95", inject_k_proj_scale),
+        Defect("o_proj_int8", "o_proj weight rounded to per-tensor int8", inject_o_proj_int8),
+        Defect("gate_up_swapped", "MLP gate and up projection weights swapped", inject_gate_up_swapped),
+    ]
+}
 CLEAN = "clean"
 
 
@@ -369,6 +421,7 @@ def defect_layer(arch: Arch, defect_name: str) -> int:
 
 # --------------------------------------------------------------------------- settings
 
+
 @dataclass(frozen=True)
 class Setting:
     """One way of running the pair: the my-run's dtype, the golden's, the capture, and whether a noise twin is given."""
@@ -380,19 +433,22 @@ class Setting:
     noise_twin: bool = False
 
 
-SETTINGS: dict[str, Setting] = {setting.name: setting for setting in [
-    Setting("fp32/fp32", "fp32", "fp32", "module"),
-    Setting("bf16/fp32", "bf16", "fp32", "module"),
-    Setting("fp16/fp32", "fp16", "fp32", "module"),
-    Setting("bf16/bf16", "bf16", "bf16", "module"),
-    Setting("fp32/fp32-stats", "fp32", "fp32", "stats"),
-    Setting("bf16/fp32-stats", "bf16", "fp32", "stats"),
-    Setting("fp16/fp32-stats", "fp16", "fp32", "stats"),
-    Setting("bf16/bf16-stats", "bf16", "bf16", "stats"),
-    Setting("fp32/fp32-op", "fp32", "fp32", "op"),
-    Setting("bf16/fp32-op", "bf16", "fp32", "op"),
-    Setting("bf16/fp32+noise", "bf16", "fp32", "module", noise_twin=True),
-]}
+SETTINGS: dict[str, Setting] = {
+    setting.name: setting
+    for setting in [
+        Setting("fp32/fp32", "fp32", "fp32", "module"),
+        Setting("bf16/fp32", "bf16", "fp32", "module"),
+        Setting("fp16/fp32", "fp16", "fp32", "module"),
+        Setting("bf16/bf16", "bf16", "bf16", "module"),
+        Setting("fp32/fp32-stats", "fp32", "fp32", "stats"),
+        Setting("bf16/fp32-stats", "bf16", "fp32", "stats"),
+        Setting("fp16/fp32-stats", "fp16", "fp32", "stats"),
+        Setting("bf16/bf16-stats", "bf16", "bf16", "stats"),
+        Setting("fp32/fp32-op", "fp32", "fp32", "op"),
+        Setting("bf16/fp32-op", "bf16", "fp32", "op"),
+        Setting("bf16/fp32+noise", "bf16", "fp32", "module", noise_twin=True),
+    ]
+}
 
 QUICK_SETTINGS = ["fp32/fp32", "bf16/fp32", "fp32/fp32-stats"]
 QUICK_ARCHS = ["llama", "qwen2"]
@@ -409,8 +465,9 @@ def capture_config(dump_path: Path, capture: str) -> Any:
 
     if capture == "op":
         return DumpConfig(dump_path=str(dump_path), token_range=[0], tensor_part=2, mode="op", **CAPTURE_OPTIONS)
-    return DumpConfig(dump_path=str(dump_path), token_range=[0], tensor_part=2, statistics_only=capture == "stats",
-                      **CAPTURE_OPTIONS)
+    return DumpConfig(
+        dump_path=str(dump_path), token_range=[0], tensor_part=2, statistics_only=capture == "stats", **CAPTURE_OPTIONS
+    )
 
 
 def capture_run(model: torch.nn.Module, ids: torch.Tensor, dump_path: Path, capture: str) -> Path:
@@ -431,6 +488,7 @@ def noise_supported() -> bool:
 
 
 # --------------------------------------------------------------------------- running cases
+
 
 @dataclass
 class CaseResult:
@@ -464,11 +522,15 @@ class CaseResult:
         else:
             mark = "HIT" if self.hit else "miss"
             where = f"L{self.layer}"
-        text = (f"{self.setting:<16} {self.arch:<6} {self.defect:<20} {where:<3} {mark:<13} "
-                f"blamed {self.blamed}; introduced rows {self.introduced_rows}; failures {self.failures}")
+        text = (
+            f"{self.setting:<16} {self.arch:<6} {self.defect:<20} {where:<3} {mark:<13} "
+            f"blamed {self.blamed}; introduced rows {self.introduced_rows}; failures {self.failures}"
+        )
         if self.peer:
-            text += (f" | msprobe -da {self.peer['da']} ({self.peer['da_blamed']}), "
-                     f"compare {self.peer['compare']} ({self.peer['compare_blamed']})")
+            text += (
+                f" | msprobe -da {self.peer['da']} ({self.peer['da_blamed']}), "
+                f"compare {self.peer['compare']} ({self.peer['compare_blamed']})"
+            )
         return text
 
 
@@ -488,8 +550,15 @@ def is_accepted(name: str, io: str, accepted: Sequence[Accepted], capture: str) 
     return False
 
 
-def score(setting: Setting, arch: str, defect: str, layer: int | None, accepted: Sequence[Accepted], result: Any,
-          elapsed_s: float) -> CaseResult:
+def score(
+    setting: Setting,
+    arch: str,
+    defect: str,
+    layer: int | None,
+    accepted: Sequence[Accepted],
+    result: Any,
+    elapsed_s: float,
+) -> CaseResult:
     """Return the case's result read from a ``CompareResult``."""
     # The culprit llmcheck names: the first introduced row, else (where the error enters through
     # ops only one run executes) the first of those suspect ops; older versions name only the first.
@@ -507,11 +576,22 @@ def score(setting: Setting, arch: str, defect: str, layer: int | None, accepted:
         false_culprit = counts["failures"] > 0 or named is not None
     else:
         hit = named is not None and is_accepted(named.key.name, named.key.io, accepted, setting.capture)
-    return CaseResult(setting=setting.name, arch=arch, defect=defect, layer=layer,
-                      accepted=[culprit.text() for culprit in accepted], blamed=blamed, blamed_module=blamed_module,
-                      hit=hit, false_culprit=false_culprit, introduced_rows=introduced_rows,
-                      failures=counts["failures"], warnings=counts["warnings"], pairs=counts["pairs"],
-                      elapsed_s=round(elapsed_s, 3))
+    return CaseResult(
+        setting=setting.name,
+        arch=arch,
+        defect=defect,
+        layer=layer,
+        accepted=[culprit.text() for culprit in accepted],
+        blamed=blamed,
+        blamed_module=blamed_module,
+        hit=hit,
+        false_culprit=false_culprit,
+        introduced_rows=introduced_rows,
+        failures=counts["failures"],
+        warnings=counts["warnings"],
+        pairs=counts["pairs"],
+        elapsed_s=round(elapsed_s, 3),
+    )
 
 
 class Zoo:
@@ -534,7 +614,9 @@ class Zoo:
         self._runs += 1
         return self.workdir / f"{self._runs:05d}_{label}"
 
-    def _dump(self, arch: Arch, dtype: str, capture: str, defect: str | None, label: str) -> tuple[Path, list[Accepted]]:
+    def _dump(
+        self, arch: Arch, dtype: str, capture: str, defect: str | None, label: str
+    ) -> tuple[Path, list[Accepted]]:
         """Capture the arch at ``dtype``, with ``defect`` injected into a fresh copy (None: the clean model)."""
         model = copy.deepcopy(self.model(arch))
         accepted: list[Accepted] = []
@@ -580,9 +662,11 @@ class Zoo:
 
 # --------------------------------------------------------------------------- msprobe side by side
 
-MSPROBE_SETUP = ("python3 -m venv /tmp/zoo-peer && echo $PWD/.venv/lib/python3.11/site-packages > "
-                 "/tmp/zoo-peer/lib/python3.11/site-packages/llmcheck_venv.pth && "
-                 "/tmp/zoo-peer/bin/pip install mindstudio-probe")
+MSPROBE_SETUP = (
+    "python3 -m venv /tmp/zoo-peer && echo $PWD/.venv/lib/python3.11/site-packages > "
+    "/tmp/zoo-peer/lib/python3.11/site-packages/llmcheck_venv.pth && "
+    "/tmp/zoo-peer/bin/pip install mindstudio-probe"
+)
 
 
 def msprobe_problem() -> str | None:
@@ -622,7 +706,7 @@ def msprobe_module(name: str) -> tuple[str, str]:
     ``Module.model.layers.1.mlp.down_proj.Linear.forward.0[.output.0]`` -> (``model.layers.1.mlp.down_proj``,
     ``output``); a ``parameters.weight`` row counts as the module's own (``output``), ``kwargs`` as ``input``.
     """
-    body = name[len("Module."):] if name.startswith("Module.") else name
+    body = name[len("Module.") :] if name.startswith("Module.") else name
     head, marker, tail = body.partition(".forward.")
     module = head.rsplit(".", 1)[0] if marker else body
     part = tail.split(".")[1] if marker and "." in tail else ""
@@ -668,14 +752,16 @@ class MsprobePeer:
                 model(ids)
             PrecisionDebugger.stop()
             PrecisionDebugger.step()
-        newest = max(root.glob("step*/proc*"), key=lambda path: int(path.parent.name[len("step"):]))
+        newest = max(root.glob("step*/proc*"), key=lambda path: int(path.parent.name[len("step") :]))
         target = workdir / f"msprobe_{label}"
         target.mkdir(parents=True, exist_ok=True)
         shutil.move(str(newest), target / "rank0")
         shutil.rmtree(newest.parent, ignore_errors=True)
         return target
 
-    def judge(self, zoo: Zoo, setting: Setting, arch: Arch, defect: str, accepted: Sequence[Accepted]) -> dict[str, Any]:
+    def judge(
+        self, zoo: Zoo, setting: Setting, arch: Arch, defect: str, accepted: Sequence[Accepted]
+    ) -> dict[str, Any]:
         """Return msprobe's marks for one case (empty when the setting is not one msprobe is run on)."""
         from msprobe.core.compare.find_first.analyzer import DiffAnalyzer
         from msprobe.pytorch.compare.pt_compare import pt_compare
@@ -685,8 +771,9 @@ class MsprobePeer:
         golden_key = (arch.name, setting.golden_dtype)
         if golden_key not in self._goldens:
             model = copy.deepcopy(zoo.model(arch)).to(DTYPES[setting.golden_dtype])
-            self._goldens[golden_key] = self._dump(zoo.workdir, model, input_ids(arch),
-                                                   f"golden_{arch.name}_{setting.golden_dtype}")
+            self._goldens[golden_key] = self._dump(
+                zoo.workdir, model, input_ids(arch), f"golden_{arch.name}_{setting.golden_dtype}"
+            )
         model = copy.deepcopy(zoo.model(arch))
         if defect != CLEAN:
             DEFECTS[defect].inject(model, arch, arch.layer(defect_layer(arch, defect)))
@@ -697,9 +784,14 @@ class MsprobePeer:
         compare_out.mkdir()
         analyse_out.mkdir()
         with _quiet_fds():
-            pt_compare({"npu_path": str(my_root / "rank0" / "dump.json"),
-                        "bench_path": str(golden_root / "rank0" / "dump.json"), "is_print_compare_log": False},
-                       str(compare_out))
+            pt_compare(
+                {
+                    "npu_path": str(my_root / "rank0" / "dump.json"),
+                    "bench_path": str(golden_root / "rank0" / "dump.json"),
+                    "is_print_compare_log": False,
+                },
+                str(compare_out),
+            )
             DiffAnalyzer(str(my_root), str(golden_root), str(analyse_out)).analyze()
         marks = {"da": self._read_diff_analyze(analyse_out), "compare": self._read_compare(compare_out)}
         shutil.rmtree(my_root, ignore_errors=True)
@@ -732,13 +824,19 @@ class MsprobePeer:
             if defect == CLEAN:
                 scored[reading] = "FALSE-CULPRIT" if named is not None else "clean-ok"
             else:
-                scored[reading] = "HIT" if named is not None and any(
-                    named[0] == culprit.module and (not named[1] or named[1] in culprit.ios) for culprit in accepted
-                ) else "miss"
+                scored[reading] = (
+                    "HIT"
+                    if named is not None
+                    and any(
+                        named[0] == culprit.module and (not named[1] or named[1] in culprit.ios) for culprit in accepted
+                    )
+                    else "miss"
+                )
         return scored
 
 
 # --------------------------------------------------------------------------- tables
+
 
 def setting_table(results: Sequence[CaseResult]) -> list[dict[str, Any]]:
     """Return one row per setting: hit rate, false culprits on clean runs, mean introduced rows per defect case."""
@@ -748,9 +846,12 @@ def setting_table(results: Sequence[CaseResult]) -> list[dict[str, Any]]:
         clean = [r for r in results if r.setting == name and r.is_clean]
         hits = sum(1 for r in cases if r.hit)
         row: dict[str, Any] = {
-            "setting": name, "hits": hits, "cases": len(cases),
+            "setting": name,
+            "hits": hits,
+            "cases": len(cases),
             "hit_rate": hits / len(cases) if cases else None,
-            "clean_runs": len(clean), "false_culprits": sum(1 for r in clean if r.false_culprit),
+            "clean_runs": len(clean),
+            "false_culprits": sum(1 for r in clean if r.false_culprit),
             "mean_introduced_rows": (sum(r.introduced_rows for r in cases) / len(cases)) if cases else None,
         }
         for reading in PEER_READINGS:
@@ -758,7 +859,9 @@ def setting_table(results: Sequence[CaseResult]) -> list[dict[str, Any]]:
             if peer_cases:
                 row[f"msprobe_{reading}_hits"] = sum(1 for r in peer_cases if r.peer[reading] == "HIT")
                 row[f"msprobe_{reading}_cases"] = len(peer_cases)
-                row[f"msprobe_{reading}_false_culprits"] = sum(1 for r in clean if r.peer.get(reading) == "FALSE-CULPRIT")
+                row[f"msprobe_{reading}_false_culprits"] = sum(
+                    1 for r in clean if r.peer.get(reading) == "FALSE-CULPRIT"
+                )
         table.append(row)
     return table
 
@@ -776,12 +879,16 @@ def format_table(table: Sequence[dict[str, Any]]) -> str:
     lines = [header, "|" + "---|" * header.count(" |")]
     for row in table:
         mean = f"{row['mean_introduced_rows']:.1f}" if row["mean_introduced_rows"] is not None else "-"
-        line = (f"| {row['setting']} | {_rate(row['hits'], row['cases'])} | "
-                f"{row['false_culprits']} of {row['clean_runs']} | {mean} |")
+        line = (
+            f"| {row['setting']} | {_rate(row['hits'], row['cases'])} | "
+            f"{row['false_culprits']} of {row['clean_runs']} | {mean} |"
+        )
         for reading in readings:
             if f"msprobe_{reading}_cases" in row:
-                line += (f" {_rate(row[f'msprobe_{reading}_hits'], row[f'msprobe_{reading}_cases'])} | "
-                         f"{row[f'msprobe_{reading}_false_culprits']} of {row['clean_runs']} |")
+                line += (
+                    f" {_rate(row[f'msprobe_{reading}_hits'], row[f'msprobe_{reading}_cases'])} | "
+                    f"{row[f'msprobe_{reading}_false_culprits']} of {row['clean_runs']} |"
+                )
             else:
                 line += " - | - |"
         lines.append(line)
@@ -789,6 +896,7 @@ def format_table(table: Sequence[dict[str, Any]]) -> str:
 
 
 # --------------------------------------------------------------------------- command line
+
 
 def _names(text: str | None, known: Sequence[str], flag: str) -> list[str]:
     if not text:
@@ -805,8 +913,15 @@ def plan(settings: Sequence[str], archs: Sequence[str], defects: Sequence[str]) 
     return [(SETTINGS[s], ARCHS[a], d) for s in settings for a in archs for d in [*defects, CLEAN]]
 
 
-def run_zoo(settings: Sequence[str], archs: Sequence[str], defects: Sequence[str], *, peer: Any = None,
-            workdir: Path | None = None, echo: Callable[[str], None] = print) -> list[CaseResult]:
+def run_zoo(
+    settings: Sequence[str],
+    archs: Sequence[str],
+    defects: Sequence[str],
+    *,
+    peer: Any = None,
+    workdir: Path | None = None,
+    echo: Callable[[str], None] = print,
+) -> list[CaseResult]:
     """Run the cases and return their results, echoing one line per case."""
     torch.set_num_threads(1)
     if any(SETTINGS[name].noise_twin for name in settings) and not noise_supported():
@@ -837,29 +952,42 @@ def defect_catalogue(archs: Sequence[str], defects: Sequence[str]) -> list[str]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true",
-                        help=f"fast subset: {', '.join(QUICK_ARCHS)} x {len(QUICK_DEFECTS)} defects x "
-                             f"{', '.join(QUICK_SETTINGS)}")
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help=f"fast subset: {', '.join(QUICK_ARCHS)} x {len(QUICK_DEFECTS)} defects x {', '.join(QUICK_SETTINGS)}",
+    )
     parser.add_argument("--settings", help=f"comma-separated, of: {', '.join(SETTINGS)}")
     parser.add_argument("--archs", help=f"comma-separated, of: {', '.join(ARCHS)}")
     parser.add_argument("--defects", help=f"comma-separated, of: {', '.join(DEFECTS)}")
     parser.add_argument("--json", type=Path, help="write every case's result and the tables here")
-    parser.add_argument("--list", action="store_true", help="print each defect's layer and accepted culprits, run nothing")
-    parser.add_argument("--peer", action="store_true",
-                        help="also run msprobe (mindstudio-probe) on the same cases and print its hit rate beside")
-    parser.add_argument("--no-weight-digests", action="store_true",
-                        help="capture without the modules' parameter digests: only the activations decide (how the "
-                             "method fares on a defect in code, which no weight check can see)")
+    parser.add_argument(
+        "--list", action="store_true", help="print each defect's layer and accepted culprits, run nothing"
+    )
+    parser.add_argument(
+        "--peer",
+        action="store_true",
+        help="also run msprobe (mindstudio-probe) on the same cases and print its hit rate beside",
+    )
+    parser.add_argument(
+        "--no-weight-digests",
+        action="store_true",
+        help="capture without the modules' parameter digests: only the activations decide (how the "
+        "method fares on a defect in code, which no weight check can see)",
+    )
     options = parser.parse_args(argv)
     if options.no_weight_digests:
         CAPTURE_OPTIONS["weight_digests"] = False
-    settings = _names(options.settings or (",".join(QUICK_SETTINGS) if options.quick else None), list(SETTINGS),
-                      "--settings")
+    settings = _names(
+        options.settings or (",".join(QUICK_SETTINGS) if options.quick else None), list(SETTINGS), "--settings"
+    )
     archs = _names(options.archs or (",".join(QUICK_ARCHS) if options.quick else None), list(ARCHS), "--archs")
-    defects = _names(options.defects or (",".join(QUICK_DEFECTS) if options.quick else None), list(DEFECTS),
-                     "--defects")
+    defects = _names(
+        options.defects or (",".join(QUICK_DEFECTS) if options.quick else None), list(DEFECTS), "--defects"
+    )
     if options.list:
         torch.set_num_threads(1)
         for name in defects:
@@ -882,8 +1010,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     elapsed_s = time.perf_counter() - started
     print(f"\n{len(results)} cases in {elapsed_s:.0f} s (torch {torch.__version__}, 1 thread)")
     if options.json:
-        options.json.write_text(json.dumps({"elapsed_s": round(elapsed_s, 1), "settings": table,
-                                            "cases": [asdict(result) for result in results]}, indent=1))
+        options.json.write_text(
+            json.dumps(
+                {"elapsed_s": round(elapsed_s, 1), "settings": table, "cases": [asdict(result) for result in results]},
+                indent=1,
+            )
+        )
         print(f"wrote {options.json}")
     return 0
 

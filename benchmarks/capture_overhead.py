@@ -74,8 +74,9 @@ def _time_plain(model: torch.nn.Module, input_ids: torch.Tensor) -> float:
 _last_cpu_s = 0.0  # CPU seconds (all threads) of the last _time_capture, from the forward until closed
 
 
-def _time_capture(model: torch.nn.Module, input_ids: torch.Tensor, folder: Path, options: dict,
-                  records: bool = False) -> tuple[float, float, int]:
+def _time_capture(
+    model: torch.nn.Module, input_ids: torch.Tensor, folder: Path, options: dict, records: bool = False
+) -> tuple[float, float, int]:
     """Return (forward seconds, seconds until the dump is closed, bytes written or, with ``records``, records)."""
     session = register_hook(model, DumpConfig(dump_path=folder, token_range=None, **options))
     _sync(input_ids.device)
@@ -169,10 +170,17 @@ def small_tensor_child(rounds: int, device: torch.device, folder: Path) -> dict[
                 cpu[variant].append(_last_cpu_s)
     # the fastest round: on a shared machine the others measure its neighbours, not the capture
     plain, plain_cpu = min(plain_s), min(plain_cpu_s)
-    return {variant: {"plain_s": plain, "forward_s": min(r[0] for r in timings),
-                      "closed_s": min(r[1] for r in timings), "records": timings[-1][2],
-                      "plain_cpu_s": plain_cpu, "closed_cpu_s": min(cpu[variant])}
-            for variant, timings in runs.items()}
+    return {
+        variant: {
+            "plain_s": plain,
+            "forward_s": min(r[0] for r in timings),
+            "closed_s": min(r[1] for r in timings),
+            "records": timings[-1][2],
+            "plain_cpu_s": plain_cpu,
+            "closed_cpu_s": min(cpu[variant]),
+        }
+        for variant, timings in runs.items()
+    }
 
 
 def run_small_tensors(args: argparse.Namespace, folder: Path) -> None:
@@ -184,29 +192,54 @@ def run_small_tensors(args: argparse.Namespace, folder: Path) -> None:
     for _ in range(args.repeat):
         for label, src in versions.items():
             env = {**os.environ, "PYTHONPATH": str(src)}
-            child = subprocess.run([sys.executable, __file__, "--small-tensors-child", "--rounds", str(args.rounds),
-                                    "--device", args.device, "--output-dir", str(folder)],
-                                   env=env, check=True, capture_output=True, text=True)
+            child = subprocess.run(
+                [
+                    sys.executable,
+                    __file__,
+                    "--small-tensors-child",
+                    "--rounds",
+                    str(args.rounds),
+                    "--device",
+                    args.device,
+                    "--output-dir",
+                    str(folder),
+                ],
+                env=env,
+                check=True,
+                capture_output=True,
+                text=True,
+            )
             results[label].append(json.loads(child.stdout.strip().splitlines()[-1]))
     name = torch.cuda.get_device_name() if args.device.startswith("cuda") else "CPU, 1 thread"
-    print(f"model: 64 x (LayerNorm -> Linear -> GELU -> Linear), hidden 64, input [1, 8, 64], on {name}; "
-          f"fastest of {args.rounds} rounds in each of {args.repeat} child runs per version; weight digests off")
+    print(
+        f"model: 64 x (LayerNorm -> Linear -> GELU -> Linear), hidden 64, input [1, 8, 64], on {name}; "
+        f"fastest of {args.rounds} rounds in each of {args.repeat} child runs per version; weight digests off"
+    )
     plain_ms = min(run["statistics only"]["plain_s"] for runs in results.values() for run in runs) * 1000
     print(f"plain forward: {plain_ms:.2f} ms")
     columns = [("fwd", "forward_s", "plain_s"), ("disk", "closed_s", "plain_s"), ("cpu", "closed_cpu_s", "plain_cpu_s")]
-    print(f"{'us per recorded tensor':<22}{'records':>8}" + "".join(f"{label + ' ' + column:>16}"
-                                                            for label in versions for column, _, _ in columns))
+    print(
+        f"{'us per recorded tensor':<22}{'records':>8}"
+        + "".join(f"{label + ' ' + column:>16}" for label in versions for column, _, _ in columns)
+    )
     for variant in SMALL_VARIANTS:
         line = f"{variant:<22}{int(results['current'][0][variant]['records']):>8}"
         for label in versions:
             for _, key, plain_key in columns:
-                per_tensor = min((run[variant][key] - run[variant][plain_key]) / run[variant]["records"]
-                                 for run in results[label]) * 1e6
+                per_tensor = (
+                    min(
+                        (run[variant][key] - run[variant][plain_key]) / run[variant]["records"]
+                        for run in results[label]
+                    )
+                    * 1e6
+                )
                 line += f"{per_tensor:>14.1f}us"
         print(line)
-    print("(added time per record -- fwd: the forward's wall time; disk: wall time until the dump is closed; "
-          "cpu: CPU seconds of all threads until closed, steadier on a shared machine. "
-          "Targets: <= 10 us statistics only, <= 25 us full tensors)")
+    print(
+        "(added time per record -- fwd: the forward's wall time; disk: wall time until the dump is closed; "
+        "cpu: CPU seconds of all threads until closed, steadier on a shared machine. "
+        "Targets: <= 10 us statistics only, <= 25 us full tensors)"
+    )
 
 
 def main() -> None:
@@ -220,8 +253,12 @@ def main() -> None:
     parser.add_argument("--output-dir", type=Path, default=None, help="where dumps are written (default: a temp dir)")
     parser.add_argument("--small-tensors", action="store_true", help="measure microseconds per recorded tensor")
     parser.add_argument("--small-tensors-child", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--baseline-src", type=Path, default=None,
-                        help="--small-tensors: the src folder of an earlier checkout, timed beside the current code")
+    parser.add_argument(
+        "--baseline-src",
+        type=Path,
+        default=None,
+        help="--small-tensors: the src folder of an earlier checkout, timed beside the current code",
+    )
     parser.add_argument("--repeat", type=int, default=2, help="--small-tensors: child runs per code version")
     args = parser.parse_args()
     if args.small_tensors or args.small_tensors_child:
@@ -240,9 +277,14 @@ def main() -> None:
 
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
-    model = random_llama(seed=0, hidden_size=args.hidden, num_layers=args.layers, vocab_size=32000,
-                         intermediate_size=2816 if args.hidden == 1024 else None,
-                         num_heads=16 if args.hidden == 1024 else 4).to(device)
+    model = random_llama(
+        seed=0,
+        hidden_size=args.hidden,
+        num_layers=args.layers,
+        vocab_size=32000,
+        intermediate_size=2816 if args.hidden == 1024 else None,
+        num_heads=16 if args.hidden == 1024 else 4,
+    ).to(device)
     input_ids = torch.randint(0, 32000, (1, args.seq), generator=torch.Generator().manual_seed(0)).to(device)
     folder = Path(args.output_dir or tempfile.mkdtemp(prefix="llmcheck_bench_"))
     folder.mkdir(parents=True, exist_ok=True)
@@ -271,18 +313,24 @@ def main() -> None:
         rate = written / MiB / max(closed_s - plain, 1e-9) if written else 0.0
         if variant == "module, full tensors":
             full_module = (written, rate)
-        print(f"{variant:<26}{forward_s * 1000:>9.1f}ms{forward_s / plain:>7.2f}x{closed_s * 1000:>9.1f}ms"
-              f"{closed_s / plain:>7.2f}x{written / MiB:>12.1f}{rate:>8.0f}")
+        print(
+            f"{variant:<26}{forward_s * 1000:>9.1f}ms{forward_s / plain:>7.2f}x{closed_s * 1000:>9.1f}ms"
+            f"{closed_s / plain:>7.2f}x{written / MiB:>12.1f}{rate:>8.0f}"
+        )
     print("(forward: the model call; to disk: until the dump is closed; MB/s: MB written per second of added time)")
     if full_module is not None:
         written, rate = full_module
         raw_s = statistics.median(raw_write_seconds(folder, written, fsync=False) for _ in range(args.rounds))
         raw_sync_s = raw_write_seconds(folder, written, fsync=True)
         raw_rate = written / MiB / raw_s
-        print(f"\nraw sequential write of the same {written / MiB:.1f} MB in 64 MiB blocks: {raw_rate:.0f} MB/s "
-              f"without fsync (page cache, like the dump writer), {written / MiB / raw_sync_s:.0f} MB/s with fsync")
-        print(f"module-level full capture: {rate:.0f} MB/s of added time = {100 * rate / raw_rate:.0f} % of the raw "
-              f"write speed without fsync")
+        print(
+            f"\nraw sequential write of the same {written / MiB:.1f} MB in 64 MiB blocks: {raw_rate:.0f} MB/s "
+            f"without fsync (page cache, like the dump writer), {written / MiB / raw_sync_s:.0f} MB/s with fsync"
+        )
+        print(
+            f"module-level full capture: {rate:.0f} MB/s of added time = {100 * rate / raw_rate:.0f} % of the raw "
+            f"write speed without fsync"
+        )
     if args.output_dir is None:
         shutil.rmtree(folder, ignore_errors=True)
 

@@ -46,8 +46,9 @@ def _bits(metrics) -> dict[str, bytes]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tokens", type=int, default=512, help="sequence length (512 gives ~0.35 GB per dump)")
-    parser.add_argument("--jobs", type=int, default=None, help="local worker processes and local Ray CPUs "
-                                                                "(default: CPU count)")
+    parser.add_argument(
+        "--jobs", type=int, default=None, help="local worker processes and local Ray CPUs (default: CPU count)"
+    )
     parser.add_argument("--ray-address", default=None, help="an existing Ray cluster (default: start a local one)")
     parser.add_argument("--dir", default=None, help="where the dumps are written (default: a temporary folder)")
     args = parser.parse_args()
@@ -67,21 +68,30 @@ def main() -> None:
         golden, my = read_dump(golden_path), read_dump(my_path)
         local = compare_dumps(golden, my, workers=cpus)
         started = time.perf_counter()
-        ray.init(address=args.ray_address, num_cpus=None if args.ray_address else cpus, include_dashboard=False,
-                 log_to_driver=False)
+        ray.init(
+            address=args.ray_address,
+            num_cpus=None if args.ray_address else cpus,
+            include_dashboard=False,
+            log_to_driver=False,
+        )
         start_s = time.perf_counter() - started
         remote = compare_dumps(golden, my, executor=RayExecutor())
         identical = len(local.rows) == len(remote.rows) and all(
-            _bits(a.metrics) == _bits(b.metrics) for a, b in zip(local.rows, remote.rows))
+            _bits(a.metrics) == _bits(b.metrics) for a, b in zip(local.rows, remote.rows)
+        )
         nodes = len([node for node in ray.nodes() if node.get("Alive")])
-        print(f"two dumps of {helpers.tree_bytes(golden_path) / GB:.2f} GB each, {len(local.rows)} pairs, "
-              f"{local.tensor_bytes_read / GB:.2f} GB of tensors read, {cpus} CPUs, "
-              f"load average {os.getloadavg()[0]:.1f}")
+        print(
+            f"two dumps of {helpers.tree_bytes(golden_path) / GB:.2f} GB each, {len(local.rows)} pairs, "
+            f"{local.tensor_bytes_read / GB:.2f} GB of tensors read, {cpus} CPUs, "
+            f"load average {os.getloadavg()[0]:.1f}"
+        )
         print(f"{'executor':<10}{'seconds':>10}{'GB/s':>8}")
         for name, result in (("local", local), ("ray", remote)):
             print(f"{name:<10}{result.elapsed_s:>10.2f}{result.tensor_bytes_read / result.elapsed_s / GB:>8.2f}")
-        print(f"ray: {nodes} node(s), cluster start {start_s:.1f} s (not counted above); "
-              f"metric values identical to local: {identical}")
+        print(
+            f"ray: {nodes} node(s), cluster start {start_s:.1f} s (not counted above); "
+            f"metric values identical to local: {identical}"
+        )
     finally:
         shutil.rmtree(root, ignore_errors=True)
 

@@ -80,8 +80,10 @@ def fx_capture(rounds: int, root: Path) -> None:
     print(f"FX capture, Llama hidden 512 x 4 layers, 128 tokens, fp32, {torch.get_num_threads()} thread(s)")
     print(f"  plain forward            {plain * 1e3:9.1f} ms")
     print(f"  forward with FX dump     {capture * 1e3:9.1f} ms   ({capture / plain:.1f}x plain)")
-    print(f"  dump per step            {step_bytes / MiB:9.1f} MiB in {files_per_step} files "
-          f"({step_bytes / MiB / capture:.0f} MiB/s; plain writes of the same files: {step_bytes / MiB / write_s:.0f} MiB/s)")
+    print(
+        f"  dump per step            {step_bytes / MiB:9.1f} MiB in {files_per_step} files "
+        f"({step_bytes / MiB / capture:.0f} MiB/s; plain writes of the same files: {step_bytes / MiB / write_s:.0f} MiB/s)"
+    )
 
 
 def ge_reading(ge_ops: int, root: Path) -> None:
@@ -90,8 +92,12 @@ def ge_reading(ge_ops: int, root: Path) -> None:
     tensor = torch.randn(128, 128, generator=generator)
     payload = payload_from_tensor(tensor)
     for index in range(ge_ops):
-        write_ge_dump(step_folder, GeDumpFileName("Add", f"Add_{index}", index, 0, 1_700_000_000_000_000 + index),
-                      [payload, payload], [payload])
+        write_ge_dump(
+            step_folder,
+            GeDumpFileName("Add", f"Add_{index}", index, 0, 1_700_000_000_000_000 + index),
+            [payload, payload],
+            [payload],
+        )
     total_bytes = _folder_bytes(step_folder)
     start = time.perf_counter()
     dump = load_ge_dump(root / "ge")
@@ -104,11 +110,15 @@ def ge_reading(ge_ops: int, root: Path) -> None:
         with open(path, "rb") as stream:
             stream.read()
     plain_s = time.perf_counter() - start
-    print(f"GE reading, {ge_ops} framed dump files, {len(dump.records)} tensors, {total_bytes / MiB:.0f} MiB "
-          f"(checksum {checksum:.3f})")
+    print(
+        f"GE reading, {ge_ops} framed dump files, {len(dump.records)} tensors, {total_bytes / MiB:.0f} MiB "
+        f"(checksum {checksum:.3f})"
+    )
     print(f"  records (headers only)   {headers_s:9.2f} s   ({ge_ops / headers_s:,.0f} files/s)")
     print(f"  first element of each    {tensors_s:9.2f} s   (memory-mapped byte ranges)")
-    print(f"  plain read of every file {plain_s:9.2f} s   ({total_bytes / MiB / plain_s:.0f} MiB/s; the page cache is warm)")
+    print(
+        f"  plain read of every file {plain_s:9.2f} s   ({total_bytes / MiB / plain_s:.0f} MiB/s; the page cache is warm)"
+    )
 
 
 def main() -> None:

@@ -67,8 +67,9 @@ def store_write(folder: Path, tensors: list[torch.Tensor], fsync: bool) -> tuple
     start = time.perf_counter()
     with DumpWriter(folder, "benchmark", command_line=["store_throughput"]) as writer:
         for order, tensor in enumerate(tensors):
-            record = TensorRecord(key=RecordKey(name=f"t{order}"), dtype=dtype_name(tensor.dtype),
-                                  shape=tuple(tensor.shape), order=order)
+            record = TensorRecord(
+                key=RecordKey(name=f"t{order}"), dtype=dtype_name(tensor.dtype), shape=tuple(tensor.shape), order=order
+            )
             writer.add(record, tensor)
     if fsync:
         for shard in writer.path.glob("shard_*"):
@@ -89,8 +90,8 @@ def store_read(dump_dir: Path, chunk_bytes: int = 4 * MIB) -> float:
     for record in dump.records:
         flat = record.data.load().reshape(-1).view(torch.uint8)
         for begin in range(0, flat.numel(), chunk_bytes):
-            part = flat[begin:begin + chunk_bytes]
-            destination[:part.numel()].copy_(part)
+            part = flat[begin : begin + chunk_bytes]
+            destination[: part.numel()].copy_(part)
     return time.perf_counter() - start
 
 
@@ -130,10 +131,16 @@ def main() -> None:
             raw_file.unlink()
         rw, sw, rr, sr, sm = (total_mb / min(times) for times in (raw_w, store_w, raw_r, store_r, store_m))
         mode = "with fsync" if args.fsync else "page cache, no fsync"
-        print(f"store throughput: {total_mb:.0f} MB in {len(tensors)} mixed-dtype tensors ({mode}), best of {args.repeat}")
+        print(
+            f"store throughput: {total_mb:.0f} MB in {len(tensors)} mixed-dtype tensors ({mode}), best of {args.repeat}"
+        )
         print(f"  write: raw {rw:8.0f} MB/s   llmcheck {sw:8.0f} MB/s   ratio {sw / rw:6.1%}")
-        print(f"  read:  raw {rr:8.0f} MB/s   llmcheck {sr:8.0f} MB/s   ratio {sr / rr:6.1%}  (streamed into a reused buffer)")
-        print(f"  read into a new tensor per record: {sm:8.0f} MB/s   ratio {sm / rr:6.1%}  (page faults of fresh memory)")
+        print(
+            f"  read:  raw {rr:8.0f} MB/s   llmcheck {sr:8.0f} MB/s   ratio {sr / rr:6.1%}  (streamed into a reused buffer)"
+        )
+        print(
+            f"  read into a new tensor per record: {sm:8.0f} MB/s   ratio {sm / rr:6.1%}  (page faults of fresh memory)"
+        )
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

@@ -59,10 +59,13 @@ def _overview() -> str:
 def hooks_by_family() -> list[tuple[str, list[object]]]:
     """Return the hook functions grouped under the ``# --- family ---`` comments of hookspecs.py, in file order."""
     source = inspect.getsource(hookspecs)
-    marks = [(source[:match.start()].count("\n"), match.group("name").strip()) for match in _FAMILY.finditer(source)]
+    marks = [(source[: match.start()].count("\n"), match.group("name").strip()) for match in _FAMILY.finditer(source)]
     families: dict[str, list[object]] = {name: [] for _, name in marks}
-    hooks = [function for name, function in vars(hookspecs).items()
-             if name.startswith("llmcheck_") and inspect.isfunction(function)]
+    hooks = [
+        function
+        for name, function in vars(hookspecs).items()
+        if name.startswith("llmcheck_") and inspect.isfunction(function)
+    ]
     for function in sorted(hooks, key=lambda f: f.__code__.co_firstlineno):
         line = function.__code__.co_firstlineno
         family = [name for mark_line, name in marks if mark_line < line][-1]
@@ -81,10 +84,24 @@ def _is_firstresult(function: object) -> bool:
 
 
 def _hook_section(function: object) -> str:
-    call = ("`firstresult`: implementations are called until one returns a value other than `None`."
-            if _is_firstresult(function) else "Every implementation is called.")
-    return "\n".join([f"#### {function.__name__}", "", "```python", signature(function), "```", "", call, "",
-                      markdown(inspect.getdoc(function) or "")])
+    call = (
+        "`firstresult`: implementations are called until one returns a value other than `None`."
+        if _is_firstresult(function)
+        else "Every implementation is called."
+    )
+    return "\n".join(
+        [
+            f"#### {function.__name__}",
+            "",
+            "```python",
+            signature(function),
+            "```",
+            "",
+            call,
+            "",
+            markdown(inspect.getdoc(function) or ""),
+        ]
+    )
 
 
 def _dtype_classes() -> str:
@@ -92,13 +109,15 @@ def _dtype_classes() -> str:
     for dtype in plugin_api.DTYPE_ITEMSIZE:
         classes.setdefault(plugin_api.dtype_class(dtype), []).append(dtype)
     rows = [f"| `{name}` | {', '.join(f'`{dtype}`' for dtype in dtypes)} |" for name, dtypes in classes.items()]
-    return "\n".join(["| class | dtype names |", "|---|---|", *rows, "| `default` | any class a metric lists no "
-                      "thresholds for |"])
+    return "\n".join(
+        ["| class | dtype names |", "|---|---|", *rows, "| `default` | any class a metric lists no thresholds for |"]
+    )
 
 
 def _protocol(cls: type) -> str:
-    methods = [(name, member) for name, member in vars(cls).items()
-               if inspect.isfunction(member) and not name.startswith("_")]
+    methods = [
+        (name, member) for name, member in vars(cls).items() if inspect.isfunction(member) and not name.startswith("_")
+    ]
     body = [f"### {cls.__name__}", "", markdown(inspect.getdoc(cls) or "")]
     for name, member in methods:
         doc = " ".join((inspect.getdoc(member) or "").split())
@@ -107,8 +126,10 @@ def _protocol(cls: type) -> str:
 
 
 #: What the API's objects without a docstring of their own are.
-_DESCRIBED = {"hookimpl": "The marker hook implementations are decorated with: `@hookimpl`, "
-                          "`@hookimpl(tryfirst=True)`, `@hookimpl(trylast=True)`."}
+_DESCRIBED = {
+    "hookimpl": "The marker hook implementations are decorated with: `@hookimpl`, "
+    "`@hookimpl(tryfirst=True)`, `@hookimpl(trylast=True)`."
+}
 
 
 def _first_line(value: object) -> str:
@@ -121,8 +142,9 @@ def _api_table() -> str:
     for name in plugin_api.__all__:
         value = getattr(plugin_api, name)
         described = inspect.isclass(value) or inspect.isroutine(value)
-        what = (_DESCRIBED.get(name) or (_first_line(value) if described else
-                f"constant: `{value!r}`" if len(repr(value)) < 40 else "constant"))
+        what = _DESCRIBED.get(name) or (
+            _first_line(value) if described else f"constant: `{value!r}`" if len(repr(value)) < 40 else "constant"
+        )
         rows.append(f"| `{name}` | {what} |")
     return "\n".join(["| name | what it is |", "|---|---|", *rows])
 
@@ -144,34 +166,36 @@ def render() -> str:
     for family, functions in hooks_by_family():
         parts.extend(["", f"### {family.capitalize()}", ""])
         parts.extend(_hook_section(function) for function in functions)
-    parts.extend([
-        "## The nouns",
-        "",
-        "### Dtype classes",
-        "",
-        "Thresholds (`MetricSpec.thresholds`) and precision verdicts are keyed by the class of a dtype name "
-        "(`dtype_class(name)`):",
-        "",
-        _dtype_classes(),
-        "",
-        _protocol(plugin_api.MetricAccumulator),
-        "",
-        _protocol(plugin_api.ChunkMetricAccumulator),
-        "",
-        "### PairPriority",
-        "",
-        markdown(inspect.getdoc(plugin_api.PairPriority) or ""),
-        "| level | value |",
-        "|---|---|",
-        *[f"| `PairPriority.{level.name}` | {level.value} |" for level in plugin_api.PairPriority],
-        "",
-        "## The plugin API",
-        "",
-        "A plugin imports from `llmcheck.plugin_api` only; `llmcheck.core` is private and changes without notice.",
-        "",
-        _api_table(),
-        "",
-    ])
+    parts.extend(
+        [
+            "## The nouns",
+            "",
+            "### Dtype classes",
+            "",
+            "Thresholds (`MetricSpec.thresholds`) and precision verdicts are keyed by the class of a dtype name "
+            "(`dtype_class(name)`):",
+            "",
+            _dtype_classes(),
+            "",
+            _protocol(plugin_api.MetricAccumulator),
+            "",
+            _protocol(plugin_api.ChunkMetricAccumulator),
+            "",
+            "### PairPriority",
+            "",
+            markdown(inspect.getdoc(plugin_api.PairPriority) or ""),
+            "| level | value |",
+            "|---|---|",
+            *[f"| `PairPriority.{level.name}` | {level.value} |" for level in plugin_api.PairPriority],
+            "",
+            "## The plugin API",
+            "",
+            "A plugin imports from `llmcheck.plugin_api` only; `llmcheck.core` is private and changes without notice.",
+            "",
+            _api_table(),
+            "",
+        ]
+    )
     return "\n".join(parts)
 
 

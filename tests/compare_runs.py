@@ -59,6 +59,7 @@ def scaled_weight(model: torch.nn.Module, name: str, factor: float) -> Iterator[
 @contextlib.contextmanager
 def nan_in_output(model: torch.nn.Module, name: str, index: tuple[int, ...]) -> Iterator[None]:
     """Make one module write a NaN into one element of its output (an uninitialised read in a kernel)."""
+
     def poison(_module: torch.nn.Module, _inputs: Any, output: torch.Tensor) -> torch.Tensor:
         output = output.clone()
         output[index] = float("nan")

@@ -31,9 +31,16 @@ class DevToolsPage:
             probe.bind(("127.0.0.1", 0))
             self.port = probe.getsockname()[1]
         self.process = subprocess.Popen(
-            browser_command(f"--window-size={width},{height}", f"--remote-debugging-port={self.port}",
-                            "--use-angle=swiftshader", "--enable-unsafe-swiftshader", url),
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            browser_command(
+                f"--window-size={width},{height}",
+                f"--remote-debugging-port={self.port}",
+                "--use-angle=swiftshader",
+                "--enable-unsafe-swiftshader",
+                url,
+            ),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         self.sock: socket.socket | None = None
         self.next_id = 0
 
@@ -52,9 +59,12 @@ class DevToolsPage:
         address = urllib.parse.urlparse(pages[0]["webSocketDebuggerUrl"])
         self.sock = socket.create_connection((address.hostname, address.port), timeout=30)
         key = base64.b64encode(os.urandom(16)).decode()
-        self.sock.sendall((f"GET {address.path} HTTP/1.1\r\nHost: {address.netloc}\r\nUpgrade: websocket\r\n"
-                           f"Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n\r\n")
-                          .encode())
+        self.sock.sendall(
+            (
+                f"GET {address.path} HTTP/1.1\r\nHost: {address.netloc}\r\nUpgrade: websocket\r\n"
+                f"Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n\r\n"
+            ).encode()
+        )
         reply = b""
         while b"\r\n\r\n" not in reply:
             reply += self.sock.recv(1)

@@ -38,8 +38,26 @@ CASE_TIMEOUT_S = 30
 DATA = Path(__file__).parent / "data"
 
 #: Values a JSON mutation puts in place of a field: each of another type, or out of range.
-REPLACEMENTS: tuple[Any, ...] = (None, -1, 2 ** 70, -(2 ** 70), 1.5, "x", "", [], [0], {}, {"a": 1}, True,
-                                 "../../etc/passwd", "/abs/path", [[1]], 1e308, "nan", "\u00e9\u00ff")
+REPLACEMENTS: tuple[Any, ...] = (
+    None,
+    -1,
+    2**70,
+    -(2**70),
+    1.5,
+    "x",
+    "",
+    [],
+    [0],
+    {},
+    {"a": 1},
+    True,
+    "../../etc/passwd",
+    "/abs/path",
+    [[1]],
+    1e308,
+    "nan",
+    "\u00e9\u00ff",
+)
 
 
 @dataclass(frozen=True)
@@ -70,18 +88,18 @@ def _mutate_bytes(data: bytes, rng: random.Random, header_bytes: int | None = No
     at = rng.randrange(span)
     choice = rng.randrange(7)
     if choice == 0:  # flip bits
-        return data[:at] + bytes([data[at] ^ (1 << rng.randrange(8))]) + data[at + 1:]
+        return data[:at] + bytes([data[at] ^ (1 << rng.randrange(8))]) + data[at + 1 :]
     if choice == 1:  # a random byte
-        return data[:at] + bytes([rng.randrange(256)]) + data[at + 1:]
+        return data[:at] + bytes([rng.randrange(256)]) + data[at + 1 :]
     if choice == 2:  # insert bytes
         return data[:at] + bytes(rng.randrange(256) for _ in range(rng.randint(1, 8))) + data[at:]
     if choice == 3:  # delete a range
-        return data[:at] + data[at + rng.randint(1, 16):]
+        return data[:at] + data[at + rng.randint(1, 16) :]
     if choice == 4:  # truncate
         return data[:at]
     if choice == 5:  # a non-UTF-8 byte
-        return data[:at] + b"\xff" + data[at + 1:]
-    return data[:at] + data[at:at + rng.randint(1, 32)] + data[at:]  # duplicate a chunk
+        return data[:at] + b"\xff" + data[at + 1 :]
+    return data[:at] + data[at : at + rng.randint(1, 32)] + data[at:]  # duplicate a chunk
 
 
 def _paths(value: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
@@ -126,10 +144,10 @@ def mutate(seed: Seed, rng: random.Random) -> None:
         seed.target.write_text("\n".join(lines) + "\n")
     elif seed.style == "safetensors" and structural:
         size = int.from_bytes(data[:8], "little")
-        header = _mutate_json_value(json.loads(data[8:8 + size]), rng)
+        header = _mutate_json_value(json.loads(data[8 : 8 + size]), rng)
         encoded = json.dumps(header).encode()
         encoded += b" " * (-len(encoded) % 8)
-        seed.target.write_bytes(len(encoded).to_bytes(8, "little") + encoded + data[8 + size:])
+        seed.target.write_bytes(len(encoded).to_bytes(8, "little") + encoded + data[8 + size :])
     elif seed.style == "npy" and structural:
         header_end = data.index(b"\n") + 1
         header = data[10:header_end].decode("latin-1")
@@ -139,8 +157,9 @@ def mutate(seed: Seed, rng: random.Random) -> None:
         if field.startswith("'descr'"):
             header = header.replace("'<f4'", rng.choice(replacements))
         elif field.startswith("'shape'"):
-            header = header.replace("(4,)", rng.choice(["(-1,)", "(4, 4)", "()", "(0,)", "(2**40,)", "(4.0,)", "[4]",
-                                                         "('a',)", "(4,"]))
+            header = header.replace(
+                "(4,)", rng.choice(["(-1,)", "(4, 4)", "()", "(0,)", "(2**40,)", "(4.0,)", "[4]", "('a',)", "(4,"])
+            )
         else:
             header = header.replace("False", rng.choice(["True", "None", "1", "'x'"]))
         encoded = header.encode("latin-1")
@@ -202,7 +221,9 @@ def _llmcheck_dump_seed(file_name: str, style: str) -> Callable[[Path], Seed]:
 
 def _opcheck_seed(folder: Path) -> Seed:
     dump = _torch_dump(folder / "ops", mode="op")
-    return Seed(dump / "index.jsonl", "jsonl", lambda output: ["opcheck", "-i", str(dump), "-o", str(output), "-j", "1"])
+    return Seed(
+        dump / "index.jsonl", "jsonl", lambda output: ["opcheck", "-i", str(dump), "-o", str(output), "-j", "1"]
+    )
 
 
 def _manual_seed(folder: Path) -> Seed:
@@ -228,8 +249,7 @@ def _fx_seed(folder: Path) -> Seed:
         np.save(step / "to-aten._to_copy.default.INPUT.1.20240101000000000003.npy", np.array("torch.float16"))
         paths.append(folder / side)
     target = paths[0] / "gm_20240101000000000001_dump" / "0" / "mm-aten.mm.default.OUTPUT.0.20240101000000000002.npy"
-    return Seed(target, "npy", _compare_with_pristine(paths[0], paths[1], "--golden-source", "fx",
-                                                      "--my-source", "fx"))
+    return Seed(target, "npy", _compare_with_pristine(paths[0], paths[1], "--golden-source", "fx", "--my-source", "fx"))
 
 
 def _atb_seed(file_glob: str, style: str) -> Callable[[Path], Seed]:
@@ -252,13 +272,25 @@ def _ge_tree(folder: Path) -> Path:
     step = folder / "20240101120000" / "0" / "graph_1" / "1" / "0"
     for op_type, name, timestamp in (("Mul", "Mul_1", 100), ("Add", "Add_2", 200)):
         tensor = torch.full((2, 2), float(timestamp))
-        write_ge_dump(step, GeDumpFileName(op_type, name, 1, 0, timestamp), [payload_from_tensor(tensor)],
-                      [payload_from_tensor(tensor + 1)])
-    ops = (GeGraphOp("arg0", "Data", (), (None,)),
-           GeGraphOp("Mul_1", "Mul", ("arg0:0",), ("mul-aten.mul.Tensor.OUTPUT.0",)),
-           GeGraphOp("Add_2", "Add", ("Mul_1:0",), ("add-aten.add.Tensor.OUTPUT.0",)))
-    write_ge_graph_text(folder, "graph_1", [GeGraphOp(o.name, o.op_type, o.inputs, o.fx_tensor_names, i)
-                                            for i, o in enumerate(ops)], graph_id=1, rank=0, pid=10)
+        write_ge_dump(
+            step,
+            GeDumpFileName(op_type, name, 1, 0, timestamp),
+            [payload_from_tensor(tensor)],
+            [payload_from_tensor(tensor + 1)],
+        )
+    ops = (
+        GeGraphOp("arg0", "Data", (), (None,)),
+        GeGraphOp("Mul_1", "Mul", ("arg0:0",), ("mul-aten.mul.Tensor.OUTPUT.0",)),
+        GeGraphOp("Add_2", "Add", ("Mul_1:0",), ("add-aten.add.Tensor.OUTPUT.0",)),
+    )
+    write_ge_graph_text(
+        folder,
+        "graph_1",
+        [GeGraphOp(o.name, o.op_type, o.inputs, o.fx_tensor_names, i) for i, o in enumerate(ops)],
+        graph_id=1,
+        rank=0,
+        pid=10,
+    )
     return folder
 
 

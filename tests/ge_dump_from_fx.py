@@ -22,10 +22,27 @@ import torch.fx
 from llmcheck.plugins.torchair_ge.ge_dump import GeDumpFileName, payload_from_tensor, write_ge_dump
 from llmcheck.plugins.torchair_ge.ge_graph_text import GeGraphOp, write_ge_graph_text
 
-GE_TYPES = {"mm": "MatMulV2", "bmm": "BatchMatMulV2", "add": "Add", "mul": "Mul", "silu": "Swish",
-            "embedding": "GatherV2", "rsqrt": "Rsqrt", "mean": "ReduceMean", "pow": "Pow", "view": "Reshape",
-            "t": "Transpose", "transpose": "Transpose", "cat": "ConcatV2", "neg": "Neg", "softmax": "SoftmaxV2",
-            "_softmax": "SoftmaxV2", "_to_copy": "Cast", "unsqueeze": "Unsqueeze", "expand": "BroadcastTo"}
+GE_TYPES = {
+    "mm": "MatMulV2",
+    "bmm": "BatchMatMulV2",
+    "add": "Add",
+    "mul": "Mul",
+    "silu": "Swish",
+    "embedding": "GatherV2",
+    "rsqrt": "Rsqrt",
+    "mean": "ReduceMean",
+    "pow": "Pow",
+    "view": "Reshape",
+    "t": "Transpose",
+    "transpose": "Transpose",
+    "cat": "ConcatV2",
+    "neg": "Neg",
+    "softmax": "SoftmaxV2",
+    "_softmax": "SoftmaxV2",
+    "_to_copy": "Cast",
+    "unsqueeze": "Unsqueeze",
+    "expand": "BroadcastTo",
+}
 RUN_TIME_FOLDER = "20240101120000"
 MODEL_FOLDER = ("graph_1", "1")
 
@@ -98,8 +115,10 @@ class GeDumpingInterpreter(torch.fx.Interpreter):
 
     def _payloads(self, node: torch.fx.Node, tensors: list[torch.Tensor]) -> list[Any]:
         matmul = str(node.target).startswith(("aten.mm", "aten.linear"))
-        return [payload_from_tensor(t, layout="FRACTAL_NZ" if matmul and t.dim() == 2 and t.is_floating_point()
-                                    else "ND") for t in tensors]
+        return [
+            payload_from_tensor(t, layout="FRACTAL_NZ" if matmul and t.dim() == 2 and t.is_floating_point() else "ND")
+            for t in tensors
+        ]
 
     def run_node(self, node: torch.fx.Node) -> Any:
         if not is_aten_call(node):
@@ -110,7 +129,9 @@ class GeDumpingInterpreter(torch.fx.Interpreter):
         if node.name == self.scenario.perturb_node:
             generator = torch.Generator().manual_seed(0)
             result = result * 1.25 + 0.5 * result.std() * torch.randn(result.shape, generator=generator)
-        outputs = [t for t in (result if isinstance(result, (list, tuple)) else [result]) if isinstance(t, torch.Tensor)]
+        outputs = [
+            t for t in (result if isinstance(result, (list, tuple)) else [result]) if isinstance(t, torch.Tensor)
+        ]
         self.output_counts[node.name] = len(outputs)
         inputs, sources = self._tensor_args(node, args)
         fuse = self.scenario.fuse
@@ -122,15 +143,30 @@ class GeDumpingInterpreter(torch.fx.Interpreter):
             outside = [(t, s) for t, s in zip(inputs, sources) if not s.startswith(ge_op_name_by_fx(fuse[0]) + ":")]
             fused_inputs = first.inputs + [t for t, _ in outside]
             name = self._next_name("AutomaticBufferFusionOp", ge_op_name_by_fx(fuse[0]) + ge_op_name(node))
-            write_ge_dump(self.step_folder, name, self._payloads(node, fused_inputs), self._payloads(node, outputs),
-                          framed=self.scenario.framed)
+            write_ge_dump(
+                self.step_folder,
+                name,
+                self._payloads(node, fused_inputs),
+                self._payloads(node, outputs),
+                framed=self.scenario.framed,
+            )
             return result
-        write_ge_dump(self.step_folder, self._next_name(ge_op_type(node), ge_op_name(node)),
-                      self._payloads(node, inputs), self._payloads(node, outputs), framed=self.scenario.framed)
+        write_ge_dump(
+            self.step_folder,
+            self._next_name(ge_op_type(node), ge_op_name(node)),
+            self._payloads(node, inputs),
+            self._payloads(node, outputs),
+            framed=self.scenario.framed,
+        )
         if self.scenario.add_cast and node.name == self.scenario.perturb_node:
             cast_name = self._next_name("Cast", "trans_Cast_inserted")
-            write_ge_dump(self.step_folder, cast_name, [payload_from_tensor(outputs[0])],
-                          [payload_from_tensor(outputs[0].half())], framed=self.scenario.framed)
+            write_ge_dump(
+                self.step_folder,
+                cast_name,
+                [payload_from_tensor(outputs[0])],
+                [payload_from_tensor(outputs[0].half())],
+                framed=self.scenario.framed,
+            )
         return result
 
 

@@ -39,9 +39,13 @@ def browser_command(*arguments: str) -> list[str]:
 def render(page: Path) -> tuple[str, str]:
     """Return the DOM after the scripts ran in a 1280 px window, and the browser's log (console messages included)."""
     completed = subprocess.run(
-        browser_command("--window-size=1280,1000", "--enable-logging=stderr", "--v=0", "--dump-dom",
-                        page.resolve().as_uri()),
-        capture_output=True, text=True, timeout=120)
+        browser_command(
+            "--window-size=1280,1000", "--enable-logging=stderr", "--v=0", "--dump-dom", page.resolve().as_uri()
+        ),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert completed.returncode == 0, completed.stderr[-2000:]
     return completed.stdout, completed.stderr
 
@@ -50,8 +54,15 @@ def screenshot(page: Path, png: Path, width: int = 1280, height: int = 1400) -> 
     """Save a PNG of the page as a ``width`` x ``height`` window shows it, and return its path."""
     png.parent.mkdir(parents=True, exist_ok=True)
     completed = subprocess.run(
-        browser_command(f"--window-size={width},{height}", f"--screenshot={png.resolve()}",
-                        "--virtual-time-budget=5000", page.resolve().as_uri()),
-        capture_output=True, text=True, timeout=120)
+        browser_command(
+            f"--window-size={width},{height}",
+            f"--screenshot={png.resolve()}",
+            "--virtual-time-budget=5000",
+            page.resolve().as_uri(),
+        ),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert completed.returncode == 0 and png.exists(), completed.stderr[-2000:]
     return png

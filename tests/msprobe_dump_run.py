@@ -35,8 +35,15 @@ def _dump_with_msprobe(model: torch.nn.Module, out: Path, task: str, level: str,
     task_config: dict[str, object] = {"scope": [], "list": [], "data_mode": ["all"]}
     if task == "statistics":
         task_config["summary_mode"] = summary_mode
-    config = {"task": task, "dump_path": str(out), "rank": [], "step": [], "level": level, "async_dump": False,
-              task: task_config}
+    config = {
+        "task": task,
+        "dump_path": str(out),
+        "rank": [],
+        "step": [],
+        "level": level,
+        "async_dump": False,
+        task: task_config,
+    }
     config_path = out.parent / f"{out.name}_config.json"
     config_path.write_text(json.dumps(config))
     debugger = PrecisionDebugger(config_path=str(config_path))

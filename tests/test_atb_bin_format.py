@@ -127,8 +127,11 @@ def test_every_acl_dtype_round_trips_bit_exactly(tmp_path, torch_name):
     assert header.dtype_code == CODE_BY_TORCH_NAME[torch_name]
     loaded = read_bin(path)
     assert loaded.dtype == tensor.dtype and loaded.shape == tensor.shape
-    assert torch.equal(loaded.view(torch.uint8), tensor.view(torch.uint8)) if tensor.dtype != torch.bool \
+    assert (
+        torch.equal(loaded.view(torch.uint8), tensor.view(torch.uint8))
+        if tensor.dtype != torch.bool
         else torch.equal(loaded, tensor)
+    )
 
 
 def test_every_acl_dtype_code_is_known_with_its_csv_name():
@@ -140,8 +143,10 @@ def test_every_acl_dtype_code_is_known_with_its_csv_name():
 
 def test_dtype_without_torch_equivalent_is_described_not_loaded(tmp_path):
     path = tmp_path / "hif8.bin"
-    path.write_bytes(b"$Version=1.0\n$Object.Count=1\n$Object.Length=4\nformat=2\ndtype=34\ndims=4\n"
-                     b"$Object.data=0,4\n$End=1\n\x01\x02\x03\x04")
+    path.write_bytes(
+        b"$Version=1.0\n$Object.Count=1\n$Object.Length=4\nformat=2\ndtype=34\ndims=4\n"
+        b"$Object.data=0,4\n$End=1\n\x01\x02\x03\x04"
+    )
     header = read_bin_header(path)
     assert header.acl_dtype.atb_name == "hifloat8" and tensor_data(header) is None
     assert "no torch equivalent" in no_data_reason(header)
@@ -169,8 +174,9 @@ def test_nz_file_written_from_tiles_reads_back_as_nd(tmp_path):
 def test_statistics_and_description_files_written_read_back(tmp_path):
     from llmcheck.core.records import TensorStats
 
-    write_bin(tmp_path / "s.bin", dtype="bfloat16", dims=(2, 8), stats=TensorStats(min=-3.0, max=4.5, mean=0.5,
-                                                                                     l2norm=None))
+    write_bin(
+        tmp_path / "s.bin", dtype="bfloat16", dims=(2, 8), stats=TensorStats(min=-3.0, max=4.5, mean=0.5, l2norm=None)
+    )
     header = read_bin_header(tmp_path / "s.bin")
     assert header.attrs["$Object.Count"] == "0" and header.attrs["l2norm"] == "N/A"
     assert (header.stats.min, header.stats.max, header.stats.mean, header.stats.l2norm) == (-3.0, 4.5, 0.5, None)
@@ -187,8 +193,10 @@ def test_writer_never_overwrites_or_appends(tmp_path):
 
 def test_tensor_larger_than_2_gib_is_memory_mapped_not_read(tmp_path):
     numel = 2_200_000_000  # uint8: 2.2 GB, a sparse file
-    header = (f"$Version=1.0\n$Object.Count=1\n$Object.Length={numel}\nformat=2\ndtype=4\ndims={numel}\n"
-              f"$Object.data=0,{numel}\n$End=1\n").encode()
+    header = (
+        f"$Version=1.0\n$Object.Count=1\n$Object.Length={numel}\nformat=2\ndtype=4\ndims={numel}\n"
+        f"$Object.data=0,{numel}\n$End=1\n"
+    ).encode()
     path = tmp_path / "big.bin"
     with open(path, "wb") as handle:
         handle.write(header)
@@ -201,21 +209,30 @@ def test_tensor_larger_than_2_gib_is_memory_mapped_not_read(tmp_path):
 # --- malformed files ---------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("content,offset,message", [
-    (b"", 0, "empty"),
-    (b"$Version=1.0\ndtype=1\ndims=2\n", 28, "no '$End=1'"),
-    (b"$Version=1.0\nnot a field\ndtype=1\ndims=1\n$End=1\n\x00\x00", 13, "not 'name=value'"),
-    (b"dtype=1\ndtype=1\ndims=1\n$End=1\n\x00\x00", 8, "appears twice"),
-    (b"dtype=x\ndims=1\n$End=1\n", 0, "not an integer"),
-    (b"dtype=99\ndims=1\n$End=1\n\x00", 0, "unknown aclDataType"),
-    (b"dtype=1\ndims=2,-1\n$End=1\n", 8, "negative"),
-    (b"$Object.Count=2\n$Object.Length=2\ndtype=1\ndims=1\n$Object.data=0,2\n$End=1\n\x00\x00", 0, "lists 1 objects"),
-    (b"$Object.Count=1\n$Object.Length=2\ndtype=1\ndims=1\n$Object.data=1,2\n$End=1\n\x00\x00", 48,
-     "runs past"),
-    (b"$Object.Count=1\n$Object.Length=4\ndtype=1\ndims=1\n$Object.data=0,4\n$End=1\n\x00\x00\x00\x00", 72,
-     "need 2 bytes"),
-    (b"dtype=0\ndims=4\n$End=1\n", 22, "no tensor bytes"),
-])
+@pytest.mark.parametrize(
+    "content,offset,message",
+    [
+        (b"", 0, "empty"),
+        (b"$Version=1.0\ndtype=1\ndims=2\n", 28, "no '$End=1'"),
+        (b"$Version=1.0\nnot a field\ndtype=1\ndims=1\n$End=1\n\x00\x00", 13, "not 'name=value'"),
+        (b"dtype=1\ndtype=1\ndims=1\n$End=1\n\x00\x00", 8, "appears twice"),
+        (b"dtype=x\ndims=1\n$End=1\n", 0, "not an integer"),
+        (b"dtype=99\ndims=1\n$End=1\n\x00", 0, "unknown aclDataType"),
+        (b"dtype=1\ndims=2,-1\n$End=1\n", 8, "negative"),
+        (
+            b"$Object.Count=2\n$Object.Length=2\ndtype=1\ndims=1\n$Object.data=0,2\n$End=1\n\x00\x00",
+            0,
+            "lists 1 objects",
+        ),
+        (b"$Object.Count=1\n$Object.Length=2\ndtype=1\ndims=1\n$Object.data=1,2\n$End=1\n\x00\x00", 48, "runs past"),
+        (
+            b"$Object.Count=1\n$Object.Length=4\ndtype=1\ndims=1\n$Object.data=0,4\n$End=1\n\x00\x00\x00\x00",
+            72,
+            "need 2 bytes",
+        ),
+        (b"dtype=0\ndims=4\n$End=1\n", 22, "no tensor bytes"),
+    ],
+)
 def test_malformed_header_is_one_error_with_the_byte_offset(tmp_path, content, offset, message):
     path = tmp_path / "bad.bin"
     path.write_bytes(content)
@@ -240,13 +257,31 @@ def test_reference_cycle_is_an_error_not_a_hang(tmp_path):
         tensor_data(read_bin_header(tmp_path / "a.bin"), tmp_path)
 
 
-_NAMES = st.sampled_from(["$Version", "$Object.Count", "$Object.Length", "$Object.data", "format", "dtype", "dims",
-                          "max", "min", "mean", "l2norm", "$End", "x"])
-_VALUES = st.one_of(st.integers(-3, 300).map(str), st.sampled_from(["", "1.0", "N/A", "2,3", "0,4", "0,12", "1,1,16,16",
-                                                                    "29", "27", "a=b", "99999999999999999999"]),
-                    st.text(max_size=8))
-_LINES = st.lists(st.tuples(_NAMES, _VALUES).map(lambda item: f"{item[0]}={item[1]}".encode("utf-8", "replace")),
-                  max_size=12)
+_NAMES = st.sampled_from(
+    [
+        "$Version",
+        "$Object.Count",
+        "$Object.Length",
+        "$Object.data",
+        "format",
+        "dtype",
+        "dims",
+        "max",
+        "min",
+        "mean",
+        "l2norm",
+        "$End",
+        "x",
+    ]
+)
+_VALUES = st.one_of(
+    st.integers(-3, 300).map(str),
+    st.sampled_from(["", "1.0", "N/A", "2,3", "0,4", "0,12", "1,1,16,16", "29", "27", "a=b", "99999999999999999999"]),
+    st.text(max_size=8),
+)
+_LINES = st.lists(
+    st.tuples(_NAMES, _VALUES).map(lambda item: f"{item[0]}={item[1]}".encode("utf-8", "replace")), max_size=12
+)
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -265,8 +300,16 @@ def test_fuzzed_headers_only_ever_raise_the_format_error(tmp_path, lines, end, p
 
 def test_fixture_headers_follow_the_reference_line_order():
     lines = (FIXTURES / "fp16_nd_2x3.bin").read_bytes()[:98].decode().splitlines()
-    assert [line.split("=")[0] for line in lines] == ["$Version", "$Object.Count", "$Object.Length", "format", "dtype",
-                                                      "dims", "$Object.data", "$End"]
+    assert [line.split("=")[0] for line in lines] == [
+        "$Version",
+        "$Object.Count",
+        "$Object.Length",
+        "format",
+        "dtype",
+        "dims",
+        "$Object.data",
+        "$End",
+    ]
     written = Path(FIXTURES / "fp16_nd_2x3.bin").read_bytes()
     assert struct.unpack("<6e", written[98:]) == (0.5, -1.0, 2.0, 65504.0, -0.0, 1 / 1024)
 

@@ -44,10 +44,15 @@ def test_records_follow_execution_order_inputs_children_then_outputs():
     labels = [record.key.label() for record in load(TREE).records]
     assert labels == [
         "0 step 0 input.0 (before)",
-        "0_0 step 0 input.0 (before)", "0_0 step 0 input.1 (before)", "0_0 step 0 output.0",
-        "0_1 step 0 input.0 (before)", "0_1 step 0 input.1 (before)", "0_1 step 0 output.0",
+        "0_0 step 0 input.0 (before)",
+        "0_0 step 0 input.1 (before)",
+        "0_0 step 0 output.0",
+        "0_1 step 0 input.0 (before)",
+        "0_1 step 0 input.1 (before)",
+        "0_1 step 0 output.0",
         "0 step 0 output.0",
-        "0_1 step 1 output.0", "0 step 1 output.0",
+        "0_1 step 1 output.0",
+        "0 step 1 output.0",
     ]
     assert [record.order for record in load(TREE).records] == list(range(10))
 
@@ -65,8 +70,10 @@ def test_op_params_come_from_op_param_json_or_else_the_op_csv():
 def test_layer_topology_json_becomes_the_dump_topology_named_by_op_id():
     topology = load(TREE).topology
     assert (topology.name, topology.op_type) == ("0", "Decoder_layer")
-    assert [(child.name, child.op_type) for child in topology.children] == [("0_0", "RmsNormOperation"),
-                                                                             ("0_1", "LinearOperation")]
+    assert [(child.name, child.op_type) for child in topology.children] == [
+        ("0_0", "RmsNormOperation"),
+        ("0_1", "LinearOperation"),
+    ]
     assert topology.children[1].inputs == ("Decoder_layer_0_internal_0", "Decoder_layer_0_input_2")
     assert topology.children[1].attrs["op_param"]["transposeB"] is True
 
@@ -81,8 +88,11 @@ def test_cpu_profiling_keeps_the_last_execute_and_setup_line_per_op():
 
 def test_a_path_inside_the_tree_narrows_the_records_to_it():
     dump = load(RUN / "0" / "0_Decoder_layer" / "1_LinearOperation")
-    assert [r.key.label() for r in dump.records] == ["0_1 step 0 input.0 (before)", "0_1 step 0 input.1 (before)",
-                                                     "0_1 step 0 output.0"]
+    assert [r.key.label() for r in dump.records] == [
+        "0_1 step 0 input.0 (before)",
+        "0_1 step 0 input.1 (before)",
+        "0_1 step 0 output.0",
+    ]
     assert dump.manifest["scope"] == "tensors/0_4242/0/0_Decoder_layer/1_LinearOperation"
     assert [r.key.step for r in load(RUN / "1").records] == [1, 1]
     one_file = load(RUN / "0" / "0_Decoder_layer" / "after" / "outtensor0.bin")
@@ -93,7 +103,9 @@ def test_a_folder_above_the_root_finds_it_and_two_roots_are_listed(tmp_path):
     shutil.copytree(TREE, tmp_path / TREE.name)
     assert len(load(tmp_path).records) == 10
     shutil.copytree(TREE, tmp_path / "msit_dump_20240131_130000")
-    with pytest.raises(DumpNotFoundError, match="holds 2 ATB dumps: msit_dump_20240131_120000, msit_dump_20240131_130000"):
+    with pytest.raises(
+        DumpNotFoundError, match="holds 2 ATB dumps: msit_dump_20240131_120000, msit_dump_20240131_130000"
+    ):
         load(tmp_path)
 
 
@@ -172,8 +184,20 @@ def test_a_lone_bin_file_compares_against_a_npy_file(tmp_path, capsys):
     from llmcheck.core.cli import main
 
     np.save(tmp_path / "golden.npy", np.array([[0.5, -1.0, 2.0], [65504.0, -0.0, 1 / 1024]], dtype=np.float32))
-    assert main(["compare", "-gp", str(tmp_path / "golden.npy"), "-mp", str(DATA / "bin" / "fp16_nd_2x3.bin"),
-                 "-o", str(tmp_path / "report")]) == 0
+    assert (
+        main(
+            [
+                "compare",
+                "-gp",
+                str(tmp_path / "golden.npy"),
+                "-mp",
+                str(DATA / "bin" / "fp16_nd_2x3.bin"),
+                "-o",
+                str(tmp_path / "report"),
+            ]
+        )
+        == 0
+    )
     summary = json.loads((tmp_path / "report" / "summary.json").read_text())
     assert summary["counts"]["pairs"] == 1 and summary["counts"]["failures"] == 0
 
@@ -189,12 +213,16 @@ def test_other_kinds_of_path_are_not_claimed(tmp_path):
 
 def test_op_csv_rows_give_names_params_dtypes_shapes_and_files():
     rows = read_op_csv(TREE / "operation_io_tensors" / "4242" / "operation_tensors_0.csv")
-    assert [(row.case_num, row.op_type, row.op_id) for row in rows] == [(1, "RmsNormOperation", "0_0"),
-                                                                        (2, "LinearOperation", "0_1")]
+    assert [(row.case_num, row.op_type, row.op_id) for row in rows] == [
+        (1, "RmsNormOperation", "0_0"),
+        (2, "LinearOperation", "0_1"),
+    ]
     linear = rows[1]
     assert linear.op_param["transposeB"] is True
-    assert [(t.atb_dtype, t.dtype, t.format, t.shape) for t in linear.inputs] == [("float16", "float16", "nd", (2, 4)),
-                                                                                 ("float16", "float16", "nd", (4, 4))]
+    assert [(t.atb_dtype, t.dtype, t.format, t.shape) for t in linear.inputs] == [
+        ("float16", "float16", "nd", (2, 4)),
+        ("float16", "float16", "nd", (4, 4)),
+    ]
     assert linear.outputs[0].file.endswith("1_LinearOperation/after/outtensor0.bin")
 
 
@@ -219,8 +247,12 @@ def test_cpu_profiling_text_becomes_csv_with_opname_and_sorted_execute_setup_col
         rows = list(csv.reader(handle))
     columns = rows[0]
     assert columns[0] == "opname" and columns[1:] == sorted(columns[1:])
-    assert {"execute_kernelExecuteTime", "execute_preLaunchTime", "setup_runnerSetupTime", "setup_setupCacheMissCount"} \
-        <= set(columns)
+    assert {
+        "execute_kernelExecuteTime",
+        "execute_preLaunchTime",
+        "setup_runnerSetupTime",
+        "setup_setupCacheMissCount",
+    } <= set(columns)
     by_op = {row[0]: dict(zip(columns, row)) for row in rows[1:]}
     assert by_op["LinearOperation_0_1"]["execute_kernelExecuteTime"] == "110"
     assert by_op["RmsNormOperation_0_0"]["setup_runnerSetupTime"] == "40"

@@ -21,8 +21,10 @@ from llmcheck.core.errors import BackendUnavailableError, LlmcheckError
 from llmcheck.core.plugins import get_plugins
 from llmcheck.plugins.atb.probe_library import PROBE_DIR, choose_probe, dynamic_symbols, uses_cxx11_abi
 
-pytestmark = pytest.mark.skipif(shutil.which("gcc") is None or shutil.which("g++") is None,
-                                reason="needs gcc and g++ to build a real probe library and libatb.so")
+pytestmark = pytest.mark.skipif(
+    shutil.which("gcc") is None or shutil.which("g++") is None,
+    reason="needs gcc and g++ to build a real probe library and libatb.so",
+)
 
 PROBE_SOURCE = r"""
 #include <stdio.h>
@@ -47,7 +49,7 @@ bool Probe::IsSaveTensorData() { return false; }
 }
 """
 # The child: records what it received, then writes a small dump in the probe's layout, as ATB would.
-CHILD_SOURCE = textwrap.dedent(r'''
+CHILD_SOURCE = textwrap.dedent(r"""
     import json, os, struct, sys
     out = os.environ["ATB_OUTPUT_DIR"]
     with open(os.path.join(out, "child_env.json"), "w") as f:
@@ -82,13 +84,17 @@ CHILD_SOURCE = textwrap.dedent(r'''
             f.write("[LinearOperation_0_0]:totalTime:9, runnerCreateTime:1, runnerSetupTime:4\n")
             f.write("[LinearOperation_0_0]:totalTime:7, streamSyncTime:0, kernelExecuteTime:5, launchTime:1\n")
     sys.exit(int(sys.argv[1]))
-''')
+""")
 
 
 def _build(source: str, target: Path, *flags: str, compiler: str = "gcc", language: str = "c") -> Path:
     target.parent.mkdir(parents=True, exist_ok=True)
-    subprocess.run([compiler, "-x", language, "-shared", "-fPIC", *flags, "-o", str(target), "-"], input=source.encode(),
-                   check=True, capture_output=True)
+    subprocess.run(
+        [compiler, "-x", language, "-shared", "-fPIC", *flags, "-o", str(target), "-"],
+        input=source.encode(),
+        check=True,
+        capture_output=True,
+    )
     target.chmod(0o755)
     return target
 
@@ -103,8 +109,13 @@ def ascend(tmp_path_factory) -> dict[str, Path]:
     atb = {}
     for abi in (0, 1):
         atb[f"atb_abi{abi}"] = base / f"atb_abi{abi}"
-        _build(LIBATB_SOURCE, atb[f"atb_abi{abi}"] / "lib" / "libatb.so", f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
-               compiler="g++", language="c++")
+        _build(
+            LIBATB_SOURCE,
+            atb[f"atb_abi{abi}"] / "lib" / "libatb.so",
+            f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
+            compiler="g++",
+            language="c++",
+        )
     atb["atb_old"] = base / "atb_old"
     _build("int atb_version(void) { return 1; }", atb["atb_old"] / "lib" / "libatb.so")
     child = base / "child_dump.py"
@@ -135,23 +146,70 @@ def test_libatb_abi_is_read_from_its_dynamic_symbols(ascend):
 def test_every_seed_flag_reaches_the_child_as_the_probe_contract_says(ascend_env, tmp_path, monkeypatch):
     monkeypatch.setenv("LD_PRELOAD", "/opt/already/preloaded.so")
     out = tmp_path / "out"
-    code = main(["dump", "--backend", "atb", "--type", "tensor", "layer", "onnx", "cpu_profiling", "stats", "-sd",
-                 "-ids", "2,3_1", "-er", "3,5,7,7", "-child", "False", "-time", "2", "-opname", "Self,Linear",
-                 "-tiling", "-stp", "1", "-o", str(out), "-device", "1", "-seed", "7", "-l", "error",
-                 "--exec", f"{sys.executable} {ascend_env['child']} 3 'two words'"])
+    code = main(
+        [
+            "dump",
+            "--backend",
+            "atb",
+            "--type",
+            "tensor",
+            "layer",
+            "onnx",
+            "cpu_profiling",
+            "stats",
+            "-sd",
+            "-ids",
+            "2,3_1",
+            "-er",
+            "3,5,7,7",
+            "-child",
+            "False",
+            "-time",
+            "2",
+            "-opname",
+            "Self,Linear",
+            "-tiling",
+            "-stp",
+            "1",
+            "-o",
+            str(out),
+            "-device",
+            "1",
+            "-seed",
+            "7",
+            "-l",
+            "error",
+            "--exec",
+            f"{sys.executable} {ascend_env['child']} 3 'two words'",
+        ]
+    )
     assert code == 3  # the child's own exit code
     received = json.loads((out / "child_env.json").read_text())
     env = received["env"]
     assert received["argv"][1:] == ["3", "two words"]
     expected = {
-        "ATB_SAVE_TENSOR": "2", "ATB_SAVE_TENSOR_IN_BEFORE_OUT_AFTER": "0", "ATB_SAVE_TENSOR_TIME": "2",
-        "ATB_SAVE_TENSOR_IDS": "2,3_1", "ATB_SAVE_TENSOR_RUNNER": "self,linear", "ATB_SAVE_TENSOR_RANGE": "3,5,7,7",
-        "ATB_SAVE_CHILD": "0", "ATB_SAVE_TILING": "1", "ATB_SAVE_TENSOR_PART": "1",
-        "ATB_OUTPUT_DIR": str(out.absolute()) + "/", "ATB_DEVICE_ID": "1", "ATB_AIT_LOG_LEVEL": "3",
-        "ATB_DUMP_TYPE": "tensor|layer|onnx|cpu_profiling|stats|model|op", "ATB_SAVE_TENSOR_STATISTICS": "1",
-        "ATB_SAVE_CPU_PROFILING": "1", "ATB_DUMP_SUB_PROC_INFO_SAVE_PATH": str(out.absolute() / str(os.getpid())),
-        "ATB_CUR_PID": str(os.getpid()), "PYTHONHASHSEED": "7", "LCCL_DETERMINISTIC": "1",
-        "HCCL_DETERMINISTIC": "true", "ATB_MATMUL_SHUFFLE_K_ENABLE": "0", "ATB_LLM_LCOC_ENABLE": "0",
+        "ATB_SAVE_TENSOR": "2",
+        "ATB_SAVE_TENSOR_IN_BEFORE_OUT_AFTER": "0",
+        "ATB_SAVE_TENSOR_TIME": "2",
+        "ATB_SAVE_TENSOR_IDS": "2,3_1",
+        "ATB_SAVE_TENSOR_RUNNER": "self,linear",
+        "ATB_SAVE_TENSOR_RANGE": "3,5,7,7",
+        "ATB_SAVE_CHILD": "0",
+        "ATB_SAVE_TILING": "1",
+        "ATB_SAVE_TENSOR_PART": "1",
+        "ATB_OUTPUT_DIR": str(out.absolute()) + "/",
+        "ATB_DEVICE_ID": "1",
+        "ATB_AIT_LOG_LEVEL": "3",
+        "ATB_DUMP_TYPE": "tensor|layer|onnx|cpu_profiling|stats|model|op",
+        "ATB_SAVE_TENSOR_STATISTICS": "1",
+        "ATB_SAVE_CPU_PROFILING": "1",
+        "ATB_DUMP_SUB_PROC_INFO_SAVE_PATH": str(out.absolute() / str(os.getpid())),
+        "ATB_CUR_PID": str(os.getpid()),
+        "PYTHONHASHSEED": "7",
+        "LCCL_DETERMINISTIC": "1",
+        "HCCL_DETERMINISTIC": "true",
+        "ATB_MATMUL_SHUFFLE_K_ENABLE": "0",
+        "ATB_LLM_LCOC_ENABLE": "0",
     }
     assert {name: env.get(name) for name in expected} == expected
     assert re.fullmatch(r"\d{8}_\d{6}", env["ATB_TIMESTAMP"])
@@ -173,26 +231,68 @@ def test_defaults_follow_the_seed_and_stale_filters_are_cleared(ascend_env, tmp_
     monkeypatch.setenv("ATB_SAVE_TENSOR_IDS", "99")  # left over in the user's shell: would filter everything
     monkeypatch.delenv("LD_PRELOAD", raising=False)
     out = tmp_path / "out"
-    assert main(["dump", "--backend", "atb", "-o", str(out), "--exec", f"{sys.executable} {ascend_env['child']} 0"]) == 0
+    assert (
+        main(["dump", "--backend", "atb", "-o", str(out), "--exec", f"{sys.executable} {ascend_env['child']} 0"]) == 0
+    )
     env = json.loads((out / "child_env.json").read_text())["env"]
-    assert {name: env.get(name) for name in (
-        "ATB_SAVE_TENSOR", "ATB_SAVE_TENSOR_IN_BEFORE_OUT_AFTER", "ATB_SAVE_TENSOR_TIME", "ATB_SAVE_TENSOR_RANGE",
-        "ATB_SAVE_CHILD", "ATB_SAVE_TILING", "ATB_SAVE_TENSOR_PART", "ATB_DUMP_TYPE", "ATB_SAVE_CPU_PROFILING",
-        "ATB_AIT_LOG_LEVEL", "ATB_SAVE_TENSOR_IDS", "ATB_SAVE_TENSOR_RUNNER", "ATB_DEVICE_ID",
-        "ATB_SAVE_TENSOR_STATISTICS", "ATB_DUMP_SUB_PROC_INFO_SAVE_PATH")} == {
-        "ATB_SAVE_TENSOR": "1", "ATB_SAVE_TENSOR_IN_BEFORE_OUT_AFTER": "1", "ATB_SAVE_TENSOR_TIME": "1",
-        "ATB_SAVE_TENSOR_RANGE": "0,0", "ATB_SAVE_CHILD": "1", "ATB_SAVE_TILING": "0", "ATB_SAVE_TENSOR_PART": "2",
-        "ATB_DUMP_TYPE": "tensor", "ATB_SAVE_CPU_PROFILING": "0", "ATB_AIT_LOG_LEVEL": "1",
-        "ATB_SAVE_TENSOR_IDS": None, "ATB_SAVE_TENSOR_RUNNER": None, "ATB_DEVICE_ID": None,
-        "ATB_SAVE_TENSOR_STATISTICS": None, "ATB_DUMP_SUB_PROC_INFO_SAVE_PATH": None}
+    assert {
+        name: env.get(name)
+        for name in (
+            "ATB_SAVE_TENSOR",
+            "ATB_SAVE_TENSOR_IN_BEFORE_OUT_AFTER",
+            "ATB_SAVE_TENSOR_TIME",
+            "ATB_SAVE_TENSOR_RANGE",
+            "ATB_SAVE_CHILD",
+            "ATB_SAVE_TILING",
+            "ATB_SAVE_TENSOR_PART",
+            "ATB_DUMP_TYPE",
+            "ATB_SAVE_CPU_PROFILING",
+            "ATB_AIT_LOG_LEVEL",
+            "ATB_SAVE_TENSOR_IDS",
+            "ATB_SAVE_TENSOR_RUNNER",
+            "ATB_DEVICE_ID",
+            "ATB_SAVE_TENSOR_STATISTICS",
+            "ATB_DUMP_SUB_PROC_INFO_SAVE_PATH",
+        )
+    } == {
+        "ATB_SAVE_TENSOR": "1",
+        "ATB_SAVE_TENSOR_IN_BEFORE_OUT_AFTER": "1",
+        "ATB_SAVE_TENSOR_TIME": "1",
+        "ATB_SAVE_TENSOR_RANGE": "0,0",
+        "ATB_SAVE_CHILD": "1",
+        "ATB_SAVE_TILING": "0",
+        "ATB_SAVE_TENSOR_PART": "2",
+        "ATB_DUMP_TYPE": "tensor",
+        "ATB_SAVE_CPU_PROFILING": "0",
+        "ATB_AIT_LOG_LEVEL": "1",
+        "ATB_SAVE_TENSOR_IDS": None,
+        "ATB_SAVE_TENSOR_RUNNER": None,
+        "ATB_DEVICE_ID": None,
+        "ATB_SAVE_TENSOR_STATISTICS": None,
+        "ATB_DUMP_SUB_PROC_INFO_SAVE_PATH": None,
+    }
     assert env["LD_PRELOAD"] == str(ascend_env["toolkit"] / PROBE_DIR / "libatb_probe_abi0.so")
     assert (tmp_path / "probe_loaded.txt").read_text().split() == ["abi0"]
 
 
 def test_execute_range_all_is_passed_as_all(ascend_env, tmp_path):
     out = tmp_path / "out"
-    assert main(["dump", "--backend", "atb", "-er", "all", "-o", str(out),
-                 "--exec", f"{sys.executable} {ascend_env['child']} 0"]) == 0
+    assert (
+        main(
+            [
+                "dump",
+                "--backend",
+                "atb",
+                "-er",
+                "all",
+                "-o",
+                str(out),
+                "--exec",
+                f"{sys.executable} {ascend_env['child']} 0",
+            ]
+        )
+        == 0
+    )
     assert json.loads((out / "child_env.json").read_text())["env"]["ATB_SAVE_TENSOR_RANGE"] == "all"
 
 
@@ -200,8 +300,17 @@ def test_no_ascend_toolkit_is_one_line_and_nothing_runs(tmp_path, monkeypatch, c
     monkeypatch.setenv("ASCEND_TOOLKIT_HOME", str(tmp_path / "no_such_toolkit"))
     monkeypatch.delenv("LLMCHECK_ATB_PROBE", raising=False)
     marker = tmp_path / "ran.txt"
-    code = main(["dump", "--backend", "atb", "-o", str(tmp_path / "out"),
-                 "--exec", f"{sys.executable} -c \"open('{marker}', 'w').write('ran')\""])
+    code = main(
+        [
+            "dump",
+            "--backend",
+            "atb",
+            "-o",
+            str(tmp_path / "out"),
+            "--exec",
+            f"{sys.executable} -c \"open('{marker}', 'w').write('ran')\"",
+        ]
+    )
     assert code == 1 and not marker.exists() and not (tmp_path / "out").exists()
     (line,) = capsys.readouterr().err.strip().splitlines()
     assert line.startswith(f"llmcheck: error: {tmp_path / 'no_such_toolkit'}: ASCEND_TOOLKIT_HOME is not a folder")

@@ -34,7 +34,9 @@ def _hidden(args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor:
     return kwargs["hidden_states"] if "hidden_states" in kwargs else kwargs["input_ids"]
 
 
-def _run(model: torch.nn.Module, input_ids: torch.Tensor, perturb: str | None) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+def _run(
+    model: torch.nn.Module, input_ids: torch.Tensor, perturb: str | None
+) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
     """Return ``{module name: (first input, first output)}`` of one forward pass, optionally perturbing one module."""
     seen: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
     handles = []
@@ -50,6 +52,7 @@ def _run(model: torch.nn.Module, input_ids: torch.Tensor, perturb: str | None) -
                 output = (out, *output[1:]) if isinstance(output, tuple) else out
             seen[name] = (_hidden(args, kwargs).detach().clone(), out.detach().clone())
             return output
+
         return hook
 
     for name, module in model.named_modules():
@@ -86,13 +89,21 @@ def write_atb_dump(model: torch.nn.Module, input_ids: torch.Tensor, out: Path, p
 
     def linear(chain: str, name: str) -> None:
         x, y = seen[name]
-        op(chain, [_flat(x), model.get_submodule(name).weight.detach()], [_flat(y)],
-           {"transposeA": False, "transposeB": True, "hasBias": False, "outDataType": -1})
+        op(
+            chain,
+            [_flat(x), model.get_submodule(name).weight.detach()],
+            [_flat(y)],
+            {"transposeA": False, "transposeB": True, "hasBias": False, "outDataType": -1},
+        )
 
     def rms_norm(chain: str, name: str) -> None:
         x, y = seen[name]
-        op(chain, [_flat(x), model.get_submodule(name).weight.detach()], [_flat(y)],
-           {"layerType": 1, "normParam": {"epsilon": model.get_submodule(name).variance_epsilon}})
+        op(
+            chain,
+            [_flat(x), model.get_submodule(name).weight.detach()],
+            [_flat(y)],
+            {"layerType": 1, "normParam": {"epsilon": model.get_submodule(name).variance_epsilon}},
+        )
 
     ids = input_ids.reshape(-1)
     embedded = _flat(seen["model.embed_tokens"][1])
@@ -114,9 +125,18 @@ def write_atb_dump(model: torch.nn.Module, input_ids: torch.Tensor, out: Path, p
         for index, projection in enumerate(("q_proj", "k_proj", "v_proj")):
             linear(f"{layer}/1_Attention/{index}_LinearOperation", f"{prefix}.self_attn.{projection}")
         qkv = [_flat(seen[f"{prefix}.self_attn.{p}"][1]) for p in ("q_proj", "k_proj", "v_proj")]
-        op(f"{layer}/1_Attention/3_SelfAttentionOperation", qkv, [_flat(seen[f"{prefix}.self_attn.o_proj"][0])],
-           {"headNum": model.config.num_attention_heads, "kvHeadNum": model.config.num_key_value_heads,
-            "qkScale": 1.0 / (model.config.head_dim ** 0.5), "calcType": 0, "maskType": 1})
+        op(
+            f"{layer}/1_Attention/3_SelfAttentionOperation",
+            qkv,
+            [_flat(seen[f"{prefix}.self_attn.o_proj"][0])],
+            {
+                "headNum": model.config.num_attention_heads,
+                "kvHeadNum": model.config.num_key_value_heads,
+                "qkScale": 1.0 / (model.config.head_dim**0.5),
+                "calcType": 0,
+                "maskType": 1,
+            },
+        )
         linear(f"{layer}/1_Attention/4_LinearOperation", f"{prefix}.self_attn.o_proj")
         op(f"{layer}/2_ElewiseOperation", [layer_in, attention_out], [residual], {"elewiseType": 8})
         rms_norm(f"{layer}/3_RmsNormOperation", f"{prefix}.post_attention_layernorm")
@@ -124,8 +144,12 @@ def write_atb_dump(model: torch.nn.Module, input_ids: torch.Tensor, out: Path, p
         linear(f"{layer}/4_Mlp/0_LinearOperation", f"{prefix}.mlp.gate_proj")
         linear(f"{layer}/4_Mlp/1_LinearOperation", f"{prefix}.mlp.up_proj")
         op(f"{layer}/4_Mlp/2_ActivationOperation", [gate], [act], {"activationType": 4, "scale": 1.0})
-        op(f"{layer}/4_Mlp/3_ElewiseOperation", [act, up], [_flat(seen[f"{prefix}.mlp.down_proj"][0])],
-           {"elewiseType": 9})
+        op(
+            f"{layer}/4_Mlp/3_ElewiseOperation",
+            [act, up],
+            [_flat(seen[f"{prefix}.mlp.down_proj"][0])],
+            {"elewiseType": 9},
+        )
         linear(f"{layer}/4_Mlp/4_LinearOperation", f"{prefix}.mlp.down_proj")
         op(f"{layer}/5_ElewiseOperation", [residual, mlp_out], [layer_out], {"elewiseType": 8})
     rms_norm("3_RmsNormOperation", "model.norm")
@@ -165,8 +189,12 @@ def test_compare_names_the_perturbed_atb_op_as_the_first_introduced_divergence(m
     my = write_atb_dump(model, input_ids, tmp_path / "my", perturb=PERTURBED_MODULE)
     summary = _summary(golden, my, tmp_path / "report")
     introduced = summary["first_introduced"]
-    assert (introduced["name"], introduced["op_type"], introduced["io"], introduced["step"]) == \
-        (PERTURBED_OP, "LinearOperation", "output", 0)
+    assert (introduced["name"], introduced["op_type"], introduced["io"], introduced["step"]) == (
+        PERTURBED_OP,
+        "LinearOperation",
+        "output",
+        0,
+    )
     assert introduced["attribution"] == "introduced"
     pairs = json.loads((tmp_path / "report" / "pairs.json").read_text())["pairs"]
     rules = {pair["rule"] for pair in pairs}
@@ -183,14 +211,23 @@ def test_atb_torch_pairing_pairs_the_layers_and_main_ops(model_and_ids, torch_du
     expected = {"model.embed_tokens": "0", "model.norm": "3", "lm_head": "4"}
     for number in range(2):
         layer, op = f"model.layers.{number}", str(number + 1)
-        expected.update({
-            layer: op, f"{layer}.input_layernorm": f"{op}_0", f"{layer}.self_attn": f"{op}_1",
-            f"{layer}.self_attn.q_proj": f"{op}_1_0", f"{layer}.self_attn.k_proj": f"{op}_1_1",
-            f"{layer}.self_attn.v_proj": f"{op}_1_2", f"{layer}.self_attn.o_proj": f"{op}_1_4",
-            f"{layer}.post_attention_layernorm": f"{op}_3", f"{layer}.mlp": f"{op}_4",
-            f"{layer}.mlp.gate_proj": f"{op}_4_0", f"{layer}.mlp.up_proj": f"{op}_4_1",
-            f"{layer}.mlp.act_fn": f"{op}_4_2", f"{layer}.mlp.down_proj": f"{op}_4_4",
-        })
+        expected.update(
+            {
+                layer: op,
+                f"{layer}.input_layernorm": f"{op}_0",
+                f"{layer}.self_attn": f"{op}_1",
+                f"{layer}.self_attn.q_proj": f"{op}_1_0",
+                f"{layer}.self_attn.k_proj": f"{op}_1_1",
+                f"{layer}.self_attn.v_proj": f"{op}_1_2",
+                f"{layer}.self_attn.o_proj": f"{op}_1_4",
+                f"{layer}.post_attention_layernorm": f"{op}_3",
+                f"{layer}.mlp": f"{op}_4",
+                f"{layer}.mlp.gate_proj": f"{op}_4_0",
+                f"{layer}.mlp.up_proj": f"{op}_4_1",
+                f"{layer}.mlp.act_fn": f"{op}_4_2",
+                f"{layer}.mlp.down_proj": f"{op}_4_4",
+            }
+        )
     assert outputs == expected
     layer_pair = next(pair for pair in pairs if pair.golden.key.name == "model.layers.1")
     assert layer_pair.rule == "atb-torch: decoder layer #1 (layers matched in order)" and layer_pair.priority == 50
@@ -205,8 +242,11 @@ def test_compare_of_atb_against_torch_finds_the_perturbed_op(model_and_ids, torc
     my = write_atb_dump(model, input_ids, tmp_path / "my", perturb=PERTURBED_MODULE)
     summary = _summary(torch_dump, my, tmp_path / "report")
     introduced = summary["first_introduced"]
-    assert (introduced["name"], introduced["my_name"], introduced["attribution"]) == \
-        (PERTURBED_MODULE, PERTURBED_OP, "introduced")
+    assert (introduced["name"], introduced["my_name"], introduced["attribution"]) == (
+        PERTURBED_MODULE,
+        PERTURBED_OP,
+        "introduced",
+    )
 
 
 def test_atb_atb_pairing_follows_ops_whose_ids_moved_by_type_and_order(model_and_ids, tmp_path):
@@ -223,9 +263,13 @@ def test_atb_atb_pairing_follows_ops_whose_ids_moved_by_type_and_order(model_and
         if head in ("1", "2"):
             name = "_".join([str(int(head) + 9), *([rest] if rest else [])])
         op_type = "LinearQuantOperation" if record.op_type == "LinearOperation" else record.op_type
-        moved.append(record.with_changes(key=record.key.__class__(**{**{s: getattr(record.key, s) for s in
-                                                                         record.key.__slots__}, "name": name}),
-                                         op_type=op_type, attrs={**record.attrs, "op_path": ""}))
+        moved.append(
+            record.with_changes(
+                key=record.key.__class__(**{**{s: getattr(record.key, s) for s in record.key.__slots__}, "name": name}),
+                op_type=op_type,
+                attrs={**record.attrs, "op_path": ""},
+            )
+        )
     my = Dump(source="atb", root=tmp_path, records=moved)
     pairs = plugins.map_pairs(golden, my, None)
     by_rule: dict[str, set[tuple[str, str]]] = {}
@@ -245,8 +289,13 @@ def test_user_mapping_entries_name_types_paired_in_order_before_the_table(model_
     plugins = get_plugins()
     golden, my = plugins.load_tensors(torch_dump), plugins.load_tensors(write_atb_dump(model, input_ids, tmp_path))
     mapping = UserMapping(path=tmp_path / "mapping.json", entries=(("SiLU*", "ActivationOperation"),))
-    activation_pairs = [pair for pair in plugins.map_pairs(golden, my, mapping)
-                        if pair.golden.key.name.endswith("act_fn") and pair.golden.key.io == "output"]
+    activation_pairs = [
+        pair
+        for pair in plugins.map_pairs(golden, my, mapping)
+        if pair.golden.key.name.endswith("act_fn") and pair.golden.key.io == "output"
+    ]
     assert [(pair.golden.key.name, pair.my.key.name, pair.priority) for pair in activation_pairs] == [
-        ("model.layers.0.mlp.act_fn", "1_4_2", 60), ("model.layers.1.mlp.act_fn", "2_4_2", 60)]
+        ("model.layers.0.mlp.act_fn", "1_4_2", 60),
+        ("model.layers.1.mlp.act_fn", "2_4_2", 60),
+    ]
     assert activation_pairs[0].rule == "atb-torch: user mapping 'SiLU*' <-> 'ActivationOperation' #0 in layer #0"

@@ -18,8 +18,10 @@ from llmcheck.plugins.atb.topology import depth_of, read_topology
 
 DATA = Path(__file__).parent / "data" / "atb"
 BLOOM = DATA / "peer_model_Bloom7BFlashAttentionModel.json"
-COLUMNS = ("CaseNum|CaseName|OpName|OpParam|InNum|InDType|InFormat|InShape|OutNum|OutDType|OutFormat|OutShape|"
-           "DataGenType|DataGenRange|InTensorFile|OutTensorFile|TestType|TestLevel|FromModel|SocVersion|ExpectedError")
+COLUMNS = (
+    "CaseNum|CaseName|OpName|OpParam|InNum|InDType|InFormat|InShape|OutNum|OutDType|OutFormat|OutShape|"
+    "DataGenType|DataGenRange|InTensorFile|OutTensorFile|TestType|TestLevel|FromModel|SocVersion|ExpectedError"
+)
 
 
 def attributes(node: onnx.NodeProto) -> dict:
@@ -60,8 +62,9 @@ def test_op_params_become_typed_attributes_with_nested_objects_flattened():
     norm = attributes(nodes["LayerNormOperation_3_0"])
     assert norm["layerType"] == 1 and norm["normParam.beginNormAxis"] == 2
     assert norm["normParam.epsilon"] == pytest.approx(1e-05)
-    assert {a.name: a.type for a in nodes["LayerNormOperation_3_0"].attribute}["normParam.epsilon"] == \
-        onnx.AttributeProto.FLOAT
+    assert {a.name: a.type for a in nodes["LayerNormOperation_3_0"].attribute}[
+        "normParam.epsilon"
+    ] == onnx.AttributeProto.FLOAT
     linear = attributes(nodes["LinearOperation_3_1"])
     assert linear == {"hasBias": 1, "transposeA": 0, "transposeB": 0}
     attention = nodes["SelfAttentionOperation_3_3"]
@@ -76,17 +79,23 @@ def test_op_csv_beside_the_dump_gives_float_and_bf16_element_types_and_shapes(tm
     shutil.copy(BLOOM, json_path)
     csv_dir = tmp_path / "msit_dump_20240131_120000" / "operation_io_tensors" / "4242"
     csv_dir.mkdir(parents=True)
-    (csv_dir / "operation_tensors_0.csv").write_text("\n".join([
-        COLUMNS,
-        "1|LayerNormOperation_3_01|LayerNormOperation_3_0|{}|3|float;float;float|nd;nd;nd|7,4096;4096;4096|1|bf16|nd|"
-        "7,4096|customize;customize;customize| |a;b;c|d|||||NO_ERROR",
-        "2|LinearOperation_3_12|LinearOperation_3_1|{}|3|bf16;bf16;float|nd;nd;nd|7,4096;4096,12288;12288|1|bf16|nd|"
-        "7,12288|customize;customize;customize| |a;b;c|d|||||NO_ERROR",
-    ]) + "\n")
+    (csv_dir / "operation_tensors_0.csv").write_text(
+        "\n".join(
+            [
+                COLUMNS,
+                "1|LayerNormOperation_3_01|LayerNormOperation_3_0|{}|3|float;float;float|nd;nd;nd|7,4096;4096;4096|1|bf16|nd|"
+                "7,4096|customize;customize;customize| |a;b;c|d|||||NO_ERROR",
+                "2|LinearOperation_3_12|LinearOperation_3_1|{}|3|bf16;bf16;float|nd;nd;nd|7,4096;4096,12288;12288|1|bf16|nd|"
+                "7,12288|customize;customize;customize| |a;b;c|d|||||NO_ERROR",
+            ]
+        )
+        + "\n"
+    )
     model = onnx.load(atb_json_to_onnx(json_path, -1))
     assert json_path.with_suffix(".onnx").is_file()
-    types = {info.name: info.type.tensor_type for info in [*model.graph.input, *model.graph.output,
-                                                            *model.graph.value_info]}
+    types = {
+        info.name: info.type.tensor_type for info in [*model.graph.input, *model.graph.output, *model.graph.value_info]
+    }
     norm, linear = model.graph.node[0], model.graph.node[1]
     norm_in = types[norm.input[0]]
     assert norm_in.elem_type == TensorProto.FLOAT and [d.dim_value for d in norm_in.shape.dim] == [7, 4096]
@@ -98,14 +107,39 @@ def test_op_csv_beside_the_dump_gives_float_and_bf16_element_types_and_shapes(tm
 
 
 def test_a_tensor_written_twice_gets_a_versioned_name_so_the_graph_stays_ssa(tmp_path):
-    layer = {"opName": "Decoder_0", "opType": "Decoder", "param": "", "inTensors": ["x", "cache"],
-             "outTensors": ["y"], "nodes": [
-                 {"opName": "KvCacheOperation_0_0", "opType": "KvCacheOperation", "param": {},
-                  "inTensors": ["x", "cache"], "outTensors": ["cache"]},
-                 {"opName": "SelfAttentionOperation_0_1", "opType": "SelfAttentionOperation",
-                  "param": {"headNum": 2, "qkScale": 0.5, "kernelType": "high", "tags": ["a", "b"], "sizes": [1, 2],
-                            "mixed": [1, 2.5], "big": 2**70, "nothing": None, "empty": []},
-                  "inTensors": ["x", "cache"], "outTensors": ["y"]}]}
+    layer = {
+        "opName": "Decoder_0",
+        "opType": "Decoder",
+        "param": "",
+        "inTensors": ["x", "cache"],
+        "outTensors": ["y"],
+        "nodes": [
+            {
+                "opName": "KvCacheOperation_0_0",
+                "opType": "KvCacheOperation",
+                "param": {},
+                "inTensors": ["x", "cache"],
+                "outTensors": ["cache"],
+            },
+            {
+                "opName": "SelfAttentionOperation_0_1",
+                "opType": "SelfAttentionOperation",
+                "param": {
+                    "headNum": 2,
+                    "qkScale": 0.5,
+                    "kernelType": "high",
+                    "tags": ["a", "b"],
+                    "sizes": [1, 2],
+                    "mixed": [1, 2.5],
+                    "big": 2**70,
+                    "nothing": None,
+                    "empty": [],
+                },
+                "inTensors": ["x", "cache"],
+                "outTensors": ["y"],
+            },
+        ],
+    }
     path = tmp_path / "Decoder_0.json"
     path.write_text(json.dumps(layer))
     model = onnx.load(atb_json_to_onnx(path, -1))

@@ -37,15 +37,24 @@ bug_zoo = _load_zoo()
 def quick_zoo(tmp_path_factory: pytest.TempPathFactory):
     """Run the --quick subset once; return (results, printed lines)."""
     lines: list[str] = []
-    results = bug_zoo.run_zoo(bug_zoo.QUICK_SETTINGS, bug_zoo.QUICK_ARCHS, bug_zoo.QUICK_DEFECTS,
-                              workdir=tmp_path_factory.mktemp("zoo"), echo=lines.append)
+    results = bug_zoo.run_zoo(
+        bug_zoo.QUICK_SETTINGS,
+        bug_zoo.QUICK_ARCHS,
+        bug_zoo.QUICK_DEFECTS,
+        workdir=tmp_path_factory.mktemp("zoo"),
+        echo=lines.append,
+    )
     return results, lines
 
 
 def test_quick_subset_runs_every_setting_arch_defect_and_a_clean_control(quick_zoo) -> None:
     results, lines = quick_zoo
-    expected = {(s, a, d) for s in bug_zoo.QUICK_SETTINGS for a in bug_zoo.QUICK_ARCHS
-                for d in [*bug_zoo.QUICK_DEFECTS, bug_zoo.CLEAN]}
+    expected = {
+        (s, a, d)
+        for s in bug_zoo.QUICK_SETTINGS
+        for a in bug_zoo.QUICK_ARCHS
+        for d in [*bug_zoo.QUICK_DEFECTS, bug_zoo.CLEAN]
+    }
     assert {(r.setting, r.arch, r.defect) for r in results} == expected
     assert len(lines) == len(results)
     assert {"llama", "qwen2"} <= set(bug_zoo.QUICK_ARCHS)  # qwen2: eager attention with a finfo.min mask
@@ -76,8 +85,11 @@ def test_each_printed_line_names_the_blamed_module(quick_zoo) -> None:
         assert f"blamed {result.blamed};" in line
         if result.blamed_module is not None:
             assert result.blamed_module in line
-        mark = ("FALSE-CULPRIT" if result.false_culprit else "clean-ok") if result.is_clean else \
-            ("HIT" if result.hit else "miss")
+        mark = (
+            ("FALSE-CULPRIT" if result.false_culprit else "clean-ok")
+            if result.is_clean
+            else ("HIT" if result.hit else "miss")
+        )
         assert f" {mark} " in line
     table = bug_zoo.format_table(bug_zoo.setting_table(results))
     fp32_row = next(row for row in table.splitlines() if row.startswith("| fp32/fp32 |"))
@@ -94,7 +106,10 @@ def test_rows_that_fail_the_dtype_table_downstream_of_a_defect_are_inherited(tmp
 
 
 def test_scoring_is_strict_about_the_enclosing_layer_and_fair_about_the_attention_function() -> None:
-    scale = [bug_zoo.Accepted("model.layers.2.self_attn"), bug_zoo.Accepted("model.layers.2.self_attn.o_proj", ("input",))]
+    scale = [
+        bug_zoo.Accepted("model.layers.2.self_attn"),
+        bug_zoo.Accepted("model.layers.2.self_attn.o_proj", ("input",)),
+    ]
     assert bug_zoo.is_accepted("model.layers.2.self_attn.o_proj", "input", scale, "module")
     assert not bug_zoo.is_accepted("model.layers.2.self_attn.o_proj", "output", scale, "module")
     assert not bug_zoo.is_accepted("model.layers.2", "output", scale, "module")
@@ -123,9 +138,15 @@ def test_every_defect_keeps_module_paths_and_changes_only_its_layer() -> None:
 
 
 def test_msprobe_names_are_read_as_module_paths() -> None:
-    assert bug_zoo.msprobe_module("Module.model.layers.1.mlp.down_proj.Linear.forward.0") == \
-        ("model.layers.1.mlp.down_proj", "")
-    assert bug_zoo.msprobe_module("Module.model.layers.0.mlp.LlamaMLP.forward.0.output.0") == \
-        ("model.layers.0.mlp", "output")
-    assert bug_zoo.msprobe_module("Module.model.layers.3.self_attn.q_proj.Linear.forward.0.parameters.weight") == \
-        ("model.layers.3.self_attn.q_proj", "output")
+    assert bug_zoo.msprobe_module("Module.model.layers.1.mlp.down_proj.Linear.forward.0") == (
+        "model.layers.1.mlp.down_proj",
+        "",
+    )
+    assert bug_zoo.msprobe_module("Module.model.layers.0.mlp.LlamaMLP.forward.0.output.0") == (
+        "model.layers.0.mlp",
+        "output",
+    )
+    assert bug_zoo.msprobe_module("Module.model.layers.3.self_attn.q_proj.Linear.forward.0.parameters.weight") == (
+        "model.layers.3.self_attn.q_proj",
+        "output",
+    )

@@ -49,21 +49,39 @@ def _limit_file_size() -> None:
 
 
 def _llmcheck(*args: str, cwd: Path, limited: bool = False) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "llmcheck.core.cli", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=300, preexec_fn=_limit_file_size if limited else None)
+    return subprocess.run(
+        [sys.executable, "-m", "llmcheck.core.cli", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        preexec_fn=_limit_file_size if limited else None,
+    )
 
 
 def _uncaptured_output(tmp_path: Path) -> str:
     (tmp_path / "loop.py").write_text(GROWING_LOOP)
-    return subprocess.run([sys.executable, "loop.py", "0"], cwd=tmp_path, capture_output=True, text=True,
-                          timeout=120).stdout
+    return subprocess.run(
+        [sys.executable, "loop.py", "0"], cwd=tmp_path, capture_output=True, text=True, timeout=120
+    ).stdout
 
 
 @pytest.mark.slow
 def test_full_disk_during_capture_leaves_the_program_its_output_and_exit_code(tmp_path: Path) -> None:
     expected_output = _uncaptured_output(tmp_path)
-    completed = _llmcheck("dump", "--backend", "torch", "-o", "out", "-er", "all", "--exec", "python loop.py 5",
-                          cwd=tmp_path, limited=True)
+    completed = _llmcheck(
+        "dump",
+        "--backend",
+        "torch",
+        "-o",
+        "out",
+        "-er",
+        "all",
+        "--exec",
+        "python loop.py 5",
+        cwd=tmp_path,
+        limited=True,
+    )
     assert completed.returncode == 5, completed.stderr
     assert completed.stdout == expected_output  # every forward ran and returned what it does uncaptured
     assert "Traceback" not in completed.stderr and "Exception ignored" not in completed.stderr
@@ -79,15 +97,30 @@ def test_full_disk_during_capture_leaves_the_program_its_output_and_exit_code(tm
     assert all(record.data is not None for record in dump.records)  # every kept record reads back
     assert dump.manifest["records"] == len(dump.records)
     closing = [line for line in completed.stderr.splitlines() if "torch capture wrote" in line]
-    assert closing == [f"llmcheck: WARNING: torch capture wrote {dump_path} (cut, {len(dump.records)} records: "
-                       f"{dump.manifest['cut']}); the program exited with code 5"]
+    assert closing == [
+        f"llmcheck: WARNING: torch capture wrote {dump_path} (cut, {len(dump.records)} records: "
+        f"{dump.manifest['cut']}); the program exited with code 5"
+    ]
 
 
 @pytest.mark.slow
 def test_raise_policy_hands_the_write_failure_to_the_forward(tmp_path: Path) -> None:
     (tmp_path / "loop.py").write_text(GROWING_LOOP)
-    completed = _llmcheck("dump", "--backend", "torch", "-o", "out", "-er", "all", "--on-capture-error", "raise",
-                          "--exec", "python loop.py 0", cwd=tmp_path, limited=True)
+    completed = _llmcheck(
+        "dump",
+        "--backend",
+        "torch",
+        "-o",
+        "out",
+        "-er",
+        "all",
+        "--on-capture-error",
+        "raise",
+        "--exec",
+        "python loop.py 0",
+        cwd=tmp_path,
+        limited=True,
+    )
     assert completed.returncode == 0, completed.stderr
     raised = [line for line in completed.stdout.splitlines() if line.startswith("forward")]
     assert len(raised) == 1 and raised[0].endswith("raised WriteFailedError")  # once; then capture is off
@@ -113,8 +146,9 @@ class _SubclassOutput(torch.nn.Module):
 
 
 @pytest.mark.parametrize("policy", ["stop", "raise"])
-def test_an_exception_inside_a_hook_never_reaches_the_forward_unless_asked(tmp_path: Path, policy: str,
-                                                                           caplog: pytest.LogCaptureFixture) -> None:
+def test_an_exception_inside_a_hook_never_reaches_the_forward_unless_asked(
+    tmp_path: Path, policy: str, caplog: pytest.LogCaptureFixture
+) -> None:
     model = torch.nn.Sequential(torch.nn.Linear(4, 4), _SubclassOutput(), torch.nn.Linear(4, 4))
     torch.manual_seed(0)
     inputs = torch.randn(2, 4)
@@ -149,15 +183,22 @@ def test_op_level_capture_stopped_mid_step_leaves_the_dispatch_mode(tmp_path: Pa
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("script", "exit_code", "says"), [
-    ("import torch\nprint(torch.ones(1).sum().item())\n", 0, "no forward ran"),
-    ("import torch\nraise ValueError('broken program')\n", 1, "before any PyTorch module forward ran"),
-    (None, 2, "before any PyTorch module forward ran"),  # the script file does not exist
-    ("import torch, os, signal\ntorch.nn.Linear(2, 2)(torch.ones(1, 2))\nos.kill(os.getpid(), signal.SIGKILL)\n",
-     137, "cut"),
-])
+@pytest.mark.parametrize(
+    ("script", "exit_code", "says"),
+    [
+        ("import torch\nprint(torch.ones(1).sum().item())\n", 0, "no forward ran"),
+        ("import torch\nraise ValueError('broken program')\n", 1, "before any PyTorch module forward ran"),
+        (None, 2, "before any PyTorch module forward ran"),  # the script file does not exist
+        (
+            "import torch, os, signal\ntorch.nn.Linear(2, 2)(torch.ones(1, 2))\nos.kill(os.getpid(), signal.SIGKILL)\n",
+            137,
+            "cut",
+        ),
+    ],
+)
 def test_the_end_message_tells_how_the_program_ended_and_whether_the_dump_is_whole(
-        tmp_path: Path, script: str | None, exit_code: int, says: str) -> None:
+    tmp_path: Path, script: str | None, exit_code: int, says: str
+) -> None:
     if script is not None:
         (tmp_path / "program.py").write_text(script)
     completed = _llmcheck("dump", "--backend", "torch", "-o", "out", "--exec", "python program.py", cwd=tmp_path)

@@ -51,19 +51,37 @@ def test_debug_log_level_adds_the_traceback(tmp_path: Path, capsys: pytest.Captu
 def test_seed_style_space_separated_lists_become_repeated_options() -> None:
     args = ["dump", "--type", "model", "layer", "tensor", "-o", "x", "--", "python", "--type", "a", "b"]
     assert expand_multi_value_options(args, ["--type"]) == [
-        "dump", "--type", "model", "--type", "layer", "--type", "tensor", "-o", "x", "--", "python", "--type", "a", "b"]
+        "dump",
+        "--type",
+        "model",
+        "--type",
+        "layer",
+        "--type",
+        "tensor",
+        "-o",
+        "x",
+        "--",
+        "python",
+        "--type",
+        "a",
+        "b",
+    ]
 
 
-def test_a_truncated_topology_json_is_one_error_naming_the_byte(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_truncated_topology_json_is_one_error_naming_the_byte(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     topology = tmp_path / "model.json"
     topology.write_text('{"modelName": "Llama", "nodes": [')
     assert main(["export", "onnx", str(topology)]) == 1
-    assert capsys.readouterr().err == (f"llmcheck: error: {topology}: not valid JSON: Expecting value at byte 33 "
-                                       "(the file is truncated or corrupt)\n")
+    assert capsys.readouterr().err == (
+        f"llmcheck: error: {topology}: not valid JSON: Expecting value at byte 33 (the file is truncated or corrupt)\n"
+    )
 
 
-def test_dump_into_an_existing_dump_is_refused_before_the_program_runs(make_llmcheck_dump, tmp_path: Path,
-                                                                      capsys: pytest.CaptureFixture[str]) -> None:
+def test_dump_into_an_existing_dump_is_refused_before_the_program_runs(
+    make_llmcheck_dump, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     import torch
 
     dump = make_llmcheck_dump(tmp_path / "runs", {"a": torch.ones(2)})

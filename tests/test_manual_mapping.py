@@ -25,8 +25,10 @@ from llmcheck.core.errors import PathOutsideDumpError, UsageError
 from llmcheck.plugins.atb.bin_format import write_bin
 
 HIDDEN = 32
-NORM_PATH = ("0_ChatGlm6BModelEncoderTorch/{layer}_ChatGlm6BLayerEncoderOperationGraphRunner/"
-             "6_NormOpsRunner/after/outTensor0.bin")
+NORM_PATH = (
+    "0_ChatGlm6BModelEncoderTorch/{layer}_ChatGlm6BLayerEncoderOperationGraphRunner/"
+    "6_NormOpsRunner/after/outTensor0.bin"
+)
 
 
 def _golden(data_id: int, token_id: int) -> torch.Tensor:
@@ -58,15 +60,18 @@ def test_seed_mapped_flow_keeps_every_token_and_compares_each_golden_tensor_with
     broken = (1, 1)
     for token_id in (0, 1):
         for data_id in (0, 1):
-            my_path = _write_atb_tensor(atb_root, token_id, NORM_PATH.format(layer=data_id),
-                                        _device_output(data_id, token_id, broken))
+            my_path = _write_atb_tensor(
+                atb_root, token_id, NORM_PATH.format(layer=data_id), _device_output(data_id, token_id, broken)
+            )
             metadata = dump_data(token_id, data_id, _golden(data_id, token_id), str(my_path), str(dump_dir))
     run_folder = dump_dir / "ait_dump" / f"{os.getpid()}_-1"
     assert metadata == run_folder / "golden_tensor" / "metadata.json"
     recorded = json.loads(metadata.read_text())
     assert sorted(recorded) == ["0", "1"] and all(sorted(tokens) == ["0", "1"] for tokens in recorded.values())
-    assert recorded["1"]["1"] == ["1/1_tensor.safetensors", str(atb_root / "tensors" / f"0_{os.getpid()}" / "1" /
-                                                             NORM_PATH.format(layer=1))]
+    assert recorded["1"]["1"] == [
+        "1/1_tensor.safetensors",
+        str(atb_root / "tensors" / f"0_{os.getpid()}" / "1" / NORM_PATH.format(layer=1)),
+    ]
     assert (run_folder / "golden_tensor" / "1" / "1_tensor.safetensors").is_file()
 
     # Step 3: the seed gives the run folder as golden path and one .bin as my path.
@@ -86,8 +91,9 @@ def test_seed_mapped_flow_keeps_every_token_and_compares_each_golden_tensor_with
     assert [row["verdict"] for row in _report(tmp_path / "cmp2")] == [row["verdict"] for row in rows]
 
 
-def test_seed_sided_flow_pairs_golden_and_acl_metadata_by_data_id_and_token(tmp_path: Path,
-                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+def test_seed_sided_flow_pairs_golden_and_acl_metadata_by_data_id_and_token(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.chdir(tmp_path)  # the seed writes {PID}_cmp_dump_data into the working directory
     monkeypatch.delenv("ATB_OUTPUT_DIR", raising=False)
     broken = (0, 1)
@@ -98,16 +104,29 @@ def test_seed_sided_flow_pairs_golden_and_acl_metadata_by_data_id_and_token(tmp_
         dump_data("acl", 0, data_val=_device_output(0, token_id, broken), token_id=token_id)
         # acl, low level: a tensor inside the ATB dump this process writes (here: written by hand)
         tensor_path = NORM_PATH.format(layer=1)
-        _write_atb_tensor(tmp_path / "msit_dump_20240101_000000", token_id, tensor_path,
-                          _device_output(1, token_id, broken))
+        _write_atb_tensor(
+            tmp_path / "msit_dump_20240101_000000", token_id, tensor_path, _device_output(1, token_id, broken)
+        )
         dump_data("acl", 1, tensor_path=tensor_path, token_id=token_id)
     dump_dir = tmp_path / f"{os.getpid()}_cmp_dump_data"
     acl = json.loads((dump_dir / "acl_tensor" / "metadata.json").read_text())
     assert acl["1"]["1"]["atb_tensor_path"] == NORM_PATH.format(layer=1)
     assert sorted(acl["0"]) == ["0", "1"]
 
-    assert main(["compare", "-gp", str(dump_dir / "golden_tensor" / "metadata.json"),
-                 "-mp", str(dump_dir / "acl_tensor" / "metadata.json"), "-o", str(tmp_path / "cmp")]) == 3
+    assert (
+        main(
+            [
+                "compare",
+                "-gp",
+                str(dump_dir / "golden_tensor" / "metadata.json"),
+                "-mp",
+                str(dump_dir / "acl_tensor" / "metadata.json"),
+                "-o",
+                str(tmp_path / "cmp"),
+            ]
+        )
+        == 3
+    )
     rows = _report(tmp_path / "cmp")
     assert len(rows) == 4 and {row["pairing_rule"] for row in rows} == {"manual_mapping"}
     verdicts = {(row["name"], row["token_id"]): row["verdict"] for row in rows}
@@ -138,8 +157,10 @@ def test_two_processes_writing_at_once_lose_no_entry(tmp_path: Path) -> None:
     shared = tmp_path / "shared" / "golden_tensor"
     script = tmp_path / "writer.py"
     script.write_text(_WRITER)
-    workers = [subprocess.Popen([sys.executable, str(script), str(shared), str(tmp_path / "out"), str(worker)])
-               for worker in (0, 1)]
+    workers = [
+        subprocess.Popen([sys.executable, str(script), str(shared), str(tmp_path / "out"), str(worker)])
+        for worker in (0, 1)
+    ]
     assert [worker.wait(timeout=120) for worker in workers] == [0, 0]
     recorded = json.loads((shared / "metadata.json").read_text())
     assert sorted(recorded) == [f"w{worker}_{data}" for worker in (0, 1) for data in range(6)]
@@ -165,8 +186,9 @@ def test_dump_data_rejects_wrong_arguments_with_clear_errors(tmp_path: Path) -> 
         dump_data(-1, 0, torch.ones(2), "my.bin", tmp_path)
 
 
-def test_compare_names_the_metadata_entry_whose_tensor_is_missing(tmp_path: Path,
-                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+def test_compare_names_the_metadata_entry_whose_tensor_is_missing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     metadata = dump_data(0, 7, torch.ones(3), str(tmp_path / "never_written.bin"), str(tmp_path))
     assert main(["compare", "-gp", str(metadata), "-mp", str(metadata), "-o", str(tmp_path / "cmp")]) == 1
     error = capsys.readouterr().err.strip()
@@ -174,8 +196,9 @@ def test_compare_names_the_metadata_entry_whose_tensor_is_missing(tmp_path: Path
     assert "never_written.bin" in error
 
 
-def test_a_metadata_entry_climbing_out_of_the_dump_is_refused(tmp_path: Path,
-                                                              capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_metadata_entry_climbing_out_of_the_dump_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     metadata = dump_data(0, 7, torch.ones(3), str(tmp_path / "my.bin"), str(tmp_path / "out"))
     (tmp_path / "secret.npy").write_bytes(b"not for llmcheck")
     mapping = json.loads(metadata.read_text())
@@ -216,8 +239,11 @@ def test_threads_saving_the_same_data_id_at_once_never_fail(tmp_path: Path) -> N
             (metadata_path, *_) = list(pool.map(save, range(4)))
     saved = load_file(metadata_path.parent / "0" / "x_tensor.safetensors")["tensor"]
     assert any(torch.equal(saved, value) for value in values)  # one writer's tensor, whole
-    assert sorted(path.name for path in metadata_path.parent.rglob("*")) == ["0", "metadata.json",
-                                                                            "x_tensor.safetensors"]
+    assert sorted(path.name for path in metadata_path.parent.rglob("*")) == [
+        "0",
+        "metadata.json",
+        "x_tensor.safetensors",
+    ]
 
 
 @pytest.mark.slow
@@ -236,13 +262,15 @@ def test_dump_data_onto_a_full_disk_raises_an_error_naming_the_file(tmp_path: Pa
     completed = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert completed.returncode == 0, completed.stderr
     (tensor_folder,) = tmp_path.glob("*_cmp_dump_data/golden_tensor/0")
-    assert completed.stdout.strip() == (f"WriteFailedError {tensor_folder / 'big_tensor.safetensors'}: cannot write: "
-                                        "[Errno 27] File too large (EFBIG)")
+    assert completed.stdout.strip() == (
+        f"WriteFailedError {tensor_folder / 'big_tensor.safetensors'}: cannot write: [Errno 27] File too large (EFBIG)"
+    )
     assert list(tensor_folder.iterdir()) == []  # no temporary file left
 
 
-def test_a_metadata_file_with_a_byte_that_is_not_utf8_is_one_error_naming_it(tmp_path: Path,
-                                                                            capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_metadata_file_with_a_byte_that_is_not_utf8_is_one_error_naming_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     metadata = dump_data("golden", "mlp_out", torch.ones(2), output_path=tmp_path)
     metadata.write_bytes(metadata.read_bytes().replace(b"mlp_out", b"mlp_\xeeout"))
     assert main(["compare", "-gp", str(metadata), "-mp", str(metadata), "-o", str(tmp_path / "out")]) == 1
@@ -250,7 +278,8 @@ def test_a_metadata_file_with_a_byte_that_is_not_utf8_is_one_error_naming_it(tmp
 
 
 def test_paths_relative_to_the_writers_working_folder_are_found_and_the_missing_ones_named(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     for data_id in ("attn_out", "mlp_out"):  # dump_data(..., output_path="./output") run in tmp_path
         golden = dump_data("golden", data_id, torch.full((3,), 2.0), token_id=3, output_path=tmp_path / "output")
         acl = dump_data("acl", data_id, torch.full((3,), 2.0), token_id=3, output_path=tmp_path / "output")
@@ -269,8 +298,13 @@ def test_paths_relative_to_the_writers_working_folder_are_found_and_the_missing_
         (golden.parent / "3" / f"{name}_tensor.safetensors").unlink()
     assert main(["compare", "-gp", str(golden), "-mp", str(acl), "-o", str(tmp_path / "cmp")]) == 1
     error = capsys.readouterr().err
-    assert error.startswith(f"llmcheck: error: {golden}: 2 of 2 entries name tensor files that are not found: "
-                            "data_id attn_out token 3 names './output/") and "data_id mlp_out token 3" in error
+    assert (
+        error.startswith(
+            f"llmcheck: error: {golden}: 2 of 2 entries name tensor files that are not found: "
+            "data_id attn_out token 3 names './output/"
+        )
+        and "data_id mlp_out token 3" in error
+    )
 
 
 def test_the_my_path_may_be_the_folder_holding_the_files_the_mapping_names(tmp_path: Path) -> None:
@@ -283,4 +317,6 @@ def test_the_my_path_may_be_the_folder_holding_the_files_the_mapping_names(tmp_p
     assert main(["compare", "-gp", str(metadata), "-mp", str(mine), "-o", str(tmp_path / "cmp")]) == 0
     rows = _report(tmp_path / "cmp")
     assert [(row["data_id"], row["pairing_rule"], Path(row["my_data_path"]).name) for row in rows] == [
-        ("0", "manual_mapping", "outtensor0.bin"), ("1", "manual_mapping", "outtensor1.bin")]
+        ("0", "manual_mapping", "outtensor0.bin"),
+        ("1", "manual_mapping", "outtensor1.bin"),
+    ]

@@ -17,8 +17,15 @@ from llmcheck.core.tensor_chunks import fp8_table
 from llmcheck.core.tensor_io import tensor_bytes
 from llmcheck.plugins.metrics import builtin_metric_specs
 
-SEED_SEVEN = ["cosine_similarity", "max_relative_error", "mean_relative_error", "max_absolute_error",
-              "mean_absolute_error", "kl_divergence", "relative_euclidean_distance"]
+SEED_SEVEN = [
+    "cosine_similarity",
+    "max_relative_error",
+    "mean_relative_error",
+    "max_absolute_error",
+    "mean_absolute_error",
+    "kl_divergence",
+    "relative_euclidean_distance",
+]
 
 
 def _file_data(tmp_path: Path, name: str, tensor: torch.Tensor) -> TensorData:
@@ -45,11 +52,14 @@ def _reference(golden: np.ndarray, my: np.ndarray) -> dict[str, float]:
     log_q = ml - (ml.max() + np.log(np.exp(ml - ml.max()).sum()))
     return {
         "cosine_similarity": float(g @ m / (np.linalg.norm(g) * np.linalg.norm(m))),
-        "max_relative_error": float(rel.max()), "mean_relative_error": float(rel.mean()),
-        "max_absolute_error": float(np.abs(d).max()), "mean_absolute_error": float(np.abs(d).mean()),
+        "max_relative_error": float(rel.max()),
+        "mean_relative_error": float(rel.mean()),
+        "max_absolute_error": float(np.abs(d).max()),
+        "mean_absolute_error": float(np.abs(d).mean()),
         "kl_divergence": float(np.sum(np.exp(log_p) * (log_p - log_q))),
         "relative_euclidean_distance": float(np.linalg.norm(d) / np.linalg.norm(g)),
-        "rmse": float(np.sqrt(np.mean(d * d))), "sqnr": float(10 * np.log10((g @ g) / (d @ d))),
+        "rmse": float(np.sqrt(np.mean(d * d))),
+        "sqnr": float(10 * np.log10((g @ g) / (d @ d))),
     }
 
 
@@ -97,11 +107,14 @@ def test_relative_error_mean_is_over_the_positions_where_it_is_defined(tmp_path:
     assert values["max_relative_error"] == 0.5
 
 
-@pytest.mark.parametrize(("golden", "my", "cosine", "distance"), [
-    ([0.0, 0.0, 0.0], [0.0, 0.0, 0.0], 1.0, 0.0),
-    ([0.0, 0.0, 0.0], [1.0, 0.0, 0.0], 0.0, math.inf),
-    ([1.0, 2.0, 0.0], [0.0, 0.0, 0.0], 0.0, 1.0),
-])
+@pytest.mark.parametrize(
+    ("golden", "my", "cosine", "distance"),
+    [
+        ([0.0, 0.0, 0.0], [0.0, 0.0, 0.0], 1.0, 0.0),
+        ([0.0, 0.0, 0.0], [1.0, 0.0, 0.0], 0.0, math.inf),
+        ([1.0, 2.0, 0.0], [0.0, 0.0, 0.0], 0.0, 1.0),
+    ],
+)
 def test_all_zero_sides_get_defined_values(tmp_path: Path, golden, my, cosine: float, distance: float) -> None:
     values = _measure(tmp_path, torch.tensor(golden), torch.tensor(my)).values
     assert values["cosine_similarity"] == cosine
@@ -122,7 +135,7 @@ def test_nan_and_inf_are_counted_and_metrics_use_the_positions_finite_on_both_si
 
 
 def test_bf16_fp16_and_int_data_stream_exactly(tmp_path: Path) -> None:
-    values = torch.tensor([0.0, -1.5, 3.140625, 65504.0, -2.0 ** -14, 1e-3])
+    values = torch.tensor([0.0, -1.5, 3.140625, 65504.0, -(2.0**-14), 1e-3])
     for dtype in (torch.bfloat16, torch.float16, torch.int32, torch.bool, torch.complex64):
         golden = values.to(dtype)
         measured = _measure(tmp_path, golden, golden.clone())
@@ -131,8 +144,9 @@ def test_bf16_fp16_and_int_data_stream_exactly(tmp_path: Path) -> None:
         assert measured.golden_stats.max == float(flat.to(torch.float64).max())
 
 
-@pytest.mark.parametrize("dtype_name", ["float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz",
-                                        "float8_e8m0fnu"])
+@pytest.mark.parametrize(
+    "dtype_name", ["float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz", "float8_e8m0fnu"]
+)
 def test_fp8_decoding_tables_equal_torch_for_all_256_codes(dtype_name: str) -> None:
     dtype = getattr(torch, dtype_name)
     expected = torch.arange(256, dtype=torch.uint8).view(dtype).to(torch.float64).numpy()

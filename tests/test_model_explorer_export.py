@@ -100,12 +100,16 @@ def test_bad_inputs_are_one_clean_error_line(tmp_path: Path, capsys: pytest.Capt
         assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
         return err.strip()
 
-    assert error_of(tmp_path / "nowhere") == (f"llmcheck: error: {tmp_path / 'nowhere'}: is not a folder "
-                                              "(give the folder `llmcheck compare -o` wrote)")
-    assert error_of(tmp_path) == (f"llmcheck: error: {tmp_path}: no summary.json: not a compare folder "
-                                  "(give the folder `llmcheck compare -o` wrote)")
-    (tmp_path / "summary.json").write_text(json.dumps({"format": "llmcheck-compare-summary",
-                                                       "golden": {"path": str(tmp_path / "dump")}}))
+    assert error_of(tmp_path / "nowhere") == (
+        f"llmcheck: error: {tmp_path / 'nowhere'}: is not a folder (give the folder `llmcheck compare -o` wrote)"
+    )
+    assert error_of(tmp_path) == (
+        f"llmcheck: error: {tmp_path}: no summary.json: not a compare folder "
+        "(give the folder `llmcheck compare -o` wrote)"
+    )
+    (tmp_path / "summary.json").write_text(
+        json.dumps({"format": "llmcheck-compare-summary", "golden": {"path": str(tmp_path / "dump")}})
+    )
     (tmp_path / "cmp_report.csv").write_text("name,io,verdict\nlm_head,output,pass\n")
     (tmp_path / "dump").mkdir()
     no_graph = error_of(tmp_path)
@@ -113,7 +117,8 @@ def test_bad_inputs_are_one_clean_error_line(tmp_path: Path, capsys: pytest.Capt
     assert "export_onnx=True" in no_graph
     (tmp_path / "graph.onnx").write_text("not a model")
     assert error_of(tmp_path, "--graph", str(tmp_path / "graph.onnx")).startswith(
-        f"llmcheck: error: {tmp_path / 'graph.onnx'}: cannot be read as ONNX")
+        f"llmcheck: error: {tmp_path / 'graph.onnx'}: cannot be read as ONNX"
+    )
 
 
 def _free_port() -> int:
@@ -137,10 +142,25 @@ def test_model_explorer_serves_the_graph_and_the_overlay(exported: Path) -> None
     port = _free_port()
     base = f"http://127.0.0.1:{port}"
     # What a user runs: --open serves until stopped (BROWSER=true: no browser window is opened here).
-    server = subprocess.Popen([sys.executable, "-m", "llmcheck.core.cli", "export", "model-explorer",
-                               str(exported.parent), "-o", str(exported), "--open", "--port", str(port)],
-                              env={**os.environ, "BROWSER": "true"}, start_new_session=True,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "llmcheck.core.cli",
+            "export",
+            "model-explorer",
+            str(exported.parent),
+            "-o",
+            str(exported),
+            "--open",
+            "--port",
+            str(port),
+        ],
+        env={**os.environ, "BROWSER": "true"},
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         deadline = time.monotonic() + 60
         while True:
@@ -151,8 +171,13 @@ def test_model_explorer_serves_the_graph_and_the_overlay(exported: Path) -> None
                 assert server.poll() is None and time.monotonic() < deadline, "Model Explorer did not start"
                 time.sleep(0.5)
         # What the web app asks for: the graph, converted by the ONNX adapter, and the node data file.
-        command = {"extensionId": "onnx_adapter", "cmdId": "convert", "modelPath": str(graph.resolve()),
-                   "settings": {}, "deleteAfterConversion": False}
+        command = {
+            "extensionId": "onnx_adapter",
+            "cmdId": "convert",
+            "modelPath": str(graph.resolve()),
+            "settings": {},
+            "deleteAfterConversion": False,
+        }
         converted = _get_json(f"{base}/api/v1/send_command?json={urllib.parse.quote(json.dumps(command))}")
         nodes = {node["id"]: node for node in converted["graphs"][0]["nodes"]}
         attrs = {attr["key"]: attr["value"] for attr in nodes[CULPRIT]["attrs"]}
@@ -161,16 +186,21 @@ def test_model_explorer_serves_the_graph_and_the_overlay(exported: Path) -> None
         overlay = json.loads(served["content"])["LlamaForCausalLM"]["results"]
         assert set(overlay) <= set(nodes) and overlay[CULPRIT]["value"] == 2  # keyed to the drawn graph's node ids
         # The page itself, in headless Chromium: it loads the graph (the header names it and counts its nodes).
-        data = {"models": [{"url": str(graph.resolve())}], "nodeData": [str(verdict_data.resolve())],
-                "nodeDataTargets": [""]}
+        data = {
+            "models": [{"url": str(graph.resolve())}],
+            "nodeData": [str(verdict_data.resolve())],
+            "nodeDataTargets": [""],
+        }
         page = f"{base}/?data={urllib.parse.quote(json.dumps(data))}"
         with DevToolsPage(page) as browser:
             # the graph is drawn (its header) and the overlay is loaded (its name in the node data panel)
             shown = browser.wait_for_text("LlamaForCausalLM", "53 nodes", "llmcheck verdict", timeout=90)
             # the toolbar's "Expand all layers" (its icon), so the screenshot shows the coloured module nodes
-            clicked = browser.evaluate("(() => { const icon = [...document.querySelectorAll('mat-icon')]"
-                                       ".find(e => e.innerText.trim() === 'unfold_more_double');"
-                                       " if (!icon) return false; icon.parentElement.click(); return true; })()")
+            clicked = browser.evaluate(
+                "(() => { const icon = [...document.querySelectorAll('mat-icon')]"
+                ".find(e => e.innerText.trim() === 'unfold_more_double');"
+                " if (!icon) return false; icon.parentElement.click(); return true; })()"
+            )
             assert clicked, "Model Explorer's toolbar has no expand-all button"
             time.sleep(3)  # the layout animates
             browser.screenshot(SCREENSHOTS / "model_explorer_overlay.png")
@@ -185,14 +215,16 @@ def test_model_explorer_serves_the_graph_and_the_overlay(exported: Path) -> None
 
 
 @pytest.mark.slow
-def test_open_without_the_extra_says_how_to_install_it(compare_dir: Path, tmp_path: Path, monkeypatch,
-                                                       capsys: pytest.CaptureFixture[str]) -> None:
+def test_open_without_the_extra_says_how_to_install_it(
+    compare_dir: Path, tmp_path: Path, monkeypatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     # None in sys.modules is Python's own way of making a package unimportable, as on a machine without it
     monkeypatch.setitem(sys.modules, "model_explorer_onnx", None)
     assert main(["export", "model-explorer", str(compare_dir), "-o", str(tmp_path / "me"), "--open"]) == 1
     assert capsys.readouterr().err.strip() == (
         "llmcheck: error: --open: needs Model Explorer, and model-explorer-onnx is not installed "
-        "(install it with: pip install 'llmcheck[explorer]')")
+        "(install it with: pip install 'llmcheck[explorer]')"
+    )
     assert not (tmp_path / "me").exists()  # checked before anything is written
 
 
@@ -214,23 +246,30 @@ def test_atb_topology_onnx_nodes_get_the_pairs_of_their_op_ids(tmp_path: Path) -
     exported = runner.invoke(cli, ["export", "model-explorer", str(tmp_path / "cmp")])
     assert exported.exit_code == 0 and "2 of 2 graph nodes have pairs, 1 not passing" in exported.output
     verdicts = json.loads((tmp_path / "cmp/model_explorer/node_data_verdict.json").read_text())
-    assert verdicts["Decoder_layer_0"]["results"] == {"RmsNormOperation_0_0": {"value": 0},
-                                                      "LinearOperation_0_1": {"value": 2}}
+    assert verdicts["Decoder_layer_0"]["results"] == {
+        "RmsNormOperation_0_0": {"value": 0},
+        "LinearOperation_0_1": {"value": 2},
+    }
     model = onnx.load(str(tmp_path / "cmp/model_explorer/Decoder_layer_0.onnx"))
     linear = next(node for node in model.graph.node if node.name == "LinearOperation_0_1")
     meta = {prop.key: prop.value for prop in linear.metadata_props}
     assert meta["llmcheck.record"] == "0_1" and meta["llmcheck.verdict"] == "fail"
     assert float(meta["llmcheck.error"]) == pytest.approx(1.0328, abs=1e-4)
-    assert linear.doc_string == "ATB LinearOperation LinearOperation_0_1\nllmcheck: fail, error 1.0328, growth -, introduced"
+    assert (
+        linear.doc_string
+        == "ATB LinearOperation LinearOperation_0_1\nllmcheck: fail, error 1.0328, growth -, introduced"
+    )
 
 
 @pytest.mark.slow
 def test_an_annotated_copy_given_as_graph_is_annotated_afresh_never_overwritten(
-        compare_dir: Path, exported: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    compare_dir: Path, exported: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     annotated = exported / "model.onnx"
     assert main(["export", "model-explorer", str(compare_dir), "--graph", str(annotated), "-o", str(exported)]) == 2
-    assert capsys.readouterr().err.strip() == (f"llmcheck: error: {annotated}: would overwrite the graph it reads "
-                                               "(write elsewhere with -o)")
+    assert capsys.readouterr().err.strip() == (
+        f"llmcheck: error: {annotated}: would overwrite the graph it reads (write elsewhere with -o)"
+    )
     assert main(["export", "model-explorer", str(compare_dir), "--graph", str(annotated), "-o", str(tmp_path)]) == 0
     node = next(node for node in onnx.load(str(tmp_path / "model.onnx")).graph.node if node.name == CULPRIT)
     keys = [prop.key for prop in node.metadata_props]

@@ -35,8 +35,12 @@ DEFECT = ("--scale-weight", DEFECT_MODULE, "1.05")
 
 def _msprobe_unavailable() -> str | None:
     """Return why the real msprobe cannot run here, or None when it can."""
-    probe = subprocess.run([sys.executable, "-c", "from msprobe.pytorch import PrecisionDebugger"],
-                           capture_output=True, text=True, timeout=300)
+    probe = subprocess.run(
+        [sys.executable, "-c", "from msprobe.pytorch import PrecisionDebugger"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     if probe.returncode == 0:
         return None
     lines = (probe.stderr or probe.stdout).strip().splitlines()
@@ -56,8 +60,14 @@ def msprobe_dump(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path
         if args not in written:
             out = root / f"run{len(written)}"
             env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}
-            finished = subprocess.run([sys.executable, str(HERE / "msprobe_dump_run.py"), str(out), *args],
-                                      capture_output=True, text=True, env=env, timeout=600, cwd=root)
+            finished = subprocess.run(
+                [sys.executable, str(HERE / "msprobe_dump_run.py"), str(out), *args],
+                capture_output=True,
+                text=True,
+                env=env,
+                timeout=600,
+                cwd=root,
+            )
             assert finished.returncode == 0, finished.stderr[-3000:]
             written[args] = out
         return written[args]
@@ -93,12 +103,20 @@ def _tensor_items(value: Any) -> Iterator[dict[str, Any]]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("task, level, summary_mode", [
-    ("tensor", "L0", "statistics"), ("tensor", "L1", "statistics"), ("tensor", "mix", "statistics"),
-    ("statistics", "L0", "statistics"), ("statistics", "mix", "statistics"), ("statistics", "L1", "md5"),
-])
+@pytest.mark.parametrize(
+    "task, level, summary_mode",
+    [
+        ("tensor", "L0", "statistics"),
+        ("tensor", "L1", "statistics"),
+        ("tensor", "mix", "statistics"),
+        ("statistics", "L0", "statistics"),
+        ("statistics", "mix", "statistics"),
+        ("statistics", "L1", "md5"),
+    ],
+)
 def test_every_tensor_entry_of_dump_json_becomes_one_record_with_its_statistics_and_data(
-        msprobe_dump: Callable[..., Path], task: str, level: str, summary_mode: str) -> None:
+    msprobe_dump: Callable[..., Path], task: str, level: str, summary_mode: str
+) -> None:
     root = msprobe_dump("--task", task, "--level", level, "--summary-mode", summary_mode)
     document = json.loads(_dump_json(root).read_text())
     assert (document["task"], document["level"]) == (task, level)
@@ -108,9 +126,11 @@ def test_every_tensor_entry_of_dump_json_becomes_one_record_with_its_statistics_
     assert len(dump.records) == len(entries) > 20
     assert [record.order for record in dump.records] == sorted(record.order for record in dump.records)
     for record in dump.records:
-        item = next(item for item in _tensor_items(document["data"][record.attrs["msprobe_entry"]])
-                    if [int(size) for size in item["shape"]] == list(record.shape)
-                    and item["dtype"] == f"torch.{record.dtype}")
+        item = next(
+            item
+            for item in _tensor_items(document["data"][record.attrs["msprobe_entry"]])
+            if [int(size) for size in item["shape"]] == list(record.shape) and item["dtype"] == f"torch.{record.dtype}"
+        )
         assert record.dtype == item["dtype"].removeprefix("torch.")
         if task == "tensor":  # every record's tensor loads, in the dtype and shape dump.json states
             tensor = record.data.load()
@@ -122,8 +142,11 @@ def test_every_tensor_entry_of_dump_json_becomes_one_record_with_its_statistics_
     names = {record.key.name for record in dump.records}
     if level in ("L0", "mix"):  # modules are keyed by module path, as llmcheck's torch capture keys them
         assert {"model.layers.0.mlp.down_proj", "model.layers.1.self_attn", "model.norm"} <= names
-        weight = next(r for r in dump.records if r.key.name == "model.layers.0.mlp.down_proj"
-                      and r.key.position == "parameters.weight")
+        weight = next(
+            r
+            for r in dump.records
+            if r.key.name == "model.layers.0.mlp.down_proj" and r.key.position == "parameters.weight"
+        )
         assert weight.op_type == "Linear" and weight.shape == (32, 64) and weight.parent == "model.layers.0.mlp"
     if level in ("L1", "mix"):  # APIs by their msprobe name, call count and enclosing module
         linears = [r for r in dump.records if r.key.name == "Functional.linear" and r.key.io == "output"]
@@ -157,13 +180,16 @@ def test_the_rank_folders_of_one_step_are_read_as_one_multi_rank_run(tmp_path: P
     assert len(_load(tmp_path / "step0" / "rank1").records) == 39
 
 
-@pytest.mark.parametrize("entry, expected", [
-    ("Module.model.layers.2.mlp.LlamaMLP.forward.0", ("model.layers.2.mlp", "LlamaMLP", 0)),
-    ("Module.model.layers.2.mlp.LlamaMLP.forward.3", ("model.layers.2.mlp", "LlamaMLP", 3)),
-    ("Functional.linear.20.forward", ("Functional.linear", "Functional.linear", 20)),
-    ("NPU.npu_fusion_attention.0.backward", ("NPU.npu_fusion_attention/backward", "NPU.npu_fusion_attention", 0)),
-    ("Module.LlamaForCausalLM.forward.0", ("root", "LlamaForCausalLM", 0)),
-])
+@pytest.mark.parametrize(
+    "entry, expected",
+    [
+        ("Module.model.layers.2.mlp.LlamaMLP.forward.0", ("model.layers.2.mlp", "LlamaMLP", 0)),
+        ("Module.model.layers.2.mlp.LlamaMLP.forward.3", ("model.layers.2.mlp", "LlamaMLP", 3)),
+        ("Functional.linear.20.forward", ("Functional.linear", "Functional.linear", 20)),
+        ("NPU.npu_fusion_attention.0.backward", ("NPU.npu_fusion_attention/backward", "NPU.npu_fusion_attention", 0)),
+        ("Module.LlamaForCausalLM.forward.0", ("root", "LlamaForCausalLM", 0)),
+    ],
+)
 def test_entry_names_become_module_paths_and_api_names_with_their_call_index(entry: str, expected: tuple) -> None:
     name = parse_entry_name(entry)
     assert (name.record_name, name.op_type, name.call_index) == expected
@@ -174,8 +200,9 @@ def test_entry_names_become_module_paths_and_api_names_with_their_call_index(ent
 
 @pytest.mark.slow
 def test_msprobe_tensor_dumps_name_the_scaled_weight_as_first_introduced(msprobe_dump: Callable[..., Path]) -> None:
-    result = _compare(msprobe_dump("--task", "tensor", "--level", "L0"),
-                      msprobe_dump("--task", "tensor", "--level", "L0", *DEFECT))
+    result = _compare(
+        msprobe_dump("--task", "tensor", "--level", "L0"), msprobe_dump("--task", "tensor", "--level", "L0", *DEFECT)
+    )
     assert result.counts()["unmatched"] == 0
     introduced = result.first_introduced
     assert (introduced.golden.key.name, introduced.golden.key.position) == (DEFECT_MODULE, "parameters.weight")
@@ -187,9 +214,12 @@ def test_msprobe_tensor_dumps_name_the_scaled_weight_as_first_introduced(msprobe
 
 @pytest.mark.slow
 def test_msprobe_statistics_dumps_at_mix_level_name_the_defect_inside_its_module(
-        msprobe_dump: Callable[..., Path]) -> None:
-    result = _compare(msprobe_dump("--task", "statistics", "--level", "mix"),
-                      msprobe_dump("--task", "statistics", "--level", "mix", *DEFECT))
+    msprobe_dump: Callable[..., Path],
+) -> None:
+    result = _compare(
+        msprobe_dump("--task", "statistics", "--level", "mix"),
+        msprobe_dump("--task", "statistics", "--level", "mix", *DEFECT),
+    )
     introduced = result.first_introduced
     # The linear API call inside the module sees the scaled weight first (its input 1).
     assert (introduced.golden.key.name, introduced.golden.key.position) == ("Functional.linear", "1")
@@ -204,20 +234,25 @@ def test_md5_dumps_are_exact_or_not(msprobe_dump: Callable[..., Path]) -> None:
     rerun = msprobe_dump("--task", "statistics", "--level", "L1", "--summary-mode", "md5", "--writer", "msprobe")
     same = _compare(golden, rerun)
     assert same.counts()["failures"] == 0 and same.counts()["errors"] == 0
-    assert all(row.metrics["digest_mismatch"].value == 0.0 and row.reason.startswith("digests equal: bit-identical")
-               for row in same.rows)
+    assert all(
+        row.metrics["digest_mismatch"].value == 0.0 and row.reason.startswith("digests equal: bit-identical")
+        for row in same.rows
+    )
     defect = _compare(golden, msprobe_dump("--task", "statistics", "--level", "L1", "--summary-mode", "md5", *DEFECT))
     introduced = defect.first_introduced
     assert introduced.deciding_metric == "digest_mismatch" and introduced.verdict == "fail"
     # L1 keeps no module tree: the call count says which linear (layer 1's up_proj is the 13th call).
     assert (introduced.golden.key.name, introduced.golden.key.call_index) == ("Functional.linear", 12)
-    assert introduced.reason.startswith(f"digests differ (golden {introduced.golden.digest}, my {introduced.my.digest})")
+    assert introduced.reason.startswith(
+        f"digests differ (golden {introduced.golden.digest}, my {introduced.my.digest})"
+    )
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("task", ["tensor", "statistics"])
-def test_an_msprobe_dump_pairs_with_an_llmcheck_dump_by_module_path(msprobe_dump: Callable[..., Path],
-                                                                    task: str) -> None:
+def test_an_msprobe_dump_pairs_with_an_llmcheck_dump_by_module_path(
+    msprobe_dump: Callable[..., Path], task: str
+) -> None:
     (llmcheck_dump,) = msprobe_dump("--writer", "llmcheck").glob("llmcheck_dump_*")
     clean = _compare(llmcheck_dump, msprobe_dump("--task", task, "--level", "L0"))
     assert clean.counts()["failures"] == 0 and clean.counts()["pairs"] >= 60
@@ -230,10 +265,21 @@ def test_an_msprobe_dump_pairs_with_an_llmcheck_dump_by_module_path(msprobe_dump
 
 @pytest.mark.slow
 def test_llmcheck_compare_on_two_msprobe_dumps_writes_the_culprit_to_summary_json(
-        msprobe_dump: Callable[..., Path], tmp_path: Path) -> None:
-    code = main(["compare", "--golden-path", str(msprobe_dump("--task", "tensor", "--level", "L0")),
-                 "--my-path", str(msprobe_dump("--task", "tensor", "--level", "L0", *DEFECT)),
-                 "-o", str(tmp_path / "out"), "-j", "1"])
+    msprobe_dump: Callable[..., Path], tmp_path: Path
+) -> None:
+    code = main(
+        [
+            "compare",
+            "--golden-path",
+            str(msprobe_dump("--task", "tensor", "--level", "L0")),
+            "--my-path",
+            str(msprobe_dump("--task", "tensor", "--level", "L0", *DEFECT)),
+            "-o",
+            str(tmp_path / "out"),
+            "-j",
+            "1",
+        ]
+    )
     assert code == EXIT_FAILURES_FOUND
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert summary["golden"]["source"] == summary["my"]["source"] == "msprobe"
@@ -260,15 +306,21 @@ def _corrupted_copy(source: Path, destination: Path) -> tuple[Path, Path]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("damage, expected", [
-    ("truncated dump.json", "dump.json: not valid JSON"),
-    ("dict payload", ".pt: refused: holds a dict, not a tensor (llmcheck loads msprobe tensors with "
-                     "torch.load(weights_only=True) only"),
-    ("code payload", ".pt: refused: not loadable with weights_only=True"),
-])
-def test_corrupt_msprobe_inputs_give_one_line_naming_the_file(msprobe_dump: Callable[..., Path], tmp_path: Path,
-                                                              capsys: pytest.CaptureFixture[str], damage: str,
-                                                              expected: str) -> None:
+@pytest.mark.parametrize(
+    "damage, expected",
+    [
+        ("truncated dump.json", "dump.json: not valid JSON"),
+        (
+            "dict payload",
+            ".pt: refused: holds a dict, not a tensor (llmcheck loads msprobe tensors with "
+            "torch.load(weights_only=True) only",
+        ),
+        ("code payload", ".pt: refused: not loadable with weights_only=True"),
+    ],
+)
+def test_corrupt_msprobe_inputs_give_one_line_naming_the_file(
+    msprobe_dump: Callable[..., Path], tmp_path: Path, capsys: pytest.CaptureFixture[str], damage: str, expected: str
+) -> None:
     golden = msprobe_dump("--task", "tensor", "--level", "L0")
     dump_json, tensors = _corrupted_copy(golden, tmp_path / "broken")
     marker = tmp_path / "unpickled"
@@ -279,8 +331,9 @@ def test_corrupt_msprobe_inputs_give_one_line_naming_the_file(msprobe_dump: Call
         torch.save({"not": "a tensor"}, victim)
     else:
         victim.write_bytes(pickle.dumps(_RunsCode(marker)))
-    code = main(["compare", "--golden-path", str(golden), "--my-path", str(tmp_path / "broken"),
-                 "-o", str(tmp_path / "out")])
+    code = main(
+        ["compare", "--golden-path", str(golden), "--my-path", str(tmp_path / "broken"), "-o", str(tmp_path / "out")]
+    )
     err = capsys.readouterr().err
     assert code in (1, 2)
     assert err.count("\n") == 1 and err.startswith("llmcheck: error: ")

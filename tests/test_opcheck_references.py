@@ -37,9 +37,19 @@ def _write_op_dump(folder: Path, op_type: str, inputs: list[torch.Tensor], outpu
     with DumpWriter(folder, "test") as writer:
         for io, tensors in (("input", inputs), ("output", outputs)):
             for position, tensor in enumerate(tensors):
-                key = RecordKey(name="block/op", io=io, position=str(position), moment="before" if io == "input" else "after")
-                writer.add(TensorRecord(key=key, dtype=str(tensor.dtype).removeprefix("torch."), shape=tuple(tensor.shape),
-                                        order=writer.records_written, op_type=op_type), tensor.clone())
+                key = RecordKey(
+                    name="block/op", io=io, position=str(position), moment="before" if io == "input" else "after"
+                )
+                writer.add(
+                    TensorRecord(
+                        key=key,
+                        dtype=str(tensor.dtype).removeprefix("torch."),
+                        shape=tuple(tensor.shape),
+                        order=writer.records_written,
+                        op_type=op_type,
+                    ),
+                    tensor.clone(),
+                )
     return writer.path
 
 
@@ -101,7 +111,8 @@ def test_aten_replay_refuses_random_and_uninitialised_ops_but_replays_dropout_of
     with pytest.raises(UnsupportedOpError, match="uninitialised memory"):
         reference("aten.empty_like.default").compute({"0": torch.ones(3)}, {"args": [{"tensor": "0"}], "kwargs": {}})
     replayed = reference("aten.native_dropout.default").compute(
-        {"0": torch.ones(3, dtype=torch.bfloat16)}, {"args": [{"tensor": "0"}, 0.1, False], "kwargs": {}})
+        {"0": torch.ones(3, dtype=torch.bfloat16)}, {"args": [{"tensor": "0"}, 0.1, False], "kwargs": {}}
+    )
     assert replayed["0"].dtype == torch.float64 and torch.equal(replayed["0"], torch.ones(3, dtype=torch.float64))
 
 
@@ -149,24 +160,27 @@ def test_linear_reads_transposes_nz_weights_bias_and_int8_dequantisation() -> No
     nz_weight = nz_to_nd(nd_to_nz(weight))  # what the ATB loader gives: [1, 32, 32], k padded 24 -> 32
     [result] = matmul_ops.linear(_positions(x, nz_weight, bias), {"transposeB": True, "hasBias": True})
     assert torch.allclose(result, expected)
-    [result] = matmul_ops.linear(_positions(x.T.contiguous(), weight.T.contiguous()),
-                                 {"transposeA": True, "transposeB": False, "hasBias": False})
+    [result] = matmul_ops.linear(
+        _positions(x.T.contiguous(), weight.T.contiguous()), {"transposeA": True, "transposeB": False, "hasBias": False}
+    )
     assert torch.allclose(result, x.double() @ weight.double().T)
     q_x = torch.randint(-128, 127, (4, 24), dtype=torch.int8, generator=generator)
     q_w = torch.randint(-128, 127, (8, 24), dtype=torch.int8, generator=generator)
     q_bias = torch.randint(-1000, 1000, (8,), dtype=torch.int32, generator=generator)
     scale = torch.full((8,), 0.015625, dtype=torch.float32)
     packed_scale = scale.view(torch.int32).to(torch.int64)  # ATB passes the float bits in an int64
-    [result] = matmul_ops.linear(_positions(q_x, q_w, q_bias, packed_scale),
-                                 {"transposeB": True, "hasBias": True, "outDataType": 1})
+    [result] = matmul_ops.linear(
+        _positions(q_x, q_w, q_bias, packed_scale), {"transposeB": True, "hasBias": True, "outDataType": 1}
+    )
     exact = (q_x.long() @ q_w.long().T + q_bias.long()).double() * 0.015625
     assert torch.equal(result, exact)
 
 
 def test_rms_norm_prenorm_returns_the_norm_of_the_sum_and_the_sum() -> None:
     x, residual, gamma = torch.randn(3, 16), torch.randn(3, 16), torch.rand(16)
-    normed, summed = norm_ops.rms_norm(_positions(x, residual, gamma),
-                                       {"layerType": 2, "preNormParam": {"epsilon": 1e-6}})
+    normed, summed = norm_ops.rms_norm(
+        _positions(x, residual, gamma), {"layerType": 2, "preNormParam": {"epsilon": 1e-6}}
+    )
     total = x.double() + residual.double()
     assert torch.allclose(summed, total)
     assert torch.allclose(normed, total / torch.sqrt(total.pow(2).mean(-1, keepdim=True) + 1e-6) * gamma.double())
@@ -178,7 +192,9 @@ def test_rope_coefficients_rotate_whole_heads_half_heads_or_pairs() -> None:
     cos, sin = torch.cat([angles.cos()] * 2, -1), torch.cat([angles.sin()] * 2, -1)
     [rotated, _] = rope_ops.rope(_positions(q, q, cos, sin, torch.tensor([2])), {"rotaryCoeff": 2})
     first, second = q.double().chunk(2, -1)
-    expected = torch.cat([first * angles.cos() - second * angles.sin(), second * angles.cos() + first * angles.sin()], -1)
+    expected = torch.cat(
+        [first * angles.cos() - second * angles.sin(), second * angles.cos() + first * angles.sin()], -1
+    )
     assert torch.allclose(rotated, expected)
     pair_cos, pair_sin = angles.cos().repeat_interleave(2, -1), angles.sin().repeat_interleave(2, -1)
     [rotated, _] = rope_ops.rope(_positions(q, q, pair_cos, pair_sin, torch.tensor([2])), {"rotaryCoeff": 8})
@@ -192,10 +208,14 @@ def test_self_attention_with_its_own_cache_matches_sdpa_with_grouped_kv_heads() 
     generator = torch.Generator().manual_seed(5)
     q = torch.randn(new, heads * size, generator=generator, dtype=torch.float64)
     k, v = (torch.randn(new, kv_heads * size, generator=generator, dtype=torch.float64) for _ in range(2))
-    cache_k, cache_v = (torch.randn(1, 1, 8, kv_heads * size, generator=generator, dtype=torch.float64) for _ in range(2))
-    params = {"headNum": heads, "kvHeadNum": kv_heads, "qkScale": size ** -0.5, "calcType": 1, "maskType": 0}
-    [out] = attention_ops.self_attention(_positions(q, k, v, cache_k, cache_v, torch.tensor([past + new]),
-                                                    torch.tensor([new]), torch.tensor([0])), params)
+    cache_k, cache_v = (
+        torch.randn(1, 1, 8, kv_heads * size, generator=generator, dtype=torch.float64) for _ in range(2)
+    )
+    params = {"headNum": heads, "kvHeadNum": kv_heads, "qkScale": size**-0.5, "calcType": 1, "maskType": 0}
+    [out] = attention_ops.self_attention(
+        _positions(q, k, v, cache_k, cache_v, torch.tensor([past + new]), torch.tensor([new]), torch.tensor([0])),
+        params,
+    )
     keys = torch.cat([cache_k[0, 0, :past], k]).view(-1, kv_heads, size).repeat_interleave(2, 1).transpose(0, 1)
     values = torch.cat([cache_v[0, 0, :past], v]).view(-1, kv_heads, size).repeat_interleave(2, 1).transpose(0, 1)
     expected = torch.nn.functional.scaled_dot_product_attention(q.view(new, heads, size).transpose(0, 1), keys, values)
@@ -213,8 +233,13 @@ def test_in_place_kv_cache_is_judged_on_the_cache_after_the_call(tmp_path: Path)
     folder = tmp_path / "msit_dump_20240101_000000" / "tensors" / "0_99" / "0" / "0_KvCacheOperation"
     for moment in ("before", "after"):
         (folder / moment).mkdir(parents=True)
-        tensors = [new_kv, torch.tensor([0], dtype=torch.int32), cache if moment == "before" else expected,
-                   torch.tensor([4], dtype=torch.int32), torch.tensor([3], dtype=torch.int32)]
+        tensors = [
+            new_kv,
+            torch.tensor([0], dtype=torch.int32),
+            cache if moment == "before" else expected,
+            torch.tensor([4], dtype=torch.int32),
+            torch.tensor([3], dtype=torch.int32),
+        ]
         for index, tensor in enumerate(tensors):
             write_bin(folder / moment / f"intensor{index}.bin", tensor)
     (folder / "op_param.json").write_text(json.dumps({}))

@@ -55,8 +55,12 @@ def smollm2_bf16_op_dump(smollm2, tmp_path_factory: pytest.TempPathFactory) -> P
     model, tokenizer = smollm2
     bf16_model = copy.deepcopy(model).to(torch.bfloat16).eval()
     prompt = tokenizer("The capital of France is", return_tensors="pt").input_ids
-    config = DumpConfig(dump_path=tmp_path_factory.mktemp("torch_ops"), mode="op", token_range=[0],
-                        include=[f"model.layers.{index}" for index in range(4)])
+    config = DumpConfig(
+        dump_path=tmp_path_factory.mktemp("torch_ops"),
+        mode="op",
+        token_range=[0],
+        include=[f"model.layers.{index}" for index in range(4)],
+    )
     with register_hook(bf16_model, config) as session, torch.no_grad(), FaultySiluKernel(which=2):
         bf16_model(prompt)
     assert session.path is not None
@@ -64,8 +68,9 @@ def smollm2_bf16_op_dump(smollm2, tmp_path_factory: pytest.TempPathFactory) -> P
 
 
 @pytest.mark.slow
-def test_opcheck_replays_bf16_smollm2_ops_and_catches_the_planted_output(smollm2_bf16_op_dump: Path,
-                                                                         tmp_path: Path) -> None:
+def test_opcheck_replays_bf16_smollm2_ops_and_catches_the_planted_output(
+    smollm2_bf16_op_dump: Path, tmp_path: Path
+) -> None:
     code = main(["opcheck", "-i", str(smollm2_bf16_op_dump), "-o", str(tmp_path), "-metric", "cos_sim"])
     with open(tmp_path / "opcheck_result.csv", newline="", encoding="utf-8") as handle:
         rows = list(csv.DictReader(handle))
@@ -81,5 +86,14 @@ def test_opcheck_replays_bf16_smollm2_ops_and_catches_the_planted_output(smollm2
     assert all(float(row["cosine_similarity"]) > 0.999 for row in real)
     assert len(failed) <= len(checked) // 50
     passed_types = {row["op_name"] for row in checked if row["precision_result"] == "PASS"}
-    assert {"aten.mm.default", "aten.silu.default", "aten.rsqrt.default", "aten.mean.dim", "aten._to_copy.default",
-            "aten.mul.Tensor", "aten.add.Tensor", "aten.cat.default", "aten.neg.default"} <= passed_types
+    assert {
+        "aten.mm.default",
+        "aten.silu.default",
+        "aten.rsqrt.default",
+        "aten.mean.dim",
+        "aten._to_copy.default",
+        "aten.mul.Tensor",
+        "aten.add.Tensor",
+        "aten.cat.default",
+        "aten.neg.default",
+    } <= passed_types

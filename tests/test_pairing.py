@@ -13,14 +13,19 @@ from llmcheck.plugins.native.pairing import map_pairs
 
 
 def _records(*names: str) -> list[TensorRecord]:
-    return [TensorRecord(key=RecordKey(name=name), dtype="float32", shape=(4,), order=order)
-            for order, name in enumerate(names)]
+    return [
+        TensorRecord(key=RecordKey(name=name), dtype="float32", shape=(4,), order=order)
+        for order, name in enumerate(names)
+    ]
 
 
 def test_a_higher_priority_pair_wins_over_a_lower_one_for_the_same_record(tmp_path: Path) -> None:
     golden, my = Dump("a", tmp_path, _records("x")), Dump("a", tmp_path, _records("p", "q"))
-    merged = merge_pairs(golden, my, [Pair(golden.records[0], my.records[0], "sequence", 0),
-                                      Pair(golden.records[0], my.records[1], "rule", 50)])
+    merged = merge_pairs(
+        golden,
+        my,
+        [Pair(golden.records[0], my.records[0], "sequence", 0), Pair(golden.records[0], my.records[1], "rule", 50)],
+    )
     assert [(p.my.key.name, p.rule) for p in merged.pairs] == [("q", "rule")]
     assert [u.record.key.name for u in merged.unmatched_my] == ["p"]
 
@@ -28,8 +33,11 @@ def test_a_higher_priority_pair_wins_over_a_lower_one_for_the_same_record(tmp_pa
 def test_a_one_sided_claim_keeps_a_lower_priority_rule_from_pairing_that_record(tmp_path: Path) -> None:
     golden, my = Dump("a", tmp_path, _records("x")), Dump("a", tmp_path, _records("Cast_3"))
     note = "Cast op inserted by the graph compiler, no FX counterpart"
-    merged = merge_pairs(golden, my, [Pair(None, my.records[0], "ge_fx", 50, note=note),
-                                      Pair(golden.records[0], my.records[0], "sequence", 0)])
+    merged = merge_pairs(
+        golden,
+        my,
+        [Pair(None, my.records[0], "ge_fx", 50, note=note), Pair(golden.records[0], my.records[0], "sequence", 0)],
+    )
     assert merged.pairs == []
     assert [(u.record.key.name, u.note) for u in merged.unmatched_my] == [("Cast_3", note)]
 

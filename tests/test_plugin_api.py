@@ -32,8 +32,9 @@ def _forbidden_imports() -> list[str]:
     for path in sorted(PLUGINS.rglob("*.py")):
         package = "llmcheck.plugins." + path.relative_to(PLUGINS).parts[0]
         for line, module in _llmcheck_imports(path):
-            allowed = (module in ("llmcheck", "llmcheck.plugin_api") or module == package
-                       or module.startswith(package + "."))
+            allowed = (
+                module in ("llmcheck", "llmcheck.plugin_api") or module == package or module.startswith(package + ".")
+            )
             if not allowed:
                 offences.append(f"{path.relative_to(ROOT)}:{line}: imports {module}")
     return offences
@@ -41,13 +42,17 @@ def _forbidden_imports() -> list[str]:
 
 def test_built_in_plugins_import_only_the_plugin_api_and_their_own_package() -> None:
     offences = _forbidden_imports()
-    assert not offences, ("built-in plugins must import llmcheck only through llmcheck.plugin_api "
-                          "(or their own package):\n" + "\n".join(offences))
+    assert not offences, (
+        "built-in plugins must import llmcheck only through llmcheck.plugin_api "
+        "(or their own package):\n" + "\n".join(offences)
+    )
 
 
 def test_the_import_check_names_the_file_and_line_of_a_core_import(tmp_path: Path) -> None:
     stray = tmp_path / "stray.py"
-    stray.write_text('"""A plugin module reaching into the core."""\n\ndef f():\n    from llmcheck.core.store import read_dump\n')
+    stray.write_text(
+        '"""A plugin module reaching into the core."""\n\ndef f():\n    from llmcheck.core.store import read_dump\n'
+    )
     assert _llmcheck_imports(stray) == [(4, "llmcheck.core.store")]
 
 

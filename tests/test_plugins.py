@@ -54,7 +54,9 @@ def test_block_list_removes_the_named_plugins(monkeypatch: pytest.MonkeyPatch) -
     assert "atb" not in names and "manual" not in names and "native" in names
 
 
-def test_trace_logs_every_hook_call_to_stderr(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+def test_trace_logs_every_hook_call_to_stderr(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     monkeypatch.setenv("LLMCHECK_TRACE_PLUGINS", "1")
     build_plugins().sources()
     err = capsys.readouterr().err
@@ -82,8 +84,7 @@ def test_two_plugins_registering_one_metric_name_is_an_error_naming_both() -> No
 
 
 def test_cli_start_up_does_not_import_torch() -> None:
-    code = ("import sys; from llmcheck.core.cli import main; "
-            "rc = main(['--help']); print('torch' in sys.modules)")
+    code = "import sys; from llmcheck.core.cli import main; rc = main(['--help']); print('torch' in sys.modules)"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip().endswith("False")
 
@@ -112,10 +113,29 @@ def _register_seed_flags(register) -> None:
 
 def test_hook_llmcheck_register_capture_backends(llmcheck_plugins, tmp_path: Path) -> None:
     backend = _RecordingBackend()
-    llmcheck_plugins(_plugin("recorder_plugin", llmcheck_register_capture_backends=lambda register: register(backend),
-                             llmcheck_register_backend_options=_register_seed_flags))
-    code = main(["dump", "--backend", "recorder", "-o", str(tmp_path), "-er", "3,5,7,7", "--type", "tensor", "model",
-                 "--exec", f"{sys.executable} -c 'import sys; sys.exit(3)'"])
+    llmcheck_plugins(
+        _plugin(
+            "recorder_plugin",
+            llmcheck_register_capture_backends=lambda register: register(backend),
+            llmcheck_register_backend_options=_register_seed_flags,
+        )
+    )
+    code = main(
+        [
+            "dump",
+            "--backend",
+            "recorder",
+            "-o",
+            str(tmp_path),
+            "-er",
+            "3,5,7,7",
+            "--type",
+            "tensor",
+            "model",
+            "--exec",
+            f"{sys.executable} -c 'import sys; sys.exit(3)'",
+        ]
+    )
     assert code == 3  # the child's exit code comes back
     (request,) = backend.requests
     assert request.command == [sys.executable, "-c", "import sys; sys.exit(3)"]  # quotes honoured, no shell
@@ -124,8 +144,9 @@ def test_hook_llmcheck_register_capture_backends(llmcheck_plugins, tmp_path: Pat
     assert request.output_dir == tmp_path
 
 
-def test_dump_without_backend_uses_the_backend_that_declares_itself_default(llmcheck_plugins, tmp_path: Path,
-                                                                           capsys: pytest.CaptureFixture[str]) -> None:
+def test_dump_without_backend_uses_the_backend_that_declares_itself_default(
+    llmcheck_plugins, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     assert get_plugins().capture_backend(None).name == "torch"  # the built-in torch backend declares is_default
     claimant = _RecordingBackend()
     claimant.is_default = True
@@ -133,6 +154,8 @@ def test_dump_without_backend_uses_the_backend_that_declares_itself_default(llmc
     assert main(["dump", "-o", str(tmp_path), "--", "true"]) == 2
     assert "--backend: several backends claim to be the default (" in capsys.readouterr().err
     assert claimant.requests == []
+
+
 def _positive_shots(value: int, flag: str) -> int:
     if value < 1:
         raise UsageError(f"invalid value {value}", where=flag, hint="give 1 or more shots")
@@ -140,23 +163,58 @@ def _positive_shots(value: int, flag: str) -> int:
 
 
 def _register_recorder_options(register) -> None:
-    register(BackendOption("recorder", "shots", "How many times to run the program.", type=int, default=1,
-                           aliases=("-n",), parse=_positive_shots))
+    register(
+        BackendOption(
+            "recorder",
+            "shots",
+            "How many times to run the program.",
+            type=int,
+            default=1,
+            aliases=("-n",),
+            parse=_positive_shots,
+        )
+    )
     register(BackendOption("recorder", "mode", "How to run it.", choices=("fast", "careful"), default="fast"))
     register(BackendOption("recorder", "quiet", "Say nothing.", type=bool))
     register(BackendOption("another", "only_elsewhere", "An option of another backend."))
 
 
-def test_hook_llmcheck_register_backend_options(llmcheck_plugins, tmp_path: Path,
-                                                capsys: pytest.CaptureFixture[str]) -> None:
+def test_hook_llmcheck_register_backend_options(
+    llmcheck_plugins, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     backend = _RecordingBackend()
-    llmcheck_plugins(_plugin("recorder_plugin", llmcheck_register_capture_backends=lambda register: register(backend),
-                             llmcheck_register_backend_options=_register_recorder_options))
-    assert main(["dump", "--backend", "recorder", "-o", str(tmp_path / "a"), "-n", "3", "--mode", "careful",
-                 "--", sys.executable, "-c", "pass"]) == 0
+    llmcheck_plugins(
+        _plugin(
+            "recorder_plugin",
+            llmcheck_register_capture_backends=lambda register: register(backend),
+            llmcheck_register_backend_options=_register_recorder_options,
+        )
+    )
+    assert (
+        main(
+            [
+                "dump",
+                "--backend",
+                "recorder",
+                "-o",
+                str(tmp_path / "a"),
+                "-n",
+                "3",
+                "--mode",
+                "careful",
+                "--",
+                sys.executable,
+                "-c",
+                "pass",
+            ]
+        )
+        == 0
+    )
     assert main(["dump", "--backend=recorder", "-o", str(tmp_path / "b"), "--quiet", "--", "true"]) == 0
     assert [request.options for request in backend.requests] == [
-        {"shots": 3, "mode": "careful", "quiet": False}, {"shots": 1, "mode": "fast", "quiet": True}]
+        {"shots": 3, "mode": "careful", "quiet": False},
+        {"shots": 1, "mode": "fast", "quiet": True},
+    ]
     capsys.readouterr()
     assert main(["dump", "--backend", "recorder", "--help"]) == 0
     help_text = " ".join(capsys.readouterr().out.split())
@@ -165,10 +223,16 @@ def test_hook_llmcheck_register_backend_options(llmcheck_plugins, tmp_path: Path
     assert "--save-time" not in help_text  # the seed flags are the torch and atb backends' own
     for args, expected in (
         (["-n", "0"], "llmcheck: error: -n/--shots: invalid value 0 (give 1 or more shots)\n"),
-        (["--mode", "slow"], "llmcheck: error: Invalid value for '--mode': 'slow' is not one of 'fast', 'careful'. "
-                             "(see 'llmcheck dump --help')\n"),
-        (["--only-elsewhere", "x"], "llmcheck: error: --only-elsewhere: is an option of backend another, not recorder "
-                                    "('llmcheck dump --backend recorder --help' lists recorder's options)\n"),
+        (
+            ["--mode", "slow"],
+            "llmcheck: error: Invalid value for '--mode': 'slow' is not one of 'fast', 'careful'. "
+            "(see 'llmcheck dump --help')\n",
+        ),
+        (
+            ["--only-elsewhere", "x"],
+            "llmcheck: error: --only-elsewhere: is an option of backend another, not recorder "
+            "('llmcheck dump --backend recorder --help' lists recorder's options)\n",
+        ),
     ):
         assert main(["dump", "--backend", "recorder", "-o", str(tmp_path / "c"), *args, "--", "true"]) == 2
         assert capsys.readouterr().err == expected
@@ -186,8 +250,14 @@ def test_two_plugins_declaring_one_flag_of_a_backend_is_an_error_naming_both(llm
 
 
 def test_a_backend_option_that_cannot_be_a_flag_is_a_plugin_error(llmcheck_plugins) -> None:
-    facade = llmcheck_plugins(_plugin("bad_plugin", llmcheck_register_backend_options=lambda register: register(
-        BackendOption("torch", "output", "Takes dump's own -o."))))
+    facade = llmcheck_plugins(
+        _plugin(
+            "bad_plugin",
+            llmcheck_register_backend_options=lambda register: register(
+                BackendOption("torch", "output", "Takes dump's own -o.")
+            ),
+        )
+    )
     with pytest.raises(PluginError, match="backend option '--output' of backend 'torch' cannot be a flag"):
         facade.backend_options()
 
@@ -199,8 +269,14 @@ def _write_verdicts(result, path: Path) -> None:
 def test_hook_llmcheck_register_reporters(llmcheck_plugins, make_llmcheck_dump, tmp_path: Path) -> None:
     import torch
 
-    llmcheck_plugins(_plugin("verdicts_plugin", llmcheck_register_reporters=lambda register: register(
-        Reporter("verdicts", "one line per pair: name and verdict", "verdicts.txt", _write_verdicts))))
+    llmcheck_plugins(
+        _plugin(
+            "verdicts_plugin",
+            llmcheck_register_reporters=lambda register: register(
+                Reporter("verdicts", "one line per pair: name and verdict", "verdicts.txt", _write_verdicts)
+            ),
+        )
+    )
     golden = make_llmcheck_dump(tmp_path / "golden", {"a": torch.ones(4), "b": torch.ones(4)})
     my = make_llmcheck_dump(tmp_path / "my", {"a": torch.ones(4), "b": torch.full((4,), 2.0)})
     out = tmp_path / "out"
@@ -212,8 +288,14 @@ def test_hook_llmcheck_register_reporters(llmcheck_plugins, make_llmcheck_dump, 
 
 
 def test_two_plugins_registering_one_report_name_is_an_error_naming_both(llmcheck_plugins) -> None:
-    facade = llmcheck_plugins(_plugin("csv_plugin", llmcheck_register_reporters=lambda register: register(
-        Reporter("csv", "another CSV", "other.csv", _write_verdicts))))
+    facade = llmcheck_plugins(
+        _plugin(
+            "csv_plugin",
+            llmcheck_register_reporters=lambda register: register(
+                Reporter("csv", "another CSV", "other.csv", _write_verdicts)
+            ),
+        )
+    )
     with pytest.raises(PluginError, match="reporter 'csv' is registered by both") as raised:
         facade.reporters()
     assert {"'reports'", "'csv_plugin'"} <= set(str(raised.value).split())
@@ -222,22 +304,32 @@ def test_two_plugins_registering_one_report_name_is_an_error_naming_both(llmchec
 def _load_csv_dump(path: Path, source: str | None) -> Dump | None:
     if source not in (None, "csvtensors") or path.suffix != ".csv":
         return None
-    records = [TensorRecord(key=RecordKey(name=line.split(",")[0]), dtype="float32", shape=(1,), order=order)
-               for order, line in enumerate(path.read_text().splitlines())]
+    records = [
+        TensorRecord(key=RecordKey(name=line.split(",")[0]), dtype="float32", shape=(1,), order=order)
+        for order, line in enumerate(path.read_text().splitlines())
+    ]
     return Dump(source="csvtensors", root=path, records=records)
 
 
 def test_hook_llmcheck_register_sources(llmcheck_plugins) -> None:
-    facade = llmcheck_plugins(_plugin("csv_plugin", llmcheck_register_sources=lambda register: register(
-        SourceInfo("csvtensors", "one tensor per CSV line"))))
+    facade = llmcheck_plugins(
+        _plugin(
+            "csv_plugin",
+            llmcheck_register_sources=lambda register: register(SourceInfo("csvtensors", "one tensor per CSV line")),
+        )
+    )
     assert facade.sources()["csvtensors"].description == "one tensor per CSV line"
     assert "llmcheck" in facade.sources()
 
 
 def test_hook_llmcheck_load_tensors(llmcheck_plugins, tmp_path: Path) -> None:
-    facade = llmcheck_plugins(_plugin(
-        "csv_plugin", llmcheck_load_tensors=_load_csv_dump,
-        llmcheck_register_sources=lambda register: register(SourceInfo("csvtensors", "csv"))))
+    facade = llmcheck_plugins(
+        _plugin(
+            "csv_plugin",
+            llmcheck_load_tensors=_load_csv_dump,
+            llmcheck_register_sources=lambda register: register(SourceInfo("csvtensors", "csv")),
+        )
+    )
     csv_file = tmp_path / "run.csv"
     csv_file.write_text("embed,1\nlayer0,2\n")
     dump = facade.load_tensors(csv_file)
@@ -270,8 +362,21 @@ def third_party_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     site = tmp_path_factory.mktemp("third_party_site")
     source = tmp_path_factory.mktemp("third_party_source") / "llmcheck-maxulp"
     shutil.copytree(THIRD_PARTY, source)  # building writes build/ and egg-info beside the sources: not in the repo
-    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
-                    "--target", str(site), str(source)], check=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--no-deps",
+            "--no-build-isolation",
+            "--target",
+            str(site),
+            str(source),
+        ],
+        check=True,
+    )
     return site
 
 
@@ -286,8 +391,12 @@ def test_hook_llmcheck_register_metrics(third_party_site: Path) -> None:
     listed = {entry["name"]: entry for entry in json.loads(result.stdout)}
     assert listed["maxulp"]["distribution"] == "llmcheck-maxulp"
     assert listed["maxulp"]["version"] == "1.2.3"
-    assert listed["maxulp"]["hooks"] == ["llmcheck_register_backend_options", "llmcheck_register_capture_backends",
-                                         "llmcheck_register_metrics", "llmcheck_register_reporters"]
+    assert listed["maxulp"]["hooks"] == [
+        "llmcheck_register_backend_options",
+        "llmcheck_register_capture_backends",
+        "llmcheck_register_metrics",
+        "llmcheck_register_reporters",
+    ]
     assert set(listed) >= BUILTIN_PLUGINS
     table = _run_llmcheck(["plugins"], third_party_site)
     assert "max_ulp" in table.stdout
@@ -313,16 +422,18 @@ def test_hook_llmcheck_export_onnx(llmcheck_plugins, tmp_path: Path, capsys: pyt
     assert "no plugin recognises this topology file" in capsys.readouterr().err
 
 
-def test_third_party_metric_is_a_column_of_every_compare(third_party_site: Path, make_llmcheck_dump,
-                                                         tmp_path: Path) -> None:
+def test_third_party_metric_is_a_column_of_every_compare(
+    third_party_site: Path, make_llmcheck_dump, tmp_path: Path
+) -> None:
     import csv
 
     import torch
 
     golden = make_llmcheck_dump(tmp_path / "golden", {"x": torch.ones(8)})
-    my = make_llmcheck_dump(tmp_path / "my", {"x": torch.full((8,), 1 + 2 ** -20)})  # 8 float32 ULPs off
-    result = _run_llmcheck(["compare", "-gp", str(golden), "-mp", str(my), "-o", str(tmp_path / "out"), "-j", "1"],
-                           third_party_site)
+    my = make_llmcheck_dump(tmp_path / "my", {"x": torch.full((8,), 1 + 2**-20)})  # 8 float32 ULPs off
+    result = _run_llmcheck(
+        ["compare", "-gp", str(golden), "-mp", str(my), "-o", str(tmp_path / "out"), "-j", "1"], third_party_site
+    )
     assert result.returncode in (0, 3), result.stderr
     with open(tmp_path / "out" / "cmp_report.csv", newline="") as report:
         (row,) = list(csv.DictReader(report))
@@ -330,26 +441,47 @@ def test_third_party_metric_is_a_column_of_every_compare(third_party_site: Path,
 
 
 def test_a_pip_installed_plugin_adds_a_reporter_and_a_backend_with_options_without_a_core_change(
-        third_party_site: Path, make_llmcheck_dump, tmp_path: Path) -> None:
+    third_party_site: Path, make_llmcheck_dump, tmp_path: Path
+) -> None:
     import torch
 
     golden = make_llmcheck_dump(tmp_path / "golden", {"x": torch.ones(8)})
-    my = make_llmcheck_dump(tmp_path / "my", {"x": torch.full((8,), 1 + 2 ** -20)})  # 8 float32 ULPs off
-    compared = _run_llmcheck(["compare", "-gp", str(golden), "-mp", str(my), "-o", str(tmp_path / "out"), "-j", "1",
-                              "--report", "ulp"], third_party_site)
+    my = make_llmcheck_dump(tmp_path / "my", {"x": torch.full((8,), 1 + 2**-20)})  # 8 float32 ULPs off
+    compared = _run_llmcheck(
+        ["compare", "-gp", str(golden), "-mp", str(my), "-o", str(tmp_path / "out"), "-j", "1", "--report", "ulp"],
+        third_party_site,
+    )
     assert compared.returncode in (0, 3), compared.stderr
     assert json.loads((tmp_path / "out" / "max_ulp.json").read_text()) == {"x step 0 output.0": 8.0}
 
     helped = _run_llmcheck(["dump", "--backend", "stamp", "--help"], third_party_site)
     assert helped.returncode == 0 and "--label TEXT" in helped.stdout and "--times INTEGER" in helped.stdout
     out = tmp_path / "stamped"
-    dumped = _run_llmcheck(["dump", "--backend", "stamp", "--label", "golden", "--times", "2", "-o", str(out),
-                            "--", sys.executable, "-c", "import sys; sys.exit(4)"], third_party_site)
+    dumped = _run_llmcheck(
+        [
+            "dump",
+            "--backend",
+            "stamp",
+            "--label",
+            "golden",
+            "--times",
+            "2",
+            "-o",
+            str(out),
+            "--",
+            sys.executable,
+            "-c",
+            "import sys; sys.exit(4)",
+        ],
+        third_party_site,
+    )
     assert dumped.returncode == 4, dumped.stderr
     stamp = json.loads((out / "stamp.json").read_text())
     assert stamp == {"label": "golden", "argv": [sys.executable, "-c", "import sys; sys.exit(4)"], "exit_codes": [4, 4]}
-    wrong = _run_llmcheck(["dump", "--backend", "stamp", "--times", "twice", "-o", str(out), "--", "true"],
-                          third_party_site)
+    wrong = _run_llmcheck(
+        ["dump", "--backend", "stamp", "--times", "twice", "-o", str(out), "--", "true"], third_party_site
+    )
     assert wrong.returncode == 2
-    assert wrong.stderr == ("llmcheck: error: Invalid value for '--times': 'twice' is not a valid integer. "
-                            "(see 'llmcheck dump --help')\n")
+    assert wrong.stderr == (
+        "llmcheck: error: Invalid value for '--times': 'twice' is not a valid integer. (see 'llmcheck dump --help')\n"
+    )

@@ -27,9 +27,16 @@ def _llama(attention: str = "sdpa") -> torch.nn.Module:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    config = LlamaConfig(hidden_size=128, intermediate_size=256, num_hidden_layers=6, num_attention_heads=4,
-                         num_key_value_heads=2, vocab_size=512, max_position_embeddings=128,
-                         attn_implementation=attention)
+    config = LlamaConfig(
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=6,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=512,
+        max_position_embeddings=128,
+        attn_implementation=attention,
+    )
     model = LlamaForCausalLM(config).eval()
     for parameter in model.parameters():  # trained-model scale: an O(1) residual stream
         if parameter.dim() == 2:
@@ -82,7 +89,9 @@ def test_bf16_weight_five_percent_off_is_named_although_the_bf16_table_passes_it
     assert culprit.structure == "model.layers.{i}.mlp.down_proj" and culprit.layer_index == 2
     # one defect, one introduced row; its mlp only encloses it
     assert _introduced(result) == [culprit.golden.key.label()]
-    mlp = next(row for row in result.rows if row.golden.key.name == "model.layers.2.mlp" and row.golden.key.io == "output")
+    mlp = next(
+        row for row in result.rows if row.golden.key.name == "model.layers.2.mlp" and row.golden.key.io == "output"
+    )
     assert mlp.attribution in ("encloses", "")
     described = result.summary()["first_introduced"]
     assert described["growth"] == pytest.approx(culprit.growth, rel=1e-5) and described["evidence"] == culprit.evidence
@@ -103,14 +112,16 @@ def test_weight_digests_name_a_weight_that_is_not_the_golden_rounded_to_bf16(lla
     culprit = result.first_introduced
     assert culprit is not None and (culprit.golden.key.name, culprit.golden.key.io) == (DEFECTIVE, "output")
     assert culprit.deciding_metric == "weights_beyond_rounding" and culprit.verdict == "fail"
-    assert culprit.evidence == (f"weights differ from golden beyond bfloat16 rounding: {DEFECTIVE}.weight "
-                                "(the digests of their values differ)")
+    assert culprit.evidence == (
+        f"weights differ from golden beyond bfloat16 rounding: {DEFECTIVE}.weight (the digests of their values differ)"
+    )
     assert _introduced(result) == [culprit.golden.key.label()]
 
 
 def test_weight_digests_are_taken_at_every_dtype_the_other_run_may_use(fp32_golden, llama, tmp_path):
-    first_norm = next(r for r in fp32_golden.records
-                      if r.key.name == "model.layers.0.input_layernorm" and r.key.io == "output")
+    first_norm = next(
+        r for r in fp32_golden.records if r.key.name == "model.layers.0.input_layernorm" and r.key.io == "output"
+    )
     golden_entry = first_norm.attrs["parameter_digests"]["weight"]
     assert golden_entry["dtype"] == "float32" and set(golden_entry["rounded"]) == {"float32", "float16", "bfloat16"}
     my = _dump(copy.deepcopy(llama).to(torch.bfloat16), tmp_path)
@@ -118,8 +129,14 @@ def test_weight_digests_are_taken_at_every_dtype_the_other_run_may_use(fp32_gold
     my_entry = my_norm.attrs["parameter_digests"]["weight"]
     assert my_entry["dtype"] == "bfloat16" and my_entry["rounded"] == {"bfloat16": golden_entry["rounded"]["bfloat16"]}
     # only the first output record of a module's first call carries them, and modules without own parameters none
-    assert sum("parameter_digests" in r.attrs for r in fp32_golden.records
-               if r.key.name == "model.layers.0.input_layernorm") == 1
+    assert (
+        sum(
+            "parameter_digests" in r.attrs
+            for r in fp32_golden.records
+            if r.key.name == "model.layers.0.input_layernorm"
+        )
+        == 1
+    )
     assert not any("parameter_digests" in r.attrs for r in fp32_golden.records if r.key.name == "model.layers.0.mlp")
 
 
@@ -138,8 +155,9 @@ def test_statistics_only_capture_names_the_defect_in_bf16(llama, tmp_path):
     my = _dump(_scaled(llama).to(torch.bfloat16), tmp_path / "my", statistics_only=True)
     result = compare_dumps(golden, my, workers=1)
     assert result.first_introduced is not None and result.first_introduced.golden.key.name == DEFECTIVE
-    clean = compare_dumps(golden, _dump(copy.deepcopy(llama).to(torch.bfloat16), tmp_path / "clean",
-                                        statistics_only=True), workers=1)
+    clean = compare_dumps(
+        golden, _dump(copy.deepcopy(llama).to(torch.bfloat16), tmp_path / "clean", statistics_only=True), workers=1
+    )
     assert clean.counts()["failures"] == 0
 
 
@@ -166,8 +184,15 @@ def test_attention_kernel_swap_sdpa_to_eager_gives_no_failure_at_op_level(tmp_pa
 
     def tiny(attention: str) -> torch.nn.Module:
         torch.manual_seed(0)
-        config = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4,
-                             num_key_value_heads=2, vocab_size=256, attn_implementation=attention)
+        config = LlamaConfig(
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=3,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            vocab_size=256,
+            attn_implementation=attention,
+        )
         return LlamaForCausalLM(config).eval()
 
     ids = IDS[:, :16] % 256
@@ -194,26 +219,36 @@ def test_additive_mask_sentinels_agree_across_dtypes_and_a_lost_mask_does_not(tm
 
     def data(tensor: torch.Tensor, name: str) -> TensorData:
         path = tmp_path / name
-        raw = tensor.contiguous().view(torch.uint8).numpy().tobytes() if tensor.dtype == torch.bfloat16 \
+        raw = (
+            tensor.contiguous().view(torch.uint8).numpy().tobytes()
+            if tensor.dtype == torch.bfloat16
             else tensor.numpy().tobytes()
+        )
         path.write_bytes(raw)
-        return TensorData(dtype=str(tensor.dtype).removeprefix("torch."), shape=tuple(tensor.shape), path=path,
-                          nbytes=len(raw))
+        return TensorData(
+            dtype=str(tensor.dtype).removeprefix("torch."), shape=tuple(tensor.shape), path=path, nbytes=len(raw)
+        )
 
     scores = torch.tensor([[0.5, -1.0, 2.0, 0.25]])
     golden = torch.where(torch.tensor([[True, True, False, False]]), scores, torch.finfo(torch.float32).min)
     for dtype in (torch.float16, torch.bfloat16):
         mask = torch.where(torch.tensor([[True, True, False, False]]), scores.to(dtype), torch.finfo(dtype).min)
-        measured = measure_pair(PairJob(0, data(golden, "g"), data(mask, f"m{dtype}")), builtin_metric_specs(),
-                                Workspace(64))
+        measured = measure_pair(
+            PairJob(0, data(golden, "g"), data(mask, f"m{dtype}")), builtin_metric_specs(), Workspace(64)
+        )
         assert measured.masked == 2 and measured.nonfinite_mismatch == 0
         assert measured.values["relative_euclidean_distance"] == 0.0
-    lost = measure_pair(PairJob(0, data(golden, "g"), data(torch.full((1, 4), -10.0, dtype=torch.float16), "lost")),
-                        builtin_metric_specs(), Workspace(64))
+    lost = measure_pair(
+        PairJob(0, data(golden, "g"), data(torch.full((1, 4), -10.0, dtype=torch.float16), "lost")),
+        builtin_metric_specs(),
+        Workspace(64),
+    )
     assert lost.values["max_absolute_error"] > 1e30  # an fp32 mask value against -10 is measured as the number it is
-    overflow = measure_pair(PairJob(0, data(torch.tensor([70000.0]), "big"),
-                                    data(torch.tensor([math.inf], dtype=torch.float16), "inf")),
-                            builtin_metric_specs(), Workspace(64))
+    overflow = measure_pair(
+        PairJob(0, data(torch.tensor([70000.0]), "big"), data(torch.tensor([math.inf], dtype=torch.float16), "inf")),
+        builtin_metric_specs(),
+        Workspace(64),
+    )
     assert overflow.nonfinite_mismatch == 1  # an fp16 overflow is never mistaken for a mask
     assert np.isfinite(overflow.golden_stats.max)
 
@@ -225,7 +260,9 @@ def test_eager_attention_with_finfo_min_mask_gives_no_false_culprit(tmp_path, dt
     options = {"statistics_only": True} if capture == "statistics" else {"mode": "op"} if capture == "op" else {}
     golden = _dump(model, tmp_path / "golden", **options)
     result = compare_dumps(golden, _dump(copy.deepcopy(model).to(dtype), tmp_path / "my", **options), workers=1)
-    assert result.counts()["failures"] == 0, [row.golden.key.label() for row in result.rows if row.verdict == "fail"][:5]
+    assert result.counts()["failures"] == 0, [row.golden.key.label() for row in result.rows if row.verdict == "fail"][
+        :5
+    ]
     assert result.first_introduced is None
 
 
@@ -239,8 +276,10 @@ def test_an_op_only_the_my_run_executes_is_named_as_the_suspect(tmp_path):
     result = compare_dumps(golden, _dump(my_model, tmp_path / "my", mode="op"), workers=1)
     suspects = result.summary()["suspects"]
     assert [entry["name"] for entry in suspects["my_only"]][:1] == ["model.layers.2.mlp/aten.mul.Tensor"]
-    assert "the my-run executes 1 operation here that the golden run does not: model.layers.2.mlp/aten.mul.Tensor" \
+    assert (
+        "the my-run executes 1 operation here that the golden run does not: model.layers.2.mlp/aten.mul.Tensor"
         in suspects["sentence"]
+    )
     from llmcheck.core.reporters import write_reports
 
     html = write_reports(result, tmp_path / "report")["html"].read_text()
@@ -253,8 +292,9 @@ def test_an_op_only_the_my_run_executes_is_named_as_the_suspect(tmp_path):
 
 def test_op_level_weights_that_differ_beyond_bf16_rounding_are_introduced_where_they_enter(llama, tmp_path):
     golden = _dump(llama, tmp_path / "golden", mode="op")
-    clean = compare_dumps(golden, _dump(copy.deepcopy(llama).to(torch.bfloat16), tmp_path / "clean", mode="op"),
-                          workers=1)
+    clean = compare_dumps(
+        golden, _dump(copy.deepcopy(llama).to(torch.bfloat16), tmp_path / "clean", mode="op"), workers=1
+    )
     assert clean.counts()["failures"] == 0  # weights rounded to bf16 are not a defect
     assert any(row.golden.attrs.get("parameter") == f"{DEFECTIVE}.weight" for row in clean.rows)
     result = compare_dumps(golden, _dump(_scaled(llama).to(torch.bfloat16), tmp_path / "my", mode="op"), workers=1)
@@ -299,6 +339,7 @@ def test_opcheck_counts_a_mask_at_the_dumped_dtypes_minus_infinity_as_agreeing()
     dumped = torch.tensor([-math.inf, 1.0, 2.0], dtype=torch.float16)  # the fp16 kernel rounds it to -inf
     measured = measure_output(reference, dumped, criterion)
     assert measured.nonfinite_mismatch == 0 and measured.max_abs_error == 0.0
-    overflow = measure_output(torch.tensor([3.0], dtype=torch.float64), torch.tensor([math.inf], dtype=torch.float16),
-                              criterion)
+    overflow = measure_output(
+        torch.tensor([3.0], dtype=torch.float64), torch.tensor([math.inf], dtype=torch.float16), criterion
+    )
     assert overflow.nonfinite_mismatch == 1  # an infinity where the reference is ordinary stays a mismatch

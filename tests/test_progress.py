@@ -39,12 +39,16 @@ def _generate_with_capture(model: torch.nn.Module, folder: Path) -> None:
         model.generate(PROMPT, max_new_tokens=3, do_sample=False)
 
 
-def test_a_dump_logs_one_line_per_step_when_not_on_a_terminal(tiny_llama, tmp_path: Path,
-                                                              caplog: pytest.LogCaptureFixture) -> None:
+def test_a_dump_logs_one_line_per_step_when_not_on_a_terminal(
+    tiny_llama, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     with caplog.at_level(logging.INFO, logger="llmcheck"):
         _generate_with_capture(tiny_llama, tmp_path)
-    lines = [STEP_LINE.fullmatch(record.getMessage()) for record in caplog.records
-             if record.name == "llmcheck.torch.progress"]
+    lines = [
+        STEP_LINE.fullmatch(record.getMessage())
+        for record in caplog.records
+        if record.name == "llmcheck.torch.progress"
+    ]
     assert all(lines) and [int(line.group(1)) for line in lines] == [0, 1, 2]
     records = [int(line.group(2)) for line in lines]
     megabytes = [float(line.group(3)) for line in lines]
@@ -61,8 +65,20 @@ def _llmcheck_dump(tmp_path: Path, *flags: str, stderr_on_terminal: bool) -> str
     tmp_path.mkdir(exist_ok=True)
     script = tmp_path / "infer.py"
     script.write_text(SCRIPT)
-    argv = [sys.executable, "-m", "llmcheck.core.cli", "dump", "-o", str(tmp_path / "out"), "-er", "all", *flags,
-            "--", "python", str(script)]
+    argv = [
+        sys.executable,
+        "-m",
+        "llmcheck.core.cli",
+        "dump",
+        "-o",
+        str(tmp_path / "out"),
+        "-er",
+        "all",
+        *flags,
+        "--",
+        "python",
+        str(script),
+    ]
     env = {**os.environ, "COLUMNS": "160"}
     if not stderr_on_terminal:
         return subprocess.run(argv, capture_output=True, text=True, timeout=300, env=env).stderr
@@ -106,8 +122,9 @@ def test_llmcheck_dump_at_log_level_warning_prints_no_progress(tmp_path: Path) -
     assert "step" not in _llmcheck_dump(tmp_path, "-l", "warning", stderr_on_terminal=False)
 
 
-def test_compare_logs_progress_lines_when_its_output_is_piped(tiny_llama, tmp_path: Path,
-                                                             caplog: pytest.LogCaptureFixture) -> None:
+def test_compare_logs_progress_lines_when_its_output_is_piped(
+    tiny_llama, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     golden = capture_run(tiny_llama, PROMPT, tmp_path / "golden")
     with scaled_weight(tiny_llama, "model.layers.1.mlp.down_proj", 1.5):
         my = capture_run(tiny_llama, PROMPT, tmp_path / "my")
@@ -115,9 +132,12 @@ def test_compare_logs_progress_lines_when_its_output_is_piped(tiny_llama, tmp_pa
     piped = Console(file=io.StringIO())
     assert not piped.is_terminal
     with caplog.at_level(logging.INFO, logger="llmcheck"):
-        compare_with_progress(plugins.load_tensors(golden), plugins.load_tensors(my), console=piped, workers=1,
-                              progress_interval_s=0.0)
-    percents = [int(match.group(1)) for record in caplog.records
-                if (match := re.fullmatch(r"comparing: (\d+)% \([\d.]+ of [\d.]+ GB, [\d.]+ GB/s\)",
-                                          record.getMessage()))]
+        compare_with_progress(
+            plugins.load_tensors(golden), plugins.load_tensors(my), console=piped, workers=1, progress_interval_s=0.0
+        )
+    percents = [
+        int(match.group(1))
+        for record in caplog.records
+        if (match := re.fullmatch(r"comparing: (\d+)% \([\d.]+ of [\d.]+ GB, [\d.]+ GB/s\)", record.getMessage()))
+    ]
     assert percents[0] == 0 and percents[-1] == 100 and percents == sorted(set(percents)) and len(percents) >= 5

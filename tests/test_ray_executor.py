@@ -38,8 +38,12 @@ def ray_cluster() -> Iterator[object]:
     except ImportError as exc:
         pytest.skip(f"ray is not installed (pip install 'llmcheck[ray]'): {exc}")
     python_path = os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
-             runtime_env={"env_vars": {"PYTHONPATH": python_path, "OMP_NUM_THREADS": "1"}})
+    ray.init(
+        num_cpus=2,
+        include_dashboard=False,
+        log_to_driver=False,
+        runtime_env={"env_vars": {"PYTHONPATH": python_path, "OMP_NUM_THREADS": "1"}},
+    )
     yield ray
     ray.shutdown()
 
@@ -59,15 +63,31 @@ def two_runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 
 @pytest.mark.slow
 def test_the_ray_executor_writes_the_same_report_as_the_local_one_bit_for_bit(
-        ray_cluster: object, two_runs: tuple[Path, Path], tmp_path: Path) -> None:
+    ray_cluster: object, two_runs: tuple[Path, Path], tmp_path: Path
+) -> None:
     golden, my = two_runs
     # The local executor as a large compare runs it: BLAS on one thread, as in its worker processes.
-    local = subprocess.run([sys.executable, "-m", "llmcheck.core.cli", "compare", "-gp", str(golden), "-mp", str(my),
-                            "-o", str(tmp_path / "local"), "-j", "1"], capture_output=True, text=True,
-                           env={**os.environ, **SINGLE_THREADED_BLAS})
+    local = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "llmcheck.core.cli",
+            "compare",
+            "-gp",
+            str(golden),
+            "-mp",
+            str(my),
+            "-o",
+            str(tmp_path / "local"),
+            "-j",
+            "1",
+        ],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **SINGLE_THREADED_BLAS},
+    )
     assert local.returncode == 3, local.stderr
-    assert main(["compare", "-gp", str(golden), "-mp", str(my), "-o", str(tmp_path / "ray"),
-                 "--executor", "ray"]) == 3
+    assert main(["compare", "-gp", str(golden), "-mp", str(my), "-o", str(tmp_path / "ray"), "--executor", "ray"]) == 3
     local_csv = (tmp_path / "local" / "cmp_report.csv").read_text()
     assert (tmp_path / "ray" / "cmp_report.csv").read_text() == local_csv  # every metric column, bit for bit
     local, remote = (json.loads((tmp_path / side / "summary.json").read_text()) for side in ("local", "ray"))
@@ -88,7 +108,8 @@ def _with_loader(dump: Dump, loader_for) -> Dump:
 
 @pytest.mark.slow
 def test_a_dead_worker_is_retried_and_a_pair_that_still_fails_is_an_error_row(
-        ray_cluster: object, two_runs: tuple[Path, Path], tmp_path: Path) -> None:
+    ray_cluster: object, two_runs: tuple[Path, Path], tmp_path: Path
+) -> None:
     from ray_faults import always_dies, dies_once
 
     golden, my = (get_plugins().load_tensors(path) for path in two_runs)
@@ -114,24 +135,28 @@ def test_a_dead_worker_is_retried_and_a_pair_that_still_fails_is_an_error_row(
             assert by_label[label].verdict == "error"
             assert by_label[label].reason.startswith("measuring failed on the Ray cluster:")
         else:
-            assert {name: result.value for name, result in by_label[label].metrics.items()} == \
-                   {name: result.value for name, result in row.metrics.items()}, label
+            assert {name: result.value for name, result in by_label[label].metrics.items()} == {
+                name: result.value for name, result in row.metrics.items()
+            }, label
 
 
 def test_pairs_are_chunked_by_the_files_they_read(tmp_path: Path) -> None:
     def job(index: int, golden_file: str, my_file: str, nbytes: int) -> PairJob:
-        return PairJob(index=index, golden=TensorData("float32", (nbytes // 4,), tmp_path / golden_file, 0, nbytes),
-                       my=TensorData("float32", (nbytes // 4,), tmp_path / my_file, 0, nbytes))
+        return PairJob(
+            index=index,
+            golden=TensorData("float32", (nbytes // 4,), tmp_path / golden_file, 0, nbytes),
+            my=TensorData("float32", (nbytes // 4,), tmp_path / my_file, 0, nbytes),
+        )
 
     jobs = [job(0, "g0", "m0", 100), job(1, "g1", "m1", 100), job(2, "g0", "m0", 100), job(3, "g0", "m0", 100)]
     chunks = chunks_by_location(jobs, target_bytes=400)
     assert [[j.index for j in chunk] for chunk in chunks] == [[0, 2], [3], [1]]
 
 
-def test_a_ray_address_without_the_ray_executor_is_one_line_saying_so(two_runs: tuple[Path, Path], tmp_path: Path,
-                                                                       capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_ray_address_without_the_ray_executor_is_one_line_saying_so(
+    two_runs: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     golden, my = two_runs
-    code = main(["compare", "-gp", str(golden), "-mp", str(my), "-o", str(tmp_path / "out"),
-                 "--ray-address", "auto"])
+    code = main(["compare", "-gp", str(golden), "-mp", str(my), "-o", str(tmp_path / "out"), "--ray-address", "auto"])
     err = capsys.readouterr().err
     assert code == 2 and err == "llmcheck: error: --ray-address: is only used by --executor ray\n"

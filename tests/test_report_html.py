@@ -112,10 +112,16 @@ def test_headline_chart_plots_each_layer_and_names_the_culprit(compared, rendere
     culprit = re.search(r'<text id="culprit"[^>]*>([^<]*)</text>', headline).group(1)
     assert culprit == f"introduced here: {DEFECT} step 0 output.0"
     assert headline.count("<circle") == len(ticks)
-    verdicts = {row.golden.key.name: row.verdict for row in result.rows
-                if row.golden.key.io == "output" and row.golden.key.position == "0"}
-    failing = [name for name in verdicts if re.fullmatch(r"model\.(layers\.\d+|embed_tokens|norm)|lm_head", name)
-               and verdicts[name] == "fail"]
+    verdicts = {
+        row.golden.key.name: row.verdict
+        for row in result.rows
+        if row.golden.key.io == "output" and row.golden.key.position == "0"
+    }
+    failing = [
+        name
+        for name in verdicts
+        if re.fullmatch(r"model\.(layers\.\d+|embed_tokens|norm)|lm_head", name) and verdicts[name] == "fail"
+    ]
     assert len(re.findall(r'<circle [^>]*fill="#c62828"', headline)) == len(failing)
     assert re.search(r'<path id="culprit-point"', headline)  # the culprit's own error, in its layer
 
@@ -135,8 +141,10 @@ def test_each_metric_chart_draws_only_the_pairs_it_judged(compared, rendered) ->
     dom, _ = rendered
     plots = section(dom, "plots")
     assert '<details class="plots">' in plots  # folded away by default
-    judged = {spec.name: sum(1 for row in result.rows if row.metrics[spec.name].fail_threshold is not None)
-              for spec in result.metric_specs}
+    judged = {
+        spec.name: sum(1 for row in result.rows if row.metrics[spec.name].fail_threshold is not None)
+        for spec in result.metric_specs
+    }
     titles = [html.unescape(title) for title in re.findall(r'<div class="chart"><h3>([^<]*)</h3>', plots)]
     assert len(titles) == len(result.metric_specs)
     for title in titles:
@@ -165,8 +173,12 @@ def render_with_hash(page: Path, fragment: str) -> tuple[str, str]:
 
     from headless_browser import browser_command
 
-    completed = subprocess.run(browser_command("--dump-dom", page.resolve().as_uri() + "#" + fragment),
-                               capture_output=True, text=True, timeout=120)
+    completed = subprocess.run(
+        browser_command("--dump-dom", page.resolve().as_uri() + "#" + fragment),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert completed.returncode == 0, completed.stderr[-2000:]
     return completed.stdout, completed.stderr
 
@@ -177,7 +189,9 @@ def test_screenshot_of_the_report_is_saved_for_ci_and_the_docs(report_page: Path
     assert data[:8] == b"\x89PNG\r\n\x1a\n"
     width, height = int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
     assert (width, height) == (1280, 1400) and len(data) > 50_000  # a drawn page, not a blank one
-    assert DOCS_IMAGE.exists() and "images/compare-report.png" in (ROOT / "docs" / "commands" / "compare.md").read_text()
+    assert (
+        DOCS_IMAGE.exists() and "images/compare-report.png" in (ROOT / "docs" / "commands" / "compare.md").read_text()
+    )
 
 
 def test_the_console_check_catches_a_broken_page(report_page: Path, tmp_path: Path) -> None:
@@ -188,14 +202,20 @@ def test_the_console_check_catches_a_broken_page(report_page: Path, tmp_path: Pa
     assert any("notDefinedAnywhere" in line for line in console_errors(browser_log))
 
 
-def test_the_expected_noise_band_and_growth_colouring_appear_when_the_verdict_gives_them(compared,
-                                                                                         tmp_path: Path) -> None:
+def test_the_expected_noise_band_and_growth_colouring_appear_when_the_verdict_gives_them(
+    compared, tmp_path: Path
+) -> None:
     import dataclasses
 
     result, _ = compared
-    rows = [row.with_changes(expected_error=1e-6, growth=(50.0 if row.golden.key.name == DEFECT else 1.0),
-                             evidence="adds 50x the error its siblings add" if row.golden.key.name == DEFECT else "")
-            for row in result.rows]
+    rows = [
+        row.with_changes(
+            expected_error=1e-6,
+            growth=(50.0 if row.golden.key.name == DEFECT else 1.0),
+            evidence="adds 50x the error its siblings add" if row.golden.key.name == DEFECT else "",
+        )
+        for row in result.rows
+    ]
     page = write_reports(dataclasses.replace(result, rows=rows), tmp_path / "report")["html"]
     dom, browser_log = render(page)
     assert console_errors(browser_log) == []
@@ -207,27 +227,46 @@ def test_the_expected_noise_band_and_growth_colouring_appear_when_the_verdict_gi
     story = html.unescape(re.search(r'id="story">(.*?)</p>', dom).group(1))
     assert f"introduced at {DEFECT} step 0 output.0 (Linear): adds 50x the error its siblings add" in story
     growth_view, _ = render_with_hash(page, "heat=growth")
-    cells = [(cls, int(green)) for cls, green in
-             re.findall(r'<td class="([^"]*)"[^>]*background: rgb\(\d+, (\d+), \d+\)', section(growth_view, "heat"))]
+    cells = [
+        (cls, int(green))
+        for cls, green in re.findall(
+            r'<td class="([^"]*)"[^>]*background: rgb\(\d+, (\d+), \d+\)', section(growth_view, "heat")
+        )
+    ]
     hottest = min(green for _, green in cells)  # the scale runs from pale yellow to red: least green is hottest
     assert [cls for cls, green in cells if green == hottest] == ["culprit"]
 
 
-def test_a_report_of_two_tensor_files_without_layers_renders_too(tmp_path: Path,
-                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_report_of_two_tensor_files_without_layers_renders_too(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     import numpy as np
 
     from llmcheck.core.cli import main
 
     np.save(tmp_path / "golden.npy", np.linspace(-1, 1, 4096, dtype=np.float32))
     np.save(tmp_path / "my.npy", np.linspace(-1, 1, 4096, dtype=np.float32) * 1.01)
-    assert main(["compare", "-gp", str(tmp_path / "golden.npy"), "-mp", str(tmp_path / "my.npy"),
-                 "-o", str(tmp_path / "report")]) == 3
+    assert (
+        main(
+            [
+                "compare",
+                "-gp",
+                str(tmp_path / "golden.npy"),
+                "-mp",
+                str(tmp_path / "my.npy"),
+                "-o",
+                str(tmp_path / "report"),
+            ]
+        )
+        == 3
+    )
     capsys.readouterr()
     dom, browser_log = render(tmp_path / "report" / "report.html")
     assert console_errors(browser_log) == [] and 'data-rendered="ok"' in body_attributes(dom)
     story = html.unescape(re.search(r'id="story">(.*?)</p>', dom).group(1))
-    assert story.startswith("Compared my run my.npy (file) with golden golden.npy (file), 1 pair: 1 fail; "
-                            "the first failing tensor is tensor step 0 output.0: relative_euclidean_distance 0.0099")
+    assert story.startswith(
+        "Compared my run my.npy (file) with golden golden.npy (file), 1 pair: 1 fail; "
+        "the first failing tensor is tensor step 0 output.0: relative_euclidean_distance 0.0099"
+    )
     assert section(dom, "depth").count("<circle") == 1
     assert "no repeated layers found in the record names" in section(dom, "heat")

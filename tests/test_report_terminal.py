@@ -29,7 +29,7 @@ class PeakSignalToNoise:
     def result(self) -> float:
         if self.squared_error == 0:
             return math.inf
-        return 10 * math.log10(self.peak ** 2 / (self.squared_error / self.count))
+        return 10 * math.log10(self.peak**2 / (self.squared_error / self.count))
 
 
 class PsnrPlugin:
@@ -38,8 +38,15 @@ class PsnrPlugin:
     @staticmethod
     @hookimpl
     def llmcheck_register_metrics(register) -> None:
-        register(MetricSpec("psnr", "peak signal-to-noise ratio, dB", higher_is_better=True,
-                            make_accumulator=PeakSignalToNoise, thresholds={"default": (30.0, 20.0)}))
+        register(
+            MetricSpec(
+                "psnr",
+                "peak signal-to-noise ratio, dB",
+                higher_is_better=True,
+                make_accumulator=PeakSignalToNoise,
+                thresholds={"default": (30.0, 20.0)},
+            )
+        )
 
 
 def _dumps(make_llmcheck_dump, tmp_path: Path, errors: dict[str, float]) -> tuple[Path, Path]:
@@ -52,9 +59,9 @@ def _dumps(make_llmcheck_dump, tmp_path: Path, errors: dict[str, float]) -> tupl
     return make_llmcheck_dump(tmp_path / "golden", golden), make_llmcheck_dump(tmp_path / "my", my)
 
 
-def test_a_higher_is_better_metric_prints_less_than_its_threshold(llmcheck_plugins, make_llmcheck_dump,
-                                                                  tmp_path: Path,
-                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_higher_is_better_metric_prints_less_than_its_threshold(
+    llmcheck_plugins, make_llmcheck_dump, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     llmcheck_plugins(PsnrPlugin())
     golden, my = _dumps(make_llmcheck_dump, tmp_path, {"block": 0.6, "head": 0.3})
     assert main(["compare", "-gp", str(golden), "-mp", str(my), "--metric", "psnr", "-o", str(tmp_path / "out")]) == 3
@@ -65,8 +72,9 @@ def test_a_higher_is_better_metric_prints_less_than_its_threshold(llmcheck_plugi
     assert 20 < warned < 30
 
 
-def test_the_worst_rows_are_sorted_by_the_error_measure_they_show(make_llmcheck_dump, tmp_path: Path,
-                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_worst_rows_are_sorted_by_the_error_measure_they_show(
+    make_llmcheck_dump, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     errors = {"a": 0.02, "b": 0.5, "c": 0.1, "d": 0.0, "e": 0.3}
     golden, my = _dumps(make_llmcheck_dump, tmp_path, errors)
     assert main(["compare", "-gp", str(golden), "-mp", str(my), "-o", str(tmp_path / "out")]) == 3

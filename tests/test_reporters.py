@@ -42,8 +42,11 @@ def test_junit_xml_has_a_case_per_pair_and_the_summary_s_failures_and_errors(run
     suites = ElementTree.parse(out / "junit.xml").getroot()
     (suite,) = suites.findall("testsuite")
     cases = suite.findall("testcase")
-    assert (int(suite.get("tests")), int(suite.get("failures")), int(suite.get("errors"))) == (
-        counts["pairs"], counts["failures"], counts["errors"]) == (3, 1, 1)
+    assert (
+        (int(suite.get("tests")), int(suite.get("failures")), int(suite.get("errors")))
+        == (counts["pairs"], counts["failures"], counts["errors"])
+        == (3, 1, 1)
+    )
     assert suites.get("tests") == suite.get("tests")
     assert [case.get("classname") for case in cases] == ["embed", "layer0", "layer1"]  # execution order
     embed, layer0, layer1 = cases
@@ -58,13 +61,17 @@ def test_junit_xml_has_a_case_per_pair_and_the_summary_s_failures_and_errors(run
 
 
 def test_an_unknown_report_is_one_error_listing_the_known_ones_before_anything_runs(
-        runs, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    runs, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     golden, my = runs
     out = tmp_path / "out"
-    assert main(["compare", "-gp", str(golden), "-mp", str(my), "-o", str(out), "--report", "junit",
-                 "--report", "xlsx"]) == 2
-    assert capsys.readouterr().err == ("llmcheck: error: --report: unknown report 'xlsx' "
-                                       "(known reports: csv, summary, pairs, html, junit)\n")
+    assert (
+        main(["compare", "-gp", str(golden), "-mp", str(my), "-o", str(out), "--report", "junit", "--report", "xlsx"])
+        == 2
+    )
+    assert capsys.readouterr().err == (
+        "llmcheck: error: --report: unknown report 'xlsx' (known reports: csv, summary, pairs, html, junit)\n"
+    )
     assert not out.exists()
 
 
@@ -83,7 +90,10 @@ def test_the_reporter_example_of_the_hook_reference_writes_its_file(llmcheck_plu
     out = tmp_path / "out"
     main(["compare", "-gp", str(golden), "-mp", str(my), "-o", str(out), "-j", "1", "--report", "verdicts"])
     assert (out / "verdicts.csv").read_text().splitlines() == [
-        "embed step 0 output.0, pass", "layer0 step 0 output.0, fail", "layer1 step 0 output.0, error"]
+        "embed step 0 output.0, pass",
+        "layer0 step 0 output.0, fail",
+        "layer1 step 0 output.0, error",
+    ]
 
 
 def test_the_backend_option_example_of_the_hook_reference_declares_its_flag(llmcheck_plugins) -> None:

@@ -35,8 +35,14 @@ def _random_tensor(dtype: torch.dtype, shape: tuple[int, ...], seed: int) -> tor
 
 
 def _record(name: str, tensor: torch.Tensor, order: int, **key: object) -> TensorRecord:
-    return TensorRecord(key=RecordKey(name=name, **key), dtype=dtype_name(tensor.dtype), shape=tuple(tensor.shape),
-                        order=order, op_type="Test", stats=None)
+    return TensorRecord(
+        key=RecordKey(name=name, **key),
+        dtype=dtype_name(tensor.dtype),
+        shape=tuple(tensor.shape),
+        order=order,
+        op_type="Test",
+        stats=None,
+    )
 
 
 @pytest.mark.parametrize("dtype_text", all_torch_dtype_names())
@@ -88,8 +94,9 @@ def test_statistics_only_dump_has_an_index_and_no_shards(tmp_path: Path) -> None
     assert not list(writer.path.glob("shard_*"))
     (record,) = read_dump(writer.path).records
     assert record.data is None
-    assert record.stats == TensorStats(min=-2.0, max=1.0, mean=-0.5, l2norm=pytest.approx(5 ** 0.5),
-                                       nan_count=1, inf_count=1)
+    assert record.stats == TensorStats(
+        min=-2.0, max=1.0, mean=-0.5, l2norm=pytest.approx(5**0.5), nan_count=1, inf_count=1
+    )
 
 
 def test_a_new_run_never_overwrites_an_existing_dump(tmp_path: Path) -> None:
@@ -212,11 +219,14 @@ def test_a_corrupt_manifest_is_reported_as_a_damaged_dump_not_as_no_dump(tmp_pat
         get_plugins().load_tensors(writer.path)
 
 
-@pytest.mark.parametrize(("edit", "field"), [
-    (lambda line: {**line, "rank": None}, "$.rank"),
-    (lambda line: {**line, "shape": [-1]}, "$.shape[0]"),
-    (lambda line: {**line, "stats": {"max": "many"}}, "$.stats.max"),
-])
+@pytest.mark.parametrize(
+    ("edit", "field"),
+    [
+        (lambda line: {**line, "rank": None}, "$.rank"),
+        (lambda line: {**line, "shape": [-1]}, "$.shape[0]"),
+        (lambda line: {**line, "stats": {"max": "many"}}, "$.stats.max"),
+    ],
+)
 def test_an_index_field_of_the_wrong_kind_names_file_line_and_field(tmp_path: Path, edit, field: str) -> None:
     with DumpWriter(tmp_path, "test") as writer:
         writer.add(_record("a", torch.ones(2), 0), torch.ones(2))
@@ -240,9 +250,9 @@ def test_shard_offsets_and_topology_children_of_the_wrong_kind_are_format_errors
     shard = next(writer.path.glob("shard_*.safetensors"))
     content = shard.read_bytes()
     size = int.from_bytes(content[:8], "little")
-    header = json.loads(content[8:8 + size])
+    header = json.loads(content[8 : 8 + size])
     header["t0"]["data_offsets"] = [0]
     encoded = json.dumps(header, separators=(",", ":")).encode().ljust(size)
-    shard.write_bytes(content[:8] + encoded + content[8 + size:])
+    shard.write_bytes(content[:8] + encoded + content[8 + size :])
     with pytest.raises(DumpFormatError, match=r"tensor 't0': field \$.data_offsets: expected `array` of length 2"):
         read_dump(writer.path)

@@ -31,16 +31,21 @@ def _names(dump) -> set[str]:
 
 def assert_same_stats(measured, expected) -> None:
     """Extremes and counts exactly; mean and norm to float64 rounding (sums may run in another order)."""
-    assert (measured.min, measured.max, measured.nan_count, measured.inf_count) == \
-        (expected.min, expected.max, expected.nan_count, expected.inf_count)
+    assert (measured.min, measured.max, measured.nan_count, measured.inf_count) == (
+        expected.min,
+        expected.max,
+        expected.nan_count,
+        expected.inf_count,
+    )
     for value, reference in ((measured.mean, expected.mean), (measured.l2norm, expected.l2norm)):
         assert value == reference or value == pytest.approx(reference, rel=1e-12, abs=1e-15)
 
 
 def test_generate_dumps_every_decoder_layer_output_for_the_steps_asked(tmp_path: Path, tiny_llama) -> None:
     prompt = _prompt()
-    session, dump = _capture(tiny_llama, tmp_path, lambda m: m.generate(prompt, max_new_tokens=4, do_sample=False),
-                             token_range=[0, 2])
+    session, dump = _capture(
+        tiny_llama, tmp_path, lambda m: m.generate(prompt, max_new_tokens=4, do_sample=False), token_range=[0, 2]
+    )
     assert dump.cut is None
     assert session.step == 3 and session.steps_dumped == [0, 2]  # 4 new tokens = prefill + 3 decode forwards
     by_key = {(r.key.name, r.key.io, r.key.position, r.key.step): r for r in dump.records}
@@ -58,8 +63,13 @@ def test_generate_dumps_every_decoder_layer_output_for_the_steps_asked(tmp_path:
 
 def test_dumped_tensors_equal_what_the_model_computed(tmp_path: Path, tiny_llama) -> None:
     seen: dict[str, torch.Tensor] = {}
-    handles = [module.register_forward_hook(lambda mod, args, out, name=name: seen.__setitem__(name, out[0] if isinstance(out, tuple) else out))
-               for name, module in tiny_llama.named_modules() if name in ("model.layers.1", "model.layers.0.mlp.down_proj")]
+    handles = [
+        module.register_forward_hook(
+            lambda mod, args, out, name=name: seen.__setitem__(name, out[0] if isinstance(out, tuple) else out)
+        )
+        for name, module in tiny_llama.named_modules()
+        if name in ("model.layers.1", "model.layers.0.mlp.down_proj")
+    ]
     try:
         _, dump = _capture(tiny_llama, tmp_path, lambda m: m(_prompt()))
     finally:
@@ -113,19 +123,41 @@ def test_a_module_called_twice_in_a_step_gets_two_call_indexes(tmp_path: Path) -
     assert outputs == {0: [[3.0, 3.0]], 1: [[9.0, 9.0]]}  # never overwritten
 
 
-@pytest.mark.parametrize(("config", "expected"), [
-    (dict(module_list=["LlamaMLP"]), {"model.layers.0.mlp", "model.layers.1.mlp"}),
-    (dict(module_list=[torch.nn.Embedding]), {"model.embed_tokens"}),
-    (dict(include=["model.layers.1.self_attn"]),
-     {"model.layers.1.self_attn", *(f"model.layers.1.self_attn.{p}_proj" for p in "qkvo")}),
-    (dict(include=["model.layers.1.mlp*"], exclude=["*.up_proj"]),
-     {"model.layers.1.mlp", "model.layers.1.mlp.gate_proj", "model.layers.1.mlp.down_proj", "model.layers.1.mlp.act_fn"}),
-    (dict(module_ids=["0_1_1"], include_children=False), {"model.layers.1"}),
-    (dict(module_ids=["0_1_1_1"]), {"model.layers.1.mlp", "model.layers.1.mlp.gate_proj", "model.layers.1.mlp.up_proj",
-                                    "model.layers.1.mlp.down_proj", "model.layers.1.mlp.act_fn"}),
-    (dict(type_prefixes=["llamarms"]), {"model.norm", *(f"model.layers.{i}.{n}_layernorm" for i in range(2)
-                                                         for n in ("input", "post_attention"))}),
-])
+@pytest.mark.parametrize(
+    ("config", "expected"),
+    [
+        (dict(module_list=["LlamaMLP"]), {"model.layers.0.mlp", "model.layers.1.mlp"}),
+        (dict(module_list=[torch.nn.Embedding]), {"model.embed_tokens"}),
+        (
+            dict(include=["model.layers.1.self_attn"]),
+            {"model.layers.1.self_attn", *(f"model.layers.1.self_attn.{p}_proj" for p in "qkvo")},
+        ),
+        (
+            dict(include=["model.layers.1.mlp*"], exclude=["*.up_proj"]),
+            {
+                "model.layers.1.mlp",
+                "model.layers.1.mlp.gate_proj",
+                "model.layers.1.mlp.down_proj",
+                "model.layers.1.mlp.act_fn",
+            },
+        ),
+        (dict(module_ids=["0_1_1"], include_children=False), {"model.layers.1"}),
+        (
+            dict(module_ids=["0_1_1_1"]),
+            {
+                "model.layers.1.mlp",
+                "model.layers.1.mlp.gate_proj",
+                "model.layers.1.mlp.up_proj",
+                "model.layers.1.mlp.down_proj",
+                "model.layers.1.mlp.act_fn",
+            },
+        ),
+        (
+            dict(type_prefixes=["llamarms"]),
+            {"model.norm", *(f"model.layers.{i}.{n}_layernorm" for i in range(2) for n in ("input", "post_attention"))},
+        ),
+    ],
+)
 def test_filters_select_exactly_the_modules_asked(tmp_path: Path, tiny_llama, config, expected) -> None:
     _, dump = _capture(tiny_llama, tmp_path, lambda m: m(_prompt()), **config)
     assert _names(dump) == expected
@@ -150,8 +182,11 @@ def test_statistics_only_writes_no_tensor_data_and_the_same_statistics(tmp_path:
 def test_a_tensor_shared_by_several_calls_is_stored_once(tmp_path: Path, tiny_llama) -> None:
     session, dump = _capture(tiny_llama, tmp_path, lambda m: m(_prompt()))
     index = [json.loads(line) for line in (dump.root / "index.jsonl").read_text().splitlines()]
-    qkv_inputs = {line["tensor"] for line in index if line["io"] == "input"
-                  and line["name"] in {f"model.layers.0.self_attn.{p}_proj" for p in "qkv"}}
+    qkv_inputs = {
+        line["tensor"]
+        for line in index
+        if line["io"] == "input" and line["name"] in {f"model.layers.0.self_attn.{p}_proj" for p in "qkv"}
+    }
     assert len(qkv_inputs) == 1  # q, k and v read the same normalised hidden state
     assert session.writer.bytes_written < sum(r.nbytes for r in dump.records)
 
@@ -172,8 +207,12 @@ def test_topology_lists_every_module_in_first_execution_order_with_its_id(tmp_pa
     model = dump.topology.children[0]
     assert (dump.topology.name, dump.topology.op_type) == ("root", "LlamaForCausalLM")
     # rotary_emb is defined last but runs before the layers; the ModuleList takes its first layer's place
-    assert [child.name for child in model.children] == ["model.embed_tokens", "model.rotary_emb", "model.layers",
-                                                        "model.norm"]
+    assert [child.name for child in model.children] == [
+        "model.embed_tokens",
+        "model.rotary_emb",
+        "model.layers",
+        "model.norm",
+    ]
     assert model.children[2].attrs["id"] == "0_1"
     assert {node.name for node in dump.topology.walk()} == {name or "root" for name, _ in tiny_llama.named_modules()}
 
@@ -181,8 +220,10 @@ def test_topology_lists_every_module_in_first_execution_order_with_its_id(tmp_pa
 def test_two_sessions_in_one_process_are_independent(tmp_path: Path) -> None:
     first, second = random_llama(seed=1), random_llama(seed=2, num_layers=1)
     with torch.no_grad():
-        with register_hook(first, DumpConfig(dump_path=tmp_path, include=["model.norm"])) as a, \
-                register_hook(second, DumpConfig(dump_path=tmp_path, token_range=[1], include=["lm_head"])) as b:
+        with (
+            register_hook(first, DumpConfig(dump_path=tmp_path, include=["model.norm"])) as a,
+            register_hook(second, DumpConfig(dump_path=tmp_path, token_range=[1], include=["lm_head"])) as b,
+        ):
             for _ in range(2):
                 first(_prompt())
                 second(_prompt())
@@ -218,8 +259,14 @@ def test_device_ids_leave_out_a_process_on_another_device(tmp_path: Path, tiny_l
 
 
 def test_cpu_profiling_writes_an_operator_table_per_step(tmp_path: Path, tiny_llama) -> None:
-    session, _ = _capture(tiny_llama, tmp_path, lambda m: m.generate(_prompt(), max_new_tokens=2, do_sample=False),
-                          token_range=[0, 1], profile_cpu=True, statistics_only=True)
+    session, _ = _capture(
+        tiny_llama,
+        tmp_path,
+        lambda m: m.generate(_prompt(), max_new_tokens=2, do_sample=False),
+        token_range=[0, 1],
+        profile_cpu=True,
+        statistics_only=True,
+    )
     tables = sorted((session.path / "cpu_profiling").glob("*.csv"))
     assert [t.name for t in tables] == ["operation_statistic_0.csv", "operation_statistic_1.csv"]
     rows = list(csv.DictReader(tables[0].open()))
@@ -229,9 +276,16 @@ def test_cpu_profiling_writes_an_operator_table_per_step(tmp_path: Path, tiny_ll
     assert "aten::clone" not in by_op  # the capture's own copies are left out
 
 
-@pytest.mark.parametrize(("field", "value"), [
-    ("tensor_part", 5), ("mode", "api"), ("save_time", "later"), ("token_range", [-1]), ("max_pending_bytes", 0),
-])
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("tensor_part", 5),
+        ("mode", "api"),
+        ("save_time", "later"),
+        ("token_range", [-1]),
+        ("max_pending_bytes", 0),
+    ],
+)
 def test_bad_config_values_are_usage_errors_naming_the_field(field, value) -> None:
     with pytest.raises(UsageError, match=f"DumpConfig.{field}"):
         DumpConfig(**{field: value})
@@ -246,10 +300,17 @@ def test_statistics_measured_together_equal_statistics_measured_one_by_one() -> 
     from llmcheck.core.statistics import segmented_stats_vectors, stats_from_vectors
 
     generator = torch.Generator().manual_seed(4)
-    tensors = [torch.randn(64, 48, generator=generator), torch.randn(48, 64, generator=generator).bfloat16(),
-               torch.tensor([1.0, float("nan"), float("inf"), -2.0]), torch.empty(0, 3), torch.arange(10),
-               torch.tensor([True, False, True]), torch.tensor([float("nan")]), torch.tensor(3.5),
-               torch.randn(4, dtype=torch.complex64, generator=generator)]
+    tensors = [
+        torch.randn(64, 48, generator=generator),
+        torch.randn(48, 64, generator=generator).bfloat16(),
+        torch.tensor([1.0, float("nan"), float("inf"), -2.0]),
+        torch.empty(0, 3),
+        torch.arange(10),
+        torch.tensor([True, False, True]),
+        torch.tensor([float("nan")]),
+        torch.tensor(3.5),
+        torch.randn(4, dtype=torch.complex64, generator=generator),
+    ]
     together = stats_from_vectors(list(segmented_stats_vectors(tensors).unbind(0)))
     for measured, tensor in zip(together, tensors):
         assert_same_stats(measured, tensor_stats(tensor))

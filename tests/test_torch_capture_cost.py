@@ -21,8 +21,15 @@ from llmcheck.bundled_model import random_llama
 from llmcheck.core.statistics import tensor_stats
 
 #: Tensor methods that bring a value to the host: on an accelerator each one waits for the device.
-HOST_READS = {torch.Tensor.item, torch.Tensor.tolist, torch.Tensor.cpu, torch.Tensor.numpy, torch.Tensor.__bool__,
-              torch.Tensor.__float__, torch.Tensor.__int__}
+HOST_READS = {
+    torch.Tensor.item,
+    torch.Tensor.tolist,
+    torch.Tensor.cpu,
+    torch.Tensor.numpy,
+    torch.Tensor.__bool__,
+    torch.Tensor.__float__,
+    torch.Tensor.__int__,
+}
 
 CAPTURE_MODES = {
     "statistics only": dict(statistics_only=True),
@@ -126,7 +133,8 @@ def reference_stats(tensor: torch.Tensor) -> dict[str, Any]:
         "max": torch.where(finite, values, -torch.inf).amax(dim=1).item() if some else None,
         "mean": (cleaned.sum(dim=1) / count.clamp(min=1)).item() if some else None,
         "l2norm": (cleaned * cleaned).sum(dim=1).sqrt().item() if some else None,
-        "nan_count": int(torch.isnan(values).sum()), "inf_count": int(torch.isinf(values).sum()),
+        "nan_count": int(torch.isnan(values).sum()),
+        "inf_count": int(torch.isinf(values).sum()),
     }
 
 
@@ -139,14 +147,15 @@ class Overflowing(torch.nn.Module):
 
 
 @pytest.mark.parametrize("statistics_only", [True, False], ids=["statistics only", "full tensors"])
-def test_batched_statistics_equal_each_tensor_measured_alone_bit_for_bit(tmp_path: Path,
-                                                                        statistics_only: bool) -> None:
+def test_batched_statistics_equal_each_tensor_measured_alone_bit_for_bit(tmp_path: Path, statistics_only: bool) -> None:
     model = torch.nn.Sequential(stack_of_blocks(3), Overflowing(), torch.nn.Flatten(0))
     seen: dict[str, torch.Tensor] = {}
     for name, module in model.named_modules():
         module.register_forward_hook(lambda m, args, out, name=name or "root": seen.setdefault(name, out.clone()))
-    with torch.no_grad(), register_hook(model, DumpConfig(dump_path=tmp_path, statistics_only=statistics_only,
-                                                          tensor_part=1)) as session:
+    with (
+        torch.no_grad(),
+        register_hook(model, DumpConfig(dump_path=tmp_path, statistics_only=statistics_only, tensor_part=1)) as session,
+    ):
         model(torch.randn(2, 5, 16, generator=torch.Generator().manual_seed(1)))
     records = {record.key.name: record for record in read_dump(session.path).records}
     assert set(records) == set(seen)
@@ -171,8 +180,9 @@ class ReusesItsChildsOutput(torch.nn.Module):
 
 
 @pytest.mark.parametrize("statistics_only", [True, False], ids=["statistics only", "full tensors"])
-def test_a_tensor_changed_in_place_after_it_was_recorded_keeps_its_recorded_value(tmp_path: Path,
-                                                                                 statistics_only: bool) -> None:
+def test_a_tensor_changed_in_place_after_it_was_recorded_keeps_its_recorded_value(
+    tmp_path: Path, statistics_only: bool
+) -> None:
     torch.manual_seed(0)
     model = ReusesItsChildsOutput()
     inputs = torch.randn(3, 4)
@@ -213,8 +223,9 @@ def test_op_level_stores_a_weight_once_per_step_and_names_only_the_weight_itself
     transposed = [line for line in lines if line["name"] == "proj/aten.addmm.default" and line["position"] == "2"]
     assert len(transposed) == 2 and all("parameter" not in line["attrs"] for line in transposed)
     dump = read_dump(session.path)
-    assert torch.equal(next(r for r in dump.records if r.attrs.get("parameter") == "proj.weight").data.load(),
-                       model.proj.weight)
+    assert torch.equal(
+        next(r for r in dump.records if r.attrs.get("parameter") == "proj.weight").data.load(), model.proj.weight
+    )
 
 
 def test_the_host_read_counter_sees_every_kind_of_host_read() -> None:

@@ -29,8 +29,9 @@ def _prompt() -> torch.Tensor:
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_cuda_capture_leaves_outputs_bitwise_identical_and_saves_the_device_values(tmp_path: Path, cuda_llama,
-                                                                                  dtype) -> None:
+def test_cuda_capture_leaves_outputs_bitwise_identical_and_saves_the_device_values(
+    tmp_path: Path, cuda_llama, dtype
+) -> None:
     model = cuda_llama if dtype == torch.float32 else copy.deepcopy(cuda_llama).to(dtype)
     layer_outputs: list[torch.Tensor] = []
     with torch.no_grad():
@@ -45,7 +46,9 @@ def test_cuda_capture_leaves_outputs_bitwise_identical_and_saves_the_device_valu
     assert torch.equal(tokens_captured, tokens_plain)
     assert session.path.name.endswith("_rank0_cuda0")
     dump = read_dump(session.path)
-    record = next(r for r in dump.records if r.key.name == "model.layers.2" and r.key.io == "output" and r.key.step == 0)
+    record = next(
+        r for r in dump.records if r.key.name == "model.layers.2" and r.key.io == "output" and r.key.step == 0
+    )
     assert record.device == "cuda:0" and record.dtype == str(dtype).removeprefix("torch.")
     assert torch.equal(record.data.load(), layer_outputs[0].cpu())
     expected = tensor_stats(layer_outputs[0].cpu())
@@ -71,32 +74,50 @@ def test_cuda_op_level_capture_replays_on_the_cpu(tmp_path: Path, cuda_llama) ->
     from llmcheck.core.call_arguments import replay_call
     from llmcheck.core.records import RecordKey
 
-    with torch.no_grad(), register_hook(cuda_llama, DumpConfig(dump_path=tmp_path, mode="op",
-                                                               include=["model.layers.0.mlp"])) as session:
+    with (
+        torch.no_grad(),
+        register_hook(cuda_llama, DumpConfig(dump_path=tmp_path, mode="op", include=["model.layers.0.mlp"])) as session,
+    ):
         cuda_llama(_prompt())
     dump = read_dump(session.path)
     by_key = dump.by_key()
-    mm = next(r for r in dump.records if r.key.name == "model.layers.0.mlp.up_proj/aten.mm.default"
-              and r.key.io == "output")
+    mm = next(
+        r for r in dump.records if r.key.name == "model.layers.0.mlp.up_proj/aten.mm.default" and r.key.io == "output"
+    )
     assert mm.device == "cuda:0"
-    replayed = replay_call(mm.op_type, mm.attrs, lambda position: by_key[RecordKey(
-        mm.key.name, "input", position, mm.key.step, mm.key.call_index, "before")].data.load().double())
+    replayed = replay_call(
+        mm.op_type,
+        mm.attrs,
+        lambda position: (
+            by_key[RecordKey(mm.key.name, "input", position, mm.key.step, mm.key.call_index, "before")]
+            .data.load()
+            .double()
+        ),
+    )
     torch.testing.assert_close(replayed.float(), mm.data.load(), rtol=1e-4, atol=1e-5)
 
 
 def test_cuda_statistics_only_capture_fetches_statistics_without_data(tmp_path: Path, cuda_llama) -> None:
-    with torch.no_grad(), register_hook(cuda_llama, DumpConfig(dump_path=tmp_path, statistics_only=True,
-                                                               mode=["module", "op"])) as session:
+    with (
+        torch.no_grad(),
+        register_hook(
+            cuda_llama, DumpConfig(dump_path=tmp_path, statistics_only=True, mode=["module", "op"])
+        ) as session,
+    ):
         cuda_llama(_prompt())
     dump = read_dump(session.path)
     assert dump.records and all(r.data is None and r.stats.nan_count == 0 for r in dump.records)
     assert not list(session.path.glob("shard_*"))
 
 
-@pytest.mark.parametrize("options", [dict(statistics_only=True), dict(), dict(mode=["module", "op"])],
-                         ids=["statistics only", "full module tensors", "op level"])
-def test_cuda_forward_makes_no_synchronising_call_and_leaves_outputs_bitwise_identical(tmp_path: Path, cuda_llama,
-                                                                                      options: dict) -> None:
+@pytest.mark.parametrize(
+    "options",
+    [dict(statistics_only=True), dict(), dict(mode=["module", "op"])],
+    ids=["statistics only", "full module tensors", "op level"],
+)
+def test_cuda_forward_makes_no_synchronising_call_and_leaves_outputs_bitwise_identical(
+    tmp_path: Path, cuda_llama, options: dict
+) -> None:
     with torch.no_grad():
         plain = cuda_llama(_prompt()).logits
         # weight digests copy each parameter to the host once per dump, by design: not part of this check

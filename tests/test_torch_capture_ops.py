@@ -21,8 +21,12 @@ ATTENTION = "model.layers.0.self_attn"
 def op_dump(tmp_path: Path, tiny_llama):
     """An op-level dump of two generate steps of the tiny Llama, with the step-0 ONNX graph."""
     prompt = torch.randint(0, 256, (1, 5), generator=torch.Generator().manual_seed(2))
-    with torch.no_grad(), register_hook(tiny_llama, DumpConfig(dump_path=tmp_path, mode="op", token_range=[0, 1],
-                                                               export_onnx=True)) as session:
+    with (
+        torch.no_grad(),
+        register_hook(
+            tiny_llama, DumpConfig(dump_path=tmp_path, mode="op", token_range=[0, 1], export_onnx=True)
+        ) as session,
+    ):
         tiny_llama.generate(prompt, max_new_tokens=2, do_sample=False)
     return read_dump(session.path)
 
@@ -31,10 +35,19 @@ def test_op_level_records_the_aten_ops_of_an_attention_block_with_their_argument
     ops = {r.op_type for r in op_dump.records if r.parent == f"{ATTENTION}.q_proj" and r.key.step == 0}
     assert {"aten.t.default", "aten.mm.default"} <= ops
     attention_ops = {r.op_type for r in op_dump.records if r.parent == ATTENTION}
-    assert {"aten.transpose.int", "aten.mul.Tensor", "aten.cat.default",
-            "aten._scaled_dot_product_flash_attention_for_cpu.default"} <= attention_ops
-    sdpa = next(r for r in op_dump.records if r.key.name == f"{ATTENTION}/aten._scaled_dot_product_flash_attention_for_cpu"
-                ".default" and r.key.io == "output" and r.key.step == 0)
+    assert {
+        "aten.transpose.int",
+        "aten.mul.Tensor",
+        "aten.cat.default",
+        "aten._scaled_dot_product_flash_attention_for_cpu.default",
+    } <= attention_ops
+    sdpa = next(
+        r
+        for r in op_dump.records
+        if r.key.name == f"{ATTENTION}/aten._scaled_dot_product_flash_attention_for_cpu.default"
+        and r.key.io == "output"
+        and r.key.step == 0
+    )
     assert [arg["tensor"] for arg in sdpa.attrs["args"][:3]] == ["0", "1", "2"]
     assert sdpa.attrs["args"][0]["stride"] == [320, 16, 64, 1]  # q is a transposed view: its layout is kept
     assert sdpa.attrs["args"][3:] == [0.0, True]  # dropout_p, is_causal
@@ -43,8 +56,11 @@ def test_op_level_records_the_aten_ops_of_an_attention_block_with_their_argument
     assert transpose.attrs["args"][1:] == [1, 2]
     cat = next(r for r in op_dump.records if r.op_type == "aten.cat.default" and r.parent == ATTENTION)
     assert [arg["tensor"] for arg in cat.attrs["args"][0]] == ["0.0", "0.1"]  # a list of tensors keeps its structure
-    q_mm = next(r for r in op_dump.records if r.key.name == f"{ATTENTION}.q_proj/aten.mm.default" and r.key.step == 0
-                and r.key.io == "output")
+    q_mm = next(
+        r
+        for r in op_dump.records
+        if r.key.name == f"{ATTENTION}.q_proj/aten.mm.default" and r.key.step == 0 and r.key.io == "output"
+    )
     assert q_mm.op_type == "aten.mm.default" and q_mm.parent == f"{ATTENTION}.q_proj"
 
 
@@ -68,8 +84,9 @@ def test_every_op_of_an_attention_block_replays_bitwise_from_the_dump_alone(op_d
 
 
 def test_op_calls_of_one_step_count_their_repeats(op_dump) -> None:
-    repeats = sorted({r.key.call_index for r in op_dump.records if r.key.name == f"{ATTENTION}/aten.mul.Tensor"
-                      and r.key.step == 0})
+    repeats = sorted(
+        {r.key.call_index for r in op_dump.records if r.key.name == f"{ATTENTION}/aten.mul.Tensor" and r.key.step == 0}
+    )
     assert repeats[0] == 0 and len(repeats) >= 4  # rotary embedding multiplies q and k by cos and sin
 
 
@@ -85,8 +102,12 @@ def test_onnx_graph_of_the_captured_ops_connects_producers_to_consumers(op_dump)
 
 
 def test_op_type_prefixes_and_module_filters_apply_to_ops(tmp_path: Path, tiny_llama) -> None:
-    with torch.no_grad(), register_hook(tiny_llama, DumpConfig(dump_path=tmp_path, mode="op", type_prefixes=["mm"],
-                                                               include=["model.layers.1.mlp"])) as session:
+    with (
+        torch.no_grad(),
+        register_hook(
+            tiny_llama, DumpConfig(dump_path=tmp_path, mode="op", type_prefixes=["mm"], include=["model.layers.1.mlp"])
+        ) as session,
+    ):
         tiny_llama(torch.zeros(1, 3, dtype=torch.long))
     names = {r.key.name for r in read_dump(session.path).records}
     assert names == {f"model.layers.1.mlp.{p}_proj/aten.mm.default" for p in ("gate", "up", "down")}
@@ -112,16 +133,40 @@ def test_in_place_op_inputs_are_saved_as_they_were_before_it(tmp_path: Path) -> 
 
 def test_non_tensor_arguments_round_trip_exactly() -> None:
     weight = torch.arange(6.0).reshape(2, 3)
-    args = (weight, [weight, None], -math.inf, 1e-6, 3, True, "floor", torch.bfloat16, torch.device("cuda", 1),
-            torch.strided, torch.channels_last, complex(1.5, -2.0), torch.Size([2, 3]))
+    args = (
+        weight,
+        [weight, None],
+        -math.inf,
+        1e-6,
+        3,
+        True,
+        "floor",
+        torch.bfloat16,
+        torch.device("cuda", 1),
+        torch.strided,
+        torch.channels_last,
+        complex(1.5, -2.0),
+        torch.Size([2, 3]),
+    )
     encoded, tensors = encode_call(args, {"dim": (0, -1), "out_dtype": None})
     assert [position for position, _ in tensors] == ["0", "1.0"]
     assert encoded["args"][2] == {"float": "-inf"}
     assert encoded["args"][7:10] == [{"dtype": "bfloat16"}, {"device": "cuda:1"}, {"layout": "strided"}]
     decoded_args, decoded_kwargs = decode_call(encoded, {"0": weight, "1.0": weight}.__getitem__)
     assert torch.equal(decoded_args[0], weight) and decoded_args[1][1] is None
-    assert decoded_args[2:] == [-math.inf, 1e-6, 3, True, "floor", torch.bfloat16, torch.device("cpu"), torch.strided,
-                                torch.channels_last, complex(1.5, -2.0), [2, 3]]
+    assert decoded_args[2:] == [
+        -math.inf,
+        1e-6,
+        3,
+        True,
+        "floor",
+        torch.bfloat16,
+        torch.device("cpu"),
+        torch.strided,
+        torch.channels_last,
+        complex(1.5, -2.0),
+        [2, 3],
+    ]
     assert decoded_kwargs == {"dim": [0, -1], "out_dtype": None}
 
 

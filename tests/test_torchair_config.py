@@ -23,13 +23,19 @@ TORCHAIR_MISSING = importlib.util.find_spec("torchair") is None
 def test_ge_dump_settings_turn_on_graph_text_and_data_dump(tmp_path):
     switch = write_fusion_switch_file(tmp_path / "fusion_switch.json")
 
-    settings = ge_dump_settings(tmp_path / "dump", switch, "output", dump_token=[0, 3], dump_layer=["Add_1", "MatMul_2"])
+    settings = ge_dump_settings(
+        tmp_path / "dump", switch, "output", dump_token=[0, 3], dump_layer=["Add_1", "MatMul_2"]
+    )
 
     assert settings == {
-        "debug.graph_dump.type": "txt", "debug.graph_dump.path": str(tmp_path / "dump"),
-        "dump_config.enable_dump": True, "dump_config.dump_mode": "output",
-        "dump_config.dump_path": str(tmp_path / "dump"), "fusion_config.fusion_switch_file": str(switch),
-        "dump_config.dump_step": "0|3", "dump_config.dump_layer": "Add_1 MatMul_2",
+        "debug.graph_dump.type": "txt",
+        "debug.graph_dump.path": str(tmp_path / "dump"),
+        "dump_config.enable_dump": True,
+        "dump_config.dump_mode": "output",
+        "dump_config.dump_path": str(tmp_path / "dump"),
+        "fusion_config.fusion_switch_file": str(switch),
+        "dump_config.dump_step": "0|3",
+        "dump_config.dump_layer": "Add_1 MatMul_2",
     }
     assert fx_dump_settings(tmp_path) == {"debug.data_dump.type": "npy", "debug.data_dump.path": str(tmp_path)}
 
@@ -42,11 +48,13 @@ def test_bad_dump_settings_are_usage_errors(tmp_path):
 
 
 def test_fusion_switch_file_turns_graph_and_ub_fusion_off(tmp_path):
-    path = write_fusion_switch_file(tmp_path / "fusion_switch.json",
-                                    passes={"GraphFusion": {"MatMulBiasAddFusionPass": "on"}})
+    path = write_fusion_switch_file(
+        tmp_path / "fusion_switch.json", passes={"GraphFusion": {"MatMulBiasAddFusionPass": "on"}}
+    )
 
-    assert json.loads(path.read_text()) == {"Switch": {
-        "GraphFusion": {"ALL": "off", "MatMulBiasAddFusionPass": "on"}, "UBFusion": {"ALL": "off"}}}
+    assert json.loads(path.read_text()) == {
+        "Switch": {"GraphFusion": {"ALL": "off", "MatMulBiasAddFusionPass": "on"}, "UBFusion": {"ALL": "off"}}
+    }
     with pytest.raises(UsageError, match="'on' or 'off'"):
         write_fusion_switch_file(tmp_path / "bad.json", graph_fusion="disabled")
 
@@ -62,7 +70,21 @@ def test_config_helpers_say_torchair_is_missing_and_create_nothing(tmp_path):
 
 
 def test_unknown_source_name_is_a_usage_error_listing_fx_and_ge(tmp_path, capsys):
-    assert main(["compare", "--golden-path", str(tmp_path), "--my-path", str(tmp_path), "--golden-source", "gee",
-                 "-o", str(tmp_path / "out")]) == 2
+    assert (
+        main(
+            [
+                "compare",
+                "--golden-path",
+                str(tmp_path),
+                "--my-path",
+                str(tmp_path),
+                "--golden-source",
+                "gee",
+                "-o",
+                str(tmp_path / "out"),
+            ]
+        )
+        == 2
+    )
     error = capsys.readouterr().err
     assert "unknown dump source 'gee'" in error and "fx" in error and "ge" in error

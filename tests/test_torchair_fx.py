@@ -24,7 +24,8 @@ def _save(folder: Path, name: str, array: np.ndarray) -> None:
 
 def test_fx_file_names_give_node_target_io_and_list_positions():
     assert parse_fx_file_name(f"mm-aten.mm.default.INPUT.1.{STAMP}.npy") == FxDumpFileName(
-        "mm", "aten.mm.default", "input", "1", int(STAMP))
+        "mm", "aten.mm.default", "input", "1", int(STAMP)
+    )
     assert parse_fx_file_name(f"cat_2-aten.cat.default.INPUT.0.3.{STAMP}.npy").position == "0.3"
     assert parse_fx_file_name(f"split-aten.split.Tensor.OUTPUT.1.{STAMP}.npy").io == "output"
     assert parse_fx_file_name("mm-aten.mm.default.INPUT.1.npy") is None
@@ -36,15 +37,23 @@ def test_rank_layout_steps_are_the_folder_numbers_and_graphs_are_prefixed(tmp_pa
     for graph, stamp in (("gm_20240101000000000001_dump", "1"), ("gm_20240101000000000002_dump", "2")):
         for step in (0, 1):
             _save(rank / graph / str(step), f"add-aten.add.Tensor.INPUT.0.{stamp}0.npy", np.full(3, step, np.float32))
-            _save(rank / graph / str(step), f"add-aten.add.Tensor.OUTPUT.0.{stamp}0.npy", np.full(3, step + 1, np.float32))
+            _save(
+                rank / graph / str(step), f"add-aten.add.Tensor.OUTPUT.0.{stamp}0.npy", np.full(3, step + 1, np.float32)
+            )
 
     dump = get_plugins().load_tensors(tmp_path, "fx")
 
     labels = [r.key.label() for r in dump.records]
-    assert labels == ["graph0/add step 0 input.0", "graph0/add step 0 output.0",
-                      "graph1/add step 0 input.0", "graph1/add step 0 output.0",
-                      "graph0/add step 1 input.0", "graph0/add step 1 output.0",
-                      "graph1/add step 1 input.0", "graph1/add step 1 output.0"]
+    assert labels == [
+        "graph0/add step 0 input.0",
+        "graph0/add step 0 output.0",
+        "graph1/add step 0 input.0",
+        "graph1/add step 0 output.0",
+        "graph0/add step 1 input.0",
+        "graph0/add step 1 output.0",
+        "graph1/add step 1 input.0",
+        "graph1/add step 1 output.0",
+    ]
     assert dump.records[-1].data.load().tolist() == [2, 2, 2]
     assert dump.records[0].attrs["fx_node"] == "add" and dump.records[0].op_type == "aten.add.Tensor"
 
@@ -52,8 +61,11 @@ def test_rank_layout_steps_are_the_folder_numbers_and_graphs_are_prefixed(tmp_pa
 def test_old_data_dump_layout_counts_steps_from_one(tmp_path):
     graph = tmp_path / "data_dump" / "1" / "gm_20240101000000000001_dump"
     _save(graph, f"mm-aten.mm.default.OUTPUT.0.{STAMP}.npy", np.eye(2, dtype=np.float16))
-    _save(tmp_path / "data_dump" / "2" / "gm_20240101000000000001_dump", f"mm-aten.mm.default.OUTPUT.0.{STAMP}.npy",
-          np.eye(2, dtype=np.float16))
+    _save(
+        tmp_path / "data_dump" / "2" / "gm_20240101000000000001_dump",
+        f"mm-aten.mm.default.OUTPUT.0.{STAMP}.npy",
+        np.eye(2, dtype=np.float16),
+    )
 
     dump = get_plugins().load_tensors(tmp_path / "data_dump")
 
@@ -86,8 +98,11 @@ def test_truncated_npy_and_several_ranks_are_clear_errors(tmp_path):
     assert str(path) in caught.value.one_line()
 
     for rank in (0, 1):
-        _save(tmp_path / "two" / f"worldsize2_global_rank{rank}" / "gm_20240101000000000001_dump" / "0",
-              f"add-aten.add.Tensor.OUTPUT.0.{STAMP}.npy", np.ones(2, np.float32))
+        _save(
+            tmp_path / "two" / f"worldsize2_global_rank{rank}" / "gm_20240101000000000001_dump" / "0",
+            f"add-aten.add.Tensor.OUTPUT.0.{STAMP}.npy",
+            np.ones(2, np.float32),
+        )
     with pytest.raises(DumpNotFoundError, match="several ranks"):
         get_plugins().load_tensors(tmp_path / "two", "fx")
 
@@ -99,9 +114,16 @@ def _random_qwen2(dtype: torch.dtype = torch.float32, attention: str = "sdpa"):
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(0)
-    config = Qwen2Config(vocab_size=256, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                         num_key_value_heads=2, intermediate_size=128, max_position_embeddings=256,
-                         attn_implementation=attention)
+    config = Qwen2Config(
+        vocab_size=256,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=128,
+        max_position_embeddings=256,
+        attn_implementation=attention,
+    )
     return Qwen2ForCausalLM(config).eval().to(dtype)
 
 
@@ -156,8 +178,22 @@ def test_torch_export_program_of_hf_llama_is_dumped_and_compared_by_node_name(tm
     with torch.no_grad():
         assert torch.equal(result.logits, tiny_llama(input_ids, use_cache=False).logits)
 
-    assert main(["compare", "--golden-path", str(tmp_path / "a"), "--my-path", str(tmp_path / "b"),
-                 "-o", str(tmp_path / "report"), "-j", "1"]) == 0
+    assert (
+        main(
+            [
+                "compare",
+                "--golden-path",
+                str(tmp_path / "a"),
+                "--my-path",
+                str(tmp_path / "b"),
+                "-o",
+                str(tmp_path / "report"),
+                "-j",
+                "1",
+            ]
+        )
+        == 0
+    )
     summary = json.loads((tmp_path / "report" / "summary.json").read_text())
     assert summary["counts"]["failures"] == 0 and summary["counts"]["unmatched"] == 0
     assert summary["counts"]["pairs"] == len(get_plugins().load_tensors(tmp_path / "a").records)
@@ -174,8 +210,22 @@ def test_cpu_and_cuda_runs_of_one_graph_pair_by_node_name_and_agree(tmp_path):
     _compile_and_dump(_random_qwen2(attention="eager"), input_ids, tmp_path / "cpu")
     _compile_and_dump(_random_qwen2(attention="eager").cuda(), input_ids.cuda(), tmp_path / "cuda")
 
-    assert main(["compare", "--golden-path", str(tmp_path / "cpu"), "--my-path", str(tmp_path / "cuda"),
-                 "-o", str(tmp_path / "report"), "-j", "1"]) == 0
+    assert (
+        main(
+            [
+                "compare",
+                "--golden-path",
+                str(tmp_path / "cpu"),
+                "--my-path",
+                str(tmp_path / "cuda"),
+                "-o",
+                str(tmp_path / "report"),
+                "-j",
+                "1",
+            ]
+        )
+        == 0
+    )
     summary = json.loads((tmp_path / "report" / "summary.json").read_text())
     assert summary["counts"]["unmatched"] == 0 and summary["counts"]["pairs"] > 500
     assert summary["counts"]["failures"] == 0 and summary["counts"]["errors"] == 0, summary["first_divergence"]

@@ -43,7 +43,10 @@ def test_hand_built_bare_fixture_reads_inline_data_with_ge_dtype_numbers():
 
     assert not dump.framed and dump.op_name == "layer.0.mm"
     (bf16_input,), (fp16_output,) = dump.inputs, dump.outputs
-    assert (bf16_input.dtype_code, bf16_input.dtype) == (27, "bfloat16")  # GE's BF16 is 27 (ACL says 27 too, but FLOAT16 differs)
+    assert (bf16_input.dtype_code, bf16_input.dtype) == (
+        27,
+        "bfloat16",
+    )  # GE's BF16 is 27 (ACL says 27 too, but FLOAT16 differs)
     assert (fp16_output.dtype_code, fp16_output.dtype) == (2, "float16")  # GE FLOAT16 = 2, ACL's is 1
     assert bf16_input.tensor_data(dump.path).load().tolist() == [1.0, -2.0]
     assert fp16_output.tensor_data(dump.path).load().tolist() == [0.5, 4.0]
@@ -76,12 +79,19 @@ def test_file_name_keeps_dots_inside_the_op_name():
 @pytest.mark.parametrize("framed", [True, False])
 def test_writer_round_trips_every_torch_dtype_both_forms(tmp_path, framed):
     generator = torch.Generator().manual_seed(0)
-    tensors = [torch.randn(3, 5, generator=generator).to(dtype)
-               for dtype in (torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.float8_e4m3fn)]
+    tensors = [
+        torch.randn(3, 5, generator=generator).to(dtype)
+        for dtype in (torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.float8_e4m3fn)
+    ]
     tensors += [torch.arange(6, dtype=torch.int64).reshape(2, 3), torch.tensor([True, False]), torch.tensor(3.5)]
     name = GeDumpFileName("Custom", "block.0/custom", 1, 0, 123)
-    path = write_ge_dump(tmp_path, name, [payload_from_tensor(t) for t in tensors[:4]],
-                         [payload_from_tensor(t) for t in tensors[4:]], framed=framed)
+    path = write_ge_dump(
+        tmp_path,
+        name,
+        [payload_from_tensor(t) for t in tensors[:4]],
+        [payload_from_tensor(t) for t in tensors[4:]],
+        framed=framed,
+    )
 
     assert path.name == "Custom.block.0_custom.1.0.123"
     dump = read_ge_dump(path)
@@ -155,8 +165,11 @@ def test_fuzzed_bytes_raise_only_the_format_error(tmp_path, content):
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(position=st.integers(min_value=0, max_value=118), value=st.integers(min_value=0, max_value=255),
-       cut=st.integers(min_value=1, max_value=119))
+@given(
+    position=st.integers(min_value=0, max_value=118),
+    value=st.integers(min_value=0, max_value=255),
+    cut=st.integers(min_value=1, max_value=119),
+)
 def test_mutated_and_cut_real_files_raise_only_the_format_error(tmp_path, position, value, cut):
     original = bytearray((FIXTURES / "Add.Add_2.44.6.1706596912161941").read_bytes())
     original[position % len(original)] = value

@@ -17,7 +17,7 @@ from llmcheck.plugins.torchair_ge.ge_graph_text import (
     write_ge_graph_text,
 )
 
-GRAPH_TEXT = r'''# written by torchair
+GRAPH_TEXT = r"""# written by torchair
 name: "graph_1"
 op {
   name: "arg0_1"
@@ -47,7 +47,7 @@ op { name: "Split_1" type: "SplitV" input: "model/layers.0/Add:0"
   output_desc { attr { key: "_fx_tensor_name" value { s: "split-aten.split.Tensor.OUTPUT.1" } } }
   output_desc { name: "y2" }
 }
-'''
+"""
 
 
 def test_graph_text_gives_ops_inputs_and_every_outputs_fx_tensor(tmp_path):
@@ -61,7 +61,11 @@ def test_graph_text_gives_ops_inputs_and_every_outputs_fx_tensor(tmp_path):
     add = graph.ops[1]
     assert add.inputs == ("arg0_1:0", "arg0_1:0")  # the control edge ":-1" is not a data input
     assert add.fx_tensor_names == ("add-aten.add.Tensor.OUTPUT.0",)
-    assert graph.ops[2].fx_tensor_names == ("split-aten.split.Tensor.OUTPUT.0", "split-aten.split.Tensor.OUTPUT.1", None)
+    assert graph.ops[2].fx_tensor_names == (
+        "split-aten.split.Tensor.OUTPUT.0",
+        "split-aten.split.Tensor.OUTPUT.1",
+        None,
+    )
     assert graph.op_by_name()["model_layers.0_Add"] is add  # dump files write "/" as "_"
 
 
@@ -101,16 +105,28 @@ def test_graph_file_names_of_old_and_new_torchair():
 
 def _write_op(folder: Path, op_type: str, name: str, timestamp: int, value: float) -> None:
     tensor = torch.full((2, 2), value)
-    write_ge_dump(folder, GeDumpFileName(op_type, name, 1, 0, timestamp), [payload_from_tensor(tensor)],
-                  [payload_from_tensor(tensor + 1)])
+    write_ge_dump(
+        folder,
+        GeDumpFileName(op_type, name, 1, 0, timestamp),
+        [payload_from_tensor(tensor)],
+        [payload_from_tensor(tensor + 1)],
+    )
 
 
 def _graph(folder: Path, graph_id: int = 1, rank: int = 0, pid: int = 10) -> Path:
-    ops = (GeGraphOp("arg0", "Data", (), (None,)),
-           GeGraphOp("Mul_1", "Mul", ("arg0:0",), ("mul-aten.mul.Tensor.OUTPUT.0",)),
-           GeGraphOp("Add_2", "Add", ("Mul_1:0",), ("add-aten.add.Tensor.OUTPUT.0",)))
-    return write_ge_graph_text(folder, "graph_1", [GeGraphOp(o.name, o.op_type, o.inputs, o.fx_tensor_names, i)
-                                                   for i, o in enumerate(ops)], graph_id=graph_id, rank=rank, pid=pid)
+    ops = (
+        GeGraphOp("arg0", "Data", (), (None,)),
+        GeGraphOp("Mul_1", "Mul", ("arg0:0",), ("mul-aten.mul.Tensor.OUTPUT.0",)),
+        GeGraphOp("Add_2", "Add", ("Mul_1:0",), ("add-aten.add.Tensor.OUTPUT.0",)),
+    )
+    return write_ge_graph_text(
+        folder,
+        "graph_1",
+        [GeGraphOp(o.name, o.op_type, o.inputs, o.fx_tensor_names, i) for i, o in enumerate(ops)],
+        graph_id=graph_id,
+        rank=rank,
+        pid=pid,
+    )
 
 
 def test_world_size_tree_gives_steps_rank_device_and_graph_order(tmp_path):
@@ -126,7 +142,11 @@ def test_world_size_tree_gives_steps_rank_device_and_graph_order(tmp_path):
 
     assert dump.source == "ge"
     assert [r.key.label() for r in dump.records[:4]] == [
-        "Mul_1 step 0 input.0", "Mul_1 step 0 output.0", "Add_2 step 0 input.0", "Add_2 step 0 output.0"]
+        "Mul_1 step 0 input.0",
+        "Mul_1 step 0 output.0",
+        "Add_2 step 0 input.0",
+        "Add_2 step 0 output.0",
+    ]
     assert [r.key.step for r in dump.records] == [0] * 4 + [1] * 4
     assert [r.order for r in dump.records] == list(range(8))
     first = dump.records[0]
@@ -162,8 +182,13 @@ def test_two_runs_or_two_ranks_in_one_folder_are_refused(tmp_path):
     for run in ("20240101120000", "20240101130000"):
         _write_op(tmp_path / "runs" / run / "0" / "graph_1" / "1" / "0", "Add", "Add_2", 100, 1.0)
     for rank in (0, 1):
-        _write_op(tmp_path / "ranks" / f"worldsize2_global_rank{rank}" / "20240101120000" / "0" / "graph_1" / "1" / "0",
-                  "Add", "Add_2", 100, 1.0)
+        _write_op(
+            tmp_path / "ranks" / f"worldsize2_global_rank{rank}" / "20240101120000" / "0" / "graph_1" / "1" / "0",
+            "Add",
+            "Add_2",
+            100,
+            1.0,
+        )
 
     with pytest.raises(DumpNotFoundError, match="several runs"):
         get_plugins().load_tensors(tmp_path / "runs", "ge")
@@ -194,7 +219,9 @@ def test_compare_on_a_truncated_ge_file_prints_one_line_naming_it(tmp_path, caps
     broken = next(step_folder.iterdir())
     broken.write_bytes(broken.read_bytes()[:-3])
 
-    assert main(["compare", "--golden-path", str(tmp_path), "--my-path", str(tmp_path), "-o", str(tmp_path / "out")]) == 1
+    assert (
+        main(["compare", "--golden-path", str(tmp_path), "--my-path", str(tmp_path), "-o", str(tmp_path / "out")]) == 1
+    )
     error = capsys.readouterr().err.strip().splitlines()
     assert len(error) == 1 and error[0].startswith(f"llmcheck: error: {broken}: truncated")
     assert not (tmp_path / "out").exists()

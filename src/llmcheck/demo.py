@@ -45,8 +45,11 @@ def _load_model(console: Any) -> tuple[Any, Any, Any, str, int]:
     try:
         model, tokenizer = load_smollm2()
     except BackendUnavailableError as exc:
-        console.print(f"[yellow]notice:[/] {exc.one_line()}; using a seeded random 2-layer Llama instead "
-                      "(the compare works the same, the predictions are meaningless)", highlight=False)
+        console.print(
+            f"[yellow]notice:[/] {exc.one_line()}; using a seeded random 2-layer Llama instead "
+            "(the compare works the same, the predictions are meaningless)",
+            highlight=False,
+        )
         model = random_llama(seed=0, hidden_size=128, num_layers=2, vocab_size=512)
         input_ids = torch.randint(0, 512, (1, 16), generator=torch.Generator().manual_seed(0))
         return model, None, input_ids, "a seeded random Llama (2 layers, hidden 128)", 1
@@ -68,8 +71,12 @@ def _run(model: Any, input_ids: Any, dump_path: Path) -> tuple[Path, Any]:
     from llmcheck.core.records import CaptureRequest
 
     backend = get_plugins().capture_backends()[DEMO_BACKEND]
-    request = CaptureRequest(backend=DEMO_BACKEND, command=list(sys.argv), output_dir=dump_path,
-                             options={"execute_range": [(0, 0)], "save_tensor_part": 2})
+    request = CaptureRequest(
+        backend=DEMO_BACKEND,
+        command=list(sys.argv),
+        output_dir=dump_path,
+        options={"execute_range": [(0, 0)], "save_tensor_part": 2},
+    )
     with backend.capture_model(model, request) as handle:  # type: ignore[attr-defined]
         with torch.no_grad():
             logits = model(input_ids).logits[0, -1]
@@ -104,8 +111,10 @@ def run_demo(output: Path, dtype: str = "fp32") -> int:
     console = Console(soft_wrap=True)
     started = time.perf_counter()
     run_folder = Path(output) / time.strftime("run_%Y%m%d_%H%M%S")
-    console.print(f"llmcheck demo: a golden run and a defective run of a real model, compared. Writing to {run_folder}",
-                  highlight=False)
+    console.print(
+        f"llmcheck demo: a golden run and a defective run of a real model, compared. Writing to {run_folder}",
+        highlight=False,
+    )
     with _step(console, "loading the model"):
         import torch
 
@@ -119,27 +128,39 @@ def run_demo(output: Path, dtype: str = "fp32") -> int:
     noise_dump = None
     if dtype != "fp32":
         model = model.to(getattr(torch, DEMO_DTYPES[dtype]))
-        with _step(console, f"noise twin: the golden program in {DEMO_DTYPES[dtype]}, no defect (its error is the "
-                            "rounding noise to expect)"):
+        with _step(
+            console,
+            f"noise twin: the golden program in {DEMO_DTYPES[dtype]}, no defect (its error is the "
+            "rounding noise to expect)",
+        ):
             noise_dump, _ = _run(model, input_ids, run_folder / "noise")
         console.print(f"  dump: {noise_dump}", highlight=False)
     norm = dict(model.named_modules())[defective]
     correct_epsilon = norm.variance_epsilon
-    with _step(console, f"my run: {DEMO_DTYPES[dtype]}, and {defective} uses epsilon {WRONG_EPSILON:g} "
-                        f"instead of {correct_epsilon:.0e}"):
+    with _step(
+        console,
+        f"my run: {DEMO_DTYPES[dtype]}, and {defective} uses epsilon {WRONG_EPSILON:g} "
+        f"instead of {correct_epsilon:.0e}",
+    ):
         norm.variance_epsilon = WRONG_EPSILON
         try:
             my_dump, my_logits = _run(model, input_ids, run_folder / "my")
         finally:
             norm.variance_epsilon = correct_epsilon
     console.print(f"  dump: {my_dump}", highlight=False)
-    console.print(f"  next token: golden {_next_token(tokenizer, golden_logits)}, my {_next_token(tokenizer, my_logits.float())} "
-                  "-- the output alone does not show the defect", highlight=False)
+    console.print(
+        f"  next token: golden {_next_token(tokenizer, golden_logits)}, my {_next_token(tokenizer, my_logits.float())} "
+        "-- the output alone does not show the defect",
+        highlight=False,
+    )
     plugins = get_plugins()
     with _step(console, "comparing every pair of tensors"):
-        result = compare_with_progress(plugins.load_tensors(golden_dump), plugins.load_tensors(my_dump),
-                                       console=console,
-                                       noise=plugins.load_tensors(noise_dump) if noise_dump is not None else None)
+        result = compare_with_progress(
+            plugins.load_tensors(golden_dump),
+            plugins.load_tensors(my_dump),
+            console=console,
+            noise=plugins.load_tensors(noise_dump) if noise_dump is not None else None,
+        )
     written = write_reports(result, run_folder / "report")
     console.print()
     print_summary(result, console, written)
@@ -147,8 +168,11 @@ def run_demo(output: Path, dtype: str = "fp32") -> int:
     found = introduced is not None and introduced.golden.key.name == defective
     console.print()
     if found:
-        console.print(f"[bold green]llmcheck names {defective} as where the error is introduced -- the module the "
-                      "demo made defective.[/]", highlight=False)
+        console.print(
+            f"[bold green]llmcheck names {defective} as where the error is introduced -- the module the "
+            "demo made defective.[/]",
+            highlight=False,
+        )
     else:
         named = introduced.golden.key.label() if introduced is not None else "nothing"
         console.print(f"[bold red]expected {defective}, llmcheck named {named}[/]", highlight=False)

@@ -44,8 +44,13 @@ def make_llmcheck_dump() -> Callable[[Path, Mapping[str, Any]], Path]:
     def make(folder: Path, tensors: Mapping[str, Any]) -> Path:
         with DumpWriter(Path(folder), "test") as writer:
             for order, (name, tensor) in enumerate(tensors.items()):
-                record = TensorRecord(key=RecordKey(name=name), dtype=dtype_name(tensor.dtype),
-                                      shape=tuple(tensor.shape), order=order, stats=tensor_stats(tensor))
+                record = TensorRecord(
+                    key=RecordKey(name=name),
+                    dtype=dtype_name(tensor.dtype),
+                    shape=tuple(tensor.shape),
+                    order=order,
+                    stats=tensor_stats(tensor),
+                )
                 writer.add(record, tensor.detach().cpu().clone())
         return writer.path
 

@@ -56,8 +56,12 @@ def reports_written_into(folder: Path | str) -> Iterator[None]:
         yield
     except WriteFailedError as exc:
         name = Path(exc.where).name if exc.where else "a report"
-        raise WriteFailedError(f"cannot write {name}: {exc.reason or exc.what}", where=folder, errno=exc.errno,
-                               hint="free some space there or pass another folder with -o") from exc
+        raise WriteFailedError(
+            f"cannot write {name}: {exc.reason or exc.what}",
+            where=folder,
+            errno=exc.errno,
+            hint="free some space there or pass another folder with -o",
+        ) from exc
 
 
 def remove_quietly(path: Path | str) -> None:
@@ -69,8 +73,7 @@ def remove_quietly(path: Path | str) -> None:
 def _temporary_beside(target: Path) -> tuple[int, str]:
     """Return an open descriptor and the name of a fresh temporary file in ``target``'s folder."""
     try:
-        descriptor, temporary = tempfile.mkstemp(prefix=f".{target.name}.", suffix=TEMPORARY_SUFFIX,
-                                                 dir=target.parent)
+        descriptor, temporary = tempfile.mkstemp(prefix=f".{target.name}.", suffix=TEMPORARY_SUFFIX, dir=target.parent)
         os.fchmod(descriptor, 0o666 & ~_UMASK)
     except OSError as exc:
         raise write_failed(target, exc) from exc

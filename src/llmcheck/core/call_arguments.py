@@ -30,7 +30,9 @@ from llmcheck.core.tensor_io import dtype_name, torch_dtype
 _TAGS = ("tensor", "float", "complex", "dtype", "device", "layout", "memory_format", "unsupported")
 
 
-def encode_call(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> tuple[dict[str, Any], list[tuple[str, torch.Tensor]]]:
+def encode_call(
+    args: tuple[Any, ...], kwargs: Mapping[str, Any]
+) -> tuple[dict[str, Any], list[tuple[str, torch.Tensor]]]:
     """Return the call's arguments as JSON-safe ``{"args", "kwargs"}`` and its tensors with their positions."""
     tensors: list[tuple[str, torch.Tensor]] = []
 
@@ -68,7 +70,9 @@ def encode_call(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> tuple[dict[
 
 
 def decode_call(
-    attrs: Mapping[str, Any], tensor_at: Callable[[str], torch.Tensor], device: str | torch.device = "cpu",
+    attrs: Mapping[str, Any],
+    tensor_at: Callable[[str], torch.Tensor],
+    device: str | torch.device = "cpu",
 ) -> tuple[list[Any], dict[str, Any]]:
     """Return ``(args, kwargs)`` rebuilt from a record's ``attrs``, tensors fetched by position.
 
@@ -104,13 +108,17 @@ def decode_call(
         if tag == "memory_format":
             return getattr(torch, value["memory_format"])
         if tag == "unsupported":
-            raise DumpFormatError(f"argument of type {value['unsupported']} was not recorded exactly ({value.get('repr')})",
-                                  hint="this call cannot be replayed")
+            raise DumpFormatError(
+                f"argument of type {value['unsupported']} was not recorded exactly ({value.get('repr')})",
+                hint="this call cannot be replayed",
+            )
         raise DumpFormatError(f"unknown argument encoding {value!r}")
 
     if "args" not in attrs:
         raise DumpFormatError("record has no recorded arguments (not an op-level torch record)")
-    return [decode(value) for value in attrs["args"]], {key: decode(value) for key, value in attrs.get("kwargs", {}).items()}
+    return [decode(value) for value in attrs["args"]], {
+        key: decode(value) for key, value in attrs.get("kwargs", {}).items()
+    }
 
 
 def resolve_op(op_type: str) -> torch._ops.OpOverload:
@@ -124,8 +132,9 @@ def resolve_op(op_type: str) -> torch._ops.OpOverload:
     return overload_op
 
 
-def replay_call(op_type: str, attrs: Mapping[str, Any], tensor_at: Callable[[str], torch.Tensor],
-                device: str | torch.device = "cpu") -> Any:
+def replay_call(
+    op_type: str, attrs: Mapping[str, Any], tensor_at: Callable[[str], torch.Tensor], device: str | torch.device = "cpu"
+) -> Any:
     """Return the result of running the recorded call again on ``device`` from its dumped inputs."""
     operator = resolve_op(op_type)
     args, kwargs = decode_call(attrs, tensor_at, device)

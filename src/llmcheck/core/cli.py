@@ -27,8 +27,12 @@ from llmcheck.core.seed_flags import LOG_LEVELS, expand_multi_value_options, par
 MULTI_VALUE_OPTIONS = ("-metric", "--metric", "--precision-metric")
 
 log_level_option = click.option(
-    "-l", "--log-level", type=click.Choice(LOG_LEVELS, case_sensitive=False), default="info",
-    show_default=True, help="Log level; 'debug' also shows tracebacks.",
+    "-l",
+    "--log-level",
+    type=click.Choice(LOG_LEVELS, case_sensitive=False),
+    default="info",
+    show_default=True,
+    help="Log level; 'debug' also shows tracebacks.",
 )
 
 
@@ -87,11 +91,14 @@ class BackendOptionsCommand(click.Command):
         declared = plugins.backend_options(backend)
         self.params = [*self.own_params, *(_click_option(option) for option in declared)]
         others = sorted(name for name in plugins.capture_backends() if name != backend)
-        self.epilog = (f"Backend {backend} ({chosen.description}): the options after -l/--log-level are its own. "
-                       f"Other backends: {', '.join(others) or 'none'}; 'llmcheck dump --backend NAME --help' "
-                       "shows theirs.")
-        args = expand_multi_value_options(args, [flag for option in declared if option.multiple
-                                                 for flag in option.flags])
+        self.epilog = (
+            f"Backend {backend} ({chosen.description}): the options after -l/--log-level are its own. "
+            f"Other backends: {', '.join(others) or 'none'}; 'llmcheck dump --backend NAME --help' "
+            "shows theirs."
+        )
+        args = expand_multi_value_options(
+            args, [flag for option in declared if option.multiple for flag in option.flags]
+        )
         try:
             return super().parse_args(ctx, list(args))  # click consumes the list it parses
         except click.NoSuchOption:
@@ -108,8 +115,11 @@ def _raise_if_another_backends_option(args: Sequence[str], backend: str, every_o
         flag = token.split("=", 1)[0]
         owners = sorted({option.backend for option in every_option if flag in option.flags})
         if owners and flag not in own:
-            raise UsageError(f"is an option of backend {', '.join(owners)}, not {backend}", where=flag,
-                             hint=f"'llmcheck dump --backend {backend} --help' lists {backend}'s options")
+            raise UsageError(
+                f"is an option of backend {', '.join(owners)}, not {backend}",
+                where=flag,
+                hint=f"'llmcheck dump --backend {backend} --help' lists {backend}'s options",
+            )
 
 
 def _backend_named(args: Sequence[str], default: str | None) -> str | None:
@@ -129,67 +139,158 @@ def _click_option(option: BackendOption) -> click.Option:
     """Return the click flag of a declared backend option."""
     shown_default = option.default not in (None, False, "", ())
     if option.type is bool:
-        return click.Option([*option.flags, option.name], is_flag=True, default=bool(option.default),
-                            help=option.help)
+        return click.Option([*option.flags, option.name], is_flag=True, default=bool(option.default), help=option.help)
     kind: Any = click.Choice(option.choices) if option.choices else option.type
-    return click.Option([*option.flags, option.name], type=kind, multiple=option.multiple, default=option.default,
-                        show_default=shown_default, help=option.help)
+    return click.Option(
+        [*option.flags, option.name],
+        type=kind,
+        multiple=option.multiple,
+        default=option.default,
+        show_default=shown_default,
+        help=option.help,
+    )
 
 
 @cli.command(cls=BackendOptionsCommand, short_help="Run a program with capture on and write a dump.")
-@click.option("--backend", default=None,
-              help="Dump backend (see 'llmcheck plugins'; default: the one declared default, torch when built in).")
+@click.option(
+    "--backend",
+    default=None,
+    help="Dump backend (see 'llmcheck plugins'; default: the one declared default, torch when built in).",
+)
 @click.option("--exec", "exec_text", help='Command to run, e.g. --exec "python infer.py --x 1" (no shell).')
-@click.option("-o", "--output", default="./", show_default=True, type=click.Path(file_okay=False, path_type=Path),
-              help="Folder the dump is written under (a new dump folder per run).")
+@click.option(
+    "-o",
+    "--output",
+    default="./",
+    show_default=True,
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Folder the dump is written under (a new dump folder per run).",
+)
 @log_level_option
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
-def dump(backend: str | None, exec_text: str | None, output: Path, log_level: str, command: Sequence[str],
-         **backend_options: Any) -> None:
+def dump(
+    backend: str | None,
+    exec_text: str | None,
+    output: Path,
+    log_level: str,
+    command: Sequence[str],
+    **backend_options: Any,
+) -> None:
     """Run a program with capture on: llmcheck dump --backend torch -o OUT --exec "python infer.py"."""
     from llmcheck.core.dump_command import dump_command
 
     _configure_logging(log_level)
-    raise SystemExit(dump_command(backend=backend, exec_text=exec_text, trailing_command=command, output_dir=output,
-                                  given_options=backend_options, log_level=log_level))
+    raise SystemExit(
+        dump_command(
+            backend=backend,
+            exec_text=exec_text,
+            trailing_command=command,
+            output_dir=output,
+            given_options=backend_options,
+            log_level=log_level,
+        )
+    )
 
 
 # --- compare ---------------------------------------------------------------------------
 
 
 @cli.command(short_help="Pair two runs, measure every pair, name where the error starts.")
-@click.option("-gp", "--golden-path", required=True, type=click.Path(path_type=Path),
-              help="Trusted run: a dump, a folder holding exactly one dump, or one tensor file.")
-@click.option("-mp", "--my-path", required=True, type=click.Path(path_type=Path), help="Run under suspicion, same kinds as --golden-path.")
+@click.option(
+    "-gp",
+    "--golden-path",
+    required=True,
+    type=click.Path(path_type=Path),
+    help="Trusted run: a dump, a folder holding exactly one dump, or one tensor file.",
+)
+@click.option(
+    "-mp",
+    "--my-path",
+    required=True,
+    type=click.Path(path_type=Path),
+    help="Run under suspicion, same kinds as --golden-path.",
+)
 @click.option("--golden-source", default=None, help="Force the source plugin reading --golden-path (e.g. fx).")
 @click.option("--my-source", default=None, help="Force the source plugin reading --my-path (e.g. ge).")
-@click.option("-o", "--output", default="./llmcheck_compare", show_default=True, type=click.Path(file_okay=False, path_type=Path),
-              help="Folder for cmp_report.csv, summary.json, pairs.json, report.html (and any --report).")
+@click.option(
+    "-o",
+    "--output",
+    default="./llmcheck_compare",
+    show_default=True,
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Folder for cmp_report.csv, summary.json, pairs.json, report.html (and any --report).",
+)
 @click.option("--metric", "metrics", multiple=True, help="Metrics to compute (default: all registered).")
-@click.option("--mapping", "-mf", "--op-mapping-file", "mapping", default=None, type=click.Path(path_type=Path),
-              help="User mapping (JSON or YAML: golden name pattern -> my name pattern), or an edited pairs.json.")
+@click.option(
+    "--mapping",
+    "-mf",
+    "--op-mapping-file",
+    "mapping",
+    default=None,
+    type=click.Path(path_type=Path),
+    help="User mapping (JSON or YAML: golden name pattern -> my name pattern), or an edited pairs.json.",
+)
 @click.option("-j", "--jobs", default=None, type=int, help="Worker processes (default: CPU count).")
-@click.option("--thresholds", "thresholds", default=None, type=click.Path(path_type=Path),
-              help="Threshold overrides (JSON or YAML list of {pattern, metric, warn, fail[, dtype]}).")
-@click.option("--noise-path", "noise_path", default=None, type=click.Path(path_type=Path),
-              help="Noise twin: the golden program run at the my-run's precision (same capture). Rows are judged "
-                   "against its error instead of the dtype table.")
+@click.option(
+    "--thresholds",
+    "thresholds",
+    default=None,
+    type=click.Path(path_type=Path),
+    help="Threshold overrides (JSON or YAML list of {pattern, metric, warn, fail[, dtype]}).",
+)
+@click.option(
+    "--noise-path",
+    "noise_path",
+    default=None,
+    type=click.Path(path_type=Path),
+    help="Noise twin: the golden program run at the my-run's precision (same capture). Rows are judged "
+    "against its error instead of the dtype table.",
+)
 @click.option("--noise-source", default=None, help="Force the source plugin reading --noise-path.")
-@click.option("--allow-unmatched", is_flag=True,
-              help="Do not fail (exit 3) on golden records that no pairing rule expects to be unmatched.")
-@click.option("--executor", type=click.Choice(["local", "ray"]), default="local", show_default=True,
-              help="Where pairs are measured: this machine's worker processes, or Ray tasks near the data "
-                   "(pip install 'llmcheck[ray]'; docs/scale-out.md).")
-@click.option("--ray-address", default=None, help="The Ray cluster for --executor ray (default: the running one, "
-                                                  "else a local one; 'auto', 'ray://HEAD:10001').")
-@click.option("--report", "report_names", multiple=True,
-              help="Also write this report format (repeatable), e.g. --report junit for junit.xml; "
-                   "'llmcheck plugins' lists the formats.")
+@click.option(
+    "--allow-unmatched",
+    is_flag=True,
+    help="Do not fail (exit 3) on golden records that no pairing rule expects to be unmatched.",
+)
+@click.option(
+    "--executor",
+    type=click.Choice(["local", "ray"]),
+    default="local",
+    show_default=True,
+    help="Where pairs are measured: this machine's worker processes, or Ray tasks near the data "
+    "(pip install 'llmcheck[ray]'; docs/scale-out.md).",
+)
+@click.option(
+    "--ray-address",
+    default=None,
+    help="The Ray cluster for --executor ray (default: the running one, else a local one; 'auto', 'ray://HEAD:10001').",
+)
+@click.option(
+    "--report",
+    "report_names",
+    multiple=True,
+    help="Also write this report format (repeatable), e.g. --report junit for junit.xml; "
+    "'llmcheck plugins' lists the formats.",
+)
 @log_level_option
-def compare(golden_path: Path, my_path: Path, golden_source: str | None, my_source: str | None, output: Path,
-            metrics: Sequence[str], mapping: Path | None, jobs: int | None, thresholds: Path | None,
-            noise_path: Path | None, noise_source: str | None, allow_unmatched: bool, executor: str,
-            ray_address: str | None, report_names: Sequence[str], log_level: str) -> None:
+def compare(
+    golden_path: Path,
+    my_path: Path,
+    golden_source: str | None,
+    my_source: str | None,
+    output: Path,
+    metrics: Sequence[str],
+    mapping: Path | None,
+    jobs: int | None,
+    thresholds: Path | None,
+    noise_path: Path | None,
+    noise_source: str | None,
+    allow_unmatched: bool,
+    executor: str,
+    ray_address: str | None,
+    report_names: Sequence[str],
+    log_level: str,
+) -> None:
     """Pair two runs, measure every pair, and name the first divergence.
 
     Example: llmcheck compare -gp golden -mp my -o report
@@ -197,31 +298,76 @@ def compare(golden_path: Path, my_path: Path, golden_source: str | None, my_sour
     _configure_logging(log_level)
     from llmcheck.core.compare import compare_command
 
-    raise SystemExit(compare_command(
-        golden_path=golden_path, my_path=my_path, golden_source=golden_source, my_source=my_source,
-        output_dir=output, metric_names=list(metrics), mapping_path=mapping, jobs=jobs, thresholds_path=thresholds,
-        noise_path=noise_path, noise_source=noise_source,
-        allow_unmatched=allow_unmatched, executor=executor, ray_address=ray_address,
-        report_names=list(report_names),
-    ))
+    raise SystemExit(
+        compare_command(
+            golden_path=golden_path,
+            my_path=my_path,
+            golden_source=golden_source,
+            my_source=my_source,
+            output_dir=output,
+            metric_names=list(metrics),
+            mapping_path=mapping,
+            jobs=jobs,
+            thresholds_path=thresholds,
+            noise_path=noise_path,
+            noise_source=noise_source,
+            allow_unmatched=allow_unmatched,
+            executor=executor,
+            ray_address=ray_address,
+            report_names=list(report_names),
+        )
+    )
 
 
 # --- opcheck ---------------------------------------------------------------------------
 
 
 @cli.command(short_help="Recompute single ops from their dumped inputs, check outputs.")
-@click.option("-i", "--input", "tensor_dir", required=True, type=click.Path(path_type=Path), help="Tensor folder of a dump (ATB or torch op level).")
-@click.option("-c", "--csv-path", default=None, type=click.Path(path_type=Path), help="Op CSV of the dump (older ATB dumps).")
-@click.option("-o", "--output", default="./", show_default=True, type=click.Path(file_okay=False, path_type=Path), help="Folder for opcheck_result.csv.")
+@click.option(
+    "-i",
+    "--input",
+    "tensor_dir",
+    required=True,
+    type=click.Path(path_type=Path),
+    help="Tensor folder of a dump (ATB or torch op level).",
+)
+@click.option(
+    "-c", "--csv-path", default=None, type=click.Path(path_type=Path), help="Op CSV of the dump (older ATB dumps)."
+)
+@click.option(
+    "-o",
+    "--output",
+    default="./",
+    show_default=True,
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Folder for opcheck_result.csv.",
+)
 @click.option("-ids", "--operation-ids", default="", help="Check only these op ids, e.g. 24_1,2_3_5.")
-@click.option("-opname", "--operation-name", default=None, help="Check only ops whose name contains these: self,linear.")
-@click.option("-metric", "--precision-metric", "precision_metrics", multiple=True, type=click.Choice(["abs", "cos_sim", "kl"]),
-              help="Extra columns: abs, cos_sim, kl.")
+@click.option(
+    "-opname", "--operation-name", default=None, help="Check only ops whose name contains these: self,linear."
+)
+@click.option(
+    "-metric",
+    "--precision-metric",
+    "precision_metrics",
+    multiple=True,
+    type=click.Choice(["abs", "cos_sim", "kl"]),
+    help="Extra columns: abs, cos_sim, kl.",
+)
 @click.option("-device", "--device-id", default=None, help="Device the reference runs on (default CPU).")
 @click.option("-j", "--jobs", default=None, type=int, help="Worker processes (default: CPU count).")
 @log_level_option
-def opcheck(tensor_dir: Path, csv_path: Path | None, output: Path, operation_ids: str, operation_name: str | None,
-            precision_metrics: Sequence[str], device_id: str | None, jobs: int | None, log_level: str) -> None:
+def opcheck(
+    tensor_dir: Path,
+    csv_path: Path | None,
+    output: Path,
+    operation_ids: str,
+    operation_name: str | None,
+    precision_metrics: Sequence[str],
+    device_id: str | None,
+    jobs: int | None,
+    log_level: str,
+) -> None:
     """Check single operators offline: recompute each op from its dumped inputs and compare.
 
     Example: llmcheck opcheck -i DUMP/tensors -o checks
@@ -231,10 +377,18 @@ def opcheck(tensor_dir: Path, csv_path: Path | None, output: Path, operation_ids
     names = parse_names(operation_name) if operation_name else []
     from llmcheck.core.opcheck.command import opcheck_command
 
-    raise SystemExit(opcheck_command(
-        tensor_dir=tensor_dir, csv_path=csv_path, output_dir=output, operation_ids=ids, operation_names=names,
-        precision_metrics=list(precision_metrics), device_id=device_id, jobs=jobs,
-    ))
+    raise SystemExit(
+        opcheck_command(
+            tensor_dir=tensor_dir,
+            csv_path=csv_path,
+            output_dir=output,
+            operation_ids=ids,
+            operation_names=names,
+            precision_metrics=list(precision_metrics),
+            device_id=device_id,
+            jobs=jobs,
+        )
+    )
 
 
 # --- export ----------------------------------------------------------------------------
@@ -247,8 +401,16 @@ def export() -> None:
 
 @export.command("onnx")
 @click.argument("topology", type=click.Path(path_type=Path))
-@click.option("--level", default=-1, show_default=True, type=int, help="Depth to flatten to; -1 = all leaves, 0 = the root alone.")
-@click.option("-o", "--output", default=None, type=click.Path(dir_okay=False, path_type=Path), help="ONNX file (default: beside the topology, .onnx).")
+@click.option(
+    "--level", default=-1, show_default=True, type=int, help="Depth to flatten to; -1 = all leaves, 0 = the root alone."
+)
+@click.option(
+    "-o",
+    "--output",
+    default=None,
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="ONNX file (default: beside the topology, .onnx).",
+)
 @log_level_option
 def export_onnx(topology: Path, level: int, output: Path | None, log_level: str) -> None:
     """Turn a topology file (ATB layer/model JSON, ...) into a viewable ONNX model."""
@@ -261,15 +423,25 @@ def export_onnx(topology: Path, level: int, output: Path | None, log_level: str)
 
 @export.command("model-explorer")
 @click.argument("compare_dir", type=click.Path(path_type=Path))
-@click.option("-o", "--output", default=None, type=click.Path(file_okay=False, path_type=Path),
-              help="Folder for the node data and the annotated ONNX (default: COMPARE_DIR/model_explorer).")
-@click.option("--graph", default=None, type=click.Path(dir_okay=False, path_type=Path),
-              help="ONNX graph to lay the compare over (default: the one in the golden dump).")
+@click.option(
+    "-o",
+    "--output",
+    default=None,
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Folder for the node data and the annotated ONNX (default: COMPARE_DIR/model_explorer).",
+)
+@click.option(
+    "--graph",
+    default=None,
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="ONNX graph to lay the compare over (default: the one in the golden dump).",
+)
 @click.option("--open", "open_server", is_flag=True, help="Start Model Explorer on the graph (extra [explorer]).")
 @click.option("--port", default=8080, show_default=True, type=int, help="Port of the Model Explorer server (--open).")
 @log_level_option
-def export_model_explorer(compare_dir: Path, output: Path | None, graph: Path | None, open_server: bool, port: int,
-                          log_level: str) -> None:
+def export_model_explorer(
+    compare_dir: Path, output: Path | None, graph: Path | None, open_server: bool, port: int, log_level: str
+) -> None:
     """Lay a compare's per-node error, verdict and growth over the model graph (Model Explorer, Netron).
 
     Example: llmcheck export model-explorer CMP --open
@@ -282,10 +454,13 @@ def export_model_explorer(compare_dir: Path, output: Path | None, graph: Path | 
         require_model_explorer()  # before writing anything: the user asked for the viewer
     overlay = export_graph_overlay(compare_dir, output, graph)
     not_passing = sum(1 for node in overlay.nodes.values() if node.verdict != "pass")
-    click.echo(f"llmcheck: {len(overlay.nodes)} of {overlay.graph_nodes} graph nodes have pairs, "
-               f"{not_passing} not passing")
-    click.echo(f"llmcheck: wrote {overlay.annotated_onnx} (Netron), "
-               + ", ".join(str(path) for path in overlay.node_data.values()))
+    click.echo(
+        f"llmcheck: {len(overlay.nodes)} of {overlay.graph_nodes} graph nodes have pairs, {not_passing} not passing"
+    )
+    click.echo(
+        f"llmcheck: wrote {overlay.annotated_onnx} (Netron), "
+        + ", ".join(str(path) for path in overlay.node_data.values())
+    )
     if open_server:
         raise SystemExit(open_in_model_explorer(overlay.annotated_onnx, list(overlay.node_data.values()), port=port))
 
@@ -317,19 +492,38 @@ def plugins(as_json: bool) -> None:
     console.print("backends: " + (", ".join(sorted(facade.capture_backends())) or "none"))
     console.print("sources:  " + (", ".join(sorted(facade.sources())) or "none"))
     console.print("metrics:  " + (", ".join(facade.metrics()) or "none"))
-    console.print("reports:  " + (", ".join(f"{name}{'' if reporter.default else ' (--report)'}"
-                                            for name, reporter in facade.reporters().items()) or "none"))
+    console.print(
+        "reports:  "
+        + (
+            ", ".join(
+                f"{name}{'' if reporter.default else ' (--report)'}" for name, reporter in facade.reporters().items()
+            )
+            or "none"
+        )
+    )
 
 
 # --- demo ------------------------------------------------------------------------------
 
 
 @cli.command(short_help="Run the whole job on a bundled real model, with a report.")
-@click.option("-o", "--output", default="./llmcheck_demo", show_default=True, type=click.Path(file_okay=False, path_type=Path),
-              help="Folder for both dumps and the compare report.")
-@click.option("--dtype", "dtype", type=click.Choice(["fp32", "bf16", "fp16"]), default="fp32", show_default=True,
-              help="Precision of the my-run. Below fp32 the demo also records a noise twin (the golden program at "
-                   "that precision) and compares against it, as docs/commands/compare.md describes.")
+@click.option(
+    "-o",
+    "--output",
+    default="./llmcheck_demo",
+    show_default=True,
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Folder for both dumps and the compare report.",
+)
+@click.option(
+    "--dtype",
+    "dtype",
+    type=click.Choice(["fp32", "bf16", "fp16"]),
+    default="fp32",
+    show_default=True,
+    help="Precision of the my-run. Below fp32 the demo also records a noise twin (the golden program at "
+    "that precision) and compares against it, as docs/commands/compare.md describes.",
+)
 @log_level_option
 def demo(output: Path, dtype: str, log_level: str) -> None:
     """Run the whole job on a bundled real model: golden run, defective run, compare, report."""
@@ -380,8 +574,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as exc:  # a bug in llmcheck: still one line unless debugging
         if debug:
             traceback.print_exc()
-        click.echo(f"llmcheck: error: internal error: {type(exc).__name__}: {exc} "
-                   "(rerun with -l debug for the traceback and report it)", err=True)
+        click.echo(
+            f"llmcheck: error: internal error: {type(exc).__name__}: {exc} "
+            "(rerun with -l debug for the traceback and report it)",
+            err=True,
+        )
         return 1
     return 0
 

@@ -96,13 +96,18 @@ class CompareResult:
         expected_golden = sum(item.expected for item in pairing.unmatched_golden)
         expected_my = sum(item.expected for item in pairing.unmatched_my)
         return {
-            "pairs": len(self.rows), "passes": verdicts.count(VERDICT_PASS), "warnings": verdicts.count(VERDICT_WARN),
-            "failures": verdicts.count(VERDICT_FAIL), "errors": verdicts.count(VERDICT_ERROR),
-            "unmatched_golden": len(pairing.unmatched_golden), "unmatched_my": len(pairing.unmatched_my),
+            "pairs": len(self.rows),
+            "passes": verdicts.count(VERDICT_PASS),
+            "warnings": verdicts.count(VERDICT_WARN),
+            "failures": verdicts.count(VERDICT_FAIL),
+            "errors": verdicts.count(VERDICT_ERROR),
+            "unmatched_golden": len(pairing.unmatched_golden),
+            "unmatched_my": len(pairing.unmatched_my),
             "unmatched": len(pairing.unmatched_golden) + len(pairing.unmatched_my),
             "unmatched_golden_expected": expected_golden,
             "unmatched_golden_unexpected": len(pairing.unmatched_golden) - expected_golden,
-            "unmatched_my_expected": expected_my, "unmatched_my_unexpected": len(pairing.unmatched_my) - expected_my,
+            "unmatched_my_expected": expected_my,
+            "unmatched_my_unexpected": len(pairing.unmatched_my) - expected_my,
         }
 
     @property
@@ -138,26 +143,50 @@ class CompareResult:
         introduced = [row for row in self.rows if row.attribution == INTRODUCED]
         throughput = self.tensor_bytes_read / self.elapsed_s / 1e9 if self.elapsed_s > 0 else None
         return {
-            "format": SUMMARY_FORMAT, "format_version": 1,
-            "golden": {"path": str(self.golden.root), "source": self.golden.source, "records": len(self.golden.records),
-                       "cut": self.golden.cut},
-            "my": {"path": str(self.my.root), "source": self.my.source, "records": len(self.my.records),
-                   "cut": self.my.cut},
-            "noise": ({"path": str(self.noise.root), "source": self.noise.source, "records": len(self.noise.records)}
-                      if self.noise is not None else None),
+            "format": SUMMARY_FORMAT,
+            "format_version": 1,
+            "golden": {
+                "path": str(self.golden.root),
+                "source": self.golden.source,
+                "records": len(self.golden.records),
+                "cut": self.golden.cut,
+            },
+            "my": {
+                "path": str(self.my.root),
+                "source": self.my.source,
+                "records": len(self.my.records),
+                "cut": self.my.cut,
+            },
+            "noise": (
+                {"path": str(self.noise.root), "source": self.noise.source, "records": len(self.noise.records)}
+                if self.noise is not None
+                else None
+            ),
             "counts": self.counts(),
             "first_divergence": describe_row(self.first_divergence),
             "first_introduced": describe_row(self.first_introduced),
             "suspects": self.suspects.as_json(),
-            "culprit": (None if (culprit := self.culprit) is None else
-                        {"name": culprit.key.name, "io": culprit.key.io, "position": culprit.key.position,
-                         "step": culprit.key.step, "call_index": culprit.key.call_index,
-                         "one_run_only": self.first_introduced is None}),
+            "culprit": (
+                None
+                if (culprit := self.culprit) is None
+                else {
+                    "name": culprit.key.name,
+                    "io": culprit.key.io,
+                    "position": culprit.key.position,
+                    "step": culprit.key.step,
+                    "call_index": culprit.key.call_index,
+                    "one_run_only": self.first_introduced is None,
+                }
+            ),
             "introduced": [describe_row(row) for row in introduced[:50]],
             "metrics": [spec.name for spec in self.metric_specs],
-            "thresholds": {spec.name: {cls: list(limits) for cls, limits in spec.thresholds.items()}
-                           for spec in self.metric_specs if spec.thresholds},
-            "elapsed_s": round(self.elapsed_s, 3), "tensor_bytes_read": self.tensor_bytes_read,
+            "thresholds": {
+                spec.name: {cls: list(limits) for cls, limits in spec.thresholds.items()}
+                for spec in self.metric_specs
+                if spec.thresholds
+            },
+            "elapsed_s": round(self.elapsed_s, 3),
+            "tensor_bytes_read": self.tensor_bytes_read,
             "tensor_bytes_compared": self.tensor_bytes_compared,
             "throughput_gb_per_s": round(throughput, 3) if throughput is not None else None,
         }
@@ -172,8 +201,9 @@ def select_metrics(metric_names: Sequence[str] | None) -> list[MetricSpec]:
         return list(registered.values())
     unknown = [name for name in metric_names if name not in registered]
     if unknown:
-        raise UsageError(f"unknown metric {unknown[0]!r}", where="--metric",
-                         hint=f"known: {', '.join(registered) or 'none'}")
+        raise UsageError(
+            f"unknown metric {unknown[0]!r}", where="--metric", hint=f"known: {', '.join(registered) or 'none'}"
+        )
     # The error measure is always measured: attribution, growth and the statistics-only bound
     # work on it, whichever metrics the user wants to see judged.
     wanted = set(metric_names) | {name for name, spec in registered.items() if spec.error_measure}
@@ -207,9 +237,14 @@ def _shape_problem(golden: TensorRecord, my: TensorRecord) -> str | None:
     return None
 
 
-def _statistics_row(index: int, pair: Pair, specs: Sequence[MetricSpec], overrides: Sequence[ThresholdOverride],
-                    run_floor: str | None, run_dtypes: tuple[str | None, str | None] = (None, None)
-                    ) -> ComparisonRow | None:
+def _statistics_row(
+    index: int,
+    pair: Pair,
+    specs: Sequence[MetricSpec],
+    overrides: Sequence[ThresholdOverride],
+    run_floor: str | None,
+    run_dtypes: tuple[str | None, str | None] = (None, None),
+) -> ComparisonRow | None:
     """Return the row of a pair judged on its recorded statistics when a side kept no data, else None."""
     golden, my = pair.golden, pair.my
     assert golden is not None and my is not None
@@ -219,26 +254,49 @@ def _statistics_row(index: int, pair: Pair, specs: Sequence[MetricSpec], overrid
         return None
     judged_class = judging_class(golden.dtype, my.dtype, run_floor)
     limits = (sentinel_limit_in_run(golden.dtype, run_dtypes[0]), sentinel_limit_in_run(my.dtype, run_dtypes[1]))
-    results, verdict, deciding, nonfinite = judge_statistics(golden.stats, my.stats, specs,  # type: ignore[arg-type]
-                                                             golden.key.name, judged_class, overrides,
-                                                             sentinel_limits=limits)
+    results, verdict, deciding, nonfinite = judge_statistics(
+        golden.stats,
+        my.stats,
+        specs,  # type: ignore[arg-type]
+        golden.key.name,
+        judged_class,
+        overrides,
+        sentinel_limits=limits,
+    )
     sides = " and ".join(side for side, record in (("golden", golden), ("my", my)) if record.data is None)
     bounded = error_measure_spec(specs)
-    reason = (f"statistics only (no tensor data on the {sides} side): judged on the L2 norms, "
-              f"a lower bound of {bounded.name if bounded else 'the error measure'}")
+    reason = (
+        f"statistics only (no tensor data on the {sides} side): judged on the L2 norms, "
+        f"a lower bound of {bounded.name if bounded else 'the error measure'}"
+    )
     if masked_statistics(golden.stats, my.stats, limits):  # type: ignore[arg-type]
-        reason = (f"statistics only (no tensor data on the {sides} side): both sides hold their dtype's infinity "
-                  "sentinel (a mask), which dominates min, max, mean and L2 norm; not judged on them")
-    return ComparisonRow(index=index, golden=golden, my=my, rule=pair.rule, metrics=results, verdict=verdict,
-                         deciding_metric=deciding, reason=reason, golden_stats=golden.stats, my_stats=my.stats,
-                         nonfinite_mismatch=nonfinite, judged_as=judged_class)
+        reason = (
+            f"statistics only (no tensor data on the {sides} side): both sides hold their dtype's infinity "
+            "sentinel (a mask), which dominates min, max, mean and L2 norm; not judged on them"
+        )
+    return ComparisonRow(
+        index=index,
+        golden=golden,
+        my=my,
+        rule=pair.rule,
+        metrics=results,
+        verdict=verdict,
+        deciding_metric=deciding,
+        reason=reason,
+        golden_stats=golden.stats,
+        my_stats=my.stats,
+        nonfinite_mismatch=nonfinite,
+        judged_as=judged_class,
+    )
 
 
 def _notes(golden: TensorRecord, my: TensorRecord) -> list[str]:
     notes = []
     if tuple(golden.shape) != tuple(my.shape):
-        notes.append(f"shapes differ only in size-1 dims ({_shape_text(golden.shape)} vs {_shape_text(my.shape)}); "
-                     "compared element by element")
+        notes.append(
+            f"shapes differ only in size-1 dims ({_shape_text(golden.shape)} vs {_shape_text(my.shape)}); "
+            "compared element by element"
+        )
     if is_float_dtype(golden.dtype) != is_float_dtype(my.dtype):
         notes.append(f"dtype kinds differ: golden {golden.dtype} vs my {my.dtype}")
     return notes
@@ -248,15 +306,21 @@ def _nonfinite_note(measurement: Any) -> str | None:
     golden, my = measurement.golden_stats, measurement.my_stats
     counts = f"golden {golden.nan_count} NaN, {golden.inf_count} Inf; my {my.nan_count} NaN, {my.inf_count} Inf"
     if measurement.nonfinite_mismatch:
-        return (f"{measurement.nonfinite_mismatch} positions are NaN/Inf on one side only, or a mask sentinel "
-                f"on one side only ({counts})")
+        return (
+            f"{measurement.nonfinite_mismatch} positions are NaN/Inf on one side only, or a mask sentinel "
+            f"on one side only ({counts})"
+        )
     notes = []
     if measurement.matching_nonfinite:
-        notes.append(f"{measurement.matching_nonfinite} positions are the same NaN/Inf on both sides, "
-                     f"left out of the metrics ({counts})")
+        notes.append(
+            f"{measurement.matching_nonfinite} positions are the same NaN/Inf on both sides, "
+            f"left out of the metrics ({counts})"
+        )
     if measurement.masked:
-        notes.append(f"{measurement.masked} positions hold the dtype's infinity sentinel (a mask) on both sides, "
-                     "left out of the metrics")
+        notes.append(
+            f"{measurement.masked} positions hold the dtype's infinity sentinel (a mask) on both sides, "
+            "left out of the metrics"
+        )
     return "; ".join(notes) or None
 
 
@@ -272,17 +336,26 @@ def _merged_stats(record: TensorRecord, measured: Any) -> Any:
 class PairExecutor(Protocol):
     """Measures pairs somewhere other than this machine's worker processes (``compare --executor``)."""
 
-    def __call__(self, jobs: Sequence[Any], specs: Sequence[MetricSpec], on_measured: Callable[[Any], None] | None
-                 ) -> tuple[dict[int, Any], dict[int, str]]:
+    def __call__(
+        self, jobs: Sequence[Any], specs: Sequence[MetricSpec], on_measured: Callable[[Any], None] | None
+    ) -> tuple[dict[int, Any], dict[int, str]]:
         """Return the measurements by pair index, and why each pair it could not measure failed."""
 
 
-def compare_dumps(golden: Dump, my: Dump, *, metric_names: Sequence[str] | None = None,
-                  user_mapping: UserMapping | None = None, threshold_overrides: Sequence[ThresholdOverride] = (),
-                  workers: int | None = None, noise: Dump | None = None, same_program: bool = False,
-                  on_pairs_known: Callable[[int, int], None] | None = None,
-                  on_measured: Callable[[int], None] | None = None,
-                  executor: PairExecutor | None = None) -> CompareResult:
+def compare_dumps(
+    golden: Dump,
+    my: Dump,
+    *,
+    metric_names: Sequence[str] | None = None,
+    user_mapping: UserMapping | None = None,
+    threshold_overrides: Sequence[ThresholdOverride] = (),
+    workers: int | None = None,
+    noise: Dump | None = None,
+    same_program: bool = False,
+    on_pairs_known: Callable[[int, int], None] | None = None,
+    on_measured: Callable[[int], None] | None = None,
+    executor: PairExecutor | None = None,
+) -> CompareResult:
     """Return the comparison of two loaded dumps: pairs, a judged row per pair, attribution.
 
     ``noise`` is the noise twin (``compare --noise-path``): the golden program run at the
@@ -316,9 +389,15 @@ def compare_dumps(golden: Dump, my: Dump, *, metric_names: Sequence[str] | None 
         if problem is not None:
             problems[index] = problem
             continue
-        job = PairJob(index=index, golden=pair.golden.data, my=pair.my.data,  # type: ignore[arg-type]
-                      golden_needs_stats=not _has_stats(pair.golden), my_needs_stats=not _has_stats(pair.my),
-                      golden_run_dtype=run_dtypes[0], my_run_dtype=run_dtypes[1])
+        job = PairJob(
+            index=index,
+            golden=pair.golden.data,
+            my=pair.my.data,  # type: ignore[arg-type]
+            golden_needs_stats=not _has_stats(pair.golden),
+            my_needs_stats=not _has_stats(pair.my),
+            golden_run_dtype=run_dtypes[0],
+            my_run_dtype=run_dtypes[1],
+        )
         # A capture stores a tensor once however many records see it (a module's output is the
         # next one's input): pairs over the same bytes on both sides are measured once.
         identity = _data_identity(job)
@@ -328,8 +407,10 @@ def compare_dumps(golden: Dump, my: Dump, *, metric_names: Sequence[str] | None 
         else:
             same_data_as[index] = first.index
             jobs[identity] = dataclasses.replace(
-                first, golden_needs_stats=first.golden_needs_stats or job.golden_needs_stats,
-                my_needs_stats=first.my_needs_stats or job.my_needs_stats)
+                first,
+                golden_needs_stats=first.golden_needs_stats or job.golden_needs_stats,
+                my_needs_stats=first.my_needs_stats or job.my_needs_stats,
+            )
     unique_jobs = sorted(jobs.values(), key=lambda job: job.index)
     if on_pairs_known is not None:
         on_pairs_known(len(unique_jobs), sum(job.nbytes for job in unique_jobs))
@@ -346,17 +427,37 @@ def compare_dumps(golden: Dump, my: Dump, *, metric_names: Sequence[str] | None 
             measurements[index] = dataclasses.replace(measurements[first_index], index=index, bytes_read=0)
     run_classes = (run_precision([record.dtype for record in dump.records]) for dump in (golden, my))
     run_floor = least_precise([name for name in run_classes if name])
-    rows = [_row(index, pair, specs, problems.get(index), measurements.get(index), threshold_overrides, run_floor,
-                 metric_names, (run_dtypes[0], run_dtypes[1]))
-            for index, pair in enumerate(pairing.pairs)]
+    rows = [
+        _row(
+            index,
+            pair,
+            specs,
+            problems.get(index),
+            measurements.get(index),
+            threshold_overrides,
+            run_floor,
+            metric_names,
+            (run_dtypes[0], run_dtypes[1]),
+        )
+        for index, pair in enumerate(pairing.pairs)
+    ]
     measure_spec = error_measure_spec(specs)
     measure = ErrorMeasure(measure_spec.name, DECIDING_STAT) if measure_spec is not None else None
     twin = _noise_twin(golden, my, noise, measure, workers) if noise is not None and measure is not None else None
-    rows = attribute(rows, measure, twin, [item.record for item in pairing.unmatched_my], same_program,
-                     check_weights(rows))
-    return CompareResult(golden=golden, my=my, pairing=pairing, rows=rows, metric_specs=specs,
-                         elapsed_s=time.perf_counter() - started, tensor_bytes_read=bytes_read,
-                         tensor_bytes_compared=sum(pair_bytes(pair) for pair in pairing.pairs), noise=noise)
+    rows = attribute(
+        rows, measure, twin, [item.record for item in pairing.unmatched_my], same_program, check_weights(rows)
+    )
+    return CompareResult(
+        golden=golden,
+        my=my,
+        pairing=pairing,
+        rows=rows,
+        metric_specs=specs,
+        elapsed_s=time.perf_counter() - started,
+        tensor_bytes_read=bytes_read,
+        tensor_bytes_compared=sum(pair_bytes(pair) for pair in pairing.pairs),
+        noise=noise,
+    )
 
 
 def _noise_twin(golden: Dump, my: Dump, noise: Dump, measure: ErrorMeasure, workers: int | None) -> NoiseTwin:
@@ -374,6 +475,7 @@ def pair_bytes(pair: Pair) -> int:
 
 def _data_identity(job: Any) -> tuple[Any, ...]:
     """Return what identifies the bytes a job reads (unique for data reached through a loader)."""
+
     def side(data: Any) -> tuple[Any, ...]:
         if data.loader is not None:
             return ("loader", id(data))
@@ -393,42 +495,87 @@ def judging_specs(specs: Sequence[MetricSpec], chosen: Sequence[str] | None) -> 
     return [spec if spec.name in chosen else dataclasses.replace(spec, thresholds={}) for spec in specs]
 
 
-def _row(index: int, pair: Pair, specs: Sequence[MetricSpec], problem: str | None, measurement: Any,
-         overrides: Sequence[ThresholdOverride], run_floor: str | None,
-         chosen: Sequence[str] | None = None,
-         run_dtypes: tuple[str | None, str | None] = (None, None)) -> ComparisonRow:
+def _row(
+    index: int,
+    pair: Pair,
+    specs: Sequence[MetricSpec],
+    problem: str | None,
+    measurement: Any,
+    overrides: Sequence[ThresholdOverride],
+    run_floor: str | None,
+    chosen: Sequence[str] | None = None,
+    run_dtypes: tuple[str | None, str | None] = (None, None),
+) -> ComparisonRow:
     golden, my = pair.golden, pair.my
     assert golden is not None and my is not None
     if problem is not None and judged_on_digests(pair):
         return digest_row(index, pair, _statistics_row(index, pair, specs, overrides, run_floor, run_dtypes))
-    if problem is not None and (statistics_row := _statistics_row(index, pair, specs, overrides, run_floor, run_dtypes)):
+    if problem is not None and (
+        statistics_row := _statistics_row(index, pair, specs, overrides, run_floor, run_dtypes)
+    ):
         return statistics_row
     if problem is not None or measurement is None:
-        return ComparisonRow(index=index, golden=golden, my=my, rule=pair.rule, metrics={}, verdict=VERDICT_ERROR,
-                             reason=problem or "not measured", golden_stats=golden.stats, my_stats=my.stats)
+        return ComparisonRow(
+            index=index,
+            golden=golden,
+            my=my,
+            rule=pair.rule,
+            metrics={},
+            verdict=VERDICT_ERROR,
+            reason=problem or "not measured",
+            golden_stats=golden.stats,
+            my_stats=my.stats,
+        )
     judged_class = judging_class(golden.dtype, my.dtype, run_floor)
-    results, verdict, deciding = judge(judging_specs(specs, chosen), measurement.values, golden.key.name,
-                                       judged_class, overrides)
+    results, verdict, deciding = judge(
+        judging_specs(specs, chosen), measurement.values, golden.key.name, judged_class, overrides
+    )
     notes = _notes(golden, my)
     nonfinite = _nonfinite_note(measurement)
     if nonfinite:
         notes.append(nonfinite)
     if measurement.nonfinite_mismatch:
         verdict, deciding = VERDICT_FAIL, NONFINITE_METRIC
-        results = {**results, NONFINITE_METRIC: MetricResult(NONFINITE_METRIC, float(measurement.nonfinite_mismatch),
-                                                             VERDICT_FAIL, 0.0, 0.0)}
-    return ComparisonRow(index=index, golden=golden, my=my, rule=pair.rule, metrics=results, verdict=verdict,
-                         deciding_metric=deciding, reason="; ".join(notes),
-                         golden_stats=_merged_stats(golden, measurement.golden_stats),
-                         my_stats=_merged_stats(my, measurement.my_stats),
-                         nonfinite_mismatch=measurement.nonfinite_mismatch, judged_as=judged_class)
+        results = {
+            **results,
+            NONFINITE_METRIC: MetricResult(
+                NONFINITE_METRIC, float(measurement.nonfinite_mismatch), VERDICT_FAIL, 0.0, 0.0
+            ),
+        }
+    return ComparisonRow(
+        index=index,
+        golden=golden,
+        my=my,
+        rule=pair.rule,
+        metrics=results,
+        verdict=verdict,
+        deciding_metric=deciding,
+        reason="; ".join(notes),
+        golden_stats=_merged_stats(golden, measurement.golden_stats),
+        my_stats=_merged_stats(my, measurement.my_stats),
+        nonfinite_mismatch=measurement.nonfinite_mismatch,
+        judged_as=judged_class,
+    )
 
 
-def compare_command(*, golden_path: Path, my_path: Path, golden_source: str | None, my_source: str | None,
-                    output_dir: Path, metric_names: Sequence[str], mapping_path: Path | None, jobs: int | None,
-                    thresholds_path: Path | None = None, noise_path: Path | None = None,
-                    noise_source: str | None = None, allow_unmatched: bool = False, executor: str = "local",
-                    ray_address: str | None = None, report_names: Sequence[str] = ()) -> int:
+def compare_command(
+    *,
+    golden_path: Path,
+    my_path: Path,
+    golden_source: str | None,
+    my_source: str | None,
+    output_dir: Path,
+    metric_names: Sequence[str],
+    mapping_path: Path | None,
+    jobs: int | None,
+    thresholds_path: Path | None = None,
+    noise_path: Path | None = None,
+    noise_source: str | None = None,
+    allow_unmatched: bool = False,
+    executor: str = "local",
+    ray_address: str | None = None,
+    report_names: Sequence[str] = (),
+) -> int:
     """Run ``llmcheck compare`` and return its exit code: 0 all pass, 1 no pair at all, 3 failing or
     unmeasurable pairs, or golden records left unmatched that no pairing rule expects (unless ``allow_unmatched``).
     ``report_names`` are the reporters to run besides the default ones (``--report``).
@@ -450,20 +597,34 @@ def compare_command(*, golden_path: Path, my_path: Path, golden_source: str | No
     prepare_report_folder(output_dir, [reporter.file_name for reporter in reporters])
     console = Console(soft_wrap=True)
     specs = select_metrics(metric_names)
-    overrides = (load_threshold_overrides(Path(thresholds_path), {spec.name: spec for spec in specs})
-                 if thresholds_path is not None else [])
+    overrides = (
+        load_threshold_overrides(Path(thresholds_path), {spec.name: spec for spec in specs})
+        if thresholds_path is not None
+        else []
+    )
     named = [spec for spec in specs if not metric_names or spec.name in metric_names]
     if not any(spec.thresholds for spec in named) and not overrides:
-        raise UsageError(f"none of the metrics {', '.join(spec.name for spec in named)} has thresholds, so no pair "
-                         "could pass or fail", where="--metric",
-                         hint="add relative_euclidean_distance or cosine_similarity, or give --thresholds")
+        raise UsageError(
+            f"none of the metrics {', '.join(spec.name for spec in named)} has thresholds, so no pair "
+            "could pass or fail",
+            where="--metric",
+            hint="add relative_euclidean_distance or cosine_similarity, or give --thresholds",
+        )
     user_mapping = load_user_mapping(Path(mapping_path)) if mapping_path is not None else None
     plugins = get_plugins()
     golden, my = plugins.load_runs(Path(golden_path), golden_source, Path(my_path), my_source)
     noise = plugins.load_tensors(Path(noise_path), noise_source, "--noise-source") if noise_path is not None else None
-    result = compare_with_progress(golden, my, console=console, metric_names=list(metric_names) or None,
-                                   user_mapping=user_mapping, threshold_overrides=overrides, workers=jobs,
-                                   noise=noise, executor=_executor(executor, ray_address))
+    result = compare_with_progress(
+        golden,
+        my,
+        console=console,
+        metric_names=list(metric_names) or None,
+        user_mapping=user_mapping,
+        threshold_overrides=overrides,
+        workers=jobs,
+        noise=noise,
+        executor=_executor(executor, ray_address),
+    )
     with reports_written_into(output_dir):
         written = write_reports(result, output_dir, report_names)
     print_summary(result, console, written)
@@ -472,10 +633,15 @@ def compare_command(*, golden_path: Path, my_path: Path, golden_source: str | No
     counts = result.counts()
     unexpected = counts["unmatched_golden_unexpected"]
     if unexpected:
-        log.warning("%d of the %d golden records have no counterpart and no pairing rule expects that (listed in %s)%s",
-                    unexpected, len(golden.records), written["pairs"],
-                    "; accepted by --allow-unmatched" if allow_unmatched else
-                    "; the compare fails unless --allow-unmatched is given")
+        log.warning(
+            "%d of the %d golden records have no counterpart and no pairing rule expects that (listed in %s)%s",
+            unexpected,
+            len(golden.records),
+            written["pairs"],
+            "; accepted by --allow-unmatched"
+            if allow_unmatched
+            else "; the compare fails unless --allow-unmatched is given",
+        )
     failing = counts["failures"] or counts["errors"] or (unexpected and not allow_unmatched)
     return EXIT_FAILURES_FOUND if failing else EXIT_OK
 
@@ -491,8 +657,9 @@ def _executor(name: str, ray_address: str | None) -> PairExecutor | None:
     return None
 
 
-def compare_with_progress(golden: Dump, my: Dump, *, console: Any, progress_interval_s: float = 2.0,
-                          **options: Any) -> CompareResult:
+def compare_with_progress(
+    golden: Dump, my: Dump, *, console: Any, progress_interval_s: float = 2.0, **options: Any
+) -> CompareResult:
     """Return :func:`compare_dumps` of two dumps while a progress bar (a log line per tenth when piped) counts bytes."""
     from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
 
@@ -500,10 +667,22 @@ def compare_with_progress(golden: Dump, my: Dump, *, console: Any, progress_inte
 
     if not console.is_terminal:  # a CI log or a pipe: a bar would draw nothing there
         lines = ProgressLog("comparing", log, min_interval_s=progress_interval_s)
-        return compare_dumps(golden, my, on_pairs_known=lambda pairs, tensor_bytes: lines.start(tensor_bytes),
-                             on_measured=lines.advance, **options)
-    with Progress(TextColumn("comparing"), BarColumn(), DownloadColumn(binary_units=False), TransferSpeedColumn(),
-                  TimeRemainingColumn(), console=console, transient=True) as progress:
+        return compare_dumps(
+            golden,
+            my,
+            on_pairs_known=lambda pairs, tensor_bytes: lines.start(tensor_bytes),
+            on_measured=lines.advance,
+            **options,
+        )
+    with Progress(
+        TextColumn("comparing"),
+        BarColumn(),
+        DownloadColumn(binary_units=False),
+        TransferSpeedColumn(),
+        TimeRemainingColumn(),
+        console=console,
+        transient=True,
+    ) as progress:
         task = progress.add_task("compare", total=None)
 
         def known(pairs: int, tensor_bytes: int) -> None:

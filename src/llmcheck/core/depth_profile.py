@@ -44,12 +44,12 @@ def placement(row: ComparisonRow) -> Placement:
     match = _INDEX_PART.search(name)
     structure, index = row.structure, row.layer_index
     if not structure:
-        structure = name if match is None else f"{name[:match.start()]}{{i}}{name[match.end():]}"
+        structure = name if match is None else f"{name[: match.start()]}{{i}}{name[match.end() :]}"
         index = None if match is None else int(match.group(1))
     if index is None or match is None:
         return Placement(structure, None, "", "")
-    block = name[:match.end()]
-    return Placement(structure, index, block, name[match.end():].lstrip("./"))
+    block = name[: match.end()]
+    return Placement(structure, index, block, name[match.end() :].lstrip("./"))
 
 
 def error_measure(specs: Sequence[MetricSpec]) -> MetricSpec | None:
@@ -65,8 +65,9 @@ def row_error(row: ComparisonRow, measure: MetricSpec | None) -> float | None:
     return result.value if result is not None else None
 
 
-def drawn_step(rows: Sequence[ComparisonRow], introduced: ComparisonRow | None,
-               first: ComparisonRow | None) -> int | None:
+def drawn_step(
+    rows: Sequence[ComparisonRow], introduced: ComparisonRow | None, first: ComparisonRow | None
+) -> int | None:
     """Return the step the depth views show."""
     for row in (introduced, first):
         if row is not None:
@@ -105,11 +106,18 @@ def depth_points(rows: Sequence[ComparisonRow], step: int, measure: MetricSpec |
             if inside_block or holds_blocks:
                 continue
         deciding = row.metrics.get(measure.name) if measure is not None else None
-        points.append({
-            "id": row.index, "name": name, "label": _point_label(name, place), "layer": place.layer_index,
-            "error": row_error(row, measure), "expected": row.expected_error, "verdict": row.verdict,
-            "fail": deciding.fail_threshold if deciding is not None else None,
-        })
+        points.append(
+            {
+                "id": row.index,
+                "name": name,
+                "label": _point_label(name, place),
+                "layer": place.layer_index,
+                "error": row_error(row, measure),
+                "expected": row.expected_error,
+                "verdict": row.verdict,
+                "fail": deciding.fail_threshold if deciding is not None else None,
+            }
+        )
     return points
 
 
@@ -144,9 +152,16 @@ def heatmap(rows: Sequence[ComparisonRow], step: int, measure: MetricSpec | None
     def cell(row: ComparisonRow | None) -> dict[str, Any] | None:
         if row is None:
             return None
-        return {"id": row.index, "error": row_error(row, measure), "growth": row.growth,
-                "verdict": row.verdict, "attribution": row.attribution}
+        return {
+            "id": row.index,
+            "error": row_error(row, measure),
+            "growth": row.growth,
+            "verdict": row.verdict,
+            "attribution": row.attribution,
+        }
 
-    return {"layers": layers, "kinds": columns, "cells": [[cell(cells.get((layer, kind))) for kind in columns]
-                                                          for layer in layers]}
-
+    return {
+        "layers": layers,
+        "kinds": columns,
+        "cells": [[cell(cells.get((layer, kind))) for kind in columns] for layer in layers],
+    }

@@ -35,14 +35,27 @@ def digest_row(index: int, pair: Pair, statistics_row: ComparisonRow | None) -> 
     assert golden is not None and my is not None and golden.digest is not None and my.digest is not None
     equal = golden.digest == my.digest
     result = MetricResult(DIGEST_METRIC, 0.0 if equal else 1.0, VERDICT_PASS if equal else VERDICT_FAIL, 0.0, 0.0)
-    reason = ("digests equal: bit-identical" if equal
-              else f"digests differ (golden {golden.digest}, my {my.digest}): not bit-identical")
+    reason = (
+        "digests equal: bit-identical"
+        if equal
+        else f"digests differ (golden {golden.digest}, my {my.digest}): not bit-identical"
+    )
     if statistics_row is None:
-        return ComparisonRow(index=index, golden=golden, my=my, rule=pair.rule, metrics={DIGEST_METRIC: result},
-                             verdict=result.verdict, deciding_metric=DIGEST_METRIC, reason=reason,
-                             golden_stats=golden.stats, my_stats=my.stats)
+        return ComparisonRow(
+            index=index,
+            golden=golden,
+            my=my,
+            rule=pair.rule,
+            metrics={DIGEST_METRIC: result},
+            verdict=result.verdict,
+            deciding_metric=DIGEST_METRIC,
+            reason=reason,
+            golden_stats=golden.stats,
+            my_stats=my.stats,
+        )
     metrics = {**statistics_row.metrics, DIGEST_METRIC: result}
     if statistics_row.reason:
         reason = f"{reason}; {statistics_row.reason}"
-    return statistics_row.with_changes(metrics=metrics, verdict=result.verdict, deciding_metric=DIGEST_METRIC,
-                                       reason=reason)
+    return statistics_row.with_changes(
+        metrics=metrics, verdict=result.verdict, deciding_metric=DIGEST_METRIC, reason=reason
+    )

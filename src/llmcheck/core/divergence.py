@@ -89,8 +89,14 @@ EXACT_INPUTS_METRIC = "error_with_exact_inputs"
 CARRIED_METRIC = "carried_error"
 WEIGHTS_METRIC = "weights_beyond_rounding"
 #: The label of each metric a row can fail on that is not a registered metric.
-PSEUDO_METRICS = (GROWTH_METRIC, TWIN_METRIC, TWIN_DIFFERENCE_METRIC, EXACT_INPUTS_METRIC, CARRIED_METRIC,
-                  WEIGHTS_METRIC)
+PSEUDO_METRICS = (
+    GROWTH_METRIC,
+    TWIN_METRIC,
+    TWIN_DIFFERENCE_METRIC,
+    EXACT_INPUTS_METRIC,
+    CARRIED_METRIC,
+    WEIGHTS_METRIC,
+)
 
 
 @dataclass(frozen=True)
@@ -125,9 +131,15 @@ def _label_text(record: TensorRecord) -> str:
 class _Judge:
     """Walks the rows in golden order once, judging each against its feeders, siblings and twin."""
 
-    def __init__(self, rows: Sequence[ComparisonRow], measure: ErrorMeasure, twin: NoiseTwin | None,
-                 unmatched_my: Sequence[TensorRecord], same_program: bool = False,
-                 weights: Mapping[int, WeightFinding] | None = None) -> None:
+    def __init__(
+        self,
+        rows: Sequence[ComparisonRow],
+        measure: ErrorMeasure,
+        twin: NoiseTwin | None,
+        unmatched_my: Sequence[TensorRecord],
+        same_program: bool = False,
+        weights: Mapping[int, WeightFinding] | None = None,
+    ) -> None:
         self.same_program = same_program
         self.weights = weights or {}
         self.ordered = sorted(rows, key=lambda row: row.golden.order)
@@ -176,52 +188,78 @@ class _Judge:
             growth = error / feeder_error if feeder_error > 0 else (1.0 if error == 0 else math.inf)
         twin = self.twin.errors.get(id(row.golden)) if self.twin is not None else None
         twin_row = self.twin.against_my.get(id(row.my)) if self.twin is not None else None
-        expected = twin if twin is not None else (
-            baseline.expected(feeder_error) if baseline is not None and feeder_error is not None else None)
+        expected = (
+            twin
+            if twin is not None
+            else (baseline.expected(feeder_error) if baseline is not None and feeder_error is not None else None)
+        )
         changes: dict[str, Any] = {
-            "error": error, "feeder_error": feeder_error, "growth": growth, "noise_error": twin,
+            "error": error,
+            "feeder_error": feeder_error,
+            "growth": growth,
+            "noise_error": twin,
             "expected_error": expected,
             "structure": place.structure if place is not None else "",
             "layer_index": place.index if place is not None else None,
             "sibling_count": baseline.sibling_count if baseline is not None else 0,
-            "sibling_growth": ((baseline.growth_low, baseline.growth_high)
-                               if baseline is not None and math.isfinite(baseline.growth_low) else None),
+            "sibling_growth": (
+                (baseline.growth_low, baseline.growth_high)
+                if baseline is not None and math.isfinite(baseline.growth_low)
+                else None
+            ),
             "fed_by": tuple(_label_text(r.golden) for r in feeding.rows)
             + tuple(_label_text(record) + MY_ONLY_SUFFIX for record in feeding.unmatched),
         }
         verdict, deciding, metrics = row.verdict, row.deciding_metric, dict(row.metrics)
         evidence = ""
-        judgeable = (error is not None and row.verdict != VERDICT_ERROR and not row.nonfinite_mismatch
-                     and is_float_dtype(row.golden.dtype) and is_float_dtype(row.my.dtype))
+        judgeable = (
+            error is not None
+            and row.verdict != VERDICT_ERROR
+            and not row.nonfinite_mismatch
+            and is_float_dtype(row.golden.dtype)
+            and is_float_dtype(row.my.dtype)
+        )
         failing_feeders = [r for r in feeding.rows if self.judged.get(id(r), r).verdict == VERDICT_FAIL]
         anomaly: tuple[str, float, float, str] | None = None
         if judgeable:
             assert error is not None
             if twin is not None:
                 verdict, deciding, metrics, evidence = self._twin_verdict(row, error, twin, metrics)
-            anomaly = (self._twin_anomaly(twin_row) if self.twin is not None
-                       else self._anomaly(row, error, feeding, feeder_error, growth, baseline))
+            anomaly = (
+                self._twin_anomaly(twin_row)
+                if self.twin is not None
+                else self._anomaly(row, error, feeding, feeder_error, growth, baseline)
+            )
             if anomaly is not None and verdict != VERDICT_FAIL and not failing_feeders:
                 name, value, limit, evidence = anomaly
                 verdict, deciding = VERDICT_FAIL, name
                 metrics[name] = MetricResult(name, value, VERDICT_FAIL, None, limit)
             elif anomaly is not None and not evidence:
                 evidence = anomaly[3]
-            if self.twin is not None and twin_row is not None and twin_row.verdict == VERDICT_FAIL \
-                    and verdict != VERDICT_FAIL and failing_feeders:
+            if (
+                self.twin is not None
+                and twin_row is not None
+                and twin_row.verdict == VERDICT_FAIL
+                and verdict != VERDICT_FAIL
+                and failing_feeders
+            ):
                 # Downstream of a defect, the my-run departs from its twin: the error is carried on.
                 verdict, deciding = VERDICT_FAIL, TWIN_DIFFERENCE_METRIC
-                metrics[TWIN_DIFFERENCE_METRIC] = MetricResult(TWIN_DIFFERENCE_METRIC, twin_row.error or 0.0,
-                                                               VERDICT_FAIL, None, 0.0)
+                metrics[TWIN_DIFFERENCE_METRIC] = MetricResult(
+                    TWIN_DIFFERENCE_METRIC, twin_row.error or 0.0, VERDICT_FAIL, None, 0.0
+                )
                 evidence = f"departs from the noise twin by {twin_row.error or 0.0:.3g}, as its inputs do"
             elif self.twin is None and failing_feeders and verdict != VERDICT_FAIL and not feeding.guessed:
                 carried = max((self.errors[id(r)] or 0.0) for r in failing_feeders)
                 if carried > 0 and error >= CARRY_FRACTION * carried and error > _floor(row):
                     verdict, deciding = VERDICT_FAIL, CARRIED_METRIC
-                    metrics[CARRIED_METRIC] = MetricResult(CARRIED_METRIC, error / carried, VERDICT_FAIL,
-                                                           None, CARRY_FRACTION)
-                    evidence = (f"carries the error of {failing_feeders[0].golden.key.label()} "
-                                f"({carried:.3g} there, {error:.3g} here)")
+                    metrics[CARRIED_METRIC] = MetricResult(
+                        CARRIED_METRIC, error / carried, VERDICT_FAIL, None, CARRY_FRACTION
+                    )
+                    evidence = (
+                        f"carries the error of {failing_feeders[0].golden.key.label()} "
+                        f"({carried:.3g} there, {error:.3g} here)"
+                    )
         weight = self.weights.get(id(row))
         if weight is not None:  # a leaf: whatever fed the op, these values were loaded wrong
             verdict, deciding, evidence = VERDICT_FAIL, WEIGHTS_METRIC, weight.evidence
@@ -236,9 +274,16 @@ class _Judge:
                 self.introduced_in_step.setdefault(row.golden.key.step, []).append(row)
         return row.with_changes(**changes)
 
-    def _attribution(self, row: ComparisonRow, error: float | None, feeding: Feeding,
-                     failing_feeders: Sequence[ComparisonRow], anomaly: tuple[str, float, float, str] | None,
-                     weight: WeightFinding | None, evidence: str) -> tuple[str, str]:
+    def _attribution(
+        self,
+        row: ComparisonRow,
+        error: float | None,
+        feeding: Feeding,
+        failing_feeders: Sequence[ComparisonRow],
+        anomaly: tuple[str, float, float, str] | None,
+        weight: WeightFinding | None,
+        evidence: str,
+    ) -> tuple[str, str]:
         """Return a failing row's label, and the evidence that replaces its own when one defect was named already.
 
         One defect, one introduced row: another output of a call already introduced, the same
@@ -257,24 +302,36 @@ class _Judge:
             return INTRODUCED, ""
         label = self._label(row, error, feeding, failing_feeders, anomaly)
         if label == INHERITED and not failing_feeders and not evidence and earlier:
-            return label, (f"fails the dtype table, but nothing shows it adds error here: "
-                           f"it most likely carries on {earlier[0].golden.key.label()}")
+            return label, (
+                f"fails the dtype table, but nothing shows it adds error here: "
+                f"it most likely carries on {earlier[0].golden.key.label()}"
+            )
         return label, ""
 
-    def _twin_verdict(self, row: ComparisonRow, error: float, twin: float, metrics: dict[str, MetricResult]
-                      ) -> tuple[str, str | None, dict[str, MetricResult], str]:
+    def _twin_verdict(
+        self, row: ComparisonRow, error: float, twin: float, metrics: dict[str, MetricResult]
+    ) -> tuple[str, str | None, dict[str, MetricResult], str]:
         """Return the verdict from the noise twin alone: error against the twin's error at this tensor."""
         floor = _floor(row)
         fail_limit = max(TWIN_FAIL_FACTOR * twin, twin + floor)
         warn_limit = max(TWIN_WARN_FACTOR * twin, twin + floor / 2)
         verdict = VERDICT_FAIL if error > fail_limit else VERDICT_WARN if error > warn_limit else VERDICT_PASS
         ratio = error / twin if twin > 0 else (math.inf if error > 0 else 1.0)
-        metrics = {name: MetricResult(result.name, result.value, VERDICT_PASS, result.warn_threshold,
-                                      result.fail_threshold, result.higher_is_better)
-                   for name, result in metrics.items()}
+        metrics = {
+            name: MetricResult(
+                result.name,
+                result.value,
+                VERDICT_PASS,
+                result.warn_threshold,
+                result.fail_threshold,
+                result.higher_is_better,
+            )
+            for name, result in metrics.items()
+        }
         metrics[TWIN_METRIC] = MetricResult(TWIN_METRIC, ratio, verdict, TWIN_WARN_FACTOR, TWIN_FAIL_FACTOR)
-        evidence = (f"error {error:.3g} against {twin:.3g} in the noise twin ({ratio:.3g}x)"
-                    if verdict != VERDICT_PASS else "")
+        evidence = (
+            f"error {error:.3g} against {twin:.3g} in the noise twin ({ratio:.3g}x)" if verdict != VERDICT_PASS else ""
+        )
         return verdict, TWIN_METRIC, metrics, evidence
 
     @staticmethod
@@ -286,11 +343,22 @@ class _Judge:
         why = twin_row.evidence or f"{twin_row.deciding_metric} fails"
         deciding = twin_row.metrics.get(twin_row.deciding_metric or "")
         limit = deciding.fail_threshold if deciding is not None and deciding.fail_threshold is not None else 0.0
-        return (TWIN_DIFFERENCE_METRIC, value, limit,
-                f"against the noise twin (same program, same precision) it is introduced here: {why}")
+        return (
+            TWIN_DIFFERENCE_METRIC,
+            value,
+            limit,
+            f"against the noise twin (same program, same precision) it is introduced here: {why}",
+        )
 
-    def _anomaly(self, row: ComparisonRow, error: float, feeding: Feeding, feeder_error: float | None,
-                 growth: float | None, baseline: Baseline | None) -> tuple[str, float, float, str] | None:
+    def _anomaly(
+        self,
+        row: ComparisonRow,
+        error: float,
+        feeding: Feeding,
+        feeder_error: float | None,
+        growth: float | None,
+        baseline: Baseline | None,
+    ) -> tuple[str, float, float, str] | None:
         """Return (pseudo-metric, value, limit, evidence) when this row adds error it should not, else None.
 
         A row whose input an op only the my-run has produced is judged the same way: it then
@@ -314,14 +382,26 @@ class _Judge:
             return None
         ratio = error / expected if expected > 0 else math.inf
         low, high = baseline.growth_low, baseline.growth_high
-        grows = (f"error grows {growth:.3g}x here ({feeder_error:.3g} -> {error:.3g})"
-                 if feeder_error > 0 else f"error {error:.3g} appears here with bit-exact inputs")
-        others = (f"this module grows it {low:.3g}-{high:.3g}x in the other {baseline.sibling_count} repeats"
-                  if math.isfinite(low) else f"its {baseline.sibling_count} other repeats add {expected:.3g}")
+        grows = (
+            f"error grows {growth:.3g}x here ({feeder_error:.3g} -> {error:.3g})"
+            if feeder_error > 0
+            else f"error {error:.3g} appears here with bit-exact inputs"
+        )
+        others = (
+            f"this module grows it {low:.3g}-{high:.3g}x in the other {baseline.sibling_count} repeats"
+            if math.isfinite(low)
+            else f"its {baseline.sibling_count} other repeats add {expected:.3g}"
+        )
         return GROWTH_METRIC, ratio, factor, f"{grows}; {others}"
 
-    def _label(self, row: ComparisonRow, error: float | None, feeding: Feeding,
-               failing_feeders: Sequence[ComparisonRow], anomaly: tuple[str, float, float, str] | None) -> str:
+    def _label(
+        self,
+        row: ComparisonRow,
+        error: float | None,
+        feeding: Feeding,
+        failing_feeders: Sequence[ComparisonRow],
+        anomaly: tuple[str, float, float, str] | None,
+    ) -> str:
         if feeding.unmatched:
             return INHERITED_FROM_UNMATCHED
         if not feeding.rows:
@@ -339,25 +419,35 @@ class _Judge:
                 return INHERITED
             return INTRODUCED
         inherited = [self.errors[id(r)] for r in failing_feeders]
-        finite = error is not None and None not in inherited and not any(
-            self.judged.get(id(r), r).nonfinite_mismatch for r in (row, *failing_feeders))
+        finite = (
+            error is not None
+            and None not in inherited
+            and not any(self.judged.get(id(r), r).nonfinite_mismatch for r in (row, *failing_feeders))
+        )
         if anomaly is not None or (finite and error > AMPLIFICATION_FACTOR * max(inherited)):  # type: ignore[operator,type-var]
             return AMPLIFIED
         return INHERITED
 
     def _mark_enclosing(self) -> None:
         """Relabel an introduced module output that only encloses an earlier introduced row of its call."""
-        introduced = [(id(row), self.judged[id(row)]) for row in self.ordered
-                      if self.judged[id(row)].attribution == INTRODUCED]
+        introduced = [
+            (id(row), self.judged[id(row)]) for row in self.ordered if self.judged[id(row)].attribution == INTRODUCED
+        ]
         parents = self.feeders.parents
         for position, (original_id, row) in enumerate(introduced):
             name, step = row.golden.key.name, row.golden.key.step
-            inner = next((earlier for _, earlier in introduced[:position] if earlier.golden.key.step == step
-                          and inside(earlier.golden.key.name, name, parents)), None)
+            inner = next(
+                (
+                    earlier
+                    for _, earlier in introduced[:position]
+                    if earlier.golden.key.step == step and inside(earlier.golden.key.name, name, parents)
+                ),
+                None,
+            )
             if inner is not None:
                 self.judged[original_id] = row.with_changes(
-                    attribution=ENCLOSES,
-                    evidence=f"encloses {inner.golden.key.label()}, where the error is introduced")
+                    attribution=ENCLOSES, evidence=f"encloses {inner.golden.key.label()}, where the error is introduced"
+                )
 
 
 @dataclass(frozen=True)
@@ -374,10 +464,14 @@ class NoiseTwin:
     against_my: Mapping[int, ComparisonRow]
 
 
-def attribute(rows: Sequence[ComparisonRow], measure: ErrorMeasure | None = None,
-              twin: NoiseTwin | None = None,
-              unmatched_my: Sequence[TensorRecord] = (), same_program: bool = False,
-              weights: Mapping[int, WeightFinding] | None = None) -> list[ComparisonRow]:
+def attribute(
+    rows: Sequence[ComparisonRow],
+    measure: ErrorMeasure | None = None,
+    twin: NoiseTwin | None = None,
+    unmatched_my: Sequence[TensorRecord] = (),
+    same_program: bool = False,
+    weights: Mapping[int, WeightFinding] | None = None,
+) -> list[ComparisonRow]:
     """Return the rows (same order) judged against their feeders, siblings and noise twin, with attribution set.
 
     ``measure`` names the error measure (without one, rows keep their table verdicts and are
@@ -413,14 +507,31 @@ def describe_row(row: ComparisonRow | None) -> dict[str, Any] | None:
         return None
     key = row.golden.key
     described: dict[str, Any] = {
-        "data_id": row.index, "name": key.name, "step": key.step, "io": key.io, "position": key.position,
-        "call_index": key.call_index, "op_type": row.golden.op_type, "my_name": row.my.key.name,
-        "verdict": row.verdict, "metric": row.deciding_metric, "value": None, "threshold": None,
-        "warn_threshold": None, "attribution": row.attribution, "fed_by": list(row.fed_by), "reason": row.reason,
-        "evidence": row.evidence, "error": _rounded(row.error), "feeder_error": _rounded(row.feeder_error),
-        "growth": _rounded(row.growth), "structure": row.structure, "layer_index": row.layer_index,
+        "data_id": row.index,
+        "name": key.name,
+        "step": key.step,
+        "io": key.io,
+        "position": key.position,
+        "call_index": key.call_index,
+        "op_type": row.golden.op_type,
+        "my_name": row.my.key.name,
+        "verdict": row.verdict,
+        "metric": row.deciding_metric,
+        "value": None,
+        "threshold": None,
+        "warn_threshold": None,
+        "attribution": row.attribution,
+        "fed_by": list(row.fed_by),
+        "reason": row.reason,
+        "evidence": row.evidence,
+        "error": _rounded(row.error),
+        "feeder_error": _rounded(row.feeder_error),
+        "growth": _rounded(row.growth),
+        "structure": row.structure,
+        "layer_index": row.layer_index,
         "sibling_growth": [_rounded(value) for value in row.sibling_growth] if row.sibling_growth else None,
-        "sibling_count": row.sibling_count, "noise_error": _rounded(row.noise_error),
+        "sibling_count": row.sibling_count,
+        "noise_error": _rounded(row.noise_error),
         "expected_error": _rounded(row.expected_error),
     }
     if row.deciding_metric == NONFINITE_METRIC:

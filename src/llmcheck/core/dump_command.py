@@ -17,8 +17,15 @@ from llmcheck.core.records import CaptureRequest
 from llmcheck.core.seed_flags import split_command
 
 
-def dump_command(*, backend: str | None, exec_text: str | None, trailing_command: Sequence[str], output_dir: Path,
-                 given_options: Mapping[str, Any], log_level: str = "info") -> int:
+def dump_command(
+    *,
+    backend: str | None,
+    exec_text: str | None,
+    trailing_command: Sequence[str],
+    output_dir: Path,
+    given_options: Mapping[str, Any],
+    log_level: str = "info",
+) -> int:
     """Run ``llmcheck dump`` and return the program's exit code.
 
     ``backend`` ``None`` is the backend that declares itself the default. ``given_options`` holds what the user gave for the backend's declared options, by name
@@ -33,5 +40,7 @@ def dump_command(*, backend: str | None, exec_text: str | None, trailing_command
     options = option_values(plugins.backend_options(chosen.name), given_options)
     argv = split_command(exec_text, trailing_command)
     check_output_folder(output_dir, "new dumps")
-    request = CaptureRequest(backend=chosen.name, command=argv, output_dir=output_dir, options=options, log_level=log_level)
+    request = CaptureRequest(
+        backend=chosen.name, command=argv, output_dir=output_dir, options=options, log_level=log_level
+    )
     return chosen.run(request)

@@ -35,14 +35,17 @@ def inside_dump(path: Path, root: Path) -> Path:
         return path
     except OSError as exc:
         if exc.errno == errno.ELOOP:
-            raise DumpFormatError("is a symbolic link that loops", where=path,
-                                  hint="remove the link or replace it with the file") from None
+            raise DumpFormatError(
+                "is a symbolic link that loops", where=path, hint="remove the link or replace it with the file"
+            ) from None
         raise DumpFormatError(f"cannot be read: {exc.strerror}", where=path) from None
     real_root = Path(os.path.realpath(root))
     if real != real_root and real_root not in real.parents:
-        raise PathOutsideDumpError(f"leads outside the dump {root} to {real}", where=path,
-                                   hint="llmcheck reads only files inside the dump; copy the file in instead of "
-                                        "linking to it")
+        raise PathOutsideDumpError(
+            f"leads outside the dump {root} to {real}",
+            where=path,
+            hint="llmcheck reads only files inside the dump; copy the file in instead of linking to it",
+        )
     return path
 
 

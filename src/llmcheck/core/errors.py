@@ -89,8 +89,9 @@ class UnsupportedOpError(LlmcheckError):
 class WriteFailedError(LlmcheckError):
     """Writing a file failed (a full disk, a file size limit, no permission); ``errno`` is the OS's code."""
 
-    def __init__(self, what: str, *, where: str | Path | None = None, errno: int | None = None,
-                 hint: str | None = None) -> None:
+    def __init__(
+        self, what: str, *, where: str | Path | None = None, errno: int | None = None, hint: str | None = None
+    ) -> None:
         self.errno = errno
         self.reason: str | None = None  # the OS's words alone ("[Errno 28] No space left on device (ENOSPC)")
         super().__init__(what, where=where, hint=hint)

@@ -59,8 +59,18 @@ def inside(name: str, module: str, parents: dict[str, str]) -> bool:
 def _stats_signature(record: TensorRecord, stats: TensorStats | None) -> tuple[Hashable, ...] | None:
     if stats is None or stats.l2norm is None or stats.max is None:
         return None
-    return ("stats", record.key.step, record.dtype, tuple(record.shape), stats.min, stats.max, stats.mean,
-            stats.l2norm, stats.nan_count, stats.inf_count)
+    return (
+        "stats",
+        record.key.step,
+        record.dtype,
+        tuple(record.shape),
+        stats.min,
+        stats.max,
+        stats.mean,
+        stats.l2norm,
+        stats.nan_count,
+        stats.inf_count,
+    )
 
 
 def tensor_identities(record: TensorRecord, stats: TensorStats | None) -> list[tuple[Hashable, ...]]:
@@ -130,21 +140,28 @@ class FeederIndex:
         parent = row.golden.parent
         if not parent:
             return []
-        calls = [r for r in self.inputs_by_name.get((parent, row.golden.key.step), ())
-                 if r.golden.order < row.golden.order]
+        calls = [
+            r for r in self.inputs_by_name.get((parent, row.golden.key.step), ()) if r.golden.order < row.golden.order
+        ]
         if not calls:
             return []
         latest_call = calls[-1].golden.key.call_index
         inputs = [r for r in calls if r.golden.key.call_index == latest_call]
         start = self.position[id(inputs[0])]
-        children = [r for r in self.ordered[start:self.position[id(row)]]
-                    if r.golden.key.io == IO_OUTPUT and inside(r.golden.key.name, parent, self.parents)]
+        children = [
+            r
+            for r in self.ordered[start : self.position[id(row)]]
+            if r.golden.key.io == IO_OUTPUT and inside(r.golden.key.name, parent, self.parents)
+        ]
         return inputs + children
 
     def _producer(self, row: ComparisonRow) -> ComparisonRow | None:
         for identity in tensor_identities(row.golden, row.golden_stats):
-            candidates = [r for r in self.producers.get(identity, ()) if r.golden.order < row.golden.order
-                          and CallId.of(r.golden) != CallId.of(row.golden)]
+            candidates = [
+                r
+                for r in self.producers.get(identity, ())
+                if r.golden.order < row.golden.order and CallId.of(r.golden) != CallId.of(row.golden)
+            ]
             if candidates:
                 return candidates[-1]
         return None
@@ -164,7 +181,9 @@ class FeederIndex:
             earlier = self.ordered[earlier_position]
             if earlier.golden.key.step != step:
                 break
-            if CallId.of(earlier.golden) == CallId.of(row.golden) or inside(earlier.golden.key.name, name, self.parents):
+            if CallId.of(earlier.golden) == CallId.of(row.golden) or inside(
+                earlier.golden.key.name, name, self.parents
+            ):
                 continue
             return earlier
         return None

@@ -32,8 +32,11 @@ from llmcheck.core.report import CSV_NAME, SUMMARY_NAME
 VERDICT_CODES = {VERDICT_PASS: 0, VERDICT_WARN: 1, VERDICT_FAIL: 2, VERDICT_ERROR: 3}
 _VERDICT_COLOURS = ((0, "#a5d6a7"), (1, "#fff176"), (2, "#ef5350"), (3, "#b0bec5"))
 _WHITE_TO_RED = [{"stop": 0, "bgColor": "#ffffff"}, {"stop": 1, "bgColor": "#e53935"}]
-NODE_DATA_FILES = {"error": "node_data_error.json", "verdict": "node_data_verdict.json",
-                   "growth": "node_data_growth.json"}
+NODE_DATA_FILES = {
+    "error": "node_data_error.json",
+    "verdict": "node_data_verdict.json",
+    "growth": "node_data_growth.json",
+}
 META_PREFIX = "llmcheck."
 #: Node metadata property naming the records a node stands for, where that is not the node's name
 #: (ATB: nodes are named by opName, records by op id). Exporters that know it write it.
@@ -52,8 +55,13 @@ class NodeOverlay:
 
     def as_metadata(self) -> dict[str, str]:
         """Return the values as ONNX metadata properties (strings, Netron shows them on the node)."""
-        meta = {"verdict": self.verdict, "error": _text(self.error), "growth": _text(self.growth),
-                "attribution": self.attribution, "pairs": str(self.pairs)}
+        meta = {
+            "verdict": self.verdict,
+            "error": _text(self.error),
+            "growth": _text(self.growth),
+            "attribution": self.attribution,
+            "pairs": str(self.pairs),
+        }
         return {META_PREFIX + key: value for key, value in meta.items()}
 
 
@@ -84,20 +92,25 @@ def _number(cell: str | None) -> float | None:
 def read_compare_folder(compare_dir: Path) -> tuple[dict[str, Any], list[dict[str, str]]]:
     """Return summary.json and the rows of cmp_report.csv of an ``llmcheck compare -o`` folder."""
     if not compare_dir.is_dir():
-        raise DumpNotFoundError("is not a folder", where=compare_dir,
-                                hint="give the folder `llmcheck compare -o` wrote")
+        raise DumpNotFoundError(
+            "is not a folder", where=compare_dir, hint="give the folder `llmcheck compare -o` wrote"
+        )
     summary_path, csv_path = compare_dir / SUMMARY_NAME, compare_dir / CSV_NAME
     for needed in (summary_path, csv_path):
         if not needed.is_file():
-            raise DumpNotFoundError(f"no {needed.name}: not a compare folder", where=compare_dir,
-                                    hint="give the folder `llmcheck compare -o` wrote")
+            raise DumpNotFoundError(
+                f"no {needed.name}: not a compare folder",
+                where=compare_dir,
+                hint="give the folder `llmcheck compare -o` wrote",
+            )
     try:
         summary = json.loads(summary_path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise DumpFormatError(f"cannot be read as JSON: {exc}", where=summary_path) from None
     if not isinstance(summary, dict) or summary.get("format") != "llmcheck-compare-summary":
-        raise DumpFormatError("is not an llmcheck compare summary", where=summary_path,
-                              hint="give the folder `llmcheck compare -o` wrote")
+        raise DumpFormatError(
+            "is not an llmcheck compare summary", where=summary_path, hint="give the folder `llmcheck compare -o` wrote"
+        )
     with csv_path.open(newline="", encoding="utf-8") as handle:
         rows = list(csv.DictReader(handle))
     if rows and not {"name", "io", "verdict"} <= set(rows[0]):
@@ -134,12 +147,16 @@ def find_graph(summary: dict[str, Any], compare_dir: Path) -> Path:
         if len(found) == 1:
             return found[0]
         if len(found) > 1:
-            raise DumpNotFoundError(f"holds {len(found)} ONNX graphs", where=root,
-                                    hint="name the one to draw with --graph")
+            raise DumpNotFoundError(
+                f"holds {len(found)} ONNX graphs", where=root, hint="name the one to draw with --graph"
+            )
     where = ", ".join(searched) or compare_dir / SUMMARY_NAME
-    raise DumpNotFoundError("no ONNX graph in the compared dumps", where=where,
-                            hint="dump with --type onnx (DumpConfig(export_onnx=True)), or run `llmcheck export "
-                                 "onnx` on an ATB topology, or give the graph with --graph")
+    raise DumpNotFoundError(
+        "no ONNX graph in the compared dumps",
+        where=where,
+        hint="dump with --type onnx (DumpConfig(export_onnx=True)), or run `llmcheck export "
+        "onnx` on an ATB topology, or give the graph with --graph",
+    )
 
 
 def node_overlays(rows: list[dict[str, str]], node_of_record: dict[str, str]) -> dict[str, NodeOverlay]:
@@ -183,8 +200,13 @@ def node_data(graph_id: str, overlays: dict[str, NodeOverlay]) -> dict[str, dict
     thresholds = [{"value": value, "bgColor": colour} for value, colour in _VERDICT_COLOURS]
     return {
         "error": {graph_id: {"name": "llmcheck error", "results": errors, "gradient": _WHITE_TO_RED}},
-        "verdict": {graph_id: {"name": "llmcheck verdict (0 pass, 1 warn, 2 fail, 3 error)", "results": verdicts,
-                               "thresholds": thresholds}},
+        "verdict": {
+            graph_id: {
+                "name": "llmcheck verdict (0 pass, 1 warn, 2 fail, 3 error)",
+                "results": verdicts,
+                "thresholds": thresholds,
+            }
+        },
         "growth": {graph_id: {"name": "llmcheck growth", "results": growths, "gradient": _WHITE_TO_RED}},
     }
 
@@ -218,19 +240,30 @@ def export_graph_overlay(compare_dir: Path, output_dir: Path | None = None, grap
         if overlay is None:
             continue
         # an annotated copy given again as --graph: its old values are replaced, not repeated
-        kept = [(prop.key, prop.value) for prop in node.metadata_props
-                if not prop.key.startswith(META_PREFIX) or prop.key == RECORD_NAME_KEY]
+        kept = [
+            (prop.key, prop.value)
+            for prop in node.metadata_props
+            if not prop.key.startswith(META_PREFIX) or prop.key == RECORD_NAME_KEY
+        ]
         del node.metadata_props[:]
         for key, value in [*kept, *overlay.as_metadata().items()]:
             node.metadata_props.add(key=key, value=value)
         own_doc = "\n".join(line for line in node.doc_string.splitlines() if not line.startswith("llmcheck: "))
-        summary_line = (f"llmcheck: {overlay.verdict}, error {_text(overlay.error) or '-'}, growth "
-                        f"{_text(overlay.growth) or '-'}{', ' + overlay.attribution if overlay.attribution else ''}")
+        summary_line = (
+            f"llmcheck: {overlay.verdict}, error {_text(overlay.error) or '-'}, growth "
+            f"{_text(overlay.growth) or '-'}{', ' + overlay.attribution if overlay.attribution else ''}"
+        )
         node.doc_string = f"{own_doc}\n{summary_line}" if own_doc else summary_line
     onnx.save(model, str(annotated))
     written = {}
     for quantity, content in node_data(graph_id, overlays).items():
         written[quantity] = output_dir / NODE_DATA_FILES[quantity]
         atomic_write_text(written[quantity], json.dumps(content, indent=2) + "\n")
-    return GraphOverlay(graph=graph, annotated_onnx=annotated, node_data=written, graph_id=graph_id,
-                        nodes=overlays, graph_nodes=len(node_of_record))
+    return GraphOverlay(
+        graph=graph,
+        annotated_onnx=annotated,
+        node_data=written,
+        graph_id=graph_id,
+        nodes=overlays,
+        graph_nodes=len(node_of_record),
+    )

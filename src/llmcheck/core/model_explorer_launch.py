@@ -35,20 +35,30 @@ def require_model_explorer() -> None:
     """Raise the one-line error that says how to install Model Explorer, unless it is installed."""
     missing = model_explorer_missing()
     if missing is not None:
-        raise BackendUnavailableError(f"needs Model Explorer, and {missing} is not installed",
-                                      where="--open", hint=INSTALL_HINT)
+        raise BackendUnavailableError(
+            f"needs Model Explorer, and {missing} is not installed", where="--open", hint=INSTALL_HINT
+        )
 
 
-def server_command(graph: Path, node_data: Sequence[Path], host: str = DEFAULT_HOST,
-                   port: int = DEFAULT_PORT) -> list[str]:
+def server_command(
+    graph: Path, node_data: Sequence[Path], host: str = DEFAULT_HOST, port: int = DEFAULT_PORT
+) -> list[str]:
     """Return the argv that serves ``graph`` with the ``node_data`` files on ``host:port`` and opens a browser tab."""
-    return [sys.executable, "-m", "model_explorer", str(graph.resolve()), f"--extensions={ONNX_EXTENSION}",
-            "--node_data_paths=" + ",".join(str(path.resolve()) for path in node_data),
-            f"--host={host}", f"--port={port}"]
+    return [
+        sys.executable,
+        "-m",
+        "model_explorer",
+        str(graph.resolve()),
+        f"--extensions={ONNX_EXTENSION}",
+        "--node_data_paths=" + ",".join(str(path.resolve()) for path in node_data),
+        f"--host={host}",
+        f"--port={port}",
+    ]
 
 
-def open_in_model_explorer(graph: Path, node_data: Sequence[Path], host: str = DEFAULT_HOST,
-                           port: int = DEFAULT_PORT) -> int:
+def open_in_model_explorer(
+    graph: Path, node_data: Sequence[Path], host: str = DEFAULT_HOST, port: int = DEFAULT_PORT
+) -> int:
     """Serve the graph and overlay until the user stops the server (Ctrl+C); return its exit status."""
     require_model_explorer()
     try:

@@ -43,8 +43,9 @@ def read_npy_header(path: Path) -> NpyHeader:
                 else:
                     shape, fortran_order, dtype = npy_format.read_array_header_2_0(stream)
             except Exception as exc:  # numpy evaluates the header text: any failure of it is a corrupt header
-                raise DumpFormatError(f"not a valid .npy file: {type(exc).__name__}: {exc}", where=path,
-                                      offset=stream.tell()) from None
+                raise DumpFormatError(
+                    f"not a valid .npy file: {type(exc).__name__}: {exc}", where=path, offset=stream.tell()
+                ) from None
             data_offset = stream.tell()
     except OSError as exc:
         raise DumpFormatError(f"cannot read the file: {exc.strerror}", where=path) from exc
@@ -55,6 +56,10 @@ def read_npy_header(path: Path) -> NpyHeader:
         needed = math.prod(header.shape) * header.dtype.itemsize
         available = path.stat().st_size - data_offset
         if available < needed:
-            raise DumpFormatError(f"truncated: {header.dtype} shape {list(header.shape)} needs {needed} bytes "
-                                  f"but the file holds {available}", where=path, offset=data_offset + available)
+            raise DumpFormatError(
+                f"truncated: {header.dtype} shape {list(header.shape)} needs {needed} bytes "
+                f"but the file holds {available}",
+                where=path,
+                offset=data_offset + available,
+            )
     return header

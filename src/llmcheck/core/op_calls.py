@@ -90,8 +90,13 @@ class OpCall:
 
     def label(self) -> str:
         """Return a short label: ``3_1 LinearOperation`` plus step and call when not zero."""
-        extra = "".join(part for part in (f" step {self.step}" if self.step else "",
-                                          f" call {self.call_index}" if self.call_index else ""))
+        extra = "".join(
+            part
+            for part in (
+                f" step {self.step}" if self.step else "",
+                f" call {self.call_index}" if self.call_index else "",
+            )
+        )
         return f"{self.name} {self.op_type}{extra}"
 
 
@@ -103,8 +108,9 @@ def _params_of(records: Iterable[TensorRecord]) -> Mapping[str, Any]:
     return {}
 
 
-def group_op_calls(records: Sequence[TensorRecord],
-                   call_of: Callable[[TensorRecord], CallId] = CallId.of) -> list[OpCall]:
+def group_op_calls(
+    records: Sequence[TensorRecord], call_of: Callable[[TensorRecord], CallId] = CallId.of
+) -> list[OpCall]:
     """Return the op calls the records describe, in the execution order of their first record.
 
     ``call_of`` names the call a record belongs to (default: :meth:`CallId.of`, by key).
@@ -125,12 +131,19 @@ def group_op_calls(records: Sequence[TensorRecord],
                 (before if record.key.moment == MOMENT_BEFORE else inputs_after)[position] = record
             else:
                 (outputs_before if record.key.moment == MOMENT_BEFORE else outputs)[position] = record
-        calls.append(OpCall(
-            name=call_id.name, op_type=members[0].op_type or "", step=call_id.step,
-            call_index=call_id.call_index, graph=call_id.graph,
-            order=min(record.order for record in members), params=_params_of(members),
-            inputs=_by_position({**inputs_after, **before}),  # the state before the call wins
-            outputs=_by_position(outputs), inputs_after=_by_position(inputs_after),
-            outputs_before=_by_position(outputs_before),
-        ))
+        calls.append(
+            OpCall(
+                name=call_id.name,
+                op_type=members[0].op_type or "",
+                step=call_id.step,
+                call_index=call_id.call_index,
+                graph=call_id.graph,
+                order=min(record.order for record in members),
+                params=_params_of(members),
+                inputs=_by_position({**inputs_after, **before}),  # the state before the call wins
+                outputs=_by_position(outputs),
+                inputs_after=_by_position(inputs_after),
+                outputs_before=_by_position(outputs_before),
+            )
+        )
     return sorted(calls, key=lambda call: call.order)

@@ -33,7 +33,8 @@ def _einsum_dot(a: np.ndarray, b: np.ndarray) -> float:
 #: sets OPENBLAS_NUM_THREADS=1 before they import numpy) and use BLAS, any other process uses
 #: numpy's own single-threaded sum of products.
 dot: Callable[[np.ndarray, np.ndarray], float] = (
-    np.dot if os.environ.get("OPENBLAS_NUM_THREADS") == "1" else _einsum_dot)
+    np.dot if os.environ.get("OPENBLAS_NUM_THREADS") == "1" else _einsum_dot
+)
 
 
 class Workspace:

@@ -84,11 +84,13 @@ def _refuse_copies(dump: Dump, side: str, proposals: Sequence[Pair]) -> None:
             continue
         by_key = dump.by_key() if by_key is None else by_key
         if by_key.get(record.key) == record:
-            raise PluginError(f"the pairing rule {pair.rule!r} proposed a copy of the {side} record "
-                              f"{record.key.label()} instead of the loaded record",
-                              where=dump.root,
-                              hint="a llmcheck_map_pairs implementation must put the very record objects of "
-                                   "the dumps it was given into its pairs, not copies")
+            raise PluginError(
+                f"the pairing rule {pair.rule!r} proposed a copy of the {side} record "
+                f"{record.key.label()} instead of the loaded record",
+                where=dump.root,
+                hint="a llmcheck_map_pairs implementation must put the very record objects of "
+                "the dumps it was given into its pairs, not copies",
+            )
 
 
 def merge_pairs(golden: Dump, my: Dump, proposals: Sequence[Pair]) -> Pairing:
@@ -131,10 +133,16 @@ def merge_pairs(golden: Dump, my: Dump, proposals: Sequence[Pair]) -> Pairing:
     paired_my = {my_id for _, my_id in seen}
     return Pairing(
         pairs=kept,
-        unmatched_golden=[Unmatched(r, notes.get(id(r), NO_COUNTERPART), id(r) in expected) for r in golden.records
-                          if id(r) not in paired_golden],
-        unmatched_my=[Unmatched(r, notes.get(id(r), NO_COUNTERPART), id(r) in expected) for r in my.records
-                      if id(r) not in paired_my],
+        unmatched_golden=[
+            Unmatched(r, notes.get(id(r), NO_COUNTERPART), id(r) in expected)
+            for r in golden.records
+            if id(r) not in paired_golden
+        ],
+        unmatched_my=[
+            Unmatched(r, notes.get(id(r), NO_COUNTERPART), id(r) in expected)
+            for r in my.records
+            if id(r) not in paired_my
+        ],
     )
 
 
@@ -143,8 +151,14 @@ def merge_pairs(golden: Dump, my: Dump, proposals: Sequence[Pair]) -> Pairing:
 
 def key_to_json(key: RecordKey) -> dict[str, Any]:
     """Return a record key as the JSON object pairs.json uses."""
-    document = {"name": key.name, "io": key.io, "position": key.position, "step": key.step,
-                "call_index": key.call_index, "moment": key.moment}
+    document = {
+        "name": key.name,
+        "io": key.io,
+        "position": key.position,
+        "step": key.step,
+        "call_index": key.call_index,
+        "moment": key.moment,
+    }
     if key.rank:  # only multi-rank runs name a rank: single-process pairs.json files stay as they were
         document["rank"] = key.rank
     return document
@@ -155,9 +169,15 @@ def key_from_json(value: Any, where: Path, what: str) -> RecordKey:
     if not isinstance(value, Mapping) or not isinstance(value.get("name"), str):
         raise UsageError(f"{what} needs an object with a 'name'", where=where)
     try:
-        return RecordKey(name=value["name"], io=str(value.get("io", "output")), position=str(value.get("position", "0")),
-                         step=int(value.get("step", 0)), call_index=int(value.get("call_index", 0)),
-                         moment=str(value.get("moment", "after")), rank=int(value.get("rank", 0)))
+        return RecordKey(
+            name=value["name"],
+            io=str(value.get("io", "output")),
+            position=str(value.get("position", "0")),
+            step=int(value.get("step", 0)),
+            call_index=int(value.get("call_index", 0)),
+            moment=str(value.get("moment", "after")),
+            rank=int(value.get("rank", 0)),
+        )
     except (TypeError, ValueError) as exc:
         raise UsageError(f"{what}: step, call_index and rank must be integers", where=where) from exc
 
@@ -171,13 +191,22 @@ def write_pairs_json(path: Path, pairing: Pairing, golden: Dump, my: Dump) -> No
     """
     loaded = {id(record) for record in golden.records} | {id(record) for record in my.records}
     document = {
-        "format": PAIRS_FORMAT, "format_version": PAIRS_FORMAT_VERSION,
-        "golden_root": str(golden.root), "my_root": str(my.root),
+        "format": PAIRS_FORMAT,
+        "format_version": PAIRS_FORMAT_VERSION,
+        "golden_root": str(golden.root),
+        "my_root": str(my.root),
         "how_to_edit": "fix or add pairs, then rerun: llmcheck compare ... --mapping pairs.json",
-        "pairs": [{"golden": key_to_json(pair.golden.key), "my": key_to_json(pair.my.key),  # type: ignore[union-attr]
-                   "rule": pair.rule, "priority": pair.priority, **({"note": pair.note} if pair.note else {}),
-                   **({} if id(pair.golden) in loaded and id(pair.my) in loaded else {"derived": True})}
-                  for pair in pairing.pairs],
+        "pairs": [
+            {
+                "golden": key_to_json(pair.golden.key),
+                "my": key_to_json(pair.my.key),  # type: ignore[union-attr]
+                "rule": pair.rule,
+                "priority": pair.priority,
+                **({"note": pair.note} if pair.note else {}),
+                **({} if id(pair.golden) in loaded and id(pair.my) in loaded else {"derived": True}),
+            }
+            for pair in pairing.pairs
+        ],
         "unmatched_golden": [_unmatched_json(item) for item in pairing.unmatched_golden],
         "unmatched_my": [_unmatched_json(item) for item in pairing.unmatched_my],
     }
@@ -226,12 +255,17 @@ def load_user_mapping(path: Path) -> UserMapping:
                 raise UsageError(f"pair {position} is not an object", where=path)
             if pair.get("derived"):  # built by a plugin's rule (gathered shards): that rule builds it again
                 continue
-            key_pairs.append((key_from_json(pair.get("golden"), path, f"pair {position} golden"),
-                              key_from_json(pair.get("my"), path, f"pair {position} my")))
+            key_pairs.append(
+                (
+                    key_from_json(pair.get("golden"), path, f"pair {position} golden"),
+                    key_from_json(pair.get("my"), path, f"pair {position} my"),
+                )
+            )
         return UserMapping(path=path, entries=(), key_pairs=tuple(key_pairs))
     if isinstance(content, Mapping):  # a list value (the seed's {op type: [op types]}) maps to each
-        items = [(golden, my) for golden, value in content.items()
-                 for my in (value if isinstance(value, list) else [value])]
+        items = [
+            (golden, my) for golden, value in content.items() for my in (value if isinstance(value, list) else [value])
+        ]
     elif isinstance(content, list):
         items = []
         for position, entry in enumerate(content, start=1):
@@ -239,18 +273,26 @@ def load_user_mapping(path: Path) -> UserMapping:
                 rules.append(_rule_entry(entry, position, path))
                 continue
             if not isinstance(entry, Mapping) or "golden" not in entry or "my" not in entry:
-                raise UsageError(f"entry {position} needs 'golden' and 'my' name patterns "
-                                 "(or 'golden' and a 'rule')", where=path)
+                raise UsageError(
+                    f"entry {position} needs 'golden' and 'my' name patterns (or 'golden' and a 'rule')", where=path
+                )
             items.append((entry["golden"], entry["my"]))
     else:
         raise UsageError("a mapping file holds {golden pattern: my pattern} or a list of {golden, my}", where=path)
     for golden_pattern, my_pattern in items:
-        if not isinstance(golden_pattern, str) or not isinstance(my_pattern, str) or not golden_pattern or not my_pattern:
-            raise UsageError(f"mapping {golden_pattern!r} -> {my_pattern!r}: both sides must be non-empty names",
-                             where=path)
+        if (
+            not isinstance(golden_pattern, str)
+            or not isinstance(my_pattern, str)
+            or not golden_pattern
+            or not my_pattern
+        ):
+            raise UsageError(
+                f"mapping {golden_pattern!r} -> {my_pattern!r}: both sides must be non-empty names", where=path
+            )
         if golden_pattern.count("*") != my_pattern.count("*"):
-            raise UsageError(f"mapping {golden_pattern!r} -> {my_pattern!r}: both sides need the same number of '*'",
-                             where=path)
+            raise UsageError(
+                f"mapping {golden_pattern!r} -> {my_pattern!r}: both sides need the same number of '*'", where=path
+            )
     return UserMapping(path=path, entries=tuple((str(g), str(m)) for g, m in items), rules=tuple(rules))
 
 
@@ -258,6 +300,5 @@ def _rule_entry(entry: Mapping[str, Any], position: int, path: Path) -> tuple[st
     """Return ``(golden name pattern, rule)`` of a ``{"golden": pattern, "rule": text}`` entry."""
     pattern, rule = entry.get("golden"), entry.get("rule")
     if not isinstance(pattern, str) or not pattern or not isinstance(rule, str) or not rule:
-        raise UsageError(f"entry {position}: a rule entry needs a 'golden' name pattern and a 'rule' text",
-                         where=path)
+        raise UsageError(f"entry {position}: a rule entry needs a 'golden' name pattern and a 'rule' text", where=path)
     return pattern, rule

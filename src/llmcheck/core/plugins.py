@@ -58,8 +58,12 @@ class PluginInfo:
 
     def as_json(self) -> dict[str, Any]:
         """Return the plugin as the JSON object ``llmcheck plugins --json`` prints."""
-        return {"name": self.name, "distribution": self.distribution, "version": self.version,
-                "hooks": list(self.hooks)}
+        return {
+            "name": self.name,
+            "distribution": self.distribution,
+            "version": self.version,
+            "hooks": list(self.hooks),
+        }
 
 
 def _names_from_env(variable: str) -> set[str] | None:
@@ -90,8 +94,14 @@ class Plugins:
         for name, plugin in self.manager.list_name_plugin():
             if plugin is None or name == "hookspecs":
                 continue
-            hooks = tuple(sorted(impl_name for impl_name in dir(plugin) if impl_name.startswith("llmcheck_")
-                                 and self.manager.parse_hookimpl_opts(plugin, impl_name) is not None))
+            hooks = tuple(
+                sorted(
+                    impl_name
+                    for impl_name in dir(plugin)
+                    if impl_name.startswith("llmcheck_")
+                    and self.manager.parse_hookimpl_opts(plugin, impl_name) is not None
+                )
+            )
             base = self._infos.get(name, PluginInfo(name, None, None, ()))
             result.append(PluginInfo(base.name, base.distribution, base.version, hooks))
         return sorted(result, key=lambda info: info.name)
@@ -115,9 +125,13 @@ class Plugins:
         if name is None:
             defaults = [backend for backend in backends.values() if getattr(backend, "is_default", False)]
             if len(defaults) != 1:
-                raise UsageError("no default dump backend" if not defaults else
-                                 f"several backends claim to be the default ({', '.join(b.name for b in defaults)})",
-                                 where="--backend", hint=f"name one with --backend NAME; available: {known}")
+                raise UsageError(
+                    "no default dump backend"
+                    if not defaults
+                    else f"several backends claim to be the default ({', '.join(b.name for b in defaults)})",
+                    where="--backend",
+                    hint=f"name one with --backend NAME; available: {known}",
+                )
             return defaults[0]
         if name not in backends:
             raise UsageError(f"unknown backend {name!r}", where="--backend", hint=f"available: {known}")
@@ -138,8 +152,7 @@ class Plugins:
     def op_references(self) -> dict[str, OpReference]:
         """Return every registered operator reference by op type."""
         if self._op_references is None:
-            self._op_references = self._collect(self.manager.hook.llmcheck_register_op_references,
-                                                "operator reference")
+            self._op_references = self._collect(self.manager.hook.llmcheck_register_op_references, "operator reference")
         return self._op_references
 
     def op_reference(self, op_type: str) -> OpReference | None:
@@ -159,43 +172,58 @@ class Plugins:
     def backend_options(self, backend: str | None = None) -> list[BackendOption]:
         """Return the ``dump`` options declared for ``backend`` (every backend's when ``None``), in registration order."""
         if self._backend_options is None:
+
             def spellings(option: BackendOption) -> list[str]:
                 problem = option_problem(option)
                 if problem is not None:
-                    raise PluginError(f"backend option {option.flag!r} of backend {option.backend!r} cannot be a "
-                                      f"flag: {problem}", hint="fix the plugin's llmcheck_register_backend_options")
+                    raise PluginError(
+                        f"backend option {option.flag!r} of backend {option.backend!r} cannot be a flag: {problem}",
+                        hint="fix the plugin's llmcheck_register_backend_options",
+                    )
                 return [f"{option.backend} {spelling}" for spelling in (*option.flags, option.name)]
 
-            self._backend_options = list(self._collect(self.manager.hook.llmcheck_register_backend_options,
-                                                       "backend option", spellings).values())
+            self._backend_options = list(
+                self._collect(self.manager.hook.llmcheck_register_backend_options, "backend option", spellings).values()
+            )
         return [option for option in self._backend_options if backend is None or option.backend == backend]
 
-    def _collect(self, hook: Any, what: str,
-                 keys: Callable[[Any], Sequence[str]] = lambda item: [item.name]) -> dict[str, Any]:
+    def _collect(
+        self, hook: Any, what: str, keys: Callable[[Any], Sequence[str]] = lambda item: [item.name]
+    ) -> dict[str, Any]:
         """Call a registry hook plugin by plugin, so a clash (any of an item's ``keys`` taken) names both plugins."""
         found: dict[str, Any] = {}
         owners: dict[str, str] = {}
         for impl in reversed(hook.get_hookimpls()):  # pluggy's call order: last registered first (LIFO)
+
             def register(item: Any, _owner: str = impl.plugin_name) -> None:
                 item_keys = keys(item)
                 for key in item_keys:
                     if key in owners:
-                        raise PluginError(f"{what} {key!r} is registered by both {owners[key]!r} and {_owner!r}",
-                                          hint="disable one with LLMCHECK_DISABLE_PLUGINS")
+                        raise PluginError(
+                            f"{what} {key!r} is registered by both {owners[key]!r} and {_owner!r}",
+                            hint="disable one with LLMCHECK_DISABLE_PLUGINS",
+                        )
                 owners.update(dict.fromkeys(item_keys, _owner))
                 found[item_keys[0]] = item
 
             # One plugin at a time, through pluggy (so LLMCHECK_TRACE_PLUGINS still sees the call),
             # lets ``register`` know whose item it is receiving.
-            hook_caller = self.manager.subset_hook_caller(hook.name, remove_plugins=[
-                other.plugin for other in hook.get_hookimpls() if other is not impl])
+            hook_caller = self.manager.subset_hook_caller(
+                hook.name, remove_plugins=[other.plugin for other in hook.get_hookimpls() if other is not impl]
+            )
             hook_caller(register=register)
         return found
 
     # --- resolvers ---
 
-    def load_tensors(self, path: Path, source: str | None = None,
-                     source_flag: str = "--golden-source/--my-source", *, tensor_folder: bool = True) -> Dump:
+    def load_tensors(
+        self,
+        path: Path,
+        source: str | None = None,
+        source_flag: str = "--golden-source/--my-source",
+        *,
+        tensor_folder: bool = True,
+    ) -> Dump:
         """Return the dump at ``path`` as read by the first plugin that claims it.
 
         ``source`` forces one source plugin; ``source_flag`` is the flag that forced it, named
@@ -209,9 +237,11 @@ class Plugins:
             known = ", ".join(sorted(self.sources())) or "none"
             raise UsageError(f"unknown dump source {source!r}", where=path, hint=f"known sources: {known}")
         if not path.exists():
-            raise DumpNotFoundError("no such file or directory", where=path,
-                                    hint="check the path: give a dump folder, a folder holding one dump, "
-                                         "or a tensor file")
+            raise DumpNotFoundError(
+                "no such file or directory",
+                where=path,
+                hint="check the path: give a dump folder, a folder holding one dump, or a tensor file",
+            )
         dump: Dump | None = self.manager.hook.llmcheck_load_tensors(path=path, source=source)
         if dump is None and source is None and tensor_folder and path.is_dir():
             dump = self._tensor_folder(path)
@@ -219,18 +249,28 @@ class Plugins:
             return dump
         known = ", ".join(sorted(self.sources())) or "none"
         if source is None:
-            raise DumpNotFoundError("no plugin recognises this as a dump", where=path,
-                                    hint=f"known sources: {known}; 'llmcheck plugins' lists what each reads")
+            raise DumpNotFoundError(
+                "no plugin recognises this as a dump",
+                where=path,
+                hint=f"known sources: {known}; 'llmcheck plugins' lists what each reads",
+            )
         actual = self._what_it_is(path)
         if actual is None:
-            raise DumpNotFoundError(f"not a {source} dump, nor any other kind llmcheck reads", where=path,
-                                    hint=f"check the path; known sources: {known}")
+            raise DumpNotFoundError(
+                f"not a {source} dump, nor any other kind llmcheck reads",
+                where=path,
+                hint=f"check the path; known sources: {known}",
+            )
         name, what = actual
-        raise DumpNotFoundError(f"not a {source} dump: it is {what}", where=path,
-                                hint=f"drop {source_flag} to read it as {name}, or give the path of the {source} dump")
+        raise DumpNotFoundError(
+            f"not a {source} dump: it is {what}",
+            where=path,
+            hint=f"drop {source_flag} to read it as {name}, or give the path of the {source} dump",
+        )
 
-    def load_runs(self, golden_path: Path, golden_source: str | None, my_path: Path,
-                  my_source: str | None) -> tuple[Dump, Dump]:
+    def load_runs(
+        self, golden_path: Path, golden_source: str | None, my_path: Path, my_source: str | None
+    ) -> tuple[Dump, Dump]:
         """Return the golden and my dumps; when both paths are wrong, one error names both problems."""
         loaded: list[Dump] = []
         problems: list[LlmcheckError] = []
@@ -269,12 +309,17 @@ class Plugins:
             single = self.manager.hook.llmcheck_load_tensors(path=file, source=None)
             with_data = [record for record in single.records if record.data is not None] if single else []
             if len(with_data) == 1:
-                records.append(with_data[0].with_changes(key=RecordKey(name=file.name), order=len(records),
-                                                         source_path=file.name))
+                records.append(
+                    with_data[0].with_changes(key=RecordKey(name=file.name), order=len(records), source_path=file.name)
+                )
         if not records:
             return None
-        return Dump(source=TENSOR_FOLDER_SOURCE, root=folder, records=records,
-                    manifest={"format": TENSOR_FOLDER_SOURCE, "files": [record.source_path for record in records]})
+        return Dump(
+            source=TENSOR_FOLDER_SOURCE,
+            root=folder,
+            records=records,
+            manifest={"format": TENSOR_FOLDER_SOURCE, "files": [record.source_path for record in records]},
+        )
 
     def map_pairs(self, golden: Dump, my: Dump, user_mapping: UserMapping | None) -> list[Pair]:
         """Return every pair proposed by every plugin (the core resolves competing proposals)."""
@@ -288,16 +333,23 @@ class Plugins:
         """Return the ONNX file written from a topology file by the first plugin that claims it."""
         topology_path = Path(topology_path)
         if not topology_path.is_file():
-            raise DumpNotFoundError("no such topology file", where=topology_path,
-                                    hint="check the path; a dump's topology is its layer/model JSON file")
+            raise DumpNotFoundError(
+                "no such topology file",
+                where=topology_path,
+                hint="check the path; a dump's topology is its layer/model JSON file",
+            )
         if output_path is not None:
             _check_onnx_output(Path(output_path), topology_path)
-        written = self.manager.hook.llmcheck_export_onnx(topology_path=topology_path, level=level,
-                                                         output_path=output_path)
+        written = self.manager.hook.llmcheck_export_onnx(
+            topology_path=topology_path, level=level, output_path=output_path
+        )
         if written is None:
             _raise_if_broken_json(topology_path)
-            raise DumpNotFoundError("no plugin recognises this topology file", where=topology_path,
-                                    hint="llmcheck export onnx reads ATB layer/model topology JSON")
+            raise DumpNotFoundError(
+                "no plugin recognises this topology file",
+                where=topology_path,
+                hint="llmcheck export onnx reads ATB layer/model topology JSON",
+            )
         return Path(written)
 
 
@@ -306,11 +358,17 @@ def _check_onnx_output(output_path: Path, topology_path: Path) -> None:
     from llmcheck.core.store import refuse_output_inside_dump
 
     if output_path.resolve() == topology_path.resolve():
-        raise UsageError("is the topology file itself; it would be overwritten", where=output_path,
-                         hint="pass another -o, or omit it to write beside the topology")
+        raise UsageError(
+            "is the topology file itself; it would be overwritten",
+            where=output_path,
+            hint="pass another -o, or omit it to write beside the topology",
+        )
     if output_path.exists() and (output_path.is_dir() or output_path.suffix.lower() != ".onnx"):
-        raise UsageError("exists and is not an .onnx file; it would be overwritten", where=output_path,
-                         hint="pass a new .onnx path with -o")
+        raise UsageError(
+            "exists and is not an .onnx file; it would be overwritten",
+            where=output_path,
+            hint="pass a new .onnx path with -o",
+        )
     refuse_output_inside_dump(output_path, "ONNX exports")
 
 
@@ -321,8 +379,9 @@ def _raise_if_broken_json(path: Path) -> None:
     try:
         json.loads(path.read_bytes())
     except json.JSONDecodeError as exc:
-        raise DumpFormatError(f"not valid JSON: {exc.msg}", where=path, offset=exc.pos,
-                              hint="the file is truncated or corrupt") from None
+        raise DumpFormatError(
+            f"not valid JSON: {exc.msg}", where=path, offset=exc.pos, hint="the file is truncated or corrupt"
+        ) from None
     except (UnicodeDecodeError, OSError):
         return
 
@@ -332,8 +391,9 @@ def _trace_to_stderr(manager: pluggy.PluginManager) -> None:
         names = [impl.plugin_name for impl in hook_impls]
         print(f"llmcheck: trace: {hook_name}({', '.join(kwargs)}) -> {names}", file=sys.stderr)
 
-    def after(outcome: pluggy.Result[Any], hook_name: str, hook_impls: Sequence[pluggy.HookImpl],
-              kwargs: Mapping[str, Any]) -> None:
+    def after(
+        outcome: pluggy.Result[Any], hook_name: str, hook_impls: Sequence[pluggy.HookImpl], kwargs: Mapping[str, Any]
+    ) -> None:
         exception = outcome.exception
         shown = f"raised {exception!r}" if exception else f"returned {type(outcome.get_result()).__name__}"
         print(f"llmcheck: trace: {hook_name} {shown}", file=sys.stderr)
@@ -355,8 +415,11 @@ def build_plugins(extra_plugins: list[ModuleType | object] | None = None) -> Plu
         try:
             plugin = entry_point.load()
         except Exception as exc:  # a broken third-party plugin must not take the tool down silently
-            raise PluginError(f"plugin {name!r} failed to import: {exc}", where=entry_point.value,
-                              hint=f"uninstall it or set LLMCHECK_DISABLE_PLUGINS={name}") from exc
+            raise PluginError(
+                f"plugin {name!r} failed to import: {exc}",
+                where=entry_point.value,
+                hint=f"uninstall it or set LLMCHECK_DISABLE_PLUGINS={name}",
+            ) from exc
         manager.register(plugin, name=name)
         dist = entry_point.dist
         infos[name] = PluginInfo(name, dist.name if dist else None, dist.version if dist else None, ())

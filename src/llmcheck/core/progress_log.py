@@ -43,5 +43,11 @@ class ProgressLog:
         now = time.monotonic()
         self._last_tenth, self._last_line_s = tenth, now
         rate = self.done_bytes / 1e9 / max(now - self._started_s, 1e-9)
-        self.log.info("%s: %d%% (%.2f of %.2f GB, %.2f GB/s)", self.what, tenth * 10, self.done_bytes / 1e9,
-                      self.total_bytes / 1e9, rate)
+        self.log.info(
+            "%s: %d%% (%.2f of %.2f GB, %.2f GB/s)",
+            self.what,
+            tenth * 10,
+            self.done_bytes / 1e9,
+            self.total_bytes / 1e9,
+            rate,
+        )

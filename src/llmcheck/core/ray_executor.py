@@ -98,8 +98,9 @@ class _Placement:
         holding_all = [node for node, files in self.files_on.items() if needed.keys() <= files]
         hard = bool(holding_all)
         candidates = holding_all or list(self.files_on)
-        present = {node: sum(size for path, size in needed.items() if path in self.files_on[node])
-                   for node in candidates}
+        present = {
+            node: sum(size for path, size in needed.items() if path in self.files_on[node]) for node in candidates
+        }
         if not hard and not any(present.values()):
             return None, False  # no node holds any of it: shared storage, or nothing to go by
         node = max(candidates, key=lambda node: (present[node], -self.assigned_bytes.get(node, 0)))
@@ -111,32 +112,44 @@ def _ray() -> Any:
     try:
         import ray
     except ImportError as exc:
-        raise UsageError("the ray executor needs Ray", where="--executor ray",
-                         hint="pip install 'llmcheck[ray]', or use --executor local") from exc
+        raise UsageError(
+            "the ray executor needs Ray",
+            where="--executor ray",
+            hint="pip install 'llmcheck[ray]', or use --executor local",
+        ) from exc
     return ray
 
 
 class RayExecutor:
     """Measures pairs as Ray tasks on the cluster at ``address`` (None: the running one, else a local one)."""
 
-    def __init__(self, address: str | None = None, chunk_values: int = DEFAULT_CHUNK_VALUES,
-                 chunk_bytes: int = CHUNK_TARGET_BYTES) -> None:
+    def __init__(
+        self,
+        address: str | None = None,
+        chunk_values: int = DEFAULT_CHUNK_VALUES,
+        chunk_bytes: int = CHUNK_TARGET_BYTES,
+    ) -> None:
         self.address = address
         self.chunk_values = chunk_values
         self.chunk_bytes = chunk_bytes
 
-    def __call__(self, jobs: Sequence[PairJob], specs: Sequence[MetricSpec],
-                 on_measured: Callable[[PairMeasurement], None] | None = None
-                 ) -> tuple[dict[int, PairMeasurement], dict[int, str]]:
+    def __call__(
+        self,
+        jobs: Sequence[PairJob],
+        specs: Sequence[MetricSpec],
+        on_measured: Callable[[PairMeasurement], None] | None = None,
+    ) -> tuple[dict[int, PairMeasurement], dict[int, str]]:
         """Return the measurement of every job that could be measured, and why each other one could not."""
         ray = _ray()
         if not ray.is_initialized():
             try:
                 ray.init(address=self.address, log_to_driver=False, logging_level=logging.WARNING)
             except (ConnectionError, ValueError, RuntimeError) as exc:
-                raise UsageError(f"cannot reach the Ray cluster: {exc}", where=f"--ray-address {self.address}",
-                                 hint="start it with `ray start --head`, or leave --ray-address out for a "
-                                      "local one") from exc
+                raise UsageError(
+                    f"cannot reach the Ray cluster: {exc}",
+                    where=f"--ray-address {self.address}",
+                    hint="start it with `ray start --head`, or leave --ray-address out for a local one",
+                ) from exc
         measure = ray.remote(max_retries=TASK_RETRIES, runtime_env={"env_vars": SINGLE_THREADED_BLAS})(measure_chunk)
         specs_ref = ray.put(list(specs))
         placement = self._placement(ray, jobs)
@@ -180,8 +193,12 @@ class RayExecutor:
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         probe = ray.remote(num_cpus=0)(_local_files)
-        probes = {node: probe.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node, soft=False))
-                  .remote(paths) for node in nodes}
+        probes = {
+            node: probe.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node, soft=False)).remote(
+                paths
+            )
+            for node in nodes
+        }
         return _Placement(files_on={node: set(ray.get(ref)) for node, ref in probes.items()})
 
 

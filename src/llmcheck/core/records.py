@@ -35,16 +35,41 @@ ALL_RANKS = -1
 
 #: Bytes per element of every dtype name llmcheck understands (torch's names).
 DTYPE_ITEMSIZE: dict[str, int] = {
-    "float64": 8, "float32": 4, "float16": 2, "bfloat16": 2,
-    "float8_e4m3fn": 1, "float8_e5m2": 1, "float8_e4m3fnuz": 1, "float8_e5m2fnuz": 1, "float8_e8m0fnu": 1,
-    "int64": 8, "int32": 4, "int16": 2, "int8": 1,
-    "uint64": 8, "uint32": 4, "uint16": 2, "uint8": 1,
-    "bool": 1, "complex64": 8, "complex128": 16, "complex32": 4,
+    "float64": 8,
+    "float32": 4,
+    "float16": 2,
+    "bfloat16": 2,
+    "float8_e4m3fn": 1,
+    "float8_e5m2": 1,
+    "float8_e4m3fnuz": 1,
+    "float8_e5m2fnuz": 1,
+    "float8_e8m0fnu": 1,
+    "int64": 8,
+    "int32": 4,
+    "int16": 2,
+    "int8": 1,
+    "uint64": 8,
+    "uint32": 4,
+    "uint16": 2,
+    "uint8": 1,
+    "bool": 1,
+    "complex64": 8,
+    "complex128": 16,
+    "complex32": 4,
 }
 
 FLOAT_DTYPES = frozenset(
-    {"float64", "float32", "float16", "bfloat16",
-     "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz", "float8_e8m0fnu"}
+    {
+        "float64",
+        "float32",
+        "float16",
+        "bfloat16",
+        "float8_e4m3fn",
+        "float8_e5m2",
+        "float8_e4m3fnuz",
+        "float8_e5m2fnuz",
+        "float8_e8m0fnu",
+    }
 )
 
 
@@ -65,7 +90,11 @@ def dtype_class(dtype: str) -> str:
         known = "fp8"
     else:
         known = {
-            "float64": "fp64", "float32": "fp32", "float16": "fp16", "bfloat16": "bf16", "bool": "bool",
+            "float64": "fp64",
+            "float32": "fp32",
+            "float16": "fp16",
+            "bfloat16": "bf16",
+            "bool": "bool",
         }.get(dtype, "complex" if dtype.startswith("complex") else "int")
     _DTYPE_CLASSES[dtype] = known
     return known
@@ -335,8 +364,14 @@ def merge_rank_dumps(dumps: Sequence[Dump], ranks: Sequence[int], root: Path) ->
     merged.sort(key=lambda item: (item[0], item[1]))
     records = [record.with_changes(order=order) for order, (_, _, record) in enumerate(merged)]
     cuts = [f"rank {rank}: {dump.cut}" for dump, rank in zip(dumps, ranks) if dump.cut]
-    return Dump(source=dumps[0].source, root=root, records=records, topology=dumps[0].topology,
-                manifest={**dumps[0].manifest, "ranks": list(ranks)}, cut="; ".join(cuts) or None)
+    return Dump(
+        source=dumps[0].source,
+        root=root,
+        records=records,
+        topology=dumps[0].topology,
+        manifest={**dumps[0].manifest, "ranks": list(ranks)},
+        cut="; ".join(cuts) or None,
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -563,8 +598,9 @@ class OpReference:
     """
 
     op_type: str
-    compute: Callable[[Mapping[str, torch.Tensor], Mapping[str, Any]],
-                      Sequence[torch.Tensor] | Mapping[str, torch.Tensor]]
+    compute: Callable[
+        [Mapping[str, torch.Tensor], Mapping[str, Any]], Sequence[torch.Tensor] | Mapping[str, torch.Tensor]
+    ]
     description: str
     inplace_inputs: tuple[int, ...] = ()
 

@@ -85,8 +85,10 @@ def measure_text(row: ComparisonRow) -> str:
     if deciding is None or deciding.fail_threshold is None:
         return row.reason or row.verdict
     if deciding.verdict == VERDICT_WARN and deciding.warn_threshold is not None:
-        return (f"{deciding.name} {describe(deciding.value)} {deciding.comparison} "
-                f"{describe(deciding.warn_threshold)} (warn threshold)")
+        return (
+            f"{deciding.name} {describe(deciding.value)} {deciding.comparison} "
+            f"{describe(deciding.warn_threshold)} (warn threshold)"
+        )
     if deciding.verdict == VERDICT_FAIL or math.isnan(deciding.value):
         return f"{deciding.name} {describe(deciding.value)} {deciding.comparison} {describe(deciding.fail_threshold)}"
     within = "\u2265" if deciding.higher_is_better else "\u2264"  # a passing value is on the good side
@@ -109,21 +111,33 @@ def print_summary(result: CompareResult, console: Console, written: Mapping[str,
     read = result.tensor_bytes_read
     size = f"{read / 1e9:.2f} GB" if read >= 1e9 else f"{read / 1e6:.1f} MB"
     speed = f", {read / 1e9 / result.elapsed_s:.2f} GB/s" if result.elapsed_s > 0 and read >= 1e8 else ""
-    console.print(f"compared {counts['pairs']} pairs ({size} of tensors read) in {result.elapsed_s:.2f} s{speed}",
-                  highlight=False)
-    console.print(f"  [green]pass {counts['passes']}[/]  [yellow]warn {counts['warnings']}[/]  "
-                  f"[bold red]fail {counts['failures']}[/]  [magenta]error {counts['errors']}[/]  "
-                  f"unmatched golden {counts['unmatched_golden']}, my {counts['unmatched_my']}")
+    console.print(
+        f"compared {counts['pairs']} pairs ({size} of tensors read) in {result.elapsed_s:.2f} s{speed}", highlight=False
+    )
+    console.print(
+        f"  [green]pass {counts['passes']}[/]  [yellow]warn {counts['warnings']}[/]  "
+        f"[bold red]fail {counts['failures']}[/]  [magenta]error {counts['errors']}[/]  "
+        f"unmatched golden {counts['unmatched_golden']}, my {counts['unmatched_my']}"
+    )
     first, introduced = result.first_divergence, result.first_introduced
     if not result.rows:
-        console.print("[bold yellow]no pairs: no pairing rule matched a golden record to a my record; check the "
-                      "paths and sources, or pair them with --mapping[/]", highlight=False)
+        console.print(
+            "[bold yellow]no pairs: no pairing rule matched a golden record to a my record; check the "
+            "paths and sources, or pair them with --mapping[/]",
+            highlight=False,
+        )
     elif first is None and result.counts()["errors"]:
-        console.print(f"[bold magenta]no failing pair, but {result.counts()['errors']} pairs could not be measured "
-                      "(see cmp_fail_reason)[/]", highlight=False)
+        console.print(
+            f"[bold magenta]no failing pair, but {result.counts()['errors']} pairs could not be measured "
+            "(see cmp_fail_reason)[/]",
+            highlight=False,
+        )
     elif first is None and result.counts()["unmatched"]:
-        console.print(f"[yellow]no divergence among the {len(result.rows)} pairs, but {result.counts()['unmatched']} "
-                      "records have no counterpart and were not compared (see pairs.json)[/]", highlight=False)
+        console.print(
+            f"[yellow]no divergence among the {len(result.rows)} pairs, but {result.counts()['unmatched']} "
+            "records have no counterpart and were not compared (see pairs.json)[/]",
+            highlight=False,
+        )
     elif first is None:
         console.print("[green]no divergence: every pair is within its thresholds[/]")
     else:
@@ -157,9 +171,11 @@ def twin_hint(result: CompareResult) -> str:
     golden, my = (run_precision([record.dtype for record in dump.records]) for dump in (result.golden, result.my))
     if golden is None or my is None or golden == my:
         return ""
-    return (f"the runs differ in precision ({golden} golden, {my} my): a defect smaller than {my} rounding noise "
-            "passes unseen here; record the golden program at the my-run's precision and give it as "
-            "--noise-path (docs/commands/compare.md)")
+    return (
+        f"the runs differ in precision ({golden} golden, {my} my): a defect smaller than {my} rounding noise "
+        "passes unseen here; record the golden program at the my-run's precision and give it as "
+        "--noise-path (docs/commands/compare.md)"
+    )
 
 
 def _print_worst_rows(result: CompareResult, console: Console) -> None:
@@ -169,14 +185,20 @@ def _print_worst_rows(result: CompareResult, console: Console) -> None:
         return
     measure = error_measure(result.metric_specs)
     shown = measure.name if measure is not None else "deciding metric"
-    console.print(f"{len(worst)} worst rows by {shown} (data_id, verdict, record, {shown}, attribution, deciding):",
-                  highlight=False)
+    console.print(
+        f"{len(worst)} worst rows by {shown} (data_id, verdict, record, {shown}, attribution, deciding):",
+        highlight=False,
+    )
     for row in worst:
         error = row_error(row, measure)
         value = describe(error) if error is not None else (row.reason or "-")
         decided = "" if row.deciding_metric == (measure.name if measure else None) else f"  ({measure_text(row)})"
-        console.print(f"  {row.index:>5} [{_STYLE[row.verdict]}]{row.verdict:<5}[/] {row.golden.key.label()}  "
-                      f"{value}  {row.attribution or '-'}{decided}", highlight=False, markup=True)
+        console.print(
+            f"  {row.index:>5} [{_STYLE[row.verdict]}]{row.verdict:<5}[/] {row.golden.key.label()}  "
+            f"{value}  {row.attribution or '-'}{decided}",
+            highlight=False,
+            markup=True,
+        )
 
 
 def _print_metric_table(result: CompareResult, console: Console) -> None:
@@ -184,14 +206,18 @@ def _print_metric_table(result: CompareResult, console: Console) -> None:
     width = max(len(spec.name) for spec in result.metric_specs) if result.metric_specs else 0
     for row in result.rows:
         style = _STYLE.get(row.verdict, "green")
-        console.print(f"{row.golden.key.name}: [{style}]{row.verdict}[/]" + (f" ({row.reason})" if row.reason else ""),
-                      highlight=False)
+        console.print(
+            f"{row.golden.key.name}: [{style}]{row.verdict}[/]" + (f" ({row.reason})" if row.reason else ""),
+            highlight=False,
+        )
         for spec in result.metric_specs:
             metric = row.metrics.get(spec.name)
             if metric is None:
                 continue
             judged = ""
             if metric.fail_threshold is not None:
-                judged = (f"  ({metric.verdict}: warn {describe(metric.warn_threshold)}, "
-                          f"fail {describe(metric.fail_threshold)})")
+                judged = (
+                    f"  ({metric.verdict}: warn {describe(metric.warn_threshold)}, "
+                    f"fail {describe(metric.fail_threshold)})"
+                )
             console.print(f"  {spec.name:<{width}}  {describe(metric.value)}{judged}", highlight=False)

@@ -27,8 +27,9 @@ def prepare_report_folder(output: Path, report_names: Sequence[str], what: str =
         return
     claimed_by = dump_holding(output)
     if claimed_by is not None:
-        raise UsageError(f"is {claimed_by}; {what} are never written into a dump", where=output,
-                         hint="pass another folder with -o")
+        raise UsageError(
+            f"is {claimed_by}; {what} are never written into a dump", where=output, hint="pass another folder with -o"
+        )
     previous = [name for name in report_names if (output / name).is_file()]
     if previous:
         log.warning("%s: replacing the previous report (%s)", output, ", ".join(previous))

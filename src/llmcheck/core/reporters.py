@@ -43,19 +43,25 @@ class Reporter:
 def choose_reporters(registered: Mapping[str, Reporter], requested: Sequence[str] = ()) -> list[Reporter]:
     """Return the default reporters and the ``requested`` ones, in registration order; an unknown name is a usage error."""
     if not registered:
-        raise PluginError("no reporter is registered, so a compare would write no file",
-                          hint="reinstall llmcheck (pip install -e .) so its built-in 'reports' plugin is found, "
-                               "or check LLMCHECK_LOAD_PLUGINS / LLMCHECK_DISABLE_PLUGINS")
+        raise PluginError(
+            "no reporter is registered, so a compare would write no file",
+            hint="reinstall llmcheck (pip install -e .) so its built-in 'reports' plugin is found, "
+            "or check LLMCHECK_LOAD_PLUGINS / LLMCHECK_DISABLE_PLUGINS",
+        )
     unknown = [name for name in requested if name not in registered]
     if unknown:
-        raise UsageError(f"unknown report {unknown[0]!r}", where=REPORT_FLAG,
-                         hint=f"known reports: {', '.join(registered)}")
+        raise UsageError(
+            f"unknown report {unknown[0]!r}", where=REPORT_FLAG, hint=f"known reports: {', '.join(registered)}"
+        )
     chosen = [reporter for reporter in registered.values() if reporter.default or reporter.name in requested]
     by_file: dict[str, str] = {}
     for reporter in chosen:
         if reporter.file_name in by_file:
-            raise UsageError(f"reports {by_file[reporter.file_name]!r} and {reporter.name!r} both write "
-                             f"{reporter.file_name}", where=REPORT_FLAG, hint="ask for one of them")
+            raise UsageError(
+                f"reports {by_file[reporter.file_name]!r} and {reporter.name!r} both write {reporter.file_name}",
+                where=REPORT_FLAG,
+                hint="ask for one of them",
+            )
         by_file[reporter.file_name] = reporter.name
     return chosen
 

@@ -34,8 +34,11 @@ def parse_execute_range(value: str, flag: str = "-er/--execute-range") -> list[t
         return None
     parts = [part.strip() for part in text.split(",") if part.strip()]
     if not parts or len(parts) % 2 or not all(part.isdigit() for part in parts):
-        raise UsageError(f"invalid value {value!r}", where=flag,
-                         hint="give pairs of inclusive bounds, e.g. -er 0,0 or -er 3,5,7,7, or 'all'")
+        raise UsageError(
+            f"invalid value {value!r}",
+            where=flag,
+            hint="give pairs of inclusive bounds, e.g. -er 0,0 or -er 3,5,7,7, or 'all'",
+        )
     numbers = [int(part) for part in parts]
     ranges = list(zip(numbers[::2], numbers[1::2]))
     for low, high in ranges:
@@ -49,8 +52,9 @@ def parse_operation_ids(value: str, flag: str = "-ids/--save-operation-ids") -> 
     ids = [part.strip() for part in value.split(",") if part.strip()]
     for op_id in ids:
         if not _OP_ID.match(op_id):
-            raise UsageError(f"invalid operation id {op_id!r}", where=flag,
-                             hint="ids are numbers joined by '_', e.g. 24_1,2_3_5")
+            raise UsageError(
+                f"invalid operation id {op_id!r}", where=flag, hint="ids are numbers joined by '_', e.g. 24_1,2_3_5"
+            )
     return ids
 
 
@@ -88,8 +92,9 @@ def split_command(exec_text: str | None, trailing: Sequence[str]) -> list[str]:
     if trailing:
         return list(trailing)
     if not exec_text:
-        raise UsageError("no command to run", where="--exec",
-                         hint='use --exec "python infer.py" or put the command after --')
+        raise UsageError(
+            "no command to run", where="--exec", hint='use --exec "python infer.py" or put the command after --'
+        )
     try:
         argv = shlex.split(exec_text)
     except ValueError as exc:
@@ -99,10 +104,16 @@ def split_command(exec_text: str | None, trailing: Sequence[str]) -> list[str]:
     operators = [arg for arg in argv if arg in SHELL_OPERATORS]
     if operators:
         named = list(dict.fromkeys(operators))
-        what = f"{named[0]!r} reaches the program as a plain argument" if len(named) == 1 else \
-            f"{', '.join(map(repr, named))} reach the program as plain arguments"
-        log.warning("--exec: %s: the command runs without a shell (write the command, redirections included, into "
-                    "a shell script and pass --exec \"bash run.sh\")", what)
+        what = (
+            f"{named[0]!r} reaches the program as a plain argument"
+            if len(named) == 1
+            else f"{', '.join(map(repr, named))} reach the program as plain arguments"
+        )
+        log.warning(
+            "--exec: %s: the command runs without a shell (write the command, redirections included, into "
+            'a shell script and pass --exec "bash run.sh")',
+            what,
+        )
     return argv
 
 
@@ -158,23 +169,72 @@ def seed_dump_options(backend: str) -> list[BackendOption]:
     ``(low, high)`` pairs or ``None`` for ``all``, ``save_operation_ids`` as a list, ...).
     """
     return [
-        BackendOption(backend, "type", "What to dump; several allowed: --type model tensor. Default: tensor (plus model).",
-                      choices=DUMP_TYPES, multiple=True, parse=_dump_types),
-        BackendOption(backend, "only_save_desc", "Save tensor descriptions only, no data.", type=bool, default=False,
-                      aliases=("-sd",)),
-        BackendOption(backend, "save_operation_ids", "Dump only these op ids, e.g. 2,3_1.", default="",
-                      aliases=("-ids",), parse=parse_operation_ids),
-        BackendOption(backend, "execute_range", "Steps (tokens) to dump, as closed ranges LOW,HIGH: 0,4 is steps 0 to 4, "
-                      "3,5,7,7 is steps 3, 4, 5 and 7; or 'all'.", default="0,0", aliases=("-er",),
-                      parse=parse_execute_range),
-        BackendOption(backend, "save_operation_child", "With -ids, also dump the children of the chosen ops (True/False).",
-                      default="True", aliases=("-child",), parse=parse_bool),
-        BackendOption(backend, "save_time", "0 before, 1 after, 2 both, 3 inputs before and outputs after.", type=int,
-                      default=3, aliases=("-time",), parse=_save_time),
-        BackendOption(backend, "operation_name", "Dump ops whose type starts with these names: self,linear.",
-                      aliases=("-opname",), parse=_operation_names),
-        BackendOption(backend, "save_tensor_part", "0 inputs only, 1 outputs only, 2 both.", type=int, default=2,
-                      aliases=("-stp",), parse=_tensor_part),
+        BackendOption(
+            backend,
+            "type",
+            "What to dump; several allowed: --type model tensor. Default: tensor (plus model).",
+            choices=DUMP_TYPES,
+            multiple=True,
+            parse=_dump_types,
+        ),
+        BackendOption(
+            backend,
+            "only_save_desc",
+            "Save tensor descriptions only, no data.",
+            type=bool,
+            default=False,
+            aliases=("-sd",),
+        ),
+        BackendOption(
+            backend,
+            "save_operation_ids",
+            "Dump only these op ids, e.g. 2,3_1.",
+            default="",
+            aliases=("-ids",),
+            parse=parse_operation_ids,
+        ),
+        BackendOption(
+            backend,
+            "execute_range",
+            "Steps (tokens) to dump, as closed ranges LOW,HIGH: 0,4 is steps 0 to 4, "
+            "3,5,7,7 is steps 3, 4, 5 and 7; or 'all'.",
+            default="0,0",
+            aliases=("-er",),
+            parse=parse_execute_range,
+        ),
+        BackendOption(
+            backend,
+            "save_operation_child",
+            "With -ids, also dump the children of the chosen ops (True/False).",
+            default="True",
+            aliases=("-child",),
+            parse=parse_bool,
+        ),
+        BackendOption(
+            backend,
+            "save_time",
+            "0 before, 1 after, 2 both, 3 inputs before and outputs after.",
+            type=int,
+            default=3,
+            aliases=("-time",),
+            parse=_save_time,
+        ),
+        BackendOption(
+            backend,
+            "operation_name",
+            "Dump ops whose type starts with these names: self,linear.",
+            aliases=("-opname",),
+            parse=_operation_names,
+        ),
+        BackendOption(
+            backend,
+            "save_tensor_part",
+            "0 inputs only, 1 outputs only, 2 both.",
+            type=int,
+            default=2,
+            aliases=("-stp",),
+            parse=_tensor_part,
+        ),
         BackendOption(backend, "device_id", "Dump only this device id (comma list allowed).", aliases=("-device",)),
         BackendOption(backend, "seed", "Make the run deterministic with this seed.", type=int, aliases=("-seed",)),
     ]

@@ -21,9 +21,12 @@ import numpy as np
 #: A value this close to its dtype's largest finite magnitude (or beyond it) stands for infinity.
 SENTINEL_FRACTION = 0.9
 _LARGEST: dict[str, float] = {
-    "float64": float(np.finfo(np.float64).max), "float32": float(np.finfo(np.float32).max),
-    "float16": float(np.finfo(np.float16).max), "bfloat16": 3.3895313892515355e38,
-    "complex128": float(np.finfo(np.float64).max), "complex64": float(np.finfo(np.float32).max),
+    "float64": float(np.finfo(np.float64).max),
+    "float32": float(np.finfo(np.float32).max),
+    "float16": float(np.finfo(np.float16).max),
+    "bfloat16": 3.3895313892515355e38,
+    "complex128": float(np.finfo(np.float64).max),
+    "complex64": float(np.finfo(np.float32).max),
 }
 
 

@@ -26,7 +26,8 @@ def stats_vector(tensor: torch.Tensor) -> torch.Tensor:
     device = tensor.device
     if tensor.numel() == 0:
         return torch.full((_FIELDS,), float("nan"), dtype=torch.float64, device=device).index_fill_(
-            0, torch.tensor([4, 5], device=device), 0.0)
+            0, torch.tensor([4, 5], device=device), 0.0
+        )
     if tensor.dtype.is_complex:
         tensor = tensor.abs()
     if tensor.dtype == torch.bool or not tensor.dtype.is_floating_point:
@@ -54,9 +55,16 @@ def stats_vector(tensor: torch.Tensor) -> torch.Tensor:
             l2norm = torch.linalg.vector_norm(cleaned, dtype=torch.float64)
             nan = torch.full((), float("nan"), dtype=torch.float64, device=device)
             empty = finite_count == 0
-            return torch.stack([torch.where(empty, nan, low), torch.where(empty, nan, high),
-                                torch.where(empty, nan, total / finite_count.clamp(min=1)),
-                                torch.where(empty, nan, l2norm), nan_count, inf_count])
+            return torch.stack(
+                [
+                    torch.where(empty, nan, low),
+                    torch.where(empty, nan, high),
+                    torch.where(empty, nan, total / finite_count.clamp(min=1)),
+                    torch.where(empty, nan, l2norm),
+                    nan_count,
+                    inf_count,
+                ]
+            )
     low, high = torch.aminmax(values)
     total = values.sum(dtype=torch.float64)
     l2norm = torch.linalg.vector_norm(values, dtype=torch.float64)
@@ -82,15 +90,16 @@ def _finite_cpu_stats_vector(tensor: torch.Tensor) -> torch.Tensor | None:
     total = torch.zeros((), dtype=torch.float64)
     squares = torch.zeros((), dtype=torch.float64)
     for start in range(0, flat.numel(), _CHUNK_ELEMENTS):
-        part = flat[start:start + _CHUNK_ELEMENTS].to(torch.float64)
+        part = flat[start : start + _CHUNK_ELEMENTS].to(torch.float64)
         total += part.sum()
         squares += torch.dot(part, part)
     if not (bool(torch.isfinite(total)) and bool(torch.isfinite(squares))):
         return None
     low, high = torch.aminmax(flat)
     zero = torch.zeros((), dtype=torch.float64)
-    return torch.stack([low.to(torch.float64), high.to(torch.float64), total / flat.numel(), squares.sqrt(),
-                        zero, zero])
+    return torch.stack(
+        [low.to(torch.float64), high.to(torch.float64), total / flat.numel(), squares.sqrt(), zero, zero]
+    )
 
 
 def _from_vector(row: Sequence[float]) -> TensorStats:
@@ -99,8 +108,14 @@ def _from_vector(row: Sequence[float]) -> TensorStats:
     def defined(value: float) -> float | None:
         return None if value != value else value  # NaN marks "undefined" (empty or all non-finite)
 
-    return TensorStats(min=defined(low), max=defined(high), mean=defined(mean), l2norm=defined(l2norm),
-                       nan_count=int(nan_count), inf_count=int(inf_count))
+    return TensorStats(
+        min=defined(low),
+        max=defined(high),
+        mean=defined(mean),
+        l2norm=defined(l2norm),
+        nan_count=int(nan_count),
+        inf_count=int(inf_count),
+    )
 
 
 def tensor_stats(tensor: torch.Tensor) -> TensorStats:
@@ -115,9 +130,17 @@ def stats_json_from_rows(rows: torch.Tensor) -> list[dict[str, float | int | str
     Fetched to the host in one copy. Built directly, without a :class:`TensorStats` per
     row: a capture writes thousands of records a step.
     """
-    return [{"min": _json_value(low), "max": _json_value(high), "mean": _json_value(mean),
-             "l2norm": _json_value(l2norm), "nan_count": int(nan_count), "inf_count": int(inf_count)}
-            for low, high, mean, l2norm, nan_count, inf_count in rows.cpu().tolist()]
+    return [
+        {
+            "min": _json_value(low),
+            "max": _json_value(high),
+            "mean": _json_value(mean),
+            "l2norm": _json_value(l2norm),
+            "nan_count": int(nan_count),
+            "inf_count": int(inf_count),
+        }
+        for low, high, mean, l2norm, nan_count, inf_count in rows.cpu().tolist()
+    ]
 
 
 def _json_value(value: float) -> float | str | None:
@@ -178,20 +201,40 @@ def _segment_rows(stacked: torch.Tensor, device: torch.device) -> torch.Tensor:
         if bool(torch.isfinite(total).all()):
             zero = torch.zeros_like(total)
             low, high = values.amin(dim=1), values.amax(dim=1)  # aminmax along a dim is ten times slower
-            return torch.stack([low, high, total / torch.full_like(total, values.shape[1]),
-                                (values * values).sum(dim=1).sqrt(), zero, zero], dim=1)
+            return torch.stack(
+                [
+                    low,
+                    high,
+                    total / torch.full_like(total, values.shape[1]),
+                    (values * values).sum(dim=1).sqrt(),
+                    zero,
+                    zero,
+                ],
+                dim=1,
+            )
     finite = torch.isfinite(values)
     finite_count = finite.sum(dim=1, dtype=torch.float64)
     nan_count = torch.isnan(values).sum(dim=1, dtype=torch.float64)
     cleaned = torch.where(finite, values, 0.0)
     some_finite = finite_count > 0
     nan = torch.full_like(finite_count, float("nan"))
-    measured = torch.stack([
-        torch.where(finite, values, torch.inf).amin(dim=1), torch.where(finite, values, -torch.inf).amax(dim=1),
-        cleaned.sum(dim=1) / finite_count.clamp(min=1), (cleaned * cleaned).sum(dim=1).sqrt(),
-    ], dim=1)
-    return torch.cat([torch.where(some_finite[:, None], measured, nan[:, None]), nan_count[:, None],
-                      (values.shape[1] - finite_count - nan_count)[:, None]], dim=1)
+    measured = torch.stack(
+        [
+            torch.where(finite, values, torch.inf).amin(dim=1),
+            torch.where(finite, values, -torch.inf).amax(dim=1),
+            cleaned.sum(dim=1) / finite_count.clamp(min=1),
+            (cleaned * cleaned).sum(dim=1).sqrt(),
+        ],
+        dim=1,
+    )
+    return torch.cat(
+        [
+            torch.where(some_finite[:, None], measured, nan[:, None]),
+            nan_count[:, None],
+            (values.shape[1] - finite_count - nan_count)[:, None],
+        ],
+        dim=1,
+    )
 
 
 def segmented_stats_vectors(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
@@ -218,6 +261,6 @@ def segmented_stats_vectors(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
         # page-fault (four times slower); an accelerator takes the group whole (fewer kernel launches)
         chunk_rows = max(1, _SEGMENT_CHUNK_ELEMENTS // shape.numel()) if on_cpu else len(indices)
         for start in range(0, len(indices), chunk_rows):
-            chunk = indices[start:start + chunk_rows]
+            chunk = indices[start : start + chunk_rows]
             rows[chunk] = _segment_rows(torch.stack([tensors[i] for i in chunk]).reshape(len(chunk), -1), device)
     return rows

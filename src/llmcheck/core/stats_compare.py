@@ -59,7 +59,9 @@ def statistics_errors(golden: TensorStats, my: TensorStats) -> dict[str, float]:
 
 
 def _sentinel_signs(stats: TensorStats, limit: float) -> tuple[bool, bool]:
-    return is_sentinel(stats.min, limit) and (stats.min or 0) < 0, is_sentinel(stats.max, limit) and (stats.max or 0) > 0
+    return is_sentinel(stats.min, limit) and (stats.min or 0) < 0, is_sentinel(stats.max, limit) and (
+        stats.max or 0
+    ) > 0
 
 
 def masked_statistics(golden: TensorStats, my: TensorStats, sentinel_limits: tuple[float, float] | None) -> bool:
@@ -70,10 +72,15 @@ def masked_statistics(golden: TensorStats, my: TensorStats, sentinel_limits: tup
     return any(golden_signs) and golden_signs == my_signs
 
 
-def judge_statistics(golden: TensorStats, my: TensorStats, specs: Sequence[MetricSpec], name: str,
-                     judged_class: str, overrides: Sequence[ThresholdOverride] = (),
-                     sentinel_limits: tuple[float, float] | None = None
-                     ) -> tuple[dict[str, MetricResult], str, str | None, int]:
+def judge_statistics(
+    golden: TensorStats,
+    my: TensorStats,
+    specs: Sequence[MetricSpec],
+    name: str,
+    judged_class: str,
+    overrides: Sequence[ThresholdOverride] = (),
+    sentinel_limits: tuple[float, float] | None = None,
+) -> tuple[dict[str, MetricResult], str, str | None, int]:
     """Return the statistics results, the verdict, the deciding column and the NaN/Inf count difference.
 
     ``sentinel_limits`` (golden, my; :func:`llmcheck.core.sentinels.sentinel_limit_in_run`) let
@@ -84,23 +91,31 @@ def judge_statistics(golden: TensorStats, my: TensorStats, specs: Sequence[Metri
     results: dict[str, MetricResult] = {column: MetricResult(column, value) for column, value in errors.items()}
     verdict, deciding = VERDICT_PASS, None
     bounded = error_measure_spec(specs)
-    if sentinel_limits is not None and (_sentinel_signs(golden, sentinel_limits[0])
-                                        != _sentinel_signs(my, sentinel_limits[1])):
+    if sentinel_limits is not None and (
+        _sentinel_signs(golden, sentinel_limits[0]) != _sentinel_signs(my, sentinel_limits[1])
+    ):
         results[NONFINITE_METRIC] = MetricResult(NONFINITE_METRIC, 1.0, VERDICT_FAIL, 0.0, 0.0)
         return results, VERDICT_FAIL, NONFINITE_METRIC, 1
     if masked_statistics(golden, my, sentinel_limits):
         return results, VERDICT_PASS, None, 0
     if bounded is not None and DECIDING_STAT in errors:
-        judged, verdict, deciding = judge([bounded], {bounded.name: errors[DECIDING_STAT]}, name, judged_class,
-                                          overrides)
+        judged, verdict, deciding = judge(
+            [bounded], {bounded.name: errors[DECIDING_STAT]}, name, judged_class, overrides
+        )
         if deciding is not None:
             as_bounded = judged[deciding]
-            results[DECIDING_STAT] = MetricResult(DECIDING_STAT, as_bounded.value, as_bounded.verdict,
-                                                  as_bounded.warn_threshold, as_bounded.fail_threshold,
-                                                  as_bounded.higher_is_better)
+            results[DECIDING_STAT] = MetricResult(
+                DECIDING_STAT,
+                as_bounded.value,
+                as_bounded.verdict,
+                as_bounded.warn_threshold,
+                as_bounded.fail_threshold,
+                as_bounded.higher_is_better,
+            )
             deciding = DECIDING_STAT
-    nonfinite_difference = sum(abs((getattr(my, field) or 0) - (getattr(golden, field) or 0))
-                               for field in ("nan_count", "inf_count"))
+    nonfinite_difference = sum(
+        abs((getattr(my, field) or 0) - (getattr(golden, field) or 0)) for field in ("nan_count", "inf_count")
+    )
     if nonfinite_difference:
         verdict, deciding = VERDICT_FAIL, NONFINITE_METRIC
         results[NONFINITE_METRIC] = MetricResult(NONFINITE_METRIC, float(nonfinite_difference), VERDICT_FAIL, 0.0, 0.0)

@@ -26,8 +26,9 @@ def read_structured_file(path: Path) -> Any:
         try:
             import yaml
         except ImportError as exc:
-            raise UsageError("reading YAML needs PyYAML", where=path,
-                             hint="pip install pyyaml, or write the file as JSON") from exc
+            raise UsageError(
+                "reading YAML needs PyYAML", where=path, hint="pip install pyyaml, or write the file as JSON"
+            ) from exc
         try:
             return yaml.safe_load(text)
         except yaml.YAMLError as exc:
@@ -37,5 +38,6 @@ def read_structured_file(path: Path) -> Any:
     try:
         return json.loads(text)
     except ValueError as exc:
-        raise DumpFormatError(f"not valid JSON: {exc}", where=path,
-                              hint="YAML files need a .yaml or .yml suffix") from exc
+        raise DumpFormatError(
+            f"not valid JSON: {exc}", where=path, hint="YAML files need a .yaml or .yml suffix"
+        ) from exc

@@ -37,9 +37,14 @@ class Suspects:
     def first(self) -> TensorRecord | None:
         """Return the suspect named as the culprit: the first that is not a mere dtype cast, else the first."""
         records = self.my_only or self.golden_only
-        return next((record for record in records if not any(marker in (record.op_type or record.key.name)
-                                                               for marker in CAST_OP_MARKERS)),
-                    next(iter(records), None))
+        return next(
+            (
+                record
+                for record in records
+                if not any(marker in (record.op_type or record.key.name) for marker in CAST_OP_MARKERS)
+            ),
+            next(iter(records), None),
+        )
 
     def operations(self, side: str) -> list[str]:
         """Return the distinct operations (name and call) of one side's suspects, in order."""
@@ -57,19 +62,31 @@ class Suspects:
             operations = self.operations(side)
             if operations:
                 shown = ", ".join(operations[:5]) + (", ..." if len(operations) > 5 else "")
-                parts.append(f"the {side}-run {verb} {len(operations)} operation{'s' if len(operations) != 1 else ''} "
-                             f"here that the {other} run does not: {shown}")
+                parts.append(
+                    f"the {side}-run {verb} {len(operations)} operation{'s' if len(operations) != 1 else ''} "
+                    f"here that the {other} run does not: {shown}"
+                )
         return "; ".join(parts)
 
     def as_json(self) -> dict[str, Any]:
         """Return the suspects as summary.json shows them."""
+
         def describe(record: TensorRecord) -> dict[str, Any]:
             key = record.key
-            return {"name": key.name, "io": key.io, "position": key.position, "step": key.step,
-                    "call_index": key.call_index, "op_type": record.op_type}
+            return {
+                "name": key.name,
+                "io": key.io,
+                "position": key.position,
+                "step": key.step,
+                "call_index": key.call_index,
+                "op_type": record.op_type,
+            }
 
-        return {"sentence": self.sentence(), "my_only": [describe(r) for r in self.my_only],
-                "golden_only": [describe(r) for r in self.golden_only]}
+        return {
+            "sentence": self.sentence(),
+            "my_only": [describe(r) for r in self.my_only],
+            "golden_only": [describe(r) for r in self.golden_only],
+        }
 
 
 def find_suspects(rows: Sequence[ComparisonRow], pairing: Pairing, anchor: ComparisonRow | None) -> Suspects:
@@ -77,18 +94,32 @@ def find_suspects(rows: Sequence[ComparisonRow], pairing: Pairing, anchor: Compa
     if anchor is None:
         return Suspects()
     agreeing = [row for row in rows if row.verdict in (VERDICT_PASS, VERDICT_WARN)]
-    fed_labels = {label.removesuffix(MY_ONLY_SUFFIX) for row in rows if row.attribution == INHERITED_FROM_UNMATCHED
-                  for label in row.fed_by if label.endswith(MY_ONLY_SUFFIX)}
+    fed_labels = {
+        label.removesuffix(MY_ONLY_SUFFIX)
+        for row in rows
+        if row.attribution == INHERITED_FROM_UNMATCHED
+        for label in row.fed_by
+        if label.endswith(MY_ONLY_SUFFIX)
+    }
 
     def window(records: Sequence[TensorRecord], anchor_record: TensorRecord, side: str) -> tuple[TensorRecord, ...]:
-        last_agreeing = max((getattr(row, side).order for row in agreeing
-                             if getattr(row, side).order < anchor_record.order
-                             and getattr(row, side).key.step == anchor_record.key.step), default=-1)
-        return tuple(record for record in records
-                     if (last_agreeing < record.order < anchor_record.order
-                         and record.key.step == anchor_record.key.step)
-                     or (side == "my" and record.key.label() in fed_labels))
+        last_agreeing = max(
+            (
+                getattr(row, side).order
+                for row in agreeing
+                if getattr(row, side).order < anchor_record.order
+                and getattr(row, side).key.step == anchor_record.key.step
+            ),
+            default=-1,
+        )
+        return tuple(
+            record
+            for record in records
+            if (last_agreeing < record.order < anchor_record.order and record.key.step == anchor_record.key.step)
+            or (side == "my" and record.key.label() in fed_labels)
+        )
 
     return Suspects(
         my_only=window([item.record for item in pairing.unmatched_my], anchor.my, "my"),
-        golden_only=window([item.record for item in pairing.unmatched_golden], anchor.golden, "golden"))
+        golden_only=window([item.record for item in pairing.unmatched_golden], anchor.golden, "golden"),
+    )

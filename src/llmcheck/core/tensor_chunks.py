@@ -94,15 +94,22 @@ def _table_decoder(dtype: str) -> Decoder:
 
 #: dtype name -> (numpy carrier dtype of the stored items, float64 values per element, decoder)
 _LAYOUT: dict[str, tuple[np.dtype, int, Decoder]] = {
-    "float64": (np.dtype("<f8"), 1, _copy), "float32": (np.dtype("<f4"), 1, _copy),
-    "float16": (np.dtype("<f2"), 1, _copy), "bfloat16": (np.dtype("<u2"), 1, _bfloat16),
-    "int64": (np.dtype("<i8"), 1, _copy), "int32": (np.dtype("<i4"), 1, _copy),
-    "int16": (np.dtype("<i2"), 1, _copy), "int8": (np.dtype("i1"), 1, _copy),
-    "uint64": (np.dtype("<u8"), 1, _copy), "uint32": (np.dtype("<u4"), 1, _copy),
-    "uint16": (np.dtype("<u2"), 1, _copy), "uint8": (np.dtype("u1"), 1, _copy),
+    "float64": (np.dtype("<f8"), 1, _copy),
+    "float32": (np.dtype("<f4"), 1, _copy),
+    "float16": (np.dtype("<f2"), 1, _copy),
+    "bfloat16": (np.dtype("<u2"), 1, _bfloat16),
+    "int64": (np.dtype("<i8"), 1, _copy),
+    "int32": (np.dtype("<i4"), 1, _copy),
+    "int16": (np.dtype("<i2"), 1, _copy),
+    "int8": (np.dtype("i1"), 1, _copy),
+    "uint64": (np.dtype("<u8"), 1, _copy),
+    "uint32": (np.dtype("<u4"), 1, _copy),
+    "uint16": (np.dtype("<u2"), 1, _copy),
+    "uint8": (np.dtype("u1"), 1, _copy),
     "bool": (np.dtype("u1"), 1, _copy),
     # complex numbers are compared as their interleaved real and imaginary parts
-    "complex128": (np.dtype("<f8"), 2, _copy), "complex64": (np.dtype("<f4"), 2, _copy),
+    "complex128": (np.dtype("<f8"), 2, _copy),
+    "complex64": (np.dtype("<f4"), 2, _copy),
     "complex32": (np.dtype("<f2"), 2, _copy),
     **{name: (np.dtype("u1"), 1, _table_decoder(name)) for name in _FP8_TABLES},
 }
@@ -149,16 +156,22 @@ class ChunkReader:
         self._keep_alive = tensor
         raw = np.frombuffer(tensor_bytes(tensor), dtype=carrier)
         if raw.size != self.size:
-            raise DumpFormatError(f"loader gave {raw.size} values, the record's shape {list(data.shape)} needs "
-                                  f"{self.size}", where=data.path)
+            raise DumpFormatError(
+                f"loader gave {raw.size} values, the record's shape {list(data.shape)} needs {self.size}",
+                where=data.path,
+            )
         return raw
 
     def _from_byte_range(self, data: TensorData, carrier: np.dtype) -> np.ndarray:
         path = Path(data.path)  # type: ignore[arg-type]
         itemsize = DTYPE_ITEMSIZE.get(data.dtype, 0)
         if data.nbytes != data.numel * itemsize:
-            raise DumpFormatError(f"{data.dtype} shape {list(data.shape)} needs {data.numel * itemsize} bytes but "
-                                  f"the record holds {data.nbytes}", where=path, offset=data.offset)
+            raise DumpFormatError(
+                f"{data.dtype} shape {list(data.shape)} needs {data.numel * itemsize} bytes but "
+                f"the record holds {data.nbytes}",
+                where=path,
+                offset=data.offset,
+            )
         try:
             handle = open(path, "rb")  # noqa: SIM115 - closed by the with below; only open() errors caught here
         except FileNotFoundError as exc:
@@ -166,19 +179,23 @@ class ChunkReader:
         with handle:
             file_size = os.fstat(handle.fileno()).st_size
             if data.offset < 0 or data.offset + data.nbytes > file_size:
-                raise DumpFormatError(f"tensor bytes {data.offset}..{data.offset + data.nbytes} run past the end "
-                                      f"of the file ({file_size} bytes)", where=path,
-                                      offset=min(max(data.offset, 0), file_size))
+                raise DumpFormatError(
+                    f"tensor bytes {data.offset}..{data.offset + data.nbytes} run past the end "
+                    f"of the file ({file_size} bytes)",
+                    where=path,
+                    offset=min(max(data.offset, 0), file_size),
+                )
             aligned = data.offset - data.offset % mmap.ALLOCATIONGRANULARITY
             self._map_base = data.offset - aligned
-            self._map = mmap.mmap(handle.fileno(), self._map_base + data.nbytes, access=mmap.ACCESS_READ,
-                                  offset=aligned)
+            self._map = mmap.mmap(
+                handle.fileno(), self._map_base + data.nbytes, access=mmap.ACCESS_READ, offset=aligned
+            )
         return np.frombuffer(self._map, dtype=carrier, count=self.size, offset=self._map_base)
 
     def read(self, start: int, out: np.ndarray, scratch: ScratchFn) -> np.ndarray:
         """Decode values ``start .. start+len(out)`` into ``out`` and return it."""
         count = out.size
-        self._decode(self._raw[start:start + count], out, scratch)
+        self._decode(self._raw[start : start + count], out, scratch)
         if self._map is not None:
             self._drop_pages_before(self._map_base + (start + count) * self._raw.itemsize)
         return out

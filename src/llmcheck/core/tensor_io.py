@@ -55,13 +55,15 @@ def tensor_from_byte_range(
     if numel * itemsize != nbytes:
         raise DumpFormatError(
             f"{dtype} shape {list(shape)} needs {numel * itemsize} bytes but the record holds {nbytes}",
-            where=path, offset=offset,
+            where=path,
+            offset=offset,
         )
     file_size = Path(path).stat().st_size
     if offset < 0 or offset + nbytes > file_size:
         raise DumpFormatError(
             f"tensor bytes {offset}..{offset + nbytes} run past the end of the file ({file_size} bytes)",
-            where=path, offset=min(max(offset, 0), file_size),
+            where=path,
+            offset=min(max(offset, 0), file_size),
         )
     target = torch_dtype(dtype)
     if numel == 0:
@@ -103,8 +105,10 @@ def load_weights_only(path: Path, refused_hint: str | None = None) -> object:
             return torch.load(path, map_location="cpu", weights_only=True)  # the legacy (non-zip) format
     except pickle.UnpicklingError as exc:
         first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise DumpFormatError(f"refused: not loadable with weights_only=True ({first_line})", where=path,
-                              hint=refused_hint or "llmcheck never unpickles arbitrary objects; save plain "
-                                                   "tensors or containers of them") from exc
+        raise DumpFormatError(
+            f"refused: not loadable with weights_only=True ({first_line})",
+            where=path,
+            hint=refused_hint or "llmcheck never unpickles arbitrary objects; save plain tensors or containers of them",
+        ) from exc
     except (RuntimeError, EOFError, ValueError, OSError) as exc:
         raise DumpFormatError(f"not a readable torch file: {str(exc).strip().splitlines()[0]}", where=path) from exc

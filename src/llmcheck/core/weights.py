@@ -52,10 +52,14 @@ class WeightFinding:
     def evidence(self) -> str:
         """Return the sentence a report shows."""
         if self.beyond is None:
-            return (f"weights differ from golden beyond {self.dtype} rounding: {self.parameter} "
-                    "(the digests of their values differ)")
-        return (f"weights differ from golden beyond {self.dtype} rounding: {self.beyond} of {self.total} elements "
-                f"of {self.parameter} (largest difference {self.largest:.3g})")
+            return (
+                f"weights differ from golden beyond {self.dtype} rounding: {self.parameter} "
+                "(the digests of their values differ)"
+            )
+        return (
+            f"weights differ from golden beyond {self.dtype} rounding: {self.beyond} of {self.total} elements "
+            f"of {self.parameter} (largest difference {self.largest:.3g})"
+        )
 
 
 def parameter_of(row: ComparisonRow) -> str | None:
@@ -91,8 +95,14 @@ def check_weights(rows: Sequence[ComparisonRow]) -> dict[int, WeightFinding]:
         parameter = parameter_of(row)
         golden, my = row.golden, row.my
         target = _less_precise(golden.dtype, my.dtype)
-        if (parameter is None or target is None or golden.data is None or my.data is None
-                or golden.numel != my.numel or not DTYPE_ITEMSIZE.get(target)):
+        if (
+            parameter is None
+            or target is None
+            or golden.data is None
+            or my.data is None
+            or golden.numel != my.numel
+            or not DTYPE_ITEMSIZE.get(target)
+        ):
             continue
         identity = _identity(golden) + _identity(my)
         if identity not in checked:
@@ -104,8 +114,13 @@ def check_weights(rows: Sequence[ComparisonRow]) -> dict[int, WeightFinding]:
             beyond = difference > spacing
             beyond = beyond & ~(golden_values.isnan() & my_values.isnan())
             count = int(beyond.sum())
-            checked[identity] = (WeightFinding(str(parameter), count, int(golden_values.numel()),
-                                               float(difference[beyond].max()), target) if count else None)
+            checked[identity] = (
+                WeightFinding(
+                    str(parameter), count, int(golden_values.numel()), float(difference[beyond].max()), target
+                )
+                if count
+                else None
+            )
         finding = checked[identity]
         if finding is not None:
             findings[id(row)] = finding
@@ -122,8 +137,11 @@ def _digest_finding(row: ComparisonRow) -> WeightFinding | None:
     targets: list[str] = []
     for parameter, golden_entry in golden_digests.items():
         my_entry = my_digests.get(parameter)
-        if not isinstance(golden_entry, Mapping) or not isinstance(my_entry, Mapping) \
-                or golden_entry.get("shape") != my_entry.get("shape"):
+        if (
+            not isinstance(golden_entry, Mapping)
+            or not isinstance(my_entry, Mapping)
+            or golden_entry.get("shape") != my_entry.get("shape")
+        ):
             continue  # a parameter only one run has, or a shard of it (tensor parallel), is not comparable whole
         target = _less_precise(str(golden_entry.get("dtype")), str(my_entry.get("dtype")))
         golden_digest = (golden_entry.get("rounded") or {}).get(target)

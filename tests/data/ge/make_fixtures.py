@@ -34,15 +34,20 @@ shape_2x2 = ld(0x0A, b"\x02\x02")
 op_input = b"\x08\x01" + b"\x10\x02" + ld(0x1A, shape_2x2) + b"\x28\x10"
 # OpOutput{data_type=1, format=2, shape=3, size=6 (0x30) 16}
 op_output = b"\x08\x01" + b"\x10\x02" + ld(0x1A, shape_2x2) + b"\x30\x10"
-header = (ld(0x0A, b"2.0")                       # version = 1
-          + b"\x10" + varint(1706596912161941)   # dump_time = 2
-          + ld(0x1A, op_output)                  # output = 3
-          + ld(0x22, op_input)                   # input = 4 (first input)
-          + ld(0x22, op_input)                   # input = 4 (second input)
-          + ld(0x32, b"Add_2"))                  # op_name = 6
-payloads = (struct.pack("<4f", 1, 2, 3, 4)       # input 0
-            + struct.pack("<4f", 10, 20, 30, 40)  # input 1
-            + struct.pack("<4f", 11, 22, 33, 44))  # output 0
+header = (
+    ld(0x0A, b"2.0")  # version = 1
+    + b"\x10"
+    + varint(1706596912161941)  # dump_time = 2
+    + ld(0x1A, op_output)  # output = 3
+    + ld(0x22, op_input)  # input = 4 (first input)
+    + ld(0x22, op_input)  # input = 4 (second input)
+    + ld(0x32, b"Add_2")
+)  # op_name = 6
+payloads = (
+    struct.pack("<4f", 1, 2, 3, 4)  # input 0
+    + struct.pack("<4f", 10, 20, 30, 40)  # input 1
+    + struct.pack("<4f", 11, 22, 33, 44)
+)  # output 0
 framed = struct.pack("<Q", len(header)) + header + payloads
 (HERE / "Add.Add_2.44.6.1706596912161941").write_bytes(framed)
 
@@ -70,5 +75,4 @@ original_shape = ld(0x0A, b"\x02\x03")
 # OpOutput{FLOAT16, format FRACTAL_NZ=29 (0x1d), shape, size=512 (0x80 0x04), original_shape=7 (0x3A)}
 nz_output = b"\x08\x02" + b"\x10\x1d" + ld(0x1A, storage_shape) + b"\x30\x80\x04" + ld(0x3A, original_shape)
 nz_header = ld(0x0A, b"2.0") + ld(0x1A, nz_output) + ld(0x32, b"trans_nz")
-(HERE / "TransData.trans_nz.3.1.1706596912180000").write_bytes(
-    struct.pack("<Q", len(nz_header)) + nz_header + nz_data)
+(HERE / "TransData.trans_nz.3.1.1706596912180000").write_bytes(struct.pack("<Q", len(nz_header)) + nz_header + nz_data)

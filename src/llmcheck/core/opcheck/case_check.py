@@ -59,17 +59,28 @@ def op_param_text(params: Mapping[str, Any]) -> str:
 
 
 def _case_row(case: OpCall, result: str, reason: str, tensor_path: str = "", out_id: str = "") -> OpcheckRow:
-    return OpcheckRow(op_id=case.name, op_name=case.op_type, op_param=op_param_text(case.params),
-                      tensor_path=tensor_path, out_tensor_id=out_id, precision_standard="",
-                      precision_result=result, fail_reason=reason, step=case.step, call_index=case.call_index,
-                      order=case.order)
+    return OpcheckRow(
+        op_id=case.name,
+        op_name=case.op_type,
+        op_param=op_param_text(case.params),
+        tensor_path=tensor_path,
+        out_tensor_id=out_id,
+        precision_standard="",
+        precision_result=result,
+        fail_reason=reason,
+        step=case.step,
+        call_index=case.call_index,
+        order=case.order,
+    )
 
 
 def _load(record: TensorRecord, device: str) -> Any:
     if record.data is None:
-        raise LlmcheckError(f"{record.key.io} {record.key.position} holds no tensor data "
-                            f"({record.attrs.get('no_data', 'statistics or description only')})",
-                            where=record.source_path or None)
+        raise LlmcheckError(
+            f"{record.key.io} {record.key.position} holds no tensor data "
+            f"({record.attrs.get('no_data', 'statistics or description only')})",
+            where=record.source_path or None,
+        )
     return record.data.load().to(device)
 
 
@@ -77,9 +88,11 @@ def _outputs_to_check(case: OpCall, reference: OpReference) -> dict[str, TensorR
     if case.outputs:
         return dict(case.outputs)
     # An in-place op's result is the after-state of the inputs it wrote into.
-    return {str(index): case.inputs_after[str(input_position)]
-            for index, input_position in enumerate(reference.inplace_inputs)
-            if str(input_position) in case.inputs_after}
+    return {
+        str(index): case.inputs_after[str(input_position)]
+        for index, input_position in enumerate(reference.inplace_inputs)
+        if str(input_position) in case.inputs_after
+    }
 
 
 def _as_positions(computed: Any) -> dict[str, Any]:
@@ -90,8 +103,9 @@ def _as_positions(computed: Any) -> dict[str, Any]:
     return {"0": computed}
 
 
-def check_case(case: OpCall, reference: OpReference | None, *, device: str = "cpu",
-               precision_metrics: Sequence[str] = ()) -> list[OpcheckRow]:
+def check_case(
+    case: OpCall, reference: OpReference | None, *, device: str = "cpu", precision_metrics: Sequence[str] = ()
+) -> list[OpcheckRow]:
     """Return the rows of one op call: one per dumped output, or one saying why the op was not checked."""
     import torch
 
@@ -117,8 +131,14 @@ def check_case(case: OpCall, reference: OpReference | None, *, device: str = "cp
     return rows
 
 
-def _check_output(case: OpCall, position: str, record: TensorRecord, reference_output: Any, device: str,
-                  precision_metrics: Sequence[str]) -> OpcheckRow:
+def _check_output(
+    case: OpCall,
+    position: str,
+    record: TensorRecord,
+    reference_output: Any,
+    device: str,
+    precision_metrics: Sequence[str],
+) -> OpcheckRow:
     from llmcheck.core.opcheck.measures import measure_output
 
     base = _case_row(case, ADDITION_FAILED, "", tensor_path=record.source_path, out_id=position)
@@ -129,35 +149,44 @@ def _check_output(case: OpCall, position: str, record: TensorRecord, reference_o
     if reference_output is None:
         return _replace(base, fail_reason=f"the reference gives no output {position}")
     if not hasattr(reference_output, "shape"):
-        return _replace(base, fail_reason=f"the reference's output {position} is a {type(reference_output).__name__}, "
-                                          "not a tensor")
+        return _replace(
+            base, fail_reason=f"the reference's output {position} is a {type(reference_output).__name__}, not a tensor"
+        )
     try:
         dumped = _load(record, device)
     except LlmcheckError as exc:
         return _replace(base, fail_reason=exc.one_line())
     if tuple(reference_output.shape) != tuple(dumped.shape) and reference_output.numel() != dumped.numel():
-        return _replace(base, precision_result=FAILED,
-                        fail_reason=f"shape mismatch: reference {list(reference_output.shape)}, "
-                                    f"dumped {list(dumped.shape)}")
+        return _replace(
+            base,
+            precision_result=FAILED,
+            fail_reason=f"shape mismatch: reference {list(reference_output.shape)}, dumped {list(dumped.shape)}",
+        )
     try:
-        measure = measure_output(reference_output, dumped, criterion, cosine="cos_sim" in precision_metrics,
-                                 kl="kl" in precision_metrics)
+        measure = measure_output(
+            reference_output, dumped, criterion, cosine="cos_sim" in precision_metrics, kl="kl" in precision_metrics
+        )
     except (RuntimeError, TypeError, ValueError) as exc:  # e.g. a complex reference for a real output
         return _replace(base, fail_reason=f"cannot measure output {position}: {type(exc).__name__}: {exc}")
     reasons = []
     if not measure.passed:
         rate = measure.rel_pass_percent if criterion.error_kind == "relative" else measure.abs_pass_percent
-        reasons.append(f"{rate:.4f}% of {measure.numel} elements within {criterion.error_kind} error "
-                       f"{criterion.tolerance:.10g}, {criterion.required_pass_percent:g}% required")
+        reasons.append(
+            f"{rate:.4f}% of {measure.numel} elements within {criterion.error_kind} error "
+            f"{criterion.tolerance:.10g}, {criterion.required_pass_percent:g}% required"
+        )
     if measure.nonfinite_mismatch:
         reasons.append(f"{measure.nonfinite_mismatch} NaN/Inf where the reference differs")
     with_abs = "abs" in precision_metrics
     return _replace(
-        base, precision_result=PASS if measure.passed else FAILED,
-        rel_precision_rate=measure.rel_pass_percent, max_rel_error=measure.max_rel_error,
+        base,
+        precision_result=PASS if measure.passed else FAILED,
+        rel_precision_rate=measure.rel_pass_percent,
+        max_rel_error=measure.max_rel_error,
         abs_precision_rate=measure.abs_pass_percent if with_abs else None,
         max_abs_error=measure.max_abs_error if with_abs else None,
-        cosine_similarity=measure.cosine_similarity, kl_divergence=measure.kl_divergence,
+        cosine_similarity=measure.cosine_similarity,
+        kl_divergence=measure.kl_divergence,
         fail_reason="; ".join(reasons),
     )
 

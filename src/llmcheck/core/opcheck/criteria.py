@@ -42,15 +42,15 @@ class Criterion:
 
 #: The table: output dtype name -> criterion.
 CRITERIA: dict[str, Criterion] = {
-    "float64": Criterion(RELATIVE, 2.0 ** -40, 99.99),
-    "float32": Criterion(RELATIVE, 2.0 ** -20, 99.99),
-    "float16": Criterion(RELATIVE, 2.0 ** -10, 99.9),
-    "bfloat16": Criterion(RELATIVE, 2.0 ** -8, 99.9),
+    "float64": Criterion(RELATIVE, 2.0**-40, 99.99),
+    "float32": Criterion(RELATIVE, 2.0**-20, 99.99),
+    "float16": Criterion(RELATIVE, 2.0**-10, 99.9),
+    "bfloat16": Criterion(RELATIVE, 2.0**-8, 99.9),
     # One unit in the last place of each fp8 format (3 and 2 mantissa bits).
-    "float8_e4m3fn": Criterion(RELATIVE, 2.0 ** -3, 99.9),
-    "float8_e4m3fnuz": Criterion(RELATIVE, 2.0 ** -3, 99.9),
-    "float8_e5m2": Criterion(RELATIVE, 2.0 ** -2, 99.9),
-    "float8_e5m2fnuz": Criterion(RELATIVE, 2.0 ** -2, 99.9),
+    "float8_e4m3fn": Criterion(RELATIVE, 2.0**-3, 99.9),
+    "float8_e4m3fnuz": Criterion(RELATIVE, 2.0**-3, 99.9),
+    "float8_e5m2": Criterion(RELATIVE, 2.0**-2, 99.9),
+    "float8_e5m2fnuz": Criterion(RELATIVE, 2.0**-2, 99.9),
     "int64": Criterion(ABSOLUTE, 0.0, 99.99),
     "int32": Criterion(ABSOLUTE, 0.0, 99.99),
     "uint64": Criterion(ABSOLUTE, 0.0, 99.99),

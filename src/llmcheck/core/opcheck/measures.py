@@ -53,19 +53,27 @@ def _chunks(reference: torch.Tensor, dumped: torch.Tensor) -> Iterator[tuple[tor
     flat_dumped = dumped.reshape(-1)
     for start in range(0, flat_reference.numel(), CHUNK_ELEMENTS):
         stop = start + CHUNK_ELEMENTS
-        yield (flat_reference[start:stop].to(device="cpu", dtype=torch.float64),
-               flat_dumped[start:stop].to(device="cpu", dtype=torch.float64))
+        yield (
+            flat_reference[start:stop].to(device="cpu", dtype=torch.float64),
+            flat_dumped[start:stop].to(device="cpu", dtype=torch.float64),
+        )
 
 
-def _errors(golden: torch.Tensor, mine: torch.Tensor, floor: float, sentinel: float = math.inf) -> tuple[torch.Tensor, torch.Tensor, int]:
+def _errors(
+    golden: torch.Tensor, mine: torch.Tensor, floor: float, sentinel: float = math.inf
+) -> tuple[torch.Tensor, torch.Tensor, int]:
     """Return absolute and relative errors per element, and how many positions disagree on NaN/Inf."""
     if bool(torch.isfinite(golden.sum())) and bool(torch.isfinite(mine.sum())):
         # Finite sums prove every element finite: the common case skips the NaN/Inf bookkeeping.
         absolute = (mine - golden).abs_()
         return absolute, absolute / golden.abs().clamp_(min=floor), 0
     # The same NaN, or both at the dumped dtype's infinity sentinel (a mask: -inf, finfo.min), agree.
-    agree = ((golden == mine) | (torch.isnan(golden) & torch.isnan(mine))
-             | ((golden <= -sentinel) & (mine <= -sentinel)) | ((golden >= sentinel) & (mine >= sentinel)))
+    agree = (
+        (golden == mine)
+        | (torch.isnan(golden) & torch.isnan(mine))
+        | ((golden <= -sentinel) & (mine <= -sentinel))
+        | ((golden >= sentinel) & (mine >= sentinel))
+    )
     finite = torch.isfinite(golden) & torch.isfinite(mine)
     absolute = torch.where(agree, 0.0, torch.where(finite, (mine - golden).abs(), math.inf))
     relative = absolute / golden.abs().clamp(min=floor)
@@ -73,8 +81,9 @@ def _errors(golden: torch.Tensor, mine: torch.Tensor, floor: float, sentinel: fl
     return absolute, relative, int((~agree & ~finite).sum())
 
 
-def measure_output(reference: torch.Tensor, dumped: torch.Tensor, criterion: Criterion, *,
-                   cosine: bool = False, kl: bool = False) -> OutputMeasure:
+def measure_output(
+    reference: torch.Tensor, dumped: torch.Tensor, criterion: Criterion, *, cosine: bool = False, kl: bool = False
+) -> OutputMeasure:
     """Return the measures of ``dumped`` against ``reference`` (same number of elements, any dtypes)."""
     numel = dumped.numel()
     floor = relative_floor(dumped.dtype)
@@ -108,9 +117,15 @@ def measure_output(reference: torch.Tensor, dumped: torch.Tensor, criterion: Cri
         else:
             cosine_value = dot / math.sqrt(golden_square) / math.sqrt(mine_square)
     return OutputMeasure(
-        numel=numel, rel_pass_percent=rel_percent, max_rel_error=max_rel, abs_pass_percent=abs_percent,
-        max_abs_error=max_abs, nonfinite_mismatch=mismatches, passed=criterion.passes(decisive),
-        cosine_similarity=cosine_value, kl_divergence=kl_divergence(reference, dumped) if kl else None,
+        numel=numel,
+        rel_pass_percent=rel_percent,
+        max_rel_error=max_rel,
+        abs_pass_percent=abs_percent,
+        max_abs_error=max_abs,
+        nonfinite_mismatch=mismatches,
+        passed=criterion.passes(decisive),
+        cosine_similarity=cosine_value,
+        kl_divergence=kl_divergence(reference, dumped) if kl else None,
     )
 
 

@@ -29,8 +29,17 @@ SUMMARY_ROWS = 15
 
 def columns(precision_metrics: Sequence[str]) -> list[str]:
     """Return the report's column names for the ``-metric`` choices, in the original tool's order."""
-    names = ["op_id", "op_name", "op_param", "tensor_path", "out_tensor_id", "precision_standard",
-             "precision_result", "rel_precision_rate(%)", "max_rel_error"]
+    names = [
+        "op_id",
+        "op_name",
+        "op_param",
+        "tensor_path",
+        "out_tensor_id",
+        "precision_standard",
+        "precision_result",
+        "rel_precision_rate(%)",
+        "max_rel_error",
+    ]
     if "abs" in precision_metrics:
         names += ["abs_precision_rate(%)", "max_abs_error"]
     if "cos_sim" in precision_metrics:
@@ -42,8 +51,17 @@ def columns(precision_metrics: Sequence[str]) -> list[str]:
 
 def row_cells(row: OpcheckRow, precision_metrics: Sequence[str]) -> list[Any]:
     """Return one row's cells in :func:`columns` order (numbers as numbers, ``None`` where not measured)."""
-    cells: list[Any] = [row.op_id, row.op_name, row.op_param, row.tensor_path, row.out_tensor_id,
-                        row.precision_standard, row.precision_result, row.rel_precision_rate, row.max_rel_error]
+    cells: list[Any] = [
+        row.op_id,
+        row.op_name,
+        row.op_param,
+        row.tensor_path,
+        row.out_tensor_id,
+        row.precision_standard,
+        row.precision_result,
+        row.rel_precision_rate,
+        row.max_rel_error,
+    ]
     if "abs" in precision_metrics:
         cells += [row.abs_precision_rate, row.max_abs_error]
     if "cos_sim" in precision_metrics:
@@ -121,9 +139,11 @@ def print_summary(rows: Sequence[OpcheckRow], written: Sequence[Path], elapsed_s
     console = Console(highlight=False, soft_wrap=True)
     counts = result_counts(rows)
     ops = len({(row.op_id, row.step, row.call_index) for row in rows})
-    console.print(f"[bold]opcheck[/bold]: {ops} ops, {counts[PASS] + counts[FAILED]} outputs checked in "
-                  f"{elapsed_s:.1f} s: [green]{counts[PASS]} passed[/green], [red]{counts[FAILED]} failed[/red], "
-                  f"{counts[ADDITION_FAILED]} could not be checked, {counts[UNSUPPORTED]} unsupported")
+    console.print(
+        f"[bold]opcheck[/bold]: {ops} ops, {counts[PASS] + counts[FAILED]} outputs checked in "
+        f"{elapsed_s:.1f} s: [green]{counts[PASS]} passed[/green], [red]{counts[FAILED]} failed[/red], "
+        f"{counts[ADDITION_FAILED]} could not be checked, {counts[UNSUPPORTED]} unsupported"
+    )
     failed = [row for row in rows if row.precision_result == FAILED]
     if failed:
         table = Table(title=f"failed outputs ({len(failed)})")
@@ -131,15 +151,22 @@ def print_summary(rows: Sequence[OpcheckRow], written: Sequence[Path], elapsed_s
             table.add_column(name, overflow="fold")
         for row in failed[:SUMMARY_ROWS]:
             # A torch op id is "{module}/{op type}": the type has its own column.
-            table.add_row(row.op_id.removesuffix(f"/{row.op_name}"), row.op_name, row.out_tensor_id,
-                          row.precision_standard,
-                          "" if row.rel_precision_rate is None else f"{row.rel_precision_rate:.4f}",
-                          "" if row.max_rel_error is None else f"{row.max_rel_error:.3g}")
+            table.add_row(
+                row.op_id.removesuffix(f"/{row.op_name}"),
+                row.op_name,
+                row.out_tensor_id,
+                row.precision_standard,
+                "" if row.rel_precision_rate is None else f"{row.rel_precision_rate:.4f}",
+                "" if row.max_rel_error is None else f"{row.max_rel_error:.3g}",
+            )
         console.print(table)
         if len(failed) > SUMMARY_ROWS:
             console.print(f"... and {len(failed) - SUMMARY_ROWS} more in the report")
-    not_checked = Counter((row.op_name, row.precision_result, row.fail_reason) for row in rows
-                          if row.precision_result in (ADDITION_FAILED, UNSUPPORTED))
+    not_checked = Counter(
+        (row.op_name, row.precision_result, row.fail_reason)
+        for row in rows
+        if row.precision_result in (ADDITION_FAILED, UNSUPPORTED)
+    )
     if not_checked:
         table = Table(title="ops not checked")
         for name in ("op type", "ops", "result", "reason"):

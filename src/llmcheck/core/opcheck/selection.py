@@ -11,8 +11,9 @@ from llmcheck.core.op_calls import OpCall
 MAX_ID_DEPTH = 20
 
 
-def select_op_calls(calls: Sequence[OpCall], operation_ids: Sequence[str],
-                    operation_names: Sequence[str]) -> list[OpCall]:
+def select_op_calls(
+    calls: Sequence[OpCall], operation_ids: Sequence[str], operation_names: Sequence[str]
+) -> list[OpCall]:
     """Return the calls the seed's ``-ids`` and ``-opname`` filters keep (both must match; empty keeps all).
 
     An id keeps that op and the ops below it (``24_1`` keeps ``24_1`` and ``24_1_3``); a
@@ -22,9 +23,12 @@ def select_op_calls(calls: Sequence[OpCall], operation_ids: Sequence[str],
     """
     id_patterns = [re.compile(rf"^{re.escape(op_id)}(_[0-9]+){{0,{MAX_ID_DEPTH}}}$") for op_id in operation_ids]
     names = [name.lower() for name in operation_names]
-    return [call for call in calls
-            if (not id_patterns or any(pattern.match(call.name) for pattern in id_patterns))
-            and (not names or any(name in _type_words(call.op_type) for name in names))]
+    return [
+        call
+        for call in calls
+        if (not id_patterns or any(pattern.match(call.name) for pattern in id_patterns))
+        and (not names or any(name in _type_words(call.op_type) for name in names))
+    ]
 
 
 def _type_words(op_type: str) -> str:

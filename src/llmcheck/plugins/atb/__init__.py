@@ -61,8 +61,16 @@ def llmcheck_register_backend_options(register: Callable[[BackendOption], None])
 
     for option in seed_dump_options(BACKEND_NAME):
         register(option)
-    register(BackendOption(BACKEND_NAME, "save_tiling", "Also save the kernels' tiling data.", type=bool,
-                           default=False, aliases=("-tiling",)))
+    register(
+        BackendOption(
+            BACKEND_NAME,
+            "save_tiling",
+            "Also save the kernels' tiling data.",
+            type=bool,
+            default=False,
+            aliases=("-tiling",),
+        )
+    )
 
 
 @hookimpl

@@ -74,18 +74,45 @@ CODE_BY_TORCH_NAME: dict[str, int] = {
 
 #: Older ATB wrote the ``aclDataType`` enumerator names (``ACL_FLOAT16``) in CSV files.
 _ACL_ENUM_NAMES: dict[str, str] = {
-    "ACL_FLOAT": "float", "ACL_FLOAT16": "float16", "ACL_INT8": "int8", "ACL_INT32": "int32",
-    "ACL_UINT8": "uint8", "ACL_INT16": "int16", "ACL_UINT16": "uint16", "ACL_UINT32": "uint32",
-    "ACL_INT64": "int64", "ACL_UINT64": "uint64", "ACL_DOUBLE": "double", "ACL_BOOL": "bool",
-    "ACL_STRING": "string", "ACL_COMPLEX64": "complex64", "ACL_COMPLEX128": "complex128",
-    "ACL_BF16": "bf16", "ACL_INT4": "int4", "ACL_UINT1": "uint1", "ACL_COMPLEX32": "complex32",
+    "ACL_FLOAT": "float",
+    "ACL_FLOAT16": "float16",
+    "ACL_INT8": "int8",
+    "ACL_INT32": "int32",
+    "ACL_UINT8": "uint8",
+    "ACL_INT16": "int16",
+    "ACL_UINT16": "uint16",
+    "ACL_UINT32": "uint32",
+    "ACL_INT64": "int64",
+    "ACL_UINT64": "uint64",
+    "ACL_DOUBLE": "double",
+    "ACL_BOOL": "bool",
+    "ACL_STRING": "string",
+    "ACL_COMPLEX64": "complex64",
+    "ACL_COMPLEX128": "complex128",
+    "ACL_BF16": "bf16",
+    "ACL_INT4": "int4",
+    "ACL_UINT1": "uint1",
+    "ACL_COMPLEX32": "complex32",
 }
 
 #: ``aclFormat`` codes and the lower-case names CSV files use.
 FORMAT_NAMES: dict[int, str] = {
-    0: "nchw", 1: "nhwc", 2: "nd", 3: "nc1hwc0", 4: "fractal_z", 12: "nc1hwc0_c04", 16: "hwcn",
-    27: "ndhwc", 29: "fractal_nz", 30: "ncdhw", 32: "ndc1hwc0", 33: "fractal_z_3d", 35: "nc",
-    47: "ncl", 50: "fractal_nz_c0_16", 51: "fractal_nz_c0_32",
+    0: "nchw",
+    1: "nhwc",
+    2: "nd",
+    3: "nc1hwc0",
+    4: "fractal_z",
+    12: "nc1hwc0_c04",
+    16: "hwcn",
+    27: "ndhwc",
+    29: "fractal_nz",
+    30: "ncdhw",
+    32: "ndc1hwc0",
+    33: "fractal_z_3d",
+    35: "nc",
+    47: "ncl",
+    50: "fractal_nz_c0_16",
+    51: "fractal_nz_c0_32",
 }
 FORMAT_ND = 2
 #: Formats whose bytes are plain row-major data of the stored dims (no tiling to undo).

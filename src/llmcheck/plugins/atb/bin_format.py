@@ -144,15 +144,18 @@ def _read_header_bytes(path: Path) -> tuple[bytes, int, int]:
             if end >= 0:
                 header_end = end + len(END_LINE)
                 return buffer[:header_end], header_end, file_size
-        raise _fail(path, "no '$End=1' line ends the header (truncated file, or not an ATB tensor file)",
-                    min(len(buffer), file_size))
+        raise _fail(
+            path,
+            "no '$End=1' line ends the header (truncated file, or not an ATB tensor file)",
+            min(len(buffer), file_size),
+        )
 
 
 def _find_end_line(buffer: bytes, start: int) -> int:
     """Return the offset of a ``$End=1`` line that starts a line, or -1."""
     position = buffer.find(END_LINE, start)
     while position >= 0:
-        if position == 0 or buffer[position - 1:position] == b"\n":
+        if position == 0 or buffer[position - 1 : position] == b"\n":
             return position
         position = buffer.find(END_LINE, position + 1)
     return -1
@@ -213,33 +216,55 @@ def read_bin_header(path: Path) -> BinHeader:
         raise _fail(path, "header has no 'dims=' line", 0)
     dtype_code = _parse_int(path, "dtype", attrs["dtype"], field_offset("dtype"))
     if dtype_for_code(dtype_code) is None:
-        raise _fail(path, f"unknown aclDataType code {dtype_code}", field_offset("dtype"),
-                    hint="see the dtype table in docs/sources/atb.md")
-    format_code = _parse_int(path, "format", attrs["format"], field_offset("format")) if "format" in attrs else FORMAT_ND
+        raise _fail(
+            path,
+            f"unknown aclDataType code {dtype_code}",
+            field_offset("dtype"),
+            hint="see the dtype table in docs/sources/atb.md",
+        )
+    format_code = (
+        _parse_int(path, "format", attrs["format"], field_offset("format")) if "format" in attrs else FORMAT_ND
+    )
     dims_text = attrs["dims"].strip()
-    dims = tuple(_parse_int(path, "dims", part, field_offset("dims")) for part in dims_text.split(",")) if dims_text else ()
+    dims = (
+        tuple(_parse_int(path, "dims", part, field_offset("dims")) for part in dims_text.split(","))
+        if dims_text
+        else ()
+    )
     if any(size < 0 for size in dims):
         raise _fail(path, f"dims has a negative size: {attrs['dims']!r}", field_offset("dims"))
 
     available = file_size - payload_offset
     has_object_fields = "$Object.Count" in attrs or "$Object.Length" in attrs or bool(objects)
     if has_object_fields:
-        object_count = _parse_int(path, "$Object.Count", attrs.get("$Object.Count", str(len(objects))),
-                                  field_offset("$Object.Count"))
-        payload_bytes = _parse_int(path, "$Object.Length", attrs.get("$Object.Length", str(available)),
-                                   field_offset("$Object.Length"))
+        object_count = _parse_int(
+            path, "$Object.Count", attrs.get("$Object.Count", str(len(objects))), field_offset("$Object.Count")
+        )
+        payload_bytes = _parse_int(
+            path, "$Object.Length", attrs.get("$Object.Length", str(available)), field_offset("$Object.Length")
+        )
         if object_count != len(objects):
-            raise _fail(path, f"$Object.Count={object_count} but the header lists {len(objects)} objects",
-                        field_offset("$Object.Count"))
+            raise _fail(
+                path,
+                f"$Object.Count={object_count} but the header lists {len(objects)} objects",
+                field_offset("$Object.Count"),
+            )
         if payload_bytes < 0:
             raise _fail(path, f"$Object.Length is negative: {payload_bytes}", field_offset("$Object.Length"))
         if payload_bytes > available:
-            raise _fail(path, f"payload truncated: the header promises {payload_bytes} bytes, the file holds "
-                              f"{available} after the header", file_size)
+            raise _fail(
+                path,
+                f"payload truncated: the header promises {payload_bytes} bytes, the file holds "
+                f"{available} after the header",
+                file_size,
+            )
         for object_name, (offset, length) in objects.items():
             if offset + length > payload_bytes:
-                raise _fail(path, f"$Object.{object_name}={offset},{length} runs past the {payload_bytes}-byte "
-                                  "payload", field_offset(f"$Object.{object_name}"))
+                raise _fail(
+                    path,
+                    f"$Object.{object_name}={offset},{length} runs past the {payload_bytes}-byte payload",
+                    field_offset(f"$Object.{object_name}"),
+                )
         if available > payload_bytes:
             _note_trailing_bytes(path, payload_offset + payload_bytes, available - payload_bytes)
     else:
@@ -251,26 +276,44 @@ def read_bin_header(path: Path) -> BinHeader:
 
     stats = None
     if any(name in attrs for name in STAT_NAMES):
-        values = {name: _parse_stat(path, name, attrs[name], field_offset(name)) for name in STAT_NAMES if name in attrs}
-        stats = TensorStats(min=values.get("min"), max=values.get("max"), mean=values.get("mean"),
-                            l2norm=values.get("l2norm"))
+        values = {
+            name: _parse_stat(path, name, attrs[name], field_offset(name)) for name in STAT_NAMES if name in attrs
+        }
+        stats = TensorStats(
+            min=values.get("min"), max=values.get("max"), mean=values.get("mean"), l2norm=values.get("l2norm")
+        )
     data_reference = attrs.get("data")
     if data_reference is not None and not data_reference.strip():
         raise _fail(path, "header field 'data' names no file", field_offset("data"))
     parsed = BinHeader(
-        path=path, attrs=attrs, payload_offset=payload_offset, payload_bytes=payload_bytes, file_size=file_size,
-        dtype_code=dtype_code, format_code=format_code, dims=dims, objects=objects, stats=stats,
+        path=path,
+        attrs=attrs,
+        payload_offset=payload_offset,
+        payload_bytes=payload_bytes,
+        file_size=file_size,
+        dtype_code=dtype_code,
+        format_code=format_code,
+        dims=dims,
+        objects=objects,
+        stats=stats,
         data_reference=data_reference.strip() if data_reference else None,
     )
     data_range = parsed.data_range()
     if data_range is not None:
         expected = parsed.acl_dtype.payload_bytes(parsed.numel)
         if data_range[1] != expected and parsed.acl_dtype.torch_name is not None:  # others are never read
-            raise _fail(path, f"{parsed.acl_dtype.atb_name} dims {list(dims)} need {expected} bytes but the "
-                              f"tensor holds {data_range[1]}", data_range[0])
+            raise _fail(
+                path,
+                f"{parsed.acl_dtype.atb_name} dims {list(dims)} need {expected} bytes but the "
+                f"tensor holds {data_range[1]}",
+                data_range[0],
+            )
     elif data_reference is None and not has_object_fields and parsed.numel:
-        raise _fail(path, f"no tensor bytes after the header, dims {list(dims)} need "
-                          f"{parsed.acl_dtype.payload_bytes(parsed.numel)}", payload_offset)
+        raise _fail(
+            path,
+            f"no tensor bytes after the header, dims {list(dims)} need {parsed.acl_dtype.payload_bytes(parsed.numel)}",
+            payload_offset,
+        )
     return parsed
 
 
@@ -282,11 +325,16 @@ def _note_trailing_bytes(path: Path, offset: int, count: int) -> None:
     except OSError:
         start = b""
     if start == b"$Version=":
-        log.warning("%s: a second header is appended at byte %d (the probe appends when a tensor is saved twice "
-                    "to one path); reading the first tensor", path, offset)
+        log.warning(
+            "%s: a second header is appended at byte %d (the probe appends when a tensor is saved twice "
+            "to one path); reading the first tensor",
+            path,
+            offset,
+        )
     else:
-        log.warning("%s: %d bytes after the payload at byte %d are not described by the header; ignored",
-                    path, count, offset)
+        log.warning(
+            "%s: %d bytes after the payload at byte %d are not described by the header; ignored", path, count, offset
+        )
 
 
 # --- data handles -------------------------------------------------------------------------
@@ -366,7 +414,9 @@ def tensor_data(header: BinHeader, dump_root: Path | None = None) -> TensorData 
     while source.data_reference is not None and not source.has_payload:
         hops += 1
         if hops > MAX_REFERENCE_HOPS:
-            raise _fail(header.path, f"'data=' references form a chain longer than {MAX_REFERENCE_HOPS} files (a cycle?)", 0)
+            raise _fail(
+                header.path, f"'data=' references form a chain longer than {MAX_REFERENCE_HOPS} files (a cycle?)", 0
+            )
         target = resolve_reference(source, dump_root)
         source = read_bin_header(target)
     data_range = source.data_range()
@@ -375,15 +425,31 @@ def tensor_data(header: BinHeader, dump_root: Path | None = None) -> TensorData 
     offset, nbytes = data_range
     expected = dtype.payload_bytes(header.numel)
     if nbytes != expected:
-        raise _fail(source.path, f"referenced tensor holds {nbytes} bytes, {header.path.name} needs {expected} "
-                                 f"for {dtype.atb_name} dims {list(header.dims)}", offset)
+        raise _fail(
+            source.path,
+            f"referenced tensor holds {nbytes} bytes, {header.path.name} needs {expected} "
+            f"for {dtype.atb_name} dims {list(header.dims)}",
+            offset,
+        )
     shape = tensor_shape(header)
     if dtype.elements_per_byte > 1:
-        return TensorData(dtype=dtype.torch_name, shape=shape, path=source.path, offset=offset, nbytes=nbytes,
-                          loader=Int4Loader(source.path, offset, nbytes, header.dims))
+        return TensorData(
+            dtype=dtype.torch_name,
+            shape=shape,
+            path=source.path,
+            offset=offset,
+            nbytes=nbytes,
+            loader=Int4Loader(source.path, offset, nbytes, header.dims),
+        )
     if header.format_code in NZ_FORMATS:
-        return TensorData(dtype=dtype.torch_name, shape=shape, path=source.path, offset=offset, nbytes=nbytes,
-                          loader=NzLoader(source.path, offset, nbytes, dtype.torch_name, header.dims))
+        return TensorData(
+            dtype=dtype.torch_name,
+            shape=shape,
+            path=source.path,
+            offset=offset,
+            nbytes=nbytes,
+            loader=NzLoader(source.path, offset, nbytes, dtype.torch_name, header.dims),
+        )
     if header.format_code not in ROW_MAJOR_FORMATS:
         log.info("%s: format %s is kept in its storage layout %s", header.path, header.format, list(header.dims))
     return TensorData(dtype=dtype.torch_name, shape=shape, path=source.path, offset=offset, nbytes=nbytes)
@@ -397,8 +463,11 @@ def resolve_reference(header: BinHeader, dump_root: Path | None) -> Path:
     candidates = [reference] if reference.is_absolute() else [header.path.parent / reference, root / reference]
     for candidate in candidates:
         if not candidate.resolve().is_relative_to(root):
-            raise PathOutsideDumpError(f"'data={header.data_reference}' points outside the dump ({root})",
-                                       where=header.path, hint="references are followed only inside the dump folder")
+            raise PathOutsideDumpError(
+                f"'data={header.data_reference}' points outside the dump ({root})",
+                where=header.path,
+                hint="references are followed only inside the dump folder",
+            )
         if candidate.is_file():
             return inside_dump(candidate, root)
     raise _fail(header.path, f"'data={header.data_reference}' names a file that does not exist in the dump", 0)
@@ -453,12 +522,21 @@ def write_bin(
     code = CODE_BY_TORCH_NAME.get(dtype)
     if code is None:
         raise LlmcheckError(f"dtype {dtype} has no aclDataType code", where=path)
-    lines = [f"$Version={VERSION}", f"$Object.Count={1 if tensor is not None else 0}",
-             f"$Object.Length={payload.nbytes}", f"format={format_code}", f"dtype={code}",
-             "dims=" + ",".join(str(int(size)) for size in dims)]
+    lines = [
+        f"$Version={VERSION}",
+        f"$Object.Count={1 if tensor is not None else 0}",
+        f"$Object.Length={payload.nbytes}",
+        f"format={format_code}",
+        f"dtype={code}",
+        "dims=" + ",".join(str(int(size)) for size in dims),
+    ]
     if stats is not None:
-        lines += [f"max={_stat_text(stats.max)}", f"min={_stat_text(stats.min)}",
-                  f"mean={_stat_text(stats.mean)}", f"l2norm={_stat_text(stats.l2norm)}"]
+        lines += [
+            f"max={_stat_text(stats.max)}",
+            f"min={_stat_text(stats.min)}",
+            f"mean={_stat_text(stats.mean)}",
+            f"l2norm={_stat_text(stats.l2norm)}",
+        ]
     if data_reference is not None:
         if "\n" in data_reference or not data_reference.strip():
             raise ValueError("data_reference must be one non-empty line")
@@ -471,6 +549,7 @@ def write_bin(
             handle.write(header)
             handle.write(payload)
     except FileExistsError:
-        raise LlmcheckError("refusing to overwrite an existing tensor file", where=path,
-                            hint="write each tensor to a new path") from None
+        raise LlmcheckError(
+            "refusing to overwrite an existing tensor file", where=path, hint="write each tensor to a new path"
+        ) from None
     return len(header) + payload.nbytes

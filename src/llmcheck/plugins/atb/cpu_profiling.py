@@ -50,8 +50,9 @@ def parse_cpu_profiling_text(path: Path) -> dict[str, dict[str, str]]:
                 continue
             key, separator, value = pair.strip().partition(":")
             if not separator or not key:
-                raise DumpFormatError(f"statistic {pair.strip()!r} of op {op_name} is not 'key:value'",
-                                      where=path, offset=line_offset)
+                raise DumpFormatError(
+                    f"statistic {pair.strip()!r} of op {op_name} is not 'key:value'", where=path, offset=line_offset
+                )
             statistics[key.strip()] = value.strip()
         if EXECUTE_MARKER in statistics:
             prefix = "execute_"
@@ -121,7 +122,8 @@ def read_cpu_profiling_csv(path: Path) -> dict[str, dict[str, float]]:
             try:
                 values[column] = float(cell)
             except (TypeError, ValueError):
-                raise DumpFormatError(f"row {row_number} column {column} is not a number: {cell!r}",
-                                      where=path) from None
+                raise DumpFormatError(
+                    f"row {row_number} column {column} is not a number: {cell!r}", where=path
+                ) from None
         by_op[op_name] = values
     return by_op

@@ -95,8 +95,10 @@ def is_dump_root(path: Path) -> bool:
     if path.name == MSPROBE_ROOT:
         return (path / "data").is_dir() or (path / "info").is_dir()
     if path.name.startswith(ROOT_PREFIXES):
-        return any((path / part).is_dir() for part in ("tensors", "layer", "model", "operation_io_tensors",
-                                                       "kernel_io_tensors", "cpu_profiling"))
+        return any(
+            (path / part).is_dir()
+            for part in ("tensors", "layer", "model", "operation_io_tensors", "kernel_io_tensors", "cpu_profiling")
+        )
     return False
 
 
@@ -130,7 +132,9 @@ def locate_dump(path: Path) -> DumpLayout | None:
         return DumpLayout(path, "msit")
     if len(roots) > 1:
         listing = ", ".join(root.name for root in roots)
-        raise DumpNotFoundError(f"holds {len(roots)} ATB dumps: {listing}", where=path, hint="pass one of them as the path")
+        raise DumpNotFoundError(
+            f"holds {len(roots)} ATB dumps: {listing}", where=path, hint="pass one of them as the path"
+        )
     return layout_of(roots[0]) if roots else None
 
 
@@ -138,8 +142,10 @@ def _run_folders(layout: DumpLayout) -> list[Path]:
     folder = layout.tensors_dir
     if not folder.is_dir():
         return []
-    return sorted((child for child in folder.iterdir() if child.is_dir() and _RUN_FOLDER.match(child.name)),
-                  key=lambda child: tuple(int(part) for part in _RUN_FOLDER.match(child.name).groups()))  # type: ignore[union-attr]
+    return sorted(
+        (child for child in folder.iterdir() if child.is_dir() and _RUN_FOLDER.match(child.name)),
+        key=lambda child: tuple(int(part) for part in _RUN_FOLDER.match(child.name).groups()),
+    )  # type: ignore[union-attr]
 
 
 def _overlaps(folder: Path, scope: Path | None) -> bool:
@@ -207,9 +213,22 @@ def _tensor_files(folder: Path) -> list[tuple[str, int, str | None, Path]]:
     return sorted(found, key=lambda item: (item[0] != IO_INPUT, item[1], item[2] or ""))
 
 
-def _record(walk: _Walk, path: Path, header: BinHeader, *, op_id: str, op_type: str, parent: str | None,
-            step: int, io: str, index: int, moment: str, ir_name: str | None, op_path: str,
-            op_param: dict[str, Any] | None) -> TensorRecord:
+def _record(
+    walk: _Walk,
+    path: Path,
+    header: BinHeader,
+    *,
+    op_id: str,
+    op_type: str,
+    parent: str | None,
+    step: int,
+    io: str,
+    index: int,
+    moment: str,
+    ir_name: str | None,
+    op_path: str,
+    op_param: dict[str, Any] | None,
+) -> TensorRecord:
     acl = header.acl_dtype
     attrs: dict[str, Any] = {"op_name": f"{op_type}_{op_id}", "op_path": op_path, "format": header.format}
     if op_param is not None:
@@ -225,15 +244,21 @@ def _record(walk: _Walk, path: Path, header: BinHeader, *, op_id: str, op_type: 
         attrs["data_reference"] = header.data_reference
     return TensorRecord(
         key=RecordKey(name=op_id, io=io, position=str(index), step=step, moment=moment),
-        dtype=acl.torch_name or acl.atb_name, shape=tensor_shape(header), order=len(walk.records),
-        device=f"npu:{walk.device}", rank=max(walk.device, 0), op_type=op_type, parent=parent,
-        stats=header.stats, data=tensor_data(header, walk.layout.root),
-        source_path=str(path)[walk.root_prefix_chars:].replace(os.sep, "/"), attrs=attrs,
+        dtype=acl.torch_name or acl.atb_name,
+        shape=tensor_shape(header),
+        order=len(walk.records),
+        device=f"npu:{walk.device}",
+        rank=max(walk.device, 0),
+        op_type=op_type,
+        parent=parent,
+        stats=header.stats,
+        data=tensor_data(header, walk.layout.root),
+        source_path=str(path)[walk.root_prefix_chars :].replace(os.sep, "/"),
+        attrs=attrs,
     )
 
 
-def _visit_op(walk: _Walk, op_dir: Path, step: int, ids: tuple[int, ...], names: tuple[str, ...],
-              op_type: str) -> None:
+def _visit_op(walk: _Walk, op_dir: Path, step: int, ids: tuple[int, ...], names: tuple[str, ...], op_type: str) -> None:
     op_id = "_".join(str(i) for i in ids)
     parent = "_".join(str(i) for i in ids[:-1]) or None
     op_param = _read_op_param(op_dir)
@@ -246,9 +271,23 @@ def _visit_op(walk: _Walk, op_dir: Path, step: int, ids: tuple[int, ...], names:
             if walk.scope is not None and not path.is_relative_to(walk.scope):
                 continue
             header = read_bin_header(inside_dump(path, walk.layout.root))
-            walk.records.append(_record(walk, path, header, io=io, index=index, moment=moment,
-                                        ir_name=ir_name, op_id=op_id, op_type=op_type, parent=parent, step=step,
-                                        op_path=op_path, op_param=op_param))
+            walk.records.append(
+                _record(
+                    walk,
+                    path,
+                    header,
+                    io=io,
+                    index=index,
+                    moment=moment,
+                    ir_name=ir_name,
+                    op_id=op_id,
+                    op_type=op_type,
+                    parent=parent,
+                    step=step,
+                    op_path=op_path,
+                    op_param=op_param,
+                )
+            )
 
     loose = _tensor_files(op_dir)  # tensors saved next to op_param.json (no before/after folder)
     emit(_tensor_files(op_dir / MOMENT_BEFORE) + [item for item in loose if item[0] == IO_INPUT], MOMENT_BEFORE)
@@ -288,8 +327,9 @@ def _topology(layout: DumpLayout, device: int, pid: int) -> tuple[TopologyNode |
     nodes = tuple(to_topology_node(graph) for graph in graphs)
     if len(nodes) == 1:
         return nodes[0], files
-    return TopologyNode(name=layout.root.name, op_type="AtbRun", children=nodes,
-                        attrs={"topology_files": [path.name for path in files]}), files
+    return TopologyNode(
+        name=layout.root.name, op_type="AtbRun", children=nodes, attrs={"topology_files": [path.name for path in files]}
+    ), files
 
 
 def _topology_from_records(run_name: str, records: list[TensorRecord]) -> TopologyNode | None:
@@ -316,8 +356,12 @@ def _topology_from_records(run_name: str, records: list[TensorRecord]) -> Topolo
 
     def build(op_id: str) -> TopologyNode:
         below = sorted(children.get(op_id, []), key=op_id_key)
-        return TopologyNode(name=op_id, op_type=types[op_id], children=tuple(build(child) for child in below),
-                            attrs={"op_name": f"{types[op_id]}_{op_id}"})
+        return TopologyNode(
+            name=op_id,
+            op_type=types[op_id],
+            children=tuple(build(child) for child in below),
+            attrs={"op_name": f"{types[op_id]}_{op_id}"},
+        )
 
     tops = sorted(children.get("", []), key=op_id_key)
     return TopologyNode(name=run_name, op_type="AtbRun", children=tuple(build(op_id) for op_id in tops))
@@ -364,11 +408,21 @@ def _single_file_dump(path: Path) -> Dump:
         attrs["no_data"] = reason
     acl = header.acl_dtype
     record = TensorRecord(
-        key=RecordKey(name=SINGLE_TENSOR_NAME), dtype=acl.torch_name or acl.atb_name, shape=tensor_shape(header),
-        order=0, stats=header.stats, data=tensor_data(header, path.parent), source_path=path.name, attrs=attrs,
+        key=RecordKey(name=SINGLE_TENSOR_NAME),
+        dtype=acl.torch_name or acl.atb_name,
+        shape=tensor_shape(header),
+        order=0,
+        stats=header.stats,
+        data=tensor_data(header, path.parent),
+        source_path=path.name,
+        attrs=attrs,
     )
-    return Dump(source=SOURCE_NAME, root=path.parent, records=[record],
-                manifest={"format": "atb", "layout": LAYOUT_TENSOR_FILES, "file": path.name})
+    return Dump(
+        source=SOURCE_NAME,
+        root=path.parent,
+        records=[record],
+        manifest={"format": "atb", "layout": LAYOUT_TENSOR_FILES, "file": path.name},
+    )
 
 
 def _op_csv_dump(path: Path) -> Dump:
@@ -384,15 +438,28 @@ def _op_csv_dump(path: Path) -> Dump:
         op_id = row.op_id if row.op_id is not None else str(row.case_num)
         for io, tensors in ((IO_INPUT, row.inputs), (IO_OUTPUT, row.outputs)):
             for index, tensor in enumerate(tensors):
-                records.append(TensorRecord(
-                    key=RecordKey(name=op_id, io=io, position=str(index), step=step),
-                    dtype=tensor.dtype or tensor.atb_dtype, shape=tensor.shape, order=len(records),
-                    op_type=row.op_type, source_path=path.name,
-                    attrs={"op_name": row.op_name, "op_param": dict(row.op_param), "format": tensor.format,
-                           "no_data": "the op CSV describes tensors, it holds no data"},
-                ))
-    return Dump(source=SOURCE_NAME, root=path.parent, records=records,
-                manifest={"format": "atb", "layout": "op_csv", "file": path.name})
+                records.append(
+                    TensorRecord(
+                        key=RecordKey(name=op_id, io=io, position=str(index), step=step),
+                        dtype=tensor.dtype or tensor.atb_dtype,
+                        shape=tensor.shape,
+                        order=len(records),
+                        op_type=row.op_type,
+                        source_path=path.name,
+                        attrs={
+                            "op_name": row.op_name,
+                            "op_param": dict(row.op_param),
+                            "format": tensor.format,
+                            "no_data": "the op CSV describes tensors, it holds no data",
+                        },
+                    )
+                )
+    return Dump(
+        source=SOURCE_NAME,
+        root=path.parent,
+        records=records,
+        manifest={"format": "atb", "layout": "op_csv", "file": path.name},
+    )
 
 
 def looks_like_op_csv(path: Path) -> bool:
@@ -427,17 +494,23 @@ def load_atb_dump(path: Path) -> Dump | None:
     if scope is not None:
         runs = [run for run in runs if scope.is_relative_to(run)]
     if not runs:
-        raise DumpNotFoundError("ATB dump holds no tensors", where=path,
-                                hint="dump with --type tensor (the topology and CSV files alone cannot be compared)")
+        raise DumpNotFoundError(
+            "ATB dump holds no tensors",
+            where=path,
+            hint="dump with --type tensor (the topology and CSV files alone cannot be compared)",
+        )
     devices = [int(_RUN_FOLDER.match(run.name).group(1)) for run in runs]  # type: ignore[union-attr]
     if len(set(devices)) < len(devices):  # two processes on one device: two runs, not the ranks of one
         listing = ", ".join(run.relative_to(layout.root).as_posix() for run in runs)
-        raise DumpNotFoundError(f"ATB dump holds {len(runs)} runs (device_pid folders): {listing}", where=path,
-                                hint="pass one of them as the path; one folder per device is read as one "
-                                     "multi-rank run")
+        raise DumpNotFoundError(
+            f"ATB dump holds {len(runs)} runs (device_pid folders): {listing}",
+            where=path,
+            hint="pass one of them as the path; one folder per device is read as one multi-rank run",
+        )
     if len(runs) > 1:
-        return merge_rank_dumps([_run_dump(layout, run, scope) for run in runs], [max(d, 0) for d in devices],
-                                layout.root)
+        return merge_rank_dumps(
+            [_run_dump(layout, run, scope) for run in runs], [max(d, 0) for d in devices], layout.root
+        )
     return _run_dump(layout, runs[0], scope)
 
 
@@ -445,7 +518,9 @@ def _run_dump(layout: DumpLayout, run: Path, scope: Path | None) -> Dump:
     """Return the records of one ``{device}_{pid}`` folder of an ATB dump."""
     device, pid = (int(part) for part in _RUN_FOLDER.match(run.name).groups())  # type: ignore[union-attr]
     walk = _Walk(layout=layout, run=run, device=device, scope=scope, records=[])
-    steps = sorted((int(child.name), child) for child in run.iterdir() if is_real_folder(child) and child.name.isdigit())
+    steps = sorted(
+        (int(child.name), child) for child in run.iterdir() if is_real_folder(child) and child.name.isdigit()
+    )
     for step, step_dir in steps:
         if not _overlaps(step_dir, scope):
             continue
@@ -455,14 +530,21 @@ def _run_dump(layout: DumpLayout, run: Path, scope: Path | None) -> Dump:
     records = walk.records
     profiling, profiling_files = _cpu_profiling(layout, pid)
     if profiling:
-        records = [record.with_changes(attrs={**record.attrs, "cpu_profiling": profiling[key]})
-                   if (key := (record.key.step, record.attrs["op_name"])) in profiling else record
-                   for record in records]
+        records = [
+            record.with_changes(attrs={**record.attrs, "cpu_profiling": profiling[key]})
+            if (key := (record.key.step, record.attrs["op_name"])) in profiling
+            else record
+            for record in records
+        ]
     topology, topology_files = _topology(layout, device, pid)
     if topology is None:
         topology = _topology_from_records(run.name, records)
     manifest = {
-        "format": "atb", "layout": layout.kind, "run": run.name, "device": device, "pid": pid,
+        "format": "atb",
+        "layout": layout.kind,
+        "run": run.name,
+        "device": device,
+        "pid": pid,
         "execute_counts": [step for step, _ in steps],
         "topology_files": [file.relative_to(layout.root).as_posix() for file in topology_files],
         "cpu_profiling_files": [file.relative_to(layout.root).as_posix() for file in profiling_files],
@@ -470,4 +552,3 @@ def _run_dump(layout: DumpLayout, run: Path, scope: Path | None) -> Dump:
     }
     log.info("%s: %d ATB tensor files, %d execute counts", layout.root, len(records), len(steps))
     return Dump(source=SOURCE_NAME, root=layout.root, records=records, topology=topology, manifest=manifest)
-

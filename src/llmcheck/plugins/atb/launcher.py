@@ -32,13 +32,22 @@ DUMP_ROOT_PREFIX = "msit_dump_"
 MIN_FREE_BYTES = 2 * 1024**3
 LOG_LEVEL_CODES = {"debug": 0, "info": 1, "warning": 2, "warn": 2, "error": 3, "fatal": 4, "critical": 5}
 #: What ``-seed`` sets for the child: deterministic collectives and matmuls (the seed tool's list).
-DETERMINISM_ENV = {"LCCL_DETERMINISTIC": "1", "HCCL_DETERMINISTIC": "true", "ATB_MATMUL_SHUFFLE_K_ENABLE": "0",
-                   "ATB_LLM_LCOC_ENABLE": "0"}
+DETERMINISM_ENV = {
+    "LCCL_DETERMINISTIC": "1",
+    "HCCL_DETERMINISTIC": "true",
+    "ATB_MATMUL_SHUFFLE_K_ENABLE": "0",
+    "ATB_LLM_LCOC_ENABLE": "0",
+}
 #: Where a dump keeps its layer/model topology JSON (msit layout, then msprobe's).
 TOPOLOGY_PATTERNS = ("layer/*/*.json", "model/*/*.json", "info/layer/*/*.json", "info/model/*/*.json")
 #: Variables the contract sets only under some flags; cleared otherwise so a stale shell value filters nothing.
-OPTIONAL_VARIABLES = ("ATB_SAVE_TENSOR_IDS", "ATB_SAVE_TENSOR_RUNNER", "ATB_SAVE_TENSOR_STATISTICS",
-                      "ATB_DUMP_SUB_PROC_INFO_SAVE_PATH", "ATB_DEVICE_ID")
+OPTIONAL_VARIABLES = (
+    "ATB_SAVE_TENSOR_IDS",
+    "ATB_SAVE_TENSOR_RUNNER",
+    "ATB_SAVE_TENSOR_STATISTICS",
+    "ATB_DUMP_SUB_PROC_INFO_SAVE_PATH",
+    "ATB_DEVICE_ID",
+)
 
 
 def dump_types(requested: list[str]) -> list[str]:
@@ -56,27 +65,30 @@ def execute_range_text(ranges: list[tuple[int, int]] | None) -> str:
     return ",".join(f"{low},{high}" for low, high in ranges)
 
 
-def probe_environment(options: Mapping[str, Any], *, output_dir: Path, log_level: str, timestamp: str,
-                      launcher_pid: int) -> dict[str, str | None]:
+def probe_environment(
+    options: Mapping[str, Any], *, output_dir: Path, log_level: str, timestamp: str, launcher_pid: int
+) -> dict[str, str | None]:
     """Return the environment changes the seed flags make (``None`` = unset the variable)."""
     types = dump_types(list(options.get("type") or ["tensor"]))
     save_time = int(options.get("save_time", 3))
     changes: dict[str, str | None] = {name: None for name in OPTIONAL_VARIABLES}
-    changes.update({
-        "ATB_SAVE_TENSOR": "2" if options.get("only_save_desc") else "1",
-        "ATB_SAVE_TENSOR_IN_BEFORE_OUT_AFTER": "1" if save_time == 3 else "0",
-        "ATB_SAVE_TENSOR_TIME": "1" if save_time == 3 else str(save_time),
-        "ATB_OUTPUT_DIR": str(output_dir.absolute()).rstrip("/") + "/",
-        "ATB_DUMP_TYPE": "|".join(types),
-        "ATB_SAVE_CHILD": "1" if options.get("save_operation_child", True) else "0",
-        "ATB_SAVE_TENSOR_RANGE": execute_range_text(options.get("execute_range", [(0, 0)])),
-        "ATB_SAVE_TILING": "1" if options.get("save_tiling") else "0",
-        "ATB_SAVE_TENSOR_PART": str(int(options.get("save_tensor_part", 2))),
-        "ATB_SAVE_CPU_PROFILING": "1" if "cpu_profiling" in types else "0",
-        "ATB_CUR_PID": str(launcher_pid),
-        "ATB_TIMESTAMP": timestamp,
-        "ATB_AIT_LOG_LEVEL": str(LOG_LEVEL_CODES.get(log_level.lower(), 1)),
-    })
+    changes.update(
+        {
+            "ATB_SAVE_TENSOR": "2" if options.get("only_save_desc") else "1",
+            "ATB_SAVE_TENSOR_IN_BEFORE_OUT_AFTER": "1" if save_time == 3 else "0",
+            "ATB_SAVE_TENSOR_TIME": "1" if save_time == 3 else str(save_time),
+            "ATB_OUTPUT_DIR": str(output_dir.absolute()).rstrip("/") + "/",
+            "ATB_DUMP_TYPE": "|".join(types),
+            "ATB_SAVE_CHILD": "1" if options.get("save_operation_child", True) else "0",
+            "ATB_SAVE_TENSOR_RANGE": execute_range_text(options.get("execute_range", [(0, 0)])),
+            "ATB_SAVE_TILING": "1" if options.get("save_tiling") else "0",
+            "ATB_SAVE_TENSOR_PART": str(int(options.get("save_tensor_part", 2))),
+            "ATB_SAVE_CPU_PROFILING": "1" if "cpu_profiling" in types else "0",
+            "ATB_CUR_PID": str(launcher_pid),
+            "ATB_TIMESTAMP": timestamp,
+            "ATB_AIT_LOG_LEVEL": str(LOG_LEVEL_CODES.get(log_level.lower(), 1)),
+        }
+    )
     if options.get("save_operation_ids"):
         changes["ATB_SAVE_TENSOR_IDS"] = ",".join(options["save_operation_ids"])
     if options.get("operation_name"):
@@ -134,8 +146,9 @@ class AtbCaptureBackend:
         timestamp = free_timestamp(output_dir)
         launcher_pid = os.getpid()
         environment = dict(os.environ)
-        for name, value in probe_environment(options, output_dir=output_dir, log_level=request.log_level,
-                                             timestamp=timestamp, launcher_pid=launcher_pid).items():
+        for name, value in probe_environment(
+            options, output_dir=output_dir, log_level=request.log_level, timestamp=timestamp, launcher_pid=launcher_pid
+        ).items():
             if value is None:
                 environment.pop(name, None)
             else:
@@ -146,13 +159,20 @@ class AtbCaptureBackend:
         info_dir = subprocess_info_dir(output_dir, launcher_pid)
         if "onnx" in types:
             info_dir.mkdir(parents=True, exist_ok=True)
-        log.info("preloading %s (%s); dump goes to %s", probe.path, probe.reason,
-                 output_dir / f"{DUMP_ROOT_PREFIX}{timestamp}")
+        log.info(
+            "preloading %s (%s); dump goes to %s",
+            probe.path,
+            probe.reason,
+            output_dir / f"{DUMP_ROOT_PREFIX}{timestamp}",
+        )
         try:
             completed = subprocess.run(list(request.command), env=environment, check=False)
         except FileNotFoundError as exc:
-            raise UsageError(f"cannot run {request.command[0]!r}: no such program", where="--exec",
-                             hint="check the program name, or give its full path") from exc
+            raise UsageError(
+                f"cannot run {request.command[0]!r}: no such program",
+                where="--exec",
+                hint="check the program name, or give its full path",
+            ) from exc
         except PermissionError as exc:
             raise UsageError(f"cannot run {request.command[0]!r}: permission denied", where="--exec") from exc
         except KeyboardInterrupt:
@@ -160,8 +180,11 @@ class AtbCaptureBackend:
         dump_root = self._dump_root(output_dir, timestamp)
         try:
             if dump_root is None:
-                log.warning("the run wrote no ATB dump under %s: check that the program uses ATB, that the probe "
-                            "matches its ABI, and that no stale ATB_SAVE_* variable filters every op", output_dir)
+                log.warning(
+                    "the run wrote no ATB dump under %s: check that the program uses ATB, that the probe "
+                    "matches its ABI, and that no stale ATB_SAVE_* variable filters every op",
+                    output_dir,
+                )
             else:
                 self._post_steps(dump_root, types, info_dir)
                 print(f"llmcheck: ATB dump written to {dump_root}", file=sys.stderr)
@@ -189,7 +212,11 @@ class AtbCaptureBackend:
             if info_file.is_file():
                 for line in info_file.read_text(encoding="utf-8", errors="replace").splitlines():
                     listed_path = Path(line.strip())
-                    if line.strip() and listed_path.is_file() and listed_path.resolve().is_relative_to(dump_root.resolve()):
+                    if (
+                        line.strip()
+                        and listed_path.is_file()
+                        and listed_path.resolve().is_relative_to(dump_root.resolve())
+                    ):
                         listed.append(listed_path)
             found = sorted(path for pattern in TOPOLOGY_PATTERNS for path in dump_root.glob(pattern))
             for topology_path in dict.fromkeys(path.resolve() for path in [*listed, *found]):

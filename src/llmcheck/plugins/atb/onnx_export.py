@@ -36,12 +36,27 @@ _OP_CSV_NAME = re.compile(r"^operation_tensors_(\d+)\.csv$")
 
 #: ATB dtype names (as the op CSV spells them) -> ONNX ``TensorProto`` element type names.
 _ONNX_ELEMENT_TYPES = {
-    "float": "FLOAT", "float16": "FLOAT16", "bf16": "BFLOAT16", "double": "DOUBLE",
-    "int8": "INT8", "int16": "INT16", "int32": "INT32", "int64": "INT64",
-    "uint8": "UINT8", "uint16": "UINT16", "uint32": "UINT32", "uint64": "UINT64",
-    "bool": "BOOL", "string": "STRING", "complex64": "COMPLEX64", "complex128": "COMPLEX128",
-    "int4": "INT4", "float8_e5m2": "FLOAT8E5M2", "float8_e4m3fn": "FLOAT8E4M3FN",
-    "float8_e8m0": "FLOAT8E8M0", "float4_e2m1": "FLOAT4E2M1",
+    "float": "FLOAT",
+    "float16": "FLOAT16",
+    "bf16": "BFLOAT16",
+    "double": "DOUBLE",
+    "int8": "INT8",
+    "int16": "INT16",
+    "int32": "INT32",
+    "int64": "INT64",
+    "uint8": "UINT8",
+    "uint16": "UINT16",
+    "uint32": "UINT32",
+    "uint64": "UINT64",
+    "bool": "BOOL",
+    "string": "STRING",
+    "complex64": "COMPLEX64",
+    "complex128": "COMPLEX128",
+    "int4": "INT4",
+    "float8_e5m2": "FLOAT8E5M2",
+    "float8_e4m3fn": "FLOAT8E4M3FN",
+    "float8_e8m0": "FLOAT8E8M0",
+    "float4_e2m1": "FLOAT4E2M1",
 }
 
 
@@ -66,8 +81,9 @@ def find_op_csv(topology_path: Path) -> Path | None:
     folder = topology_path.parent.parent.parent / "operation_io_tensors" / topology_path.parent.name
     if not folder.is_dir():
         return None
-    found = sorted((int(match.group(1)), path) for path in folder.iterdir()
-                   if (match := _OP_CSV_NAME.match(path.name)) is not None)
+    found = sorted(
+        (int(match.group(1)), path) for path in folder.iterdir() if (match := _OP_CSV_NAME.match(path.name)) is not None
+    )
     return found[0][1] if found else None
 
 
@@ -97,8 +113,9 @@ def param_attributes(param: dict[str, Any] | Any) -> list[onnx.AttributeProto]:
             attribute = helper.make_attribute(name, [], attr_type=AttributeProto.INTS)
         elif isinstance(value, list) and all(_is_int(item) for item in value):
             attribute = helper.make_attribute(name, [int(item) for item in value])
-        elif isinstance(value, list) and all(isinstance(item, (int, float)) and not isinstance(item, bool)
-                                             for item in value):
+        elif isinstance(value, list) and all(
+            isinstance(item, (int, float)) and not isinstance(item, bool) for item in value
+        ):
             attribute = helper.make_attribute(name, [float(item) for item in value])
         elif isinstance(value, list) and all(isinstance(item, str) for item in value):
             attribute = helper.make_attribute(name, value)
@@ -149,8 +166,9 @@ def _value_info(name: str, described: CsvTensor | None) -> onnx.ValueInfoProto:
     return helper.make_tensor_value_info(name, onnx_element_type(described.atb_dtype), list(described.shape))
 
 
-def build_onnx_model(root: AtbGraphNode, level: int, described: dict[str, CsvTensor],
-                     title: str = "") -> onnx.ModelProto:
+def build_onnx_model(
+    root: AtbGraphNode, level: int, described: dict[str, CsvTensor], title: str = ""
+) -> onnx.ModelProto:
     """Return the checked ONNX model of ``root`` flattened to ``level`` (tensor types from ``described``)."""
     import onnx
     from onnx import helper
@@ -191,8 +209,14 @@ def build_onnx_model(root: AtbGraphNode, level: int, described: dict[str, CsvTen
             copy += 1
             node_name = f"{node.op_name}#{copy}"
         node_names.add(node_name)
-        onnx_node = helper.make_node(node.op_type or "Unknown", input_names, output_names, name=node_name,
-                                     domain=ATB_DOMAIN, doc_string=f"ATB {node.op_type} {node.op_name}")
+        onnx_node = helper.make_node(
+            node.op_type or "Unknown",
+            input_names,
+            output_names,
+            name=node_name,
+            domain=ATB_DOMAIN,
+            doc_string=f"ATB {node.op_type} {node.op_name}",
+        )
         onnx_node.attribute.extend(param_attributes(dict(node.param)))
         if node.op_id:  # the name of its records in a dump, so export model-explorer finds its pairs
             onnx_node.metadata_props.add(key=RECORD_NAME_KEY, value=node.op_id)
@@ -203,26 +227,40 @@ def build_onnx_model(root: AtbGraphNode, level: int, described: dict[str, CsvTen
     else:
         graph_outputs = [name for onnx_node in onnx_nodes for name in onnx_node.output if name not in consumed]
     graph_outputs = list(dict.fromkeys(graph_outputs))
-    intermediate = [name for onnx_node in onnx_nodes for name in onnx_node.output
-                    if name not in graph_outputs and origin[name] in described]
+    intermediate = [
+        name
+        for onnx_node in onnx_nodes
+        for name in onnx_node.output
+        if name not in graph_outputs and origin[name] in described
+    ]
     graph = helper.make_graph(
-        onnx_nodes, root.op_name,
+        onnx_nodes,
+        root.op_name,
         [_value_info(name, described.get(origin[name])) for name in graph_inputs],
         [_value_info(name, described.get(origin[name])) for name in graph_outputs],
         value_info=[_value_info(name, described[origin[name]]) for name in intermediate],
         doc_string=title,
     )
     model = helper.make_model(
-        graph, producer_name="llmcheck", producer_version=__version__,
-        opset_imports=[helper.make_opsetid("", DEFAULT_DOMAIN_OPSET), helper.make_opsetid(ATB_DOMAIN, ATB_DOMAIN_VERSION)],
+        graph,
+        producer_name="llmcheck",
+        producer_version=__version__,
+        opset_imports=[
+            helper.make_opsetid("", DEFAULT_DOMAIN_OPSET),
+            helper.make_opsetid(ATB_DOMAIN, ATB_DOMAIN_VERSION),
+        ],
     )
     model.doc_string = "visualisation of an ATB topology; ATB ops are nodes of domain " + ATB_DOMAIN
     onnx.checker.check_model(model)
     return model
 
 
-def atb_json_to_onnx(atb_json_path: str | Path, model_level: int = -1, output_path: str | Path | None = None,
-                     op_csv_path: str | Path | None = None) -> Path:
+def atb_json_to_onnx(
+    atb_json_path: str | Path,
+    model_level: int = -1,
+    output_path: str | Path | None = None,
+    op_csv_path: str | Path | None = None,
+) -> Path:
     """Convert an ATB layer/model topology JSON to ONNX and return the ``.onnx`` path written.
 
     ``model_level`` is the depth shown (``-1``: every leaf operation; ``0``: the whole
@@ -238,12 +276,17 @@ def atb_json_to_onnx(atb_json_path: str | Path, model_level: int = -1, output_pa
     root = read_topology(json_path)
     csv_path = Path(op_csv_path) if op_csv_path is not None else find_op_csv(json_path)
     described = _tensor_types(root, csv_path)
-    title = f"ATB topology {json_path.name}, level {model_level}" + (f", tensor types from {csv_path.name}" if csv_path else "")
+    title = f"ATB topology {json_path.name}, level {model_level}" + (
+        f", tensor types from {csv_path.name}" if csv_path else ""
+    )
     try:
         model = build_onnx_model(root, model_level, described, title)
     except Exception as exc:  # onnx.checker rejected what we built: a bug, reported with the file
-        raise LlmcheckError(f"the ONNX graph built from this topology is invalid: {exc}", where=json_path,
-                            hint="please report it with the JSON file") from exc
+        raise LlmcheckError(
+            f"the ONNX graph built from this topology is invalid: {exc}",
+            where=json_path,
+            hint="please report it with the JSON file",
+        ) from exc
     target = Path(output_path) if output_path is not None else json_path.with_suffix(".onnx")
     temporary = target.with_name(target.name + ".tmp")
     try:

@@ -19,9 +19,27 @@ from llmcheck.plugins.atb.acl_dtypes import dtype_from_csv_name
 from llmcheck.plugins.atb.op_names import split_op_name
 
 OP_CSV_COLUMNS = (
-    "CaseNum", "CaseName", "OpName", "OpParam", "InNum", "InDType", "InFormat", "InShape",
-    "OutNum", "OutDType", "OutFormat", "OutShape", "DataGenType", "DataGenRange", "InTensorFile",
-    "OutTensorFile", "TestType", "TestLevel", "FromModel", "SocVersion", "ExpectedError",
+    "CaseNum",
+    "CaseName",
+    "OpName",
+    "OpParam",
+    "InNum",
+    "InDType",
+    "InFormat",
+    "InShape",
+    "OutNum",
+    "OutDType",
+    "OutFormat",
+    "OutShape",
+    "DataGenType",
+    "DataGenRange",
+    "InTensorFile",
+    "OutTensorFile",
+    "TestType",
+    "TestLevel",
+    "FromModel",
+    "SocVersion",
+    "ExpectedError",
 )
 SEPARATOR = "|"
 
@@ -54,27 +72,37 @@ def _split_list(text: str) -> list[str]:
     return text.split(";") if text.strip() else []
 
 
-def _tensors(path: Path, offset: int, count: int, dtypes: str, formats: str, shapes: str,
-             files: str, side: str) -> tuple[CsvTensor, ...]:
+def _tensors(
+    path: Path, offset: int, count: int, dtypes: str, formats: str, shapes: str, files: str, side: str
+) -> tuple[CsvTensor, ...]:
     dtype_cells, format_cells, shape_cells = _split_list(dtypes), _split_list(formats), _split_list(shapes)
     file_cells = _split_list(files)
     if not (len(dtype_cells) == len(format_cells) == len(shape_cells) == count):
-        raise DumpFormatError(f"{side}Num is {count} but the row lists {len(dtype_cells)} dtypes, "
-                              f"{len(format_cells)} formats, {len(shape_cells)} shapes", where=path, offset=offset)
+        raise DumpFormatError(
+            f"{side}Num is {count} but the row lists {len(dtype_cells)} dtypes, "
+            f"{len(format_cells)} formats, {len(shape_cells)} shapes",
+            where=path,
+            offset=offset,
+        )
     tensors = []
     for index in range(count):
         shape_text = shape_cells[index].strip()
         try:
             shape = tuple(int(size) for size in shape_text.split(",")) if shape_text else ()
         except ValueError:
-            raise DumpFormatError(f"{side}Shape {shape_text!r} is not comma-separated integers",
-                                  where=path, offset=offset) from None
+            raise DumpFormatError(
+                f"{side}Shape {shape_text!r} is not comma-separated integers", where=path, offset=offset
+            ) from None
         acl = dtype_from_csv_name(dtype_cells[index])
-        tensors.append(CsvTensor(
-            atb_dtype=dtype_cells[index].strip(), dtype=acl.torch_name if acl else None,
-            format=format_cells[index].strip().lower(), shape=shape,
-            file=file_cells[index].strip() if index < len(file_cells) else "",
-        ))
+        tensors.append(
+            CsvTensor(
+                atb_dtype=dtype_cells[index].strip(),
+                dtype=acl.torch_name if acl else None,
+                format=format_cells[index].strip().lower(),
+                shape=shape,
+                file=file_cells[index].strip() if index < len(file_cells) else "",
+            )
+        )
     return tuple(tensors)
 
 
@@ -92,8 +120,11 @@ def read_op_csv(path: Path) -> list[OpCsvRow]:
         raise DumpFormatError("op CSV is empty, expected the 21-column header", where=path, offset=0)
     header = lines[0].rstrip("\r\n").split(SEPARATOR)
     if tuple(header) != OP_CSV_COLUMNS:
-        raise DumpFormatError(f"header is not the 21 op CSV columns (got {len(header)} columns starting "
-                              f"{header[:3]})", where=path, offset=0)
+        raise DumpFormatError(
+            f"header is not the 21 op CSV columns (got {len(header)} columns starting {header[:3]})",
+            where=path,
+            offset=0,
+        )
     rows = []
     offset = len(lines[0].encode())
     for line in lines[1:]:
@@ -102,27 +133,51 @@ def read_op_csv(path: Path) -> list[OpCsvRow]:
             continue
         fields = line.rstrip("\r\n").split(SEPARATOR)
         if len(fields) != len(OP_CSV_COLUMNS):
-            raise DumpFormatError(f"row has {len(fields)} columns, expected {len(OP_CSV_COLUMNS)}",
-                                  where=path, offset=line_offset)
+            raise DumpFormatError(
+                f"row has {len(fields)} columns, expected {len(OP_CSV_COLUMNS)}", where=path, offset=line_offset
+            )
         cells = dict(zip(OP_CSV_COLUMNS, fields))
         try:
             case_num, in_num, out_num = int(cells["CaseNum"]), int(cells["InNum"]), int(cells["OutNum"])
         except ValueError:
-            raise DumpFormatError("CaseNum, InNum or OutNum is not an integer", where=path, offset=line_offset) from None
+            raise DumpFormatError(
+                "CaseNum, InNum or OutNum is not an integer", where=path, offset=line_offset
+            ) from None
         param_text = cells["OpParam"].strip()
         try:
             op_param = json.loads(param_text) if param_text else {}
         except ValueError:
             raise DumpFormatError(f"OpParam is not JSON: {param_text[:60]!r}", where=path, offset=line_offset) from None
         op_type, op_id = split_op_name(cells["OpName"].strip())
-        rows.append(OpCsvRow(
-            case_num=case_num, op_name=cells["OpName"].strip(), op_type=op_type, op_id=op_id,
-            op_param=op_param if isinstance(op_param, dict) else {"value": op_param},
-            inputs=_tensors(path, line_offset, in_num, cells["InDType"], cells["InFormat"], cells["InShape"],
-                            cells["InTensorFile"], "In"),
-            outputs=_tensors(path, line_offset, out_num, cells["OutDType"], cells["OutFormat"], cells["OutShape"],
-                             cells["OutTensorFile"], "Out"),
-        ))
+        rows.append(
+            OpCsvRow(
+                case_num=case_num,
+                op_name=cells["OpName"].strip(),
+                op_type=op_type,
+                op_id=op_id,
+                op_param=op_param if isinstance(op_param, dict) else {"value": op_param},
+                inputs=_tensors(
+                    path,
+                    line_offset,
+                    in_num,
+                    cells["InDType"],
+                    cells["InFormat"],
+                    cells["InShape"],
+                    cells["InTensorFile"],
+                    "In",
+                ),
+                outputs=_tensors(
+                    path,
+                    line_offset,
+                    out_num,
+                    cells["OutDType"],
+                    cells["OutFormat"],
+                    cells["OutShape"],
+                    cells["OutTensorFile"],
+                    "Out",
+                ),
+            )
+        )
     return rows
 
 

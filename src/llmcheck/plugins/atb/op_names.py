@@ -36,4 +36,3 @@ def split_op_folder(folder_name: str) -> tuple[int, str] | None:
 def op_id_key(op_id: str) -> tuple[int, ...]:
     """Return an op id as a tuple of ints, for numeric ordering (``"3_10"`` after ``"3_9"``)."""
     return tuple(int(part) for part in op_id.split("_"))
-

@@ -53,8 +53,11 @@ from llmcheck.plugins.atb.op_names import op_id_key
 log = logging.getLogger("llmcheck.atb")
 
 #: Quantised ATB op types and the float op they stand for (the seed's table).
-QUANT_TO_FLOAT = {"LinearQuantOperation": "LinearOperation", "LinearDequantOnly": "LinearNoQuant",
-                  "LinearRowParallelNoAdd": "LinearRowParallelAndAdd"}
+QUANT_TO_FLOAT = {
+    "LinearQuantOperation": "LinearOperation",
+    "LinearDequantOnly": "LinearNoQuant",
+    "LinearRowParallelNoAdd": "LinearRowParallelAndAdd",
+}
 #: ATB ``ActivationType`` values whose output is not a plain activation (SwiGLU multiplies in the up projection).
 _GATED_ACTIVATIONS = {6, 7}
 #: Kinds whose first input is the activation flowing through (weights come after it on both sides).
@@ -76,31 +79,38 @@ def _atb_activation_is_plain(node: OpCall) -> bool:
 KINDS: dict[str, tuple[Callable[[OpCall], bool], Callable[[OpCall], bool]]] = {
     "embedding": (
         lambda n: "embedding" in _lower(n.op_type) and "rot" not in _lower(n.op_type),
-        lambda n: _lower(n.op_type).endswith("embedding") and "rotary" not in _lower(n.op_type)),
+        lambda n: _lower(n.op_type).endswith("embedding") and "rotary" not in _lower(n.op_type),
+    ),
     "rms_norm": (
         lambda n: not n.has_children and "rmsnorm" in _lower(n.op_type),
-        lambda n: _lower(n.op_type).endswith("rmsnorm")),
+        lambda n: _lower(n.op_type).endswith("rmsnorm"),
+    ),
     "layer_norm": (
         lambda n: not n.has_children and "layernorm" in _lower(n.op_type) and "rms" not in _lower(n.op_type),
-        lambda n: _lower(n.op_type).endswith("layernorm") and "rms" not in _lower(n.op_type)),
+        lambda n: _lower(n.op_type).endswith("layernorm") and "rms" not in _lower(n.op_type),
+    ),
     "linear": (
         lambda n: not n.has_children and "linear" in _lower(n.op_type),
-        lambda n: n.op_type.endswith("Linear") or n.op_type == "Conv1D"),
+        lambda n: n.op_type.endswith("Linear") or n.op_type == "Conv1D",
+    ),
     "activation": (
         lambda n: not n.has_children and n.op_type == "ActivationOperation" and _atb_activation_is_plain(n),
-        lambda n: any(word in _lower(n.op_type) for word in ("silu", "gelu", "relu", "swish", "sigmoid"))
-        or _lower(n.op_type).endswith("activation")),
+        lambda n: (
+            any(word in _lower(n.op_type) for word in ("silu", "gelu", "relu", "swish", "sigmoid"))
+            or _lower(n.op_type).endswith("activation")
+        ),
+    ),
     # The attention *graph* (projections included) matches the torch attention module; the
     # core kernel (SelfAttention/PagedAttention, before the output projection) only a core module.
     "attention": (
         lambda n: n.has_children and ("attention" in _lower(n.op_type) or "attn" in _lower(n.op_type)),
-        lambda n: _lower(n.op_type).endswith("attention") and not _lower(n.op_type).endswith("coreattention")),
+        lambda n: _lower(n.op_type).endswith("attention") and not _lower(n.op_type).endswith("coreattention"),
+    ),
     "core_attention": (
         lambda n: not n.has_children and "attention" in _lower(n.op_type),
-        lambda n: _lower(n.op_type).endswith("coreattention")),
-    "mlp": (
-        lambda n: n.has_children and "mlp" in _lower(n.op_type),
-        lambda n: _lower(n.op_type).endswith("mlp")),
+        lambda n: _lower(n.op_type).endswith("coreattention"),
+    ),
+    "mlp": (lambda n: n.has_children and "mlp" in _lower(n.op_type), lambda n: _lower(n.op_type).endswith("mlp")),
 }
 
 
@@ -131,8 +141,9 @@ def _atb_calls(dump: Dump) -> dict[tuple[int, str], OpCall]:
 
 def _torch_calls(dump: Dump) -> list[OpCall]:
     """Return the module calls of a module-tree dump (op-level records left out), containers marked."""
-    modules = [record for record in dump.records
-               if record.op_type is not None and not is_op_record_name(record.key.name)]
+    modules = [
+        record for record in dump.records if record.op_type is not None and not is_op_record_name(record.key.name)
+    ]
     calls = group_op_calls(modules)
     containers = {(call.step, ancestor) for call in calls for ancestor in module_ancestors(call.name)}
     for call in calls:
@@ -158,8 +169,9 @@ def _find_layers(nodes: Iterable[OpCall], parent_of: Callable[[str], str]) -> li
     if best_size < 2:
         return []
     chosen_types = {key[2] for key, members in groups.items() if len(members) == best_size}
-    layers = [node for key, members in groups.items() if key[2] in chosen_types and len(members) >= 2
-              for node in members]
+    layers = [
+        node for key, members in groups.items() if key[2] in chosen_types and len(members) >= 2 for node in members
+    ]
     return sorted(layers, key=lambda node: (node.step, node.order))
 
 
@@ -185,8 +197,7 @@ def _record_pairs(golden: OpCall, my: OpCall, rule: str, priority: int, with_inp
     for position in common:
         pairs.append(Pair(golden=golden_outputs[position], my=my_outputs[position], rule=rule, priority=priority))
     if with_input and "0" in golden.inputs and "0" in my.inputs:
-        pairs.append(Pair(golden=golden.inputs["0"], my=my.inputs["0"], rule=rule + ", first input",
-                          priority=priority))
+        pairs.append(Pair(golden=golden.inputs["0"], my=my.inputs["0"], rule=rule + ", first input", priority=priority))
     return pairs
 
 
@@ -244,7 +255,9 @@ def _atb_torch_pairs(atb: Dump, torch_dump: Dump, atb_is_golden: bool, user_mapp
         golden, my = (atb_node, torch_node) if atb_is_golden else (torch_node, atb_node)
         pairs.extend(_record_pairs(golden, my, "atb-torch: " + rule, priority, with_input))
 
-    def match_kinds(atb_side: list[OpCall], torch_side: list[OpCall], where: str, density: tuple[int, int] | None) -> None:
+    def match_kinds(
+        atb_side: list[OpCall], torch_side: list[OpCall], where: str, density: tuple[int, int] | None
+    ) -> None:
         atb_groups = _by_kind(atb_side, kinds.atb_kind)
         torch_groups = _by_kind(torch_side, kinds.torch_kind)
         for kind, atb_members in atb_groups.items():
@@ -261,14 +274,24 @@ def _atb_torch_pairs(atb: Dump, torch_dump: Dump, atb_is_golden: bool, user_mapp
                 continue
             priority = PairPriority.USER_KIND if kind.startswith("user:") else PairPriority.SOURCE_RULE
             for number, (atb_node, torch_node) in enumerate(zip(atb_members, torch_members)):
-                add(atb_node, torch_node, f"{kinds.describe(kind)} #{number} {where}", priority,
-                    with_input=kind in _LEAF_INPUT_KINDS)
+                add(
+                    atb_node,
+                    torch_node,
+                    f"{kinds.describe(kind)} #{number} {where}",
+                    priority,
+                    with_input=kind in _LEAF_INPUT_KINDS,
+                )
 
     for number, (atb_layer, torch_layer) in enumerate(zip(atb_layers, torch_layers)):
         add(atb_layer, torch_layer, f"decoder layer #{number} (layers matched in order)", PairPriority.SOURCE_RULE)
         atb_inside = [n for n in atb_nodes if n.step == atb_layer.step and _within(n.name, atb_layer.name, "_")]
-        torch_inside = [n for n in torch_nodes if n.step == torch_layer.step and n.call_index == torch_layer.call_index
-                        and lies_inside(n.name, torch_layer.name)]
+        torch_inside = [
+            n
+            for n in torch_nodes
+            if n.step == torch_layer.step
+            and n.call_index == torch_layer.call_index
+            and lies_inside(n.name, torch_layer.name)
+        ]
         match_kinds(atb_inside, torch_inside, f"in layer #{number}", None)
 
     def outside(nodes: list[OpCall], layers: list[OpCall], separator: str) -> list[OpCall]:
@@ -276,8 +299,13 @@ def _atb_torch_pairs(atb: Dump, torch_dump: Dump, atb_is_golden: bool, user_mapp
         found = []
         for node in nodes:
             same_step = [name for step, name in names if step == node.step]
-            if any(node.name == name or _within(node.name, name, separator) or _within(name, node.name, separator)
-                   for name in same_step) or node.name == ROOT_MODULE:
+            if (
+                any(
+                    node.name == name or _within(node.name, name, separator) or _within(name, node.name, separator)
+                    for name in same_step
+                )
+                or node.name == ROOT_MODULE
+            ):
                 continue
             found.append(node)
         return found
@@ -286,8 +314,9 @@ def _atb_torch_pairs(atb: Dump, torch_dump: Dump, atb_is_golden: bool, user_mapp
     per_forward = sum(1 for layer in torch_layers if layer.step == torch_steps[0]) if torch_steps else 0
     if per_forward and len(atb_layers) % per_forward == 0 and atb_layers:
         density = (len(atb_layers) // per_forward, len(torch_steps))
-        match_kinds(outside(atb_nodes, atb_layers, "_"), outside(torch_nodes, torch_layers, "."),
-                    "outside the layers", density)
+        match_kinds(
+            outside(atb_nodes, atb_layers, "_"), outside(torch_nodes, torch_layers, "."), "outside the layers", density
+        )
     elif not atb_layers and not torch_layers:
         match_kinds(atb_nodes, [n for n in torch_nodes if n.name != ROOT_MODULE], "(no layers found)", None)
     return pairs
@@ -302,16 +331,28 @@ def _float_type(op_type: str | None) -> str:
 
 def _atb_atb_pairs(golden: Dump, my: Dump) -> list[Pair]:
     if golden.is_tensor_files and my.is_tensor_files:
-        return [Pair(golden=golden.records[0], my=my.records[0], rule="atb-atb: the two given .bin files",
-                     priority=PairPriority.SOURCE_RULE)]
+        return [
+            Pair(
+                golden=golden.records[0],
+                my=my.records[0],
+                rule="atb-atb: the two given .bin files",
+                priority=PairPriority.SOURCE_RULE,
+            )
+        ]
     golden_by_key = {record.key: record for record in golden.records}
     pairs = []
     paired_ops: set[tuple[int, str, str]] = set()
     for record in my.records:
         match = golden_by_key.get(record.key)
         if match is not None and _float_type(match.op_type) == _float_type(record.op_type):
-            pairs.append(Pair(golden=match, my=record, rule="atb-atb: same op id, step, tensor and op type",
-                              priority=PairPriority.SOURCE_RULE))
+            pairs.append(
+                Pair(
+                    golden=match,
+                    my=record,
+                    rule="atb-atb: same op id, step, tensor and op type",
+                    priority=PairPriority.SOURCE_RULE,
+                )
+            )
             paired_ops.add((record.key.step, match.key.name, record.key.name))
     pairs.extend(_atb_atb_by_structure(golden, my, paired_ops))
     return pairs
@@ -326,8 +367,10 @@ def _atb_atb_by_structure(golden: Dump, my: Dump, paired_ops: set[tuple[int, str
     pairs: list[Pair] = []
 
     def children(nodes: dict[tuple[int, str], OpCall], step: int, parent: str) -> list[OpCall]:
-        return sorted((node for (node_step, name), node in nodes.items()
-                       if node_step == step and _atb_parent(name) == parent), key=lambda n: op_id_key(n.name))
+        return sorted(
+            (node for (node_step, name), node in nodes.items() if node_step == step and _atb_parent(name) == parent),
+            key=lambda n: op_id_key(n.name),
+        )
 
     def descend(step: int, golden_parent: str, my_parent: str) -> None:
         golden_children, my_children = children(golden_nodes, step, golden_parent), children(my_nodes, step, my_parent)
@@ -348,9 +391,14 @@ def _atb_atb_by_structure(golden: Dump, my: Dump, paired_ops: set[tuple[int, str
                         side_m = _outputs(my_node) if output else my_node.inputs
                         for position, my_record in side_m.items():
                             if position in side_g:
-                                pairs.append(Pair(golden=side_g[position], my=my_record,
-                                                  rule=f"atb-atb: same op type {op_type} and order under a paired parent",
-                                                  priority=PairPriority.STRUCTURAL))
+                                pairs.append(
+                                    Pair(
+                                        golden=side_g[position],
+                                        my=my_record,
+                                        rule=f"atb-atb: same op type {op_type} and order under a paired parent",
+                                        priority=PairPriority.STRUCTURAL,
+                                    )
+                                )
                 descend(step, golden_node.name, my_node.name)
 
     for step in sorted({step for step, _ in my_nodes}):
@@ -363,8 +411,9 @@ def _atb_atb_by_structure(golden: Dump, my: Dump, paired_ops: set[tuple[int, str
 
 def _is_module_dump(dump: Dump) -> bool:
     """Return whether a non-ATB dump describes a module tree (records carry module class names)."""
-    return dump.source != SOURCE_NAME and any(record.op_type and not is_op_record_name(record.key.name)
-                                          for record in dump.records)
+    return dump.source != SOURCE_NAME and any(
+        record.op_type and not is_op_record_name(record.key.name) for record in dump.records
+    )
 
 
 def map_pairs(golden: Dump, my: Dump, user_mapping: UserMapping | None) -> list[Pair] | None:
@@ -377,4 +426,3 @@ def map_pairs(golden: Dump, my: Dump, user_mapping: UserMapping | None) -> list[
     if golden_is_atb and _is_module_dump(my):
         return _atb_torch_pairs(golden, my, atb_is_golden=True, user_mapping=user_mapping)
     return None
-

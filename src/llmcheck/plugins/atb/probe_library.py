@@ -60,11 +60,11 @@ def _read_dynsym(image: mmap.mmap, library: Path) -> list[str]:
     order = "<" if image[5] == 1 else ">"
     try:
         if is_64:
-            section_offset, = struct.unpack_from(order + "Q", image, 0x28)
+            (section_offset,) = struct.unpack_from(order + "Q", image, 0x28)
             entry_size, count = struct.unpack_from(order + "HH", image, 0x3A)
             header_format, symbol_size = order + "IIQQQQIIQQ", 24
         else:
-            section_offset, = struct.unpack_from(order + "I", image, 0x20)
+            (section_offset,) = struct.unpack_from(order + "I", image, 0x20)
             entry_size, count = struct.unpack_from(order + "HH", image, 0x2E)
             header_format, symbol_size = order + "IIIIIIIIII", 16
         sections = [struct.unpack_from(header_format, image, section_offset + i * entry_size) for i in range(count)]
@@ -75,12 +75,14 @@ def _read_dynsym(image: mmap.mmap, library: Path) -> list[str]:
             table_offset, table_size, link = section[4], section[5], section[6]
             strings_offset, strings_size = sections[link][4], sections[link][5]
             for position in range(table_offset, table_offset + table_size, symbol_size):
-                name_offset, = struct.unpack_from(order + "I", image, position)
+                (name_offset,) = struct.unpack_from(order + "I", image, position)
                 if name_offset == 0 or name_offset >= strings_size:
                     continue
                 start = strings_offset + name_offset
                 end = image.find(b"\0", start, strings_offset + strings_size)
-                names.append(image[start:end if end >= 0 else strings_offset + strings_size].decode("ascii", "replace"))
+                names.append(
+                    image[start : end if end >= 0 else strings_offset + strings_size].decode("ascii", "replace")
+                )
         return names
     except (struct.error, IndexError, ValueError) as exc:
         raise LlmcheckError(f"malformed ELF section table: {exc}", where=library) from exc
@@ -93,16 +95,22 @@ def uses_cxx11_abi(libatb: Path) -> bool:
     """
     probe_symbols = [name for name in dynamic_symbols(libatb) if "Probe" in name]
     if not probe_symbols:
-        raise BackendUnavailableError("libatb.so exports no atb::Probe symbols, so it has no dump hooks",
-                                      where=libatb, hint="use an ATB release from 2023-12 or later")
+        raise BackendUnavailableError(
+            "libatb.so exports no atb::Probe symbols, so it has no dump hooks",
+            where=libatb,
+            hint="use an ATB release from 2023-12 or later",
+        )
     return any("cxx11" in name for name in probe_symbols)
 
 
 def _check_not_writable_by_others(library: Path) -> None:
     mode = library.stat().st_mode
     if mode & (stat.S_IWGRP | stat.S_IWOTH):
-        raise LlmcheckError("probe library is writable by group or others; refusing to preload it", where=library,
-                            hint=f"chmod go-w {library}")
+        raise LlmcheckError(
+            "probe library is writable by group or others; refusing to preload it",
+            where=library,
+            hint=f"chmod go-w {library}",
+        )
 
 
 def choose_probe(environ: dict[str, str] | os._Environ[str]) -> ProbeChoice:
@@ -118,20 +126,31 @@ def choose_probe(environ: dict[str, str] | os._Environ[str]) -> ProbeChoice:
     if not toolkit.is_dir():
         raise BackendUnavailableError(
             "no Ascend toolkit here: ASCEND_TOOLKIT_HOME is unset and /usr/local/Ascend/ascend-toolkit/latest "
-            "does not exist" if "ASCEND_TOOLKIT_HOME" not in environ else "ASCEND_TOOLKIT_HOME is not a folder",
-            where=toolkit, hint=f"source the CANN set_env.sh, or give the probe library with {PROBE_ENV}=PATH")
+            "does not exist"
+            if "ASCEND_TOOLKIT_HOME" not in environ
+            else "ASCEND_TOOLKIT_HOME is not a folder",
+            where=toolkit,
+            hint=f"source the CANN set_env.sh, or give the probe library with {PROBE_ENV}=PATH",
+        )
     atb_home = environ.get("ATB_HOME_PATH")
     if not atb_home:
-        raise BackendUnavailableError("ATB_HOME_PATH is not set, so libatb.so's ABI cannot be checked",
-                                      where=toolkit, hint="source ATB's set_env.sh (nnal/atb/set_env.sh)")
+        raise BackendUnavailableError(
+            "ATB_HOME_PATH is not set, so libatb.so's ABI cannot be checked",
+            where=toolkit,
+            hint="source ATB's set_env.sh (nnal/atb/set_env.sh)",
+        )
     libatb = Path(atb_home) / "lib" / "libatb.so"
     if not libatb.is_file():
-        raise BackendUnavailableError("no libatb.so under ATB_HOME_PATH", where=libatb,
-                                      hint="check ATB_HOME_PATH points at an ATB install")
+        raise BackendUnavailableError(
+            "no libatb.so under ATB_HOME_PATH", where=libatb, hint="check ATB_HOME_PATH points at an ATB install"
+        )
     abi = 1 if uses_cxx11_abi(libatb) else 0
     path = toolkit / PROBE_DIR / PROBE_NAMES[abi]
     if not path.is_file():
-        raise BackendUnavailableError(f"the ABI-{abi} probe library is missing", where=path,
-                                      hint=f"install a CANN toolkit that ships it, or set {PROBE_ENV}=PATH")
+        raise BackendUnavailableError(
+            f"the ABI-{abi} probe library is missing",
+            where=path,
+            hint=f"install a CANN toolkit that ships it, or set {PROBE_ENV}=PATH",
+        )
     _check_not_writable_by_others(path)
     return ProbeChoice(path.absolute(), abi, f"libatb.so {'uses' if abi else 'does not use'} the C++11 ABI")

@@ -96,11 +96,15 @@ def _node(path: Path, node: Any, depth: int) -> AtbGraphNode:
         raise DumpFormatError(f"{where}: nodes must be a list", where=path)
     _, op_id = split_op_name(op_name)
     return AtbGraphNode(
-        op_name=op_name, op_type=op_type or split_op_name(op_name)[0], op_id=None if is_model else op_id,
+        op_name=op_name,
+        op_type=op_type or split_op_name(op_name)[0],
+        op_id=None if is_model else op_id,
         param=_param(path, node, where),
-        inputs=_names(path, node, "inTensors", where), outputs=_names(path, node, "outTensors", where),
+        inputs=_names(path, node, "inTensors", where),
+        outputs=_names(path, node, "outTensors", where),
         internals=_names(path, node, "internalTensors", where),
-        children=tuple(_node(path, child, depth + 1) for child in children), is_model=is_model,
+        children=tuple(_node(path, child, depth + 1) for child in children),
+        is_model=is_model,
         extra={key: node[key] for key in ("weightTensors", "kCacheTensors", "vCacheTensors") if key in node},
     )
 
@@ -163,7 +167,10 @@ def to_topology_node(node: AtbGraphNode) -> TopologyNode:
     if node.param:
         attrs["op_param"] = dict(node.param)
     return TopologyNode(
-        name=node.op_id or node.op_name, op_type=node.op_type,
+        name=node.op_id or node.op_name,
+        op_type=node.op_type,
         children=tuple(to_topology_node(child) for child in node.children),
-        inputs=node.inputs, outputs=node.outputs, attrs=attrs,
+        inputs=node.inputs,
+        outputs=node.outputs,
+        attrs=attrs,
     )

@@ -53,8 +53,9 @@ def _causal(queries: int, keys: int) -> torch.Tensor:
     return torch.where(cols > rows + offset, MASKED_SCORE, 0.0).to(torch.float64)
 
 
-def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, params: Mapping[str, Any],
-            mask: torch.Tensor | None) -> torch.Tensor:
+def _attend(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, params: Mapping[str, Any], mask: torch.Tensor | None
+) -> torch.Tensor:
     """Return the attention of ``q [s_q, H, d]`` over ``k, v [s_kv, KH, d]`` as ``[s_q, H, d_v]``."""
     heads, kv_heads = q.shape[1], k.shape[1]
     require(heads % kv_heads == 0, f"{heads} query heads do not share {kv_heads} kv heads evenly")
@@ -70,13 +71,21 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, params: Mapping[s
 
 
 def _check_variant(params: Mapping[str, Any]) -> int:
-    for name, default in (("quantType", 0), ("mlaVHeadSize", 0), ("inputLayout", 0), ("scaleType", 0),
-                          ("windowSize", 0), ("compressType", 0)):
+    for name, default in (
+        ("quantType", 0),
+        ("mlaVHeadSize", 0),
+        ("inputLayout", 0),
+        ("scaleType", 0),
+        ("windowSize", 0),
+        ("compressType", 0),
+    ):
         require(int(param(params, name, default)) == default, f"{name}={params.get(name)} is not supported")
     require(not bool(param(params, "batchRunStatusEnable", False)), "batchRunStatusEnable is not supported")
     mask_type = int(param(params, "maskType", MASK_NONE))
-    require(mask_type in (MASK_NONE, MASK_NORM, MASK_ALIBI, MASK_NORM_COMPRESS, MASK_CAUSAL),
-            f"maskType {mask_type} is not supported")
+    require(
+        mask_type in (MASK_NONE, MASK_NORM, MASK_ALIBI, MASK_NORM_COMPRESS, MASK_CAUSAL),
+        f"maskType {mask_type} is not supported",
+    )
     return mask_type
 
 
@@ -93,8 +102,10 @@ def _mask_for(mask: torch.Tensor | None, mask_type: int, sequence: int, queries:
         mask = mask[sequence if mask.shape[0] > 1 else 0].unsqueeze(0)
     elif mask.dim() == 2:
         mask = mask.unsqueeze(0)
-    require(mask.shape[-2] >= queries and mask.shape[-1] >= keys,
-            f"mask {list(mask.shape)} is smaller than {queries} queries x {keys} keys")
+    require(
+        mask.shape[-2] >= queries and mask.shape[-1] >= keys,
+        f"mask {list(mask.shape)} is smaller than {queries} queries x {keys} keys",
+    )
     return mask[..., :queries, :keys]
 
 
@@ -121,8 +132,9 @@ def self_attention(inputs: Mapping[str, torch.Tensor], params: Mapping[str, Any]
         start = 0
         for sequence, length in enumerate(lengths):
             block = slice(start, start + length)
-            outputs.append(_attend(q[block], k[block], v[block], params,
-                                   _mask_for(mask, mask_type, sequence, length, length)))
+            outputs.append(
+                _attend(q[block], k[block], v[block], params, _mask_for(mask, mask_type, sequence, length, length))
+            )
             start += length
         return [torch.cat(outputs)]
     bypass = int(param(params, "kvcacheCfg", 0)) == KV_BYPASS
@@ -142,10 +154,17 @@ def self_attention(inputs: Mapping[str, torch.Tensor], params: Mapping[str, Any]
         keys = _heads(cache_k[layer, sequence, :past], kv_heads)
         values = _heads(cache_v[layer, sequence, :past], kv_heads)
         if new_k is not None and new_v is not None:
-            keys = torch.cat([keys, new_k[start:start + length]])
-            values = torch.cat([values, new_v[start:start + length]])
-        outputs.append(_attend(q[start:start + length], keys, values, params,
-                               _mask_for(mask, mask_type, sequence, length, keys.shape[0])))
+            keys = torch.cat([keys, new_k[start : start + length]])
+            values = torch.cat([values, new_v[start : start + length]])
+        outputs.append(
+            _attend(
+                q[start : start + length],
+                keys,
+                values,
+                params,
+                _mask_for(mask, mask_type, sequence, length, keys.shape[0]),
+            )
+        )
         start += length
     return [torch.cat(outputs)]
 
@@ -168,8 +187,10 @@ def paged_attention(inputs: Mapping[str, torch.Tensor], params: Mapping[str, Any
     require(len(context_lengths) == q.shape[0], f"{q.shape[0]} query tokens for {len(context_lengths)} sequences")
     outputs = []
     for sequence, length in enumerate(context_lengths):
-        slots = [int(block_tables[sequence, position // block_size]) * block_size + position % block_size
-                 for position in range(length)]
+        slots = [
+            int(block_tables[sequence, position // block_size]) * block_size + position % block_size
+            for position in range(length)
+        ]
         slot_index = torch.tensor(slots, dtype=torch.int64)
         keys = key_cache.reshape(-1, kv_heads, key_cache.shape[-1])[slot_index]
         values = value_cache.reshape(-1, kv_heads, value_cache.shape[-1])[slot_index]
@@ -178,5 +199,5 @@ def paged_attention(inputs: Mapping[str, torch.Tensor], params: Mapping[str, Any
             block = _as_mask(wide(mask))
             block = block[sequence] if block.dim() >= 3 and block.shape[0] == len(context_lengths) else block
             sequence_mask = block[..., :1, :length] if block.dim() >= 2 else block[:length]
-        outputs.append(_attend(q[sequence:sequence + 1], keys, values, params, sequence_mask))
+        outputs.append(_attend(q[sequence : sequence + 1], keys, values, params, sequence_mask))
     return [torch.cat(outputs)]

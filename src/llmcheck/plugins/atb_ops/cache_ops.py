@@ -30,7 +30,7 @@ def kv_cache(inputs: Mapping[str, torch.Tensor], params: Mapping[str, Any]) -> l
     start = 0
     for sequence, (offset, length) in enumerate(zip(token_offsets.reshape(-1).tolist(), lengths.reshape(-1).tolist())):
         first = int(offset) - int(length)
-        result[layer, sequence, first:first + int(length)] = new_kv[start:start + int(length)].to(cache.dtype)
+        result[layer, sequence, first : first + int(length)] = new_kv[start : start + int(length)].to(cache.dtype)
         start += int(length)
     return [result]
 
@@ -45,8 +45,9 @@ def reshape_and_cache(inputs: Mapping[str, torch.Tensor], params: Mapping[str, A
         blocks, block_size = cache.shape[0], cache.shape[1]
         flat = cache.clone().reshape(blocks * block_size, -1)
         rows = new.reshape(new.shape[0], -1).to(cache.dtype)
-        require(rows.shape[1] == flat.shape[1],
-                f"a token of {rows.shape[1]} values does not fit a slot of {flat.shape[1]}")
+        require(
+            rows.shape[1] == flat.shape[1], f"a token of {rows.shape[1]} values does not fit a slot of {flat.shape[1]}"
+        )
         for token, slot in enumerate(slots.reshape(-1).tolist()):
             if slot >= 0:
                 flat[int(slot)] = rows[token]

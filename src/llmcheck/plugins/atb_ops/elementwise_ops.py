@@ -32,7 +32,11 @@ _Binary = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 _UNARY: dict[int, _Unary] = {3: torch.cos, 4: torch.sin, 5: torch.neg, 20: torch.tanh}
 _BINARY: dict[int, _Binary] = {8: torch.add, 9: torch.mul, 10: torch.div, 15: torch.sub}
 _PREDICATES: dict[int, _Binary] = {
-    11: torch.logical_and, 12: torch.logical_or, 13: torch.lt, 14: torch.gt, 16: torch.eq,
+    11: torch.logical_and,
+    12: torch.logical_or,
+    13: torch.lt,
+    14: torch.gt,
+    16: torch.eq,
 }
 CAST, MULS, QUANT, LOGICAL_NOT = 1, 2, 6, 7
 QUANT_PER_CHANNEL, DEQUANT_PER_CHANNEL, DYNAMIC_QUANT = 17, 18, 19
@@ -62,8 +66,10 @@ def elewise(inputs: Mapping[str, torch.Tensor], params: Mapping[str, Any]) -> li
         quant = sub_params(params, "quantParam")
         return [round_to_int8(x * float(param(quant, "inputScale", 1.0)) + float(param(quant, "inputOffset", 0)))]
     if kind == DYNAMIC_QUANT:
-        require(not bool(param(sub_params(params, "quantParam"), "asymmetric", False)),
-                "asymmetric dynamic quantisation is not supported")
+        require(
+            not bool(param(sub_params(params, "quantParam"), "asymmetric", False)),
+            "asymmetric dynamic quantisation is not supported",
+        )
         scale = x.abs().amax(dim=-1, keepdim=True) / 127.0
         return [round_to_int8(x / scale), scale.squeeze(-1)]
     require(len(tensors) >= 2, f"elewiseType {kind} needs two inputs")

@@ -34,9 +34,11 @@ def _matmul(x: torch.Tensor, weight: torch.Tensor, transpose_a: bool, transpose_
     if transpose_b:
         weight = weight.transpose(-1, -2)
     reduced = x.shape[-1]
-    require(weight.shape[-2] >= reduced,
-            f"x {list(x.shape)} and weight {list(weight.shape)} do not multiply (transposeA={transpose_a}, "
-            f"transposeB={transpose_b})")
+    require(
+        weight.shape[-2] >= reduced,
+        f"x {list(x.shape)} and weight {list(weight.shape)} do not multiply (transposeA={transpose_a}, "
+        f"transposeB={transpose_b})",
+    )
     return x @ weight[..., :reduced, :]
 
 
@@ -48,18 +50,19 @@ def linear(inputs: Mapping[str, torch.Tensor], params: Mapping[str, Any]) -> lis
     has_bias = bool(param(params, "hasBias", True))
     quantised = int(param(params, "outDataType", ACL_DT_UNDEFINED)) != ACL_DT_UNDEFINED
     accumulate = bool(param(params, "enAccum", False))
-    result = _matmul(tensors[0], tensors[1], bool(param(params, "transposeA", False)),
-                     bool(param(params, "transposeB", True)))
+    result = _matmul(
+        tensors[0], tensors[1], bool(param(params, "transposeA", False)), bool(param(params, "transposeB", True))
+    )
     extra = 2
     if has_bias:
         require(len(tensors) > extra, "hasBias is set but the dump holds no bias input")
         bias = wide(tensors[extra]).reshape(-1)
-        result = result[..., :bias.numel()] + bias
+        result = result[..., : bias.numel()] + bias
         extra += 1
     if quantised:
         require(len(tensors) > extra, "outDataType asks for a quantised linear but the dump holds no deqScale input")
         scale = int32_bits_as_float(tensors[extra]).reshape(-1)
-        result = result[..., :scale.numel()] * scale
+        result = result[..., : scale.numel()] * scale
         extra += 1
     if accumulate:
         require(len(tensors) > extra, "enAccum is set but the dump holds no accumulator input")
@@ -70,5 +73,8 @@ def linear(inputs: Mapping[str, torch.Tensor], params: Mapping[str, Any]) -> lis
 def matmul(inputs: Mapping[str, torch.Tensor], params: Mapping[str, Any]) -> list[torch.Tensor]:
     """Return ``a @ b`` of a MatmulOperation (the deprecated plain matmul)."""
     tensors = positional(inputs, at_least=2)
-    return [_matmul(tensors[0], tensors[1], bool(param(params, "transposeA", False)),
-                    bool(param(params, "transposeB", False)))]
+    return [
+        _matmul(
+            tensors[0], tensors[1], bool(param(params, "transposeA", False)), bool(param(params, "transposeB", False))
+        )
+    ]

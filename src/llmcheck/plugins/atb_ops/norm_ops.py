@@ -41,8 +41,13 @@ def _form(params: Mapping[str, Any]) -> _NormForm:
     layer_type = int(param(params, "layerType", 0))
     require(layer_type in _STRUCT, f"layerType {layer_type} is not NORM, PRENORM or POSTNORM")
     form = sub_params(params, _STRUCT[layer_type])
-    return _NormForm(layer_type, form, float(param(form, "epsilon", 1e-5)), int(param(form, "quantType", 0)),
-                     int(param(form, "dynamicQuantType", 0)))
+    return _NormForm(
+        layer_type,
+        form,
+        float(param(form, "epsilon", 1e-5)),
+        int(param(form, "quantType", 0)),
+        int(param(form, "dynamicQuantType", 0)),
+    )
 
 
 def _rms(x: torch.Tensor, gamma: torch.Tensor, epsilon: float) -> torch.Tensor:
@@ -105,8 +110,9 @@ def layer_norm(inputs: Mapping[str, torch.Tensor], params: Mapping[str, Any]) ->
     if layer_type == NORM:
         x, gamma, beta = tensors[:3]
         begin = int(param(form, "beginNormAxis", 0))
-        normed = torch.nn.functional.layer_norm(x, x.shape[begin:], gamma.reshape(x.shape[begin:]),
-                                                beta.reshape(x.shape[begin:]), epsilon)
+        normed = torch.nn.functional.layer_norm(
+            x, x.shape[begin:], gamma.reshape(x.shape[begin:]), beta.reshape(x.shape[begin:]), epsilon
+        )
         if quant != QUANT_INT8:
             return [normed]
         require(dynamic != 0, "static int8 LayerNorm is not supported (only dynamic quantisation)")

@@ -16,8 +16,16 @@ from llmcheck.plugin_api import UnsupportedOpError
 
 #: aclDataType codes a parameter can name (``outDataType``, ``outTensorType``), as torch dtypes.
 ACL_DTYPES: dict[int, torch.dtype] = {
-    0: torch.float32, 1: torch.float16, 2: torch.int8, 3: torch.int32, 4: torch.uint8, 6: torch.int16,
-    9: torch.int64, 11: torch.float64, 12: torch.bool, 27: torch.bfloat16,
+    0: torch.float32,
+    1: torch.float16,
+    2: torch.int8,
+    3: torch.int32,
+    4: torch.uint8,
+    6: torch.int16,
+    9: torch.int64,
+    11: torch.float64,
+    12: torch.bool,
+    27: torch.bfloat16,
 }
 #: ``ACL_DT_UNDEFINED``: the output keeps the input's dtype.
 ACL_DT_UNDEFINED = -1
@@ -74,5 +82,5 @@ def int32_bits_as_float(scale: torch.Tensor) -> torch.Tensor:
     if scale.dtype.is_floating_point:
         return wide(scale)
     low_bits = (scale.to(torch.int64) & 0xFFFFFFFF).to(torch.int64)
-    signed = torch.where(low_bits >= 2 ** 31, low_bits - 2 ** 32, low_bits).to(torch.int32)
+    signed = torch.where(low_bits >= 2**31, low_bits - 2**32, low_bits).to(torch.int32)
     return signed.view(torch.float32).to(torch.float64)

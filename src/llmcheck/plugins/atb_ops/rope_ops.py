@@ -32,14 +32,17 @@ def rope(inputs: Mapping[str, torch.Tensor], params: Mapping[str, Any]) -> list[
     require(int(param(params, "cosFormat", 0)) == 0, "cosFormat 1 is not supported")
     head_size = cos.shape[-1]
     coefficient = int(param(params, "rotaryCoeff", 4))
-    require(coefficient >= 2 and coefficient % 2 == 0 and head_size % coefficient == 0,
-            f"rotaryCoeff {coefficient} does not divide head size {head_size}")
+    require(
+        coefficient >= 2 and coefficient % 2 == 0 and head_size % coefficient == 0,
+        f"rotaryCoeff {coefficient} does not divide head size {head_size}",
+    )
     tokens = q.numel() // q.shape[-1] if q.dim() <= 2 else q.shape[0] * q.shape[1]
     cos_rows = cos.reshape(-1, head_size)
     sin_rows = sin.reshape(-1, head_size)
     if cos_rows.shape[0] != tokens:
-        require(q.dim() == 4 and cos_rows.shape[0] == q.shape[1],
-                f"cos has {cos_rows.shape[0]} rows for {tokens} tokens")
+        require(
+            q.dim() == 4 and cos_rows.shape[0] == q.shape[1], f"cos has {cos_rows.shape[0]} rows for {tokens} tokens"
+        )
         cos_rows = cos_rows.repeat(q.shape[0], 1)
         sin_rows = sin_rows.repeat(q.shape[0], 1)
     cos_rows, sin_rows = cos_rows.unsqueeze(1), sin_rows.unsqueeze(1)

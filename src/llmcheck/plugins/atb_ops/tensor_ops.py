@@ -22,7 +22,7 @@ def gather(inputs: Mapping[str, torch.Tensor], params: Mapping[str, Any]) -> lis
     axis = int(param(params, "axis", 0)) % x.dim()
     require(int(param(params, "batchDims", 0)) == 0, "batchDims other than 0 is not supported")
     picked = x.index_select(axis, indices.reshape(-1).to(torch.int64))
-    return [picked.reshape(*x.shape[:axis], *indices.shape, *x.shape[axis + 1:])]
+    return [picked.reshape(*x.shape[:axis], *indices.shape, *x.shape[axis + 1 :])]
 
 
 def concat(inputs: Mapping[str, torch.Tensor], params: Mapping[str, Any]) -> list[torch.Tensor]:

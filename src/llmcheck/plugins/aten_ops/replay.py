@@ -65,8 +65,9 @@ def _draws_random(operator: torch._ops.OpOverload, args: list[Any], kwargs: dict
     """Return whether this call uses randomness: a seeded op, unless its dropout is off (``p`` 0 or not training)."""
     if torch.Tag.nondeterministic_seeded not in operator.tags:
         return False
-    values = {argument.name: argument.default_value for argument in operator._schema.arguments
-              if argument.has_default_value()}
+    values = {
+        argument.name: argument.default_value for argument in operator._schema.arguments if argument.has_default_value()
+    }
     values.update({argument.name: value for argument, value in zip(operator._schema.arguments, args)})
     values.update(kwargs)
     if values.get("train") is False:
@@ -90,6 +91,7 @@ class AtenReplay:
             raise UnsupportedOpError(f"{self.op_type} cannot be replayed: {UNREPLAYABLE[name]}")
         device = next(iter(inputs.values())).device if inputs else torch.device("cpu")
         widened = {position: _widened(tensor, device) for position, tensor in inputs.items()}
+
         def tensor_at(position: str) -> torch.Tensor:
             if position not in widened:
                 raise UnsupportedOpError(f"tensor argument {position} is not in the dump")

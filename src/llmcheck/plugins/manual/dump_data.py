@@ -45,13 +45,25 @@ TENSOR_KEY = "tensor"
 MAX_FILE_NAME_BYTES = 200
 
 
-def _mapped_signature(token_id: int, data_id: Any, golden_data: Any, my_path: str | os.PathLike[str],
-                      output_path: str | os.PathLike[str] = "./") -> None:
+def _mapped_signature(
+    token_id: int,
+    data_id: Any,
+    golden_data: Any,
+    my_path: str | os.PathLike[str],
+    output_path: str | os.PathLike[str] = "./",
+) -> None:
     """The first seed document's signature."""
 
 
-def _sided_signature(data_src: str, data_id: Any, data_val: Any = None, tensor_path: str | None = None,
-                     token_id: int = 0, *, output_path: str | os.PathLike[str] = "./") -> None:
+def _sided_signature(
+    data_src: str,
+    data_id: Any,
+    data_val: Any = None,
+    tensor_path: str | None = None,
+    token_id: int = 0,
+    *,
+    output_path: str | os.PathLike[str] = "./",
+) -> None:
     """The second seed document's signature (``output_path`` added: the folder ``{pid}_cmp_dump_data`` goes in)."""
 
 
@@ -90,7 +102,7 @@ def tensor_file_name(data_id: str) -> str:
     """
     stem = quote(data_id, safe="")
     if len(stem) > MAX_FILE_NAME_BYTES:
-        stem = f"{stem[:MAX_FILE_NAME_BYTES - 17]}~{hashlib.sha256(data_id.encode()).hexdigest()[:16]}"
+        stem = f"{stem[: MAX_FILE_NAME_BYTES - 17]}~{hashlib.sha256(data_id.encode()).hexdigest()[:16]}"
     return f"{stem}{TENSOR_SUFFIX}"
 
 
@@ -121,8 +133,9 @@ def _device_index(tensor: torch.Tensor) -> int:
     return tensor.get_device() if tensor.device.type != "cpu" else -1
 
 
-def _dump_mapped(token_id: int, data_id: Any, golden_data: Any, my_path: str | os.PathLike[str],
-                 output_path: str | os.PathLike[str]) -> Path:
+def _dump_mapped(
+    token_id: int, data_id: Any, golden_data: Any, my_path: str | os.PathLike[str], output_path: str | os.PathLike[str]
+) -> Path:
     import torch
 
     token, name = _token(token_id), _data_id(data_id)
@@ -141,24 +154,37 @@ def _dump_mapped(token_id: int, data_id: Any, golden_data: Any, my_path: str | o
 def _atb_tensor_path(tensor_path: str) -> str:
     path = PurePosixPath(str(tensor_path).replace("\\", "/"))
     if not str(path).strip() or path.is_absolute() or ".." in path.parts:
-        raise PathOutsideDumpError(f"tensor_path {tensor_path!r} must be relative to the ATB dump's execute-count "
-                                   "folder, without '..'", where="dump_data",
-                                   hint="e.g. 0_Model/0_Layer/6_NormOpsRunner/after/outTensor0.bin")
+        raise PathOutsideDumpError(
+            f"tensor_path {tensor_path!r} must be relative to the ATB dump's execute-count folder, without '..'",
+            where="dump_data",
+            hint="e.g. 0_Model/0_Layer/6_NormOpsRunner/after/outTensor0.bin",
+        )
     return path.as_posix()
 
 
-def _dump_side(data_src: str, data_id: Any, data_val: Any, tensor_path: str | None, token_id: int,
-               output_path: str | os.PathLike[str]) -> Path:
+def _dump_side(
+    data_src: str,
+    data_id: Any,
+    data_val: Any,
+    tensor_path: str | None,
+    token_id: int,
+    output_path: str | os.PathLike[str],
+) -> Path:
     if data_src not in (GOLDEN, ACL):
         raise UsageError(f"data_src must be 'golden' or 'acl', got {data_src!r}", where="dump_data")
     if (data_val is None) == (tensor_path is None):
-        raise UsageError("give data_val (high level: the tensor) or tensor_path (low level: a tensor of the ATB "
-                         "dump), exactly one", where="dump_data")
+        raise UsageError(
+            "give data_val (high level: the tensor) or tensor_path (low level: a tensor of the ATB dump), exactly one",
+            where="dump_data",
+        )
     token, name = _token(token_id), _data_id(data_id)
     folder = Path(output_path) / f"{os.getpid()}_cmp_dump_data" / f"{data_src}_tensor"
     if data_val is not None:
         entry: Any = _save_tensor(data_val, folder, token, name, "data_val")
     else:
-        entry = {"atb_tensor_path": _atb_tensor_path(str(tensor_path)), "pid": os.getpid(),
-                 "atb_output_dir": os.environ.get("ATB_OUTPUT_DIR")}
+        entry = {
+            "atb_tensor_path": _atb_tensor_path(str(tensor_path)),
+            "pid": os.getpid(),
+            "atb_output_dir": os.environ.get("ATB_OUTPUT_DIR"),
+        }
     return record_entry(folder, name, token, entry)

@@ -56,15 +56,21 @@ def find_metadata(path: Path) -> Path | None:
     found: list[Path] = []
     level = [path]
     for _ in range(SEARCH_DEPTH + 1):
-        found = [folder / METADATA_NAME for folder in level
-                 if folder.name in SIDE_FOLDERS and (folder / METADATA_NAME).is_file()]
+        found = [
+            folder / METADATA_NAME
+            for folder in level
+            if folder.name in SIDE_FOLDERS and (folder / METADATA_NAME).is_file()
+        ]
         if found:
             break
         level = sorted(child for folder in level for child in _subfolders(folder))
     if len(found) > 1:
         listing = ", ".join(str(candidate.relative_to(path)) for candidate in found)
-        raise DumpNotFoundError(f"holds {len(found)} manual dumps: {listing}", where=path,
-                                hint="pass one metadata.json (golden and acl sides are given separately)")
+        raise DumpNotFoundError(
+            f"holds {len(found)} manual dumps: {listing}",
+            where=path,
+            hint="pass one metadata.json (golden and acl sides are given separately)",
+        )
     return found[0] if found else None
 
 
@@ -93,18 +99,27 @@ def resolve_tensor_file(entry_path: str, metadata: Path) -> Path:
     path = PurePath(entry_path)
     root = manual_dump_root(metadata)
     if ".." in path.parts:  # dump_data never writes one: such an entry would read a file outside the dump
-        raise PathOutsideDumpError(f"names {entry_path!r}, a path that climbs out of the dump", where=metadata,
-                                   hint="entries are paths dump_data wrote, relative to metadata.json's folder")
+        raise PathOutsideDumpError(
+            f"names {entry_path!r}, a path that climbs out of the dump",
+            where=metadata,
+            hint="entries are paths dump_data wrote, relative to metadata.json's folder",
+        )
     parts = [part for part in path.parts if part not in (path.anchor, ".")]
     candidates = [folder.joinpath(*parts[start:]) for folder in (metadata.parent, root) for start in range(len(parts))]
     found = next((candidate for candidate in candidates if candidate.is_file() or candidate.is_symlink()), None)
     if found is not None:
         return inside_dump(found, root)
     if path.is_absolute() and Path(path).exists():
-        raise PathOutsideDumpError(f"names {entry_path!r}, outside the dump {root}", where=metadata,
-                                   hint="keep the tensor files inside the dump folder dump_data wrote")
-    raise DumpNotFoundError(f"names {entry_path!r}, which is not in the dump {root}", where=metadata,
-                            hint="the tensor files must stay where dump_data wrote them, beside metadata.json")
+        raise PathOutsideDumpError(
+            f"names {entry_path!r}, outside the dump {root}",
+            where=metadata,
+            hint="keep the tensor files inside the dump folder dump_data wrote",
+        )
+    raise DumpNotFoundError(
+        f"names {entry_path!r}, which is not in the dump {root}",
+        where=metadata,
+        hint="the tensor files must stay where dump_data wrote them, beside metadata.json",
+    )
 
 
 def resolve_atb_tensor(entry: Mapping[str, Any], token_id: str, metadata: Path) -> Path:
@@ -126,14 +141,19 @@ def resolve_atb_tensor(entry: Mapping[str, Any], token_id: str, metadata: Path) 
                     matches.extend(sorted((dump_root / tensors).glob(f"{run}/{token_id}/{relative}")))
     matches = list(dict.fromkeys(matches))
     if len(matches) > 1:
-        raise DumpNotFoundError(f"ATB tensor {relative} of token {token_id} is in {len(matches)} dumps: "
-                                + ", ".join(str(match) for match in matches), where=metadata,
-                                hint="keep one ATB dump of that process beside the manual dump")
+        raise DumpNotFoundError(
+            f"ATB tensor {relative} of token {token_id} is in {len(matches)} dumps: "
+            + ", ".join(str(match) for match in matches),
+            where=metadata,
+            hint="keep one ATB dump of that process beside the manual dump",
+        )
     if not matches:
         searched = ", ".join(str(root) for root in dict.fromkeys(roots))
-        raise DumpNotFoundError(f"ATB tensor {relative} of token {token_id} (pid {pid}) is in no ATB dump under "
-                                f"{searched}", where=metadata,
-                                hint="run the acl side under 'llmcheck dump --backend atb' so ATB saves that tensor")
+        raise DumpNotFoundError(
+            f"ATB tensor {relative} of token {token_id} (pid {pid}) is in no ATB dump under {searched}",
+            where=metadata,
+            hint="run the acl side under 'llmcheck dump --backend atb' so ATB saves that tensor",
+        )
     return matches[0]
 
 
@@ -142,12 +162,16 @@ def load_tensor_record(path: Path, metadata: Path) -> TensorRecord:
     try:
         dump = load_dump(path)
     except DumpNotFoundError as exc:
-        raise DumpNotFoundError(f"names {path}, which no plugin reads as a tensor file ({exc.what})",
-                                where=metadata) from exc
+        raise DumpNotFoundError(
+            f"names {path}, which no plugin reads as a tensor file ({exc.what})", where=metadata
+        ) from exc
     with_data = [record for record in dump.records if record.data is not None]
     if len(with_data) != 1:
-        raise DumpFormatError(f"names {path}, which holds {len(with_data)} tensors with data; a manual mapping "
-                              "entry names a file of exactly one tensor", where=metadata)
+        raise DumpFormatError(
+            f"names {path}, which holds {len(with_data)} tensors with data; a manual mapping "
+            "entry names a file of exactly one tensor",
+            where=metadata,
+        )
     return with_data[0]
 
 
@@ -159,8 +183,11 @@ def load_manual_dump(path: Path) -> Dump | None:
     mapping = read_metadata(metadata)
     forms = {isinstance(entry, list) for tokens in mapping.values() for entry in tokens.values()}
     if len(forms) > 1:
-        raise DumpFormatError("mixes [golden, my] pairs with single-side entries", where=metadata,
-                              hint="each dump_data signature writes its own metadata.json")
+        raise DumpFormatError(
+            "mixes [golden, my] pairs with single-side entries",
+            where=metadata,
+            hint="each dump_data signature writes its own metadata.json",
+        )
     form = FORM_MAPPED if forms == {True} else FORM_SIDED
     records: list[TensorRecord] = []
     missing: list[str] = []  # every entry whose file is not found, named together
@@ -174,14 +201,20 @@ def load_manual_dump(path: Path) -> Dump | None:
                 missing.append(f"data_id {data_id} token {token_id} {exc.what}")
     if missing:
         shown = "; ".join(missing[:MISSING_LISTED]) + ("; ..." if len(missing) > MISSING_LISTED else "")
-        raise DumpNotFoundError(f"{len(missing)} of {len(missing) + len(records)} entries name tensor files that are "
-                                f"not found: {shown}", where=metadata,
-                                hint=f"paths are looked for below {metadata.parent} and {manual_dump_root(metadata)}")
+        raise DumpNotFoundError(
+            f"{len(missing)} of {len(missing) + len(records)} entries name tensor files that are not found: {shown}",
+            where=metadata,
+            hint=f"paths are looked for below {metadata.parent} and {manual_dump_root(metadata)}",
+        )
     records.sort(key=lambda record: (record.key.step, record.order))
     records = [record.with_changes(order=order) for order, record in enumerate(records)]
     side = metadata.parent.name.removesuffix("_tensor") if metadata.parent.name in SIDE_FOLDERS else "golden"
-    return Dump(source=SOURCE_NAME, root=metadata.parent, records=records,
-                manifest={"format": SOURCE_NAME, "metadata": str(metadata), "form": form, "side": side})
+    return Dump(
+        source=SOURCE_NAME,
+        root=metadata.parent,
+        records=records,
+        manifest={"format": SOURCE_NAME, "metadata": str(metadata), "form": form, "side": side},
+    )
 
 
 def _record(metadata: Path, data_id: str, token_id: str, entry: Any, order: int) -> TensorRecord:
@@ -199,6 +232,10 @@ def _record(metadata: Path, data_id: str, token_id: str, entry: Any, order: int)
     except LlmcheckError as exc:
         raise type(exc)(f"data_id {data_id} token {token_id}: {exc.what}", where=exc.where, hint=exc.hint) from exc
     return found.with_changes(
-        key=RecordKey(name=data_id, step=int(token_id)), order=order, op_type=None, parent=None,
-        source_path=os.path.relpath(tensor_file, metadata.parent), attrs=attrs,
+        key=RecordKey(name=data_id, step=int(token_id)),
+        order=order,
+        op_type=None,
+        parent=None,
+        source_path=os.path.relpath(tensor_file, metadata.parent),
+        attrs=attrs,
     )

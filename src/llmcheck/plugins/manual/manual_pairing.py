@@ -40,10 +40,17 @@ def mapped_pairs(golden: Dump, my: Dump) -> list[Pair]:
             used.add(id(counterpart))  # the my dump's own record: kept as it is, so the core sees it paired
         else:
             counterpart = load_tensor_record(my_file, metadata).with_changes(
-                key=record.key, order=record.order, source_path=str(my_file),
-                attrs={"data_id": record.attrs["data_id"], "token_id": record.attrs["token_id"]})
+                key=record.key,
+                order=record.order,
+                source_path=str(my_file),
+                attrs={"data_id": record.attrs["data_id"], "token_id": record.attrs["token_id"]},
+            )
         pairs.append(Pair(record, counterpart, RULE, PairPriority.USER_MAPPING))
-    pairs.extend(Pair(None, record, RULE, PairPriority.USER_MAPPING, note=NOT_NAMED) for record in my.records if id(record) not in used)
+    pairs.extend(
+        Pair(None, record, RULE, PairPriority.USER_MAPPING, note=NOT_NAMED)
+        for record in my.records
+        if id(record) not in used
+    )
     return pairs
 
 
@@ -54,12 +61,23 @@ def sided_pairs(golden: Dump, my: Dump) -> list[Pair]:
     pairs = []
     for record in golden.records:
         counterpart = mine.get((record.key.name, record.key.step))
-        note = "" if counterpart else (f"data_id {record.key.name} token {record.key.step} "
-                                       f"has no {my.manifest['side']} entry")
+        note = (
+            ""
+            if counterpart
+            else (f"data_id {record.key.name} token {record.key.step} has no {my.manifest['side']} entry")
+        )
         pairs.append(Pair(record, counterpart, RULE, PairPriority.USER_MAPPING, note=note))
-    pairs.extend(Pair(None, record, RULE, PairPriority.USER_MAPPING,
-                      note=f"data_id {record.key.name} token {record.key.step} has no {golden.manifest['side']} entry")
-                 for record in my.records if (record.key.name, record.key.step) not in goldens)
+    pairs.extend(
+        Pair(
+            None,
+            record,
+            RULE,
+            PairPriority.USER_MAPPING,
+            note=f"data_id {record.key.name} token {record.key.step} has no {golden.manifest['side']} entry",
+        )
+        for record in my.records
+        if (record.key.name, record.key.step) not in goldens
+    )
     return pairs
 
 

@@ -46,8 +46,9 @@ class AtbTensorEntry(msgspec.Struct):
 #: The declared schema of a metadata.json: ``{data_id: {token_id: entry}}``, entry one of the three shapes.
 #: (A constrained ``str`` as a member of the entry union crashes msgspec 0.22 on arrays: the plain
 #: path is left unconstrained; an empty one is reported as a missing file.)
-MetadataSchema = dict[str, Annotated[dict[TokenId, str | tuple[NonEmptyText, NonEmptyText] | AtbTensorEntry],
-                                     msgspec.Meta(min_length=1)]]
+MetadataSchema = dict[
+    str, Annotated[dict[TokenId, str | tuple[NonEmptyText, NonEmptyText] | AtbTensorEntry], msgspec.Meta(min_length=1)]
+]
 
 
 def parse_metadata(value: Any, where: Path) -> dict[str, dict[str, Any]]:
@@ -92,8 +93,9 @@ def record_entry(folder: Path, data_id: str, token_id: str, entry: Any) -> Path:
         current = read_metadata(path) if path.exists() else {}
         previous = current.get(data_id, {}).get(token_id)
         if previous is not None and previous != entry:
-            log.warning("%s: data_id %s token %s dumped again; the later call replaces %r", path, data_id, token_id,
-                        previous)
+            log.warning(
+                "%s: data_id %s token %s dumped again; the later call replaces %r", path, data_id, token_id, previous
+            )
         current.setdefault(data_id, {})[token_id] = entry
         atomic_write_text(path, json.dumps(current, indent=1) + "\n")
     finally:

@@ -22,8 +22,13 @@ SOURCE_NAME = "msprobe"
 @hookimpl
 def llmcheck_register_sources(register: Callable[[SourceInfo], None]) -> None:
     """Register the "msprobe" source."""
-    register(SourceInfo(SOURCE_NAME, "MindStudio Probe (msprobe) PyTorch dump: step*/rank*/dump.json "
-                                     "(+ construct.json, stack.json, dump_tensor_data/*.pt)"))
+    register(
+        SourceInfo(
+            SOURCE_NAME,
+            "MindStudio Probe (msprobe) PyTorch dump: step*/rank*/dump.json "
+            "(+ construct.json, stack.json, dump_tensor_data/*.pt)",
+        )
+    )
 
 
 @hookimpl

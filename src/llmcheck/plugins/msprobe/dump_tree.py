@@ -112,8 +112,11 @@ def load_msprobe_dump(path: Path) -> Dump | None:
     ranks = sorted({folder.rank for folder in folders})
     if len(set(folder.path.name for folder in folders if folder.step == folders[0].step)) > len(ranks):
         listing = ", ".join(str(folder.path) for folder in folders if folder.step == folders[0].step)
-        raise DumpNotFoundError(f"holds the msprobe dumps of several processes of one rank: {listing}",
-                                where=path, hint="pass one step*/proc* folder")
+        raise DumpNotFoundError(
+            f"holds the msprobe dumps of several processes of one rank: {listing}",
+            where=path,
+            hint="pass one step*/proc* folder",
+        )
     root = folders[0].path if len(folders) == 1 else Path(path)
     rank_dumps = [_rank_dump([folder for folder in folders if folder.rank == rank], root) for rank in ranks]
     if len(rank_dumps) == 1:
@@ -133,11 +136,17 @@ def _rank_dump(folders: list[RankFolder], root: Path) -> Dump:
         records.extend(_entry_records(folder, entries, parents, stacks, first_order=len(records)))
     missing = sum(1 for record in records if record.attrs.get("data_missing"))
     if missing:
-        log.warning("%s: %d tensor files named in dump.json are absent; those records are judged on statistics",
-                    root, missing)
-    manifest = {"format": "msprobe", "task": headers[0].get("task"), "level": headers[0].get("level"),
-                "framework": headers[0].get("framework"), "rank": folders[0].rank,
-                "steps": sorted({folder.step for folder in folders})}
+        log.warning(
+            "%s: %d tensor files named in dump.json are absent; those records are judged on statistics", root, missing
+        )
+    manifest = {
+        "format": "msprobe",
+        "task": headers[0].get("task"),
+        "level": headers[0].get("level"),
+        "framework": headers[0].get("framework"),
+        "rank": folders[0].rank,
+        "steps": sorted({folder.step for folder in folders}),
+    }
     return Dump(source=SOURCE_NAME, root=root, records=records, manifest=manifest)
 
 
@@ -145,14 +154,18 @@ def _read_dump_json(path: Path) -> tuple[dict[str, Any], Mapping[str, Any]]:
     try:
         document = json.loads(path.read_bytes())
     except ValueError as exc:
-        raise DumpFormatError(f"not valid JSON ({exc})", where=path,
-                              hint="the dump was cut short or edited; re-run the msprobe dump") from exc
+        raise DumpFormatError(
+            f"not valid JSON ({exc})", where=path, hint="the dump was cut short or edited; re-run the msprobe dump"
+        ) from exc
     except OSError as exc:
         raise DumpFormatError(f"cannot be read: {exc}", where=path) from exc
     entries = document.get("data") if isinstance(document, dict) else None
     if not isinstance(entries, dict):
-        raise DumpFormatError("has no 'data' object of entries", where=path,
-                              hint="an msprobe dump.json holds {task, level, framework, data: {entry: ...}}")
+        raise DumpFormatError(
+            "has no 'data' object of entries",
+            where=path,
+            hint="an msprobe dump.json holds {task, level, framework, data: {entry: ...}}",
+        )
     return {key: value for key, value in document.items() if key != "data"}, entries
 
 
@@ -162,8 +175,9 @@ def _read_optional_json(path: Path) -> Any:
     try:
         return json.loads(path.read_bytes())
     except ValueError as exc:
-        raise DumpFormatError(f"not valid JSON ({exc})", where=path,
-                              hint="the dump was cut short or edited; re-run the msprobe dump") from exc
+        raise DumpFormatError(
+            f"not valid JSON ({exc})", where=path, hint="the dump was cut short or edited; re-run the msprobe dump"
+        ) from exc
 
 
 def _stacks(document: Any) -> dict[str, tuple[str, ...]]:
@@ -173,8 +187,7 @@ def _stacks(document: Any) -> dict[str, tuple[str, ...]]:
         return stacks
     for key, value in document.items():
         # newer msprobe: {"0": [[entry names], [stack lines]]}; older: {entry name: [stack lines]}
-        if (isinstance(value, list) and len(value) == 2 and isinstance(value[0], list)
-                and isinstance(value[1], list)):
+        if isinstance(value, list) and len(value) == 2 and isinstance(value[0], list) and isinstance(value[1], list):
             for entry in value[0]:
                 stacks[str(entry)] = tuple(str(line) for line in value[1])
         elif isinstance(value, list):
@@ -217,8 +230,9 @@ def tensor_items(value: Any, position: str = "") -> Iterator[tuple[str, dict[str
             yield from tensor_items(inner, f"{position}.{index}" if position else str(index))
 
 
-def _entry_records(folder: RankFolder, entries: Mapping[str, Any], parents: Any, stacks: dict[str, tuple[str, ...]],
-                   first_order: int) -> list[TensorRecord]:
+def _entry_records(
+    folder: RankFolder, entries: Mapping[str, Any], parents: Any, stacks: dict[str, tuple[str, ...]], first_order: int
+) -> list[TensorRecord]:
     data_folder = folder.path / TENSOR_FOLDER
     parent_of = parents if isinstance(parents, dict) else {}
     records: list[TensorRecord] = []
@@ -233,22 +247,40 @@ def _entry_records(folder: RankFolder, entries: Mapping[str, Any], parents: Any,
         for section, value in sorted(sections.items(), key=lambda item: _section_rank(item[0])):
             io, prefix = _io_of(section)
             for position, item in tensor_items(value):
-                key = RecordKey(name=name.record_name, io=io, position=prefix + position, step=folder.step,
-                                call_index=name.call_index, moment=MOMENT_BEFORE if io == IO_INPUT else MOMENT_AFTER)
-                records.append(_record(key, item, name.op_type, parent, folder, data_folder,
-                                       first_order + len(records), attrs_base))
+                key = RecordKey(
+                    name=name.record_name,
+                    io=io,
+                    position=prefix + position,
+                    step=folder.step,
+                    call_index=name.call_index,
+                    moment=MOMENT_BEFORE if io == IO_INPUT else MOMENT_AFTER,
+                )
+                records.append(
+                    _record(
+                        key, item, name.op_type, parent, folder, data_folder, first_order + len(records), attrs_base
+                    )
+                )
     return records
 
 
-def _record(key: RecordKey, item: Mapping[str, Any], op_type: str, parent: str | None, folder: RankFolder,
-            data_folder: Path, order: int, attrs_base: Mapping[str, Any]) -> TensorRecord:
+def _record(
+    key: RecordKey,
+    item: Mapping[str, Any],
+    op_type: str,
+    parent: str | None,
+    folder: RankFolder,
+    data_folder: Path,
+    order: int,
+    attrs_base: Mapping[str, Any],
+) -> TensorRecord:
     where = folder.path / DUMP_JSON
     dtype = str(item["dtype"]).removeprefix("torch.")
     try:
         shape = tuple(int(size) for size in item["shape"])
     except (TypeError, ValueError) as exc:
-        raise DumpFormatError(f"{attrs_base['msprobe_entry']}: shape {item['shape']!r} is not a list of integers",
-                              where=where) from exc
+        raise DumpFormatError(
+            f"{attrs_base['msprobe_entry']}: shape {item['shape']!r} is not a list of integers", where=where
+        ) from exc
     attrs = dict(attrs_base)
     data = None
     source_path = str(where)
@@ -257,17 +289,32 @@ def _record(key: RecordKey, item: Mapping[str, Any], op_type: str, parent: str |
         tensor_path = data_folder / data_name
         source_path = str(tensor_path)
         if tensor_path.suffix not in TENSOR_SUFFIXES:
-            raise DumpFormatError(f"{data_name}: tensor files of this kind are not read", where=where,
-                                  hint=f"llmcheck reads {', '.join(TENSOR_SUFFIXES)} msprobe tensor files")
+            raise DumpFormatError(
+                f"{data_name}: tensor files of this kind are not read",
+                where=where,
+                hint=f"llmcheck reads {', '.join(TENSOR_SUFFIXES)} msprobe tensor files",
+            )
         if tensor_path.is_file():
             inside_dump(tensor_path, folder.path)
             data = TensorData(dtype=dtype, shape=shape, path=tensor_path, loader=tensor_loader(tensor_path))
         else:
             attrs["data_missing"] = True
     digest = item.get("md5")
-    return TensorRecord(key=key, dtype=dtype, shape=shape, order=order, device=str(item.get("device", "cpu")),
-                        rank=folder.rank, op_type=op_type, parent=parent, stats=_stats(item, where), data=data,
-                        source_path=source_path, attrs=attrs, digest=str(digest) if digest is not None else None)
+    return TensorRecord(
+        key=key,
+        dtype=dtype,
+        shape=shape,
+        order=order,
+        device=str(item.get("device", "cpu")),
+        rank=folder.rank,
+        op_type=op_type,
+        parent=parent,
+        stats=_stats(item, where),
+        data=data,
+        source_path=source_path,
+        attrs=attrs,
+        digest=str(digest) if digest is not None else None,
+    )
 
 
 def _stats(item: Mapping[str, Any], where: Path) -> TensorStats | None:

@@ -31,8 +31,9 @@ def load_pt_tensor(path: Path) -> torch.Tensor:
 
     content = load_weights_only(path, refused_hint=_REFUSED_HINT)
     if not isinstance(content, torch.Tensor):
-        raise DumpFormatError(f"refused: holds a {type(content).__name__}, not a tensor", where=path,
-                              hint=_REFUSED_HINT)
+        raise DumpFormatError(
+            f"refused: holds a {type(content).__name__}, not a tensor", where=path, hint=_REFUSED_HINT
+        )
     return content
 
 
@@ -44,8 +45,9 @@ def load_npy_tensor(path: Path) -> torch.Tensor:
     try:
         array = np.load(path, allow_pickle=False)
     except (ValueError, OSError, EOFError) as exc:
-        raise DumpFormatError(f"refused: not a plain .npy array ({str(exc).strip().splitlines()[0]})",
-                              where=path) from exc
+        raise DumpFormatError(
+            f"refused: not a plain .npy array ({str(exc).strip().splitlines()[0]})", where=path
+        ) from exc
     return torch.from_numpy(np.ascontiguousarray(array))
 
 

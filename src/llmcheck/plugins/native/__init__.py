@@ -37,8 +37,13 @@ log = logging.getLogger("llmcheck.native")
 @hookimpl
 def llmcheck_register_sources(register: Callable[[SourceInfo], None]) -> None:
     register(SourceInfo(NATIVE_SOURCE, "llmcheck's own dump format (manifest.json, index.jsonl, safetensors shards)"))
-    register(SourceInfo(single_file.SOURCE_NAME, "one tensor file (.npy, .pt/.pth with weights_only, .safetensors) "
-                                                 "or a checkpoint folder of .safetensors shards"))
+    register(
+        SourceInfo(
+            single_file.SOURCE_NAME,
+            "one tensor file (.npy, .pt/.pth with weights_only, .safetensors) "
+            "or a checkpoint folder of .safetensors shards",
+        )
+    )
 
 
 @hookimpl
@@ -62,8 +67,11 @@ def llmcheck_load_tensors(path: Path, source: str | None) -> Dump | None:
     ranks = [int(dump.manifest.get("rank", 0) or 0) for dump in loaded]
     if len(set(ranks)) < len(ranks):  # two runs, not the ranks of one run
         listing = ", ".join(folder.name for folder in dumps)
-        raise DumpNotFoundError(f"holds {len(dumps)} dumps: {listing}", where=path,
-                                hint="pass one of them as the path; the ranks of one run are read together")
+        raise DumpNotFoundError(
+            f"holds {len(dumps)} dumps: {listing}",
+            where=path,
+            hint="pass one of them as the path; the ranks of one run are read together",
+        )
     return merge_rank_dumps(loaded, ranks, Path(path))
 
 

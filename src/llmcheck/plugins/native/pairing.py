@@ -53,9 +53,12 @@ def map_pairs(golden: Dump, my: Dump, user_mapping: UserMapping | None) -> list[
     # Ops of a module both runs have were aligned by name already: a leftover there is an op
     # one run executes and the other does not, never a counterpart to guess by shape.
     shared_scopes = {_op_scope(r) for r in golden.records} & {_op_scope(r) for r in my.records} - {None}
-    proposals.extend(sequence_pairs(
-        [r for r in golden.records if id(r) not in paired_golden and _op_scope(r) not in shared_scopes],
-        [r for r in my.records if id(r) not in paired_my and _op_scope(r) not in shared_scopes]))
+    proposals.extend(
+        sequence_pairs(
+            [r for r in golden.records if id(r) not in paired_golden and _op_scope(r) not in shared_scopes],
+            [r for r in my.records if id(r) not in paired_my and _op_scope(r) not in shared_scopes],
+        )
+    )
     return proposals
 
 
@@ -69,20 +72,32 @@ def exact_key_pairs(golden: Dump, my: Dump) -> list[Pair]:
     instead (rule ``op_sequence``), and what has no counterpart stays unmatched.
     """
     golden_ops, my_ops = _op_scopes(golden.records), _op_scopes(my.records)
-    diverged = {group for group in golden_ops.keys() & my_ops.keys()
-                if [record.key for record in golden_ops[group]] != [record.key for record in my_ops[group]]}
+    diverged = {
+        group
+        for group in golden_ops.keys() & my_ops.keys()
+        if [record.key for record in golden_ops[group]] != [record.key for record in my_ops[group]]
+    }
     mine = my.by_key()
-    pairs = [Pair(record, mine[record.key], RULE_EXACT, PairPriority.EXACT_KEY)
-             for record in golden.records if record.key in mine and _op_scope(record) not in diverged]
+    pairs = [
+        Pair(record, mine[record.key], RULE_EXACT, PairPriority.EXACT_KEY)
+        for record in golden.records
+        if record.key in mine and _op_scope(record) not in diverged
+    ]
     for group in sorted(diverged, key=str):
         golden_calls, my_calls = group_op_calls(golden_ops[group]), group_op_calls(my_ops[group])
-        matcher = difflib.SequenceMatcher(None, [_call_signature(call) for call in golden_calls],
-                                          [_call_signature(call) for call in my_calls], autojunk=False)
+        matcher = difflib.SequenceMatcher(
+            None,
+            [_call_signature(call) for call in golden_calls],
+            [_call_signature(call) for call in my_calls],
+            autojunk=False,
+        )
         for block in matcher.get_matching_blocks():
             for offset in range(block.size):
                 golden_call, my_call = golden_calls[block.a + offset], my_calls[block.b + offset]
-                pairs.extend(Pair(golden_record, my_record, RULE_OP_SEQUENCE, PairPriority.EXACT_KEY)
-                             for golden_record, my_record in zip(golden_call.records(), my_call.records()))
+                pairs.extend(
+                    Pair(golden_record, my_record, RULE_OP_SEQUENCE, PairPriority.EXACT_KEY)
+                    for golden_record, my_record in zip(golden_call.records(), my_call.records())
+                )
     return pairs
 
 
@@ -144,10 +159,14 @@ def sequence_pairs(golden_records: list[TensorRecord], my_records: list[TensorRe
 
 def _aligned(golden_side: list[TensorRecord], my_side: list[TensorRecord]) -> list[Pair]:
     """Return the pairs of the longest common subsequence of two record lists (by signature)."""
-    matcher = difflib.SequenceMatcher(None, [_signature(r) for r in golden_side],
-                                      [_signature(r) for r in my_side], autojunk=False)
-    return [Pair(golden_side[block.a + offset], my_side[block.b + offset], RULE_SEQUENCE, PairPriority.SEQUENCE)
-            for block in matcher.get_matching_blocks() for offset in range(block.size)]
+    matcher = difflib.SequenceMatcher(
+        None, [_signature(r) for r in golden_side], [_signature(r) for r in my_side], autojunk=False
+    )
+    return [
+        Pair(golden_side[block.a + offset], my_side[block.b + offset], RULE_SEQUENCE, PairPriority.SEQUENCE)
+        for block in matcher.get_matching_blocks()
+        for offset in range(block.size)
+    ]
 
 
 def _by_step(records: Iterable[TensorRecord]) -> dict[int, list[TensorRecord]]:

@@ -42,11 +42,25 @@ log = logging.getLogger("llmcheck.file")
 
 #: safetensors dtype codes -> canonical dtype names.
 _SAFETENSORS_DTYPES = {
-    "F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16",
-    "I64": "int64", "I32": "int32", "I16": "int16", "I8": "int8",
-    "U64": "uint64", "U32": "uint32", "U16": "uint16", "U8": "uint8", "BOOL": "bool",
-    "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2", "F8_E4M3FNUZ": "float8_e4m3fnuz",
-    "F8_E5M2FNUZ": "float8_e5m2fnuz", "F8_E8M0": "float8_e8m0fnu", "C64": "complex64",
+    "F64": "float64",
+    "F32": "float32",
+    "F16": "float16",
+    "BF16": "bfloat16",
+    "I64": "int64",
+    "I32": "int32",
+    "I16": "int16",
+    "I8": "int8",
+    "U64": "uint64",
+    "U32": "uint32",
+    "U16": "uint16",
+    "U8": "uint8",
+    "BOOL": "bool",
+    "F8_E4M3": "float8_e4m3fn",
+    "F8_E5M2": "float8_e5m2",
+    "F8_E4M3FNUZ": "float8_e4m3fnuz",
+    "F8_E5M2FNUZ": "float8_e5m2fnuz",
+    "F8_E8M0": "float8_e8m0fnu",
+    "C64": "complex64",
 }
 
 
@@ -61,8 +75,11 @@ CHECKPOINT_MARKERS = ("config.json", "model.safetensors.index.json")
 
 def claims_checkpoint(path: Path) -> bool:
     """Return whether ``path`` is a checkpoint folder: a marker file beside ``*.safetensors`` shards."""
-    return (path.is_dir() and any((path / marker).is_file() for marker in CHECKPOINT_MARKERS)
-            and any(path.glob("*.safetensors")))
+    return (
+        path.is_dir()
+        and any((path / marker).is_file() for marker in CHECKPOINT_MARKERS)
+        and any(path.glob("*.safetensors"))
+    )
 
 
 def load_checkpoint(path: Path) -> Dump:
@@ -73,13 +90,18 @@ def load_checkpoint(path: Path) -> Dump:
     for shard in shards:
         for record in _safetensors_records(inside_dump(shard, path)):
             if record.key.name in seen:
-                raise DumpFormatError(f"weight {record.key.name!r} is in two shards: {seen[record.key.name].name} "
-                                      f"and {shard.name}", where=path)
+                raise DumpFormatError(
+                    f"weight {record.key.name!r} is in two shards: {seen[record.key.name].name} and {shard.name}",
+                    where=path,
+                )
             seen[record.key.name] = shard
             records.append(record.with_changes(order=len(records)))
-    return Dump(source=SOURCE_NAME, root=path, records=records,
-                manifest={"layout": LAYOUT_TENSOR_FILES, "checkpoint": str(path),
-                          "files": [shard.name for shard in shards]})
+    return Dump(
+        source=SOURCE_NAME,
+        root=path,
+        records=records,
+        manifest={"layout": LAYOUT_TENSOR_FILES, "checkpoint": str(path), "files": [shard.name for shard in shards]},
+    )
 
 
 def load_file(path: Path) -> Dump:
@@ -91,12 +113,15 @@ def load_file(path: Path) -> Dump:
         records = _safetensors_records(path)
     else:
         records = _torch_records(path)
-    return Dump(source=SOURCE_NAME, root=path, records=records, manifest={"layout": LAYOUT_TENSOR_FILES, "file": str(path)})
+    return Dump(
+        source=SOURCE_NAME, root=path, records=records, manifest={"layout": LAYOUT_TENSOR_FILES, "file": str(path)}
+    )
 
 
 def _record(name: str, order: int, data: TensorData, path: Path, where: str) -> TensorRecord:
-    return TensorRecord(key=RecordKey(name=name), dtype=data.dtype, shape=data.shape, order=order, data=data,
-                        source_path=where)
+    return TensorRecord(
+        key=RecordKey(name=name), dtype=data.dtype, shape=data.shape, order=order, data=data, source_path=where
+    )
 
 
 # --- .npy -------------------------------------------------------------------------------------
@@ -112,6 +137,7 @@ def _npy_record(path: Path) -> TensorRecord:
     name = _numpy_dtype_name(dtype, path)
     nbytes = math.prod(shape) * dtype.itemsize
     if (fortran_order and len(shape) > 1) or dtype.byteorder == ">":
+
         def load() -> Any:
             import torch
 
@@ -146,8 +172,9 @@ def _safetensors_records(path: Path) -> list[TensorRecord]:
             raise DumpFormatError("shorter than the 8-byte header length", where=path, offset=0)
         header_size = int.from_bytes(size_bytes, "little")
         if header_size > file_size - 8:
-            raise DumpFormatError(f"header length {header_size} exceeds the file ({file_size} bytes)",
-                                  where=path, offset=0)
+            raise DumpFormatError(
+                f"header length {header_size} exceeds the file ({file_size} bytes)", where=path, offset=0
+            )
         try:
             header = json.loads(handle.read(header_size))
         except ValueError as exc:
@@ -156,8 +183,10 @@ def _safetensors_records(path: Path) -> list[TensorRecord]:
         raise DumpFormatError("header is not a JSON object", where=path, offset=8)
     raw_dtypes = json.loads(header.get("__metadata__", {}).get("llmcheck_raw_dtypes", "{}"))
     data_start = 8 + header_size
-    entries = sorted(((name, entry) for name, entry in header.items() if name != "__metadata__"),
-                     key=lambda item: item[1].get("data_offsets", [0])[0])
+    entries = sorted(
+        ((name, entry) for name, entry in header.items() if name != "__metadata__"),
+        key=lambda item: item[1].get("data_offsets", [0])[0],
+    )
     records = []
     for order, (name, entry) in enumerate(entries):
         try:
@@ -171,8 +200,11 @@ def _safetensors_records(path: Path) -> list[TensorRecord]:
         if name in raw_dtypes:  # stored as raw bytes; the true shape is not recoverable beyond its size
             shape = (int(shape[0]) // DTYPE_ITEMSIZE[dtype],)
         if data_start + end > file_size or begin > end:
-            raise DumpFormatError(f"tensor {name!r} bytes {begin}..{end} run past the end of the file",
-                                  where=path, offset=data_start + begin)
+            raise DumpFormatError(
+                f"tensor {name!r} bytes {begin}..{end} run past the end of the file",
+                where=path,
+                offset=data_start + begin,
+            )
         data = TensorData(dtype=dtype, shape=shape, path=path, offset=data_start + begin, nbytes=end - begin)
         records.append(_record(name, order, data, path, f"{path.name}:{name}"))
     return records
@@ -191,15 +223,22 @@ def _torch_records(path: Path) -> list[TensorRecord]:
     skipped: list[str] = []
     _collect_tensors(content, "", tensors, skipped, torch.is_tensor)
     if skipped:
-        log.info("%s: %d entries are not tensors and are not compared: %s", path, len(skipped),
-                 ", ".join(skipped[:5]) + (" ..." if len(skipped) > 5 else ""))
+        log.info(
+            "%s: %d entries are not tensors and are not compared: %s",
+            path,
+            len(skipped),
+            ", ".join(skipped[:5]) + (" ..." if len(skipped) > 5 else ""),
+        )
     if not tensors:
         raise DumpFormatError("holds no tensor", where=path)
     records = []
     for order, (name, tensor) in enumerate(tensors):
-        data = TensorData(dtype=dtype_name(tensor.dtype), shape=tuple(tensor.shape), path=path,
-                          loader=_loader_of(tensor))
-        records.append(_record(name or SINGLE_TENSOR_NAME, order, data, path, f"{path.name}:{name}" if name else path.name))
+        data = TensorData(
+            dtype=dtype_name(tensor.dtype), shape=tuple(tensor.shape), path=path, loader=_loader_of(tensor)
+        )
+        records.append(
+            _record(name or SINGLE_TENSOR_NAME, order, data, path, f"{path.name}:{name}" if name else path.name)
+        )
     return records
 
 
@@ -207,8 +246,9 @@ def _loader_of(tensor: Any) -> Callable[[], Any]:
     return lambda: tensor
 
 
-def _collect_tensors(value: Any, prefix: str, found: list[tuple[str, Any]], skipped: list[str],
-                     is_tensor: Callable[[Any], bool]) -> None:
+def _collect_tensors(
+    value: Any, prefix: str, found: list[tuple[str, Any]], skipped: list[str], is_tensor: Callable[[Any], bool]
+) -> None:
     if is_tensor(value):
         found.append((prefix, value))
     elif isinstance(value, dict):

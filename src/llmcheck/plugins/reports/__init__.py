@@ -49,12 +49,35 @@ def _write_pairs(result: CompareResult, path: Path) -> None:
 
 @hookimpl
 def llmcheck_register_reporters(register: Callable[[Reporter], None]) -> None:
-    register(Reporter("csv", "one row per pair: the seed tool's 24 columns, then llmcheck's", CSV_NAME, write_csv,
-                      default=True))
-    register(Reporter("summary", "counts, first divergence, culprit and thresholds as JSON", SUMMARY_NAME,
-                      write_summary, default=True))
-    register(Reporter("pairs", "every pair with its rule, and the unmatched records (edit it, pass it as --mapping)",
-                      PAIRS_NAME, _write_pairs, default=True))
+    register(
+        Reporter(
+            "csv", "one row per pair: the seed tool's 24 columns, then llmcheck's", CSV_NAME, write_csv, default=True
+        )
+    )
+    register(
+        Reporter(
+            "summary",
+            "counts, first divergence, culprit and thresholds as JSON",
+            SUMMARY_NAME,
+            write_summary,
+            default=True,
+        )
+    )
+    register(
+        Reporter(
+            "pairs",
+            "every pair with its rule, and the unmatched records (edit it, pass it as --mapping)",
+            PAIRS_NAME,
+            _write_pairs,
+            default=True,
+        )
+    )
     register(Reporter("html", "the self-contained report page", HTML_NAME, write_html, default=True))
-    register(Reporter("junit", "JUnit XML, one test case per pair: CI servers show failing pairs as failing tests",
-                      JUNIT_NAME, write_junit))
+    register(
+        Reporter(
+            "junit",
+            "JUnit XML, one test case per pair: CI servers show failing pairs as failing tests",
+            JUNIT_NAME,
+            write_junit,
+        )
+    )

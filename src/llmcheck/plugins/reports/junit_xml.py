@@ -35,19 +35,25 @@ def _text(value: object) -> str:
 
 def _details(row: ComparisonRow) -> str:
     """Return the lines a CI page shows under a failing case: where, the rule that paired it, why."""
-    lines = [f"golden: {row.golden.key.label()} ({row.golden.dtype} {list(row.golden.shape)})",
-             f"my: {row.my.key.label()} ({row.my.dtype} {list(row.my.shape)})",
-             f"pairing rule: {row.rule}"]
-    lines += [f"{what}: {value}" for what, value in (("attribution", row.attribution), ("reason", row.reason),
-                                                       ("evidence", row.evidence)) if value]
+    lines = [
+        f"golden: {row.golden.key.label()} ({row.golden.dtype} {list(row.golden.shape)})",
+        f"my: {row.my.key.label()} ({row.my.dtype} {list(row.my.shape)})",
+        f"pairing rule: {row.rule}",
+    ]
+    lines += [
+        f"{what}: {value}"
+        for what, value in (("attribution", row.attribution), ("reason", row.reason), ("evidence", row.evidence))
+        if value
+    ]
     return "\n".join(lines)
 
 
 def _testcase(row: ComparisonRow) -> ElementTree.Element:
     from llmcheck.plugin_api import divergence_line
 
-    case = ElementTree.Element("testcase", classname=_text(row.golden.key.name), name=_text(row.golden.key.label()),
-                               time="0")
+    case = ElementTree.Element(
+        "testcase", classname=_text(row.golden.key.name), name=_text(row.golden.key.label()), time="0"
+    )
     if row.verdict == VERDICT_FAIL:
         failure = ElementTree.SubElement(case, "failure", message=_text(divergence_line(row)), type="precision")
         failure.text = _text(_details(row))
@@ -62,15 +68,25 @@ def _testcase(row: ComparisonRow) -> ElementTree.Element:
 def junit_document(result: CompareResult) -> ElementTree.Element:
     """Return the ``<testsuites>`` element of a compare: one suite, one case per pair."""
     counts = result.counts()
-    totals = {"tests": str(counts["pairs"]), "failures": str(counts["failures"]), "errors": str(counts["errors"]),
-              "skipped": "0", "time": f"{result.elapsed_s:.3f}"}
+    totals = {
+        "tests": str(counts["pairs"]),
+        "failures": str(counts["failures"]),
+        "errors": str(counts["errors"]),
+        "skipped": "0",
+        "time": f"{result.elapsed_s:.3f}",
+    }
     suites = ElementTree.Element("testsuites", {"name": SUITE_NAME, **totals})
     suite = ElementTree.SubElement(suites, "testsuite", {"name": SUITE_NAME, **totals})
     properties = ElementTree.SubElement(suite, "properties")
-    for name, value in (("golden", result.golden.root), ("golden_source", result.golden.source),
-                        ("my", result.my.root), ("my_source", result.my.source),
-                        ("unmatched_golden", counts["unmatched_golden"]), ("unmatched_my", counts["unmatched_my"]),
-                        ("culprit", result.culprit.key.label() if result.culprit is not None else "")):
+    for name, value in (
+        ("golden", result.golden.root),
+        ("golden_source", result.golden.source),
+        ("my", result.my.root),
+        ("my_source", result.my.source),
+        ("unmatched_golden", counts["unmatched_golden"]),
+        ("unmatched_my", counts["unmatched_my"]),
+        ("culprit", result.culprit.key.label() if result.culprit is not None else ""),
+    ):
         ElementTree.SubElement(properties, "property", name=name, value=_text(value))
     suite.extend(_testcase(row) for row in sorted(result.rows, key=lambda row: row.golden.order))
     return suites
@@ -80,5 +96,6 @@ def write_junit(result: CompareResult, path: Path) -> None:
     """Write junit.xml (UTF-8, with the XML declaration CI parsers expect)."""
     document = junit_document(result)
     ElementTree.indent(document)
-    atomic_write_text(path, '<?xml version="1.0" encoding="UTF-8"?>\n'
-                      + ElementTree.tostring(document, encoding="unicode") + "\n")
+    atomic_write_text(
+        path, '<?xml version="1.0" encoding="UTF-8"?>\n' + ElementTree.tostring(document, encoding="unicode") + "\n"
+    )

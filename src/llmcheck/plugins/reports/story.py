@@ -40,8 +40,13 @@ def next_tokens(row: ComparisonRow) -> tuple[int, int] | None:
 
     Only the last position's row is read: the data is memory-mapped, so a long sequence's logits cost one row.
     """
-    if row.golden.data is None or row.my.data is None or len(row.golden.shape) < 2 or row.golden.shape[-1] < 2 \
-            or row.golden.shape != row.my.shape:
+    if (
+        row.golden.data is None
+        or row.my.data is None
+        or len(row.golden.shape) < 2
+        or row.golden.shape[-1] < 2
+        or row.golden.shape != row.my.shape
+    ):
         return None
     if not (is_float_dtype(row.golden.dtype) and is_float_dtype(row.my.dtype)) or "complex" in row.golden.dtype:
         return None
@@ -80,22 +85,30 @@ def output_effect(result: CompareResult) -> str:
     tokens = next_tokens(row) if holds_logits else None
     if tokens is not None:
         golden_token, my_token = tokens
-        text += (f" and the next token is the same (id {golden_token})" if golden_token == my_token else
-                 f" and the next token changes from id {golden_token} to id {my_token}")
+        text += (
+            f" and the next token is the same (id {golden_token})"
+            if golden_token == my_token
+            else f" and the next token changes from id {golden_token} to id {my_token}"
+        )
     return text
 
 
 def story(result: CompareResult) -> str:
     """Return the compare in one sentence."""
     counts = result.counts()
-    compared = (f"Compared my run {result.my.root.name} ({result.my.source}) with golden {result.golden.root.name} "
-                f"({result.golden.source}), {counts['pairs']} pair{'' if counts['pairs'] == 1 else 's'}")
+    compared = (
+        f"Compared my run {result.my.root.name} ({result.my.source}) with golden {result.golden.root.name} "
+        f"({result.golden.source}), {counts['pairs']} pair{'' if counts['pairs'] == 1 else 's'}"
+    )
     if not result.rows:
         return compared + ": no pair was formed, so nothing could be judged."
     introduced, first = result.first_introduced, result.first_divergence
     if first is None:
-        verdict = "every pair is within its thresholds" if not counts["errors"] else \
-            f"no pair fails, but {counts['errors']} could not be measured"
+        verdict = (
+            "every pair is within its thresholds"
+            if not counts["errors"]
+            else f"no pair fails, but {counts['errors']} could not be measured"
+        )
         culprit = ""
     else:
         verdict = f"{counts['failures']} fail"

@@ -91,8 +91,12 @@ def _stated_layouts(user_mapping: UserMapping | None) -> list[tuple[str, str]]:
     return [(pattern, rule) for pattern, rule in user_mapping.rules if rule.strip().startswith(RULE_PREFIX)]
 
 
-def _layout(record: TensorRecord, holders: Sequence[TensorRecord], stated: list[tuple[str, str]],
-            user_mapping: UserMapping | None) -> ShardLayout | None:
+def _layout(
+    record: TensorRecord,
+    holders: Sequence[TensorRecord],
+    stated: list[tuple[str, str]],
+    user_mapping: UserMapping | None,
+) -> ShardLayout | None:
     if len(holders) < 2:
         return None
     for pattern, rule in stated:
@@ -105,25 +109,43 @@ def _layout(record: TensorRecord, holders: Sequence[TensorRecord], stated: list[
             raise UsageError(str(exc), where=where) from exc
         chosen = [shard for shard in holders if layout.ranks is None or shard.key.rank in layout.ranks]
         if not fits(layout, record, chosen):
-            raise UsageError(f"rule {rule!r} for {pattern!r} cannot rebuild {record.key.label()} "
-                             f"{list(record.shape)} from shards {[list(shard.shape) for shard in chosen]}",
-                             where=where, hint="fix the rule's dim, or its ranks")
+            raise UsageError(
+                f"rule {rule!r} for {pattern!r} cannot rebuild {record.key.label()} "
+                f"{list(record.shape)} from shards {[list(shard.shape) for shard in chosen]}",
+                where=where,
+                hint="fix the rule's dim, or its ranks",
+            )
         return layout
     return infer_layout(record, holders)
 
 
 def _pairs(golden: TensorRecord, shards: list[TensorRecord], layout: ShardLayout) -> list[Pair]:
     if layout.kind == REPLICATED:
-        return [Pair(golden if shard.key.rank == shards[0].key.rank else _for_rank(golden, shard.key.rank), shard,
-                     layout.shard_rule(shard.key.rank), PairPriority.SOURCE_RULE) for shard in shards]
+        return [
+            Pair(
+                golden if shard.key.rank == shards[0].key.rank else _for_rank(golden, shard.key.rank),
+                shard,
+                layout.shard_rule(shard.key.rank),
+                PairPriority.SOURCE_RULE,
+            )
+            for shard in shards
+        ]
     pairs = []
     if layout.kind == CONCAT:
         pairs.extend(_shard_pairs(golden, shards, layout))
     gathered = _gathered(golden, shards, layout)
     pairs.append(Pair(golden, gathered, layout.rule(), PairPriority.SOURCE_RULE))
     if layout.kind == SUM:  # a partial sum has no golden counterpart of its own: say where it went
-        pairs.extend(Pair(None, shard, layout.rule(), PairPriority.SOURCE_RULE, note=f"a partial sum, compared summed as "
-                          f"{gathered.key.label()}") for shard in shards)
+        pairs.extend(
+            Pair(
+                None,
+                shard,
+                layout.rule(),
+                PairPriority.SOURCE_RULE,
+                note=f"a partial sum, compared summed as {gathered.key.label()}",
+            )
+            for shard in shards
+        )
     return pairs
 
 
@@ -148,8 +170,8 @@ def _shard_pairs(golden: TensorRecord, shards: list[TensorRecord], layout: Shard
     for shard in shards:
         length = shard.shape[axis]
         part = _for_rank(golden, shard.key.rank).with_changes(
-            shape=tuple(shard.shape), stats=None,
-            data=part_data(golden.data, axis, start, length, tuple(shard.shape)))
+            shape=tuple(shard.shape), stats=None, data=part_data(golden.data, axis, start, length, tuple(shard.shape))
+        )
         pairs.append(Pair(part, shard, layout.shard_rule(shard.key.rank), PairPriority.SOURCE_RULE))
         start += length
     return pairs
@@ -160,13 +182,23 @@ def _gathered(golden: TensorRecord, shards: list[TensorRecord], layout: ShardLay
     first = shards[0]
     data = None
     if all(shard.data is not None for shard in shards):
-        data = gathered_data([shard.data for shard in shards], first.dtype, tuple(golden.shape),  # type: ignore[misc]
-                             layout.dim if layout.kind == CONCAT else None)
+        data = gathered_data(
+            [shard.data for shard in shards],
+            first.dtype,
+            tuple(golden.shape),  # type: ignore[misc]
+            layout.dim if layout.kind == CONCAT else None,
+        )
     return first.with_changes(
-        key=replace(first.key, rank=ALL_RANKS), rank=ALL_RANKS, shape=tuple(golden.shape), data=data,
-        order=max(shard.order for shard in shards), stats=_combined_stats(shards, layout.kind), digest=None,
+        key=replace(first.key, rank=ALL_RANKS),
+        rank=ALL_RANKS,
+        shape=tuple(golden.shape),
+        data=data,
+        order=max(shard.order for shard in shards),
+        stats=_combined_stats(shards, layout.kind),
+        digest=None,
         source_path=f"{first.source_path} (+{len(shards) - 1} ranks)",
-        attrs={**first.attrs, "gathered_from": [shard.key.label() for shard in shards]})
+        attrs={**first.attrs, "gathered_from": [shard.key.label() for shard in shards]},
+    )
 
 
 def _combined_stats(shards: list[TensorRecord], kind: str) -> TensorStats | None:
@@ -181,6 +213,9 @@ def _combined_stats(shards: list[TensorRecord], kind: str) -> TensorStats | None
     fields = {name: [getattr(part, name) for part in stats] for name in ("min", "max", "mean", "l2norm")}
     if any(None in values for values in fields.values()):
         return None
-    return TensorStats(min=min(fields["min"]), max=max(fields["max"]),
-                       mean=sum(m * n for m, n in zip(fields["mean"], counts)) / max(sum(counts), 1),
-                       l2norm=sum(norm * norm for norm in fields["l2norm"]) ** 0.5)
+    return TensorStats(
+        min=min(fields["min"]),
+        max=max(fields["max"]),
+        mean=sum(m * n for m, n in zip(fields["mean"], counts)) / max(sum(counts), 1),
+        l2norm=sum(norm * norm for norm in fields["l2norm"]) ** 0.5,
+    )

@@ -29,8 +29,9 @@ def summed(shards: Sequence[TensorData]) -> torch.Tensor:
     import torch
 
     tensors = [shard.load() for shard in shards]
-    accumulate = torch.promote_types(tensors[0].dtype, torch.float32) if tensors[0].is_floating_point() \
-        else tensors[0].dtype
+    accumulate = (
+        torch.promote_types(tensors[0].dtype, torch.float32) if tensors[0].is_floating_point() else tensors[0].dtype
+    )
     total = tensors[0].to(accumulate).clone()
     for tensor in tensors[1:]:
         total += tensor.to(accumulate)

@@ -140,8 +140,10 @@ def fits(layout: ShardLayout, golden: TensorRecord, shards: Sequence[TensorRecor
     if not -len(golden_shape) <= layout.dim < len(golden_shape):
         return False
     axis = layout.dim % len(golden_shape)
-    others_agree = all(len(shape) == len(golden_shape) and all(size == golden_shape[i] for i, size in enumerate(shape)
-                                                               if i != axis) for shape in shapes)
+    others_agree = all(
+        len(shape) == len(golden_shape) and all(size == golden_shape[i] for i, size in enumerate(shape) if i != axis)
+        for shape in shapes
+    )
     return others_agree and sum(shape[axis] for shape in shapes) == golden_shape[axis]
 
 
@@ -156,6 +158,7 @@ def _norms_agree(golden: TensorRecord, shards: Sequence[TensorRecord]) -> bool:
     known_norms = [norm for norm in norms if norm is not None]
     if golden_norm is None or len(known_norms) < len(norms):
         return True
-    agreeing = sum(1 for norm in known_norms
-                   if abs(norm - golden_norm) <= REPLICA_NORM_TOLERANCE * abs(golden_norm) + 1e-12)
+    agreeing = sum(
+        1 for norm in known_norms if abs(norm - golden_norm) <= REPLICA_NORM_TOLERANCE * abs(golden_norm) + 1e-12
+    )
     return 2 * agreeing >= len(norms)

@@ -28,8 +28,18 @@ def llmcheck_register_capture_backends(register: Callable[[CaptureBackend], None
 @hookimpl
 def llmcheck_register_backend_options(register: Callable[[BackendOption], None]) -> None:
     for option in seed_dump_options(BACKEND_NAME):
-        register(dataclasses.replace(option, help=option.help + TOKEN_RANGE_NOTE)
-                 if option.name == "execute_range" else option)
-    register(BackendOption(BACKEND_NAME, "on_capture_error", "A failure inside capture (a full disk): 'stop' capture "
-                           "and let the program run on, or also 'raise' it into the program.",
-                           choices=ON_CAPTURE_ERROR, default=ON_ERROR_STOP))
+        register(
+            dataclasses.replace(option, help=option.help + TOKEN_RANGE_NOTE)
+            if option.name == "execute_range"
+            else option
+        )
+    register(
+        BackendOption(
+            BACKEND_NAME,
+            "on_capture_error",
+            "A failure inside capture (a full disk): 'stop' capture "
+            "and let the program run on, or also 'raise' it into the program.",
+            choices=ON_CAPTURE_ERROR,
+            default=ON_ERROR_STOP,
+        )
+    )

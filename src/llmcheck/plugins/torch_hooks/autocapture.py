@@ -59,8 +59,9 @@ def arm() -> None:
 
 
 def _configure_logging(level_name: str) -> None:
-    level = {"warn": logging.WARNING, "fatal": logging.CRITICAL}.get(level_name.lower(),
-                                                                     getattr(logging, level_name.upper(), logging.INFO))
+    level = {"warn": logging.WARNING, "fatal": logging.CRITICAL}.get(
+        level_name.lower(), getattr(logging, level_name.upper(), logging.INFO)
+    )
     logger = logging.getLogger("llmcheck")
     if not logger.handlers:
         handler = logging.StreamHandler(sys.stderr)

@@ -44,12 +44,17 @@ def config_from_options(options: Mapping[str, Any], output_dir: Path, command: l
     dump_types = list(options.get("type") or ["tensor"])
     refused = [name for name in dump_types if name not in TORCH_DUMP_TYPES]
     if refused:
-        raise UsageError(f"the torch backend cannot dump {', '.join(map(repr, refused))}", where="--type",
-                         hint="'layer' and 'kernel' are ATB graphs; torch offers tensor, model, op, stats, "
-                              "cpu_profiling, onnx")
+        raise UsageError(
+            f"the torch backend cannot dump {', '.join(map(repr, refused))}",
+            where="--type",
+            hint="'layer' and 'kernel' are ATB graphs; torch offers tensor, model, op, stats, cpu_profiling, onnx",
+        )
     if options.get("save_tiling"):
-        raise UsageError("tiling data exists only for ATB kernels", where="-tiling/--save-tiling",
-                         hint="drop -tiling with --backend torch")
+        raise UsageError(
+            "tiling data exists only for ATB kernels",
+            where="-tiling/--save-tiling",
+            hint="drop -tiling with --backend torch",
+        )
     levels = []
     if {"tensor", "stats"} & set(dump_types):
         levels.append(LEVEL_MODULE)
@@ -60,8 +65,11 @@ def config_from_options(options: Mapping[str, Any], output_dir: Path, command: l
     token_range = None
     if ranges is not None:
         if sum(high - low + 1 for low, high in ranges) > MAX_LISTED_STEPS:
-            raise UsageError("the step ranges list more than a million steps", where="-er/--execute-range",
-                             hint="use -er all to dump every step")
+            raise UsageError(
+                "the step ranges list more than a million steps",
+                where="-er/--execute-range",
+                hint="use -er all to dump every step",
+            )
         token_range = sorted({step for low, high in ranges for step in range(low, high + 1)})
     device_ids = [part.strip() for part in str(options.get("device_id") or "").split(",") if part.strip()]
     return DumpConfig(
@@ -82,8 +90,9 @@ def config_from_options(options: Mapping[str, Any], output_dir: Path, command: l
     )
 
 
-def child_environment(config: DumpConfig, log_level: str, seed: int | None,
-                      base: Mapping[str, str] | None = None) -> dict[str, str]:
+def child_environment(
+    config: DumpConfig, log_level: str, seed: int | None, base: Mapping[str, str] | None = None
+) -> dict[str, str]:
     """Return the environment of the child: the bootstrap first on ``PYTHONPATH`` and the config as JSON."""
     env = dict(os.environ if base is None else base)
     existing = env.get("PYTHONPATH", "")
@@ -131,8 +140,11 @@ class TorchCaptureBackend:
         try:
             completed = subprocess.run(command, env=env, check=False)
         except FileNotFoundError as exc:
-            raise UsageError(f"cannot run {command[0]!r}: no such program", where="--exec",
-                             hint="check the program name, or give its full path") from exc
+            raise UsageError(
+                f"cannot run {command[0]!r}: no such program",
+                where="--exec",
+                hint="check the program name, or give its full path",
+            ) from exc
         except PermissionError as exc:
             raise UsageError(f"cannot run {command[0]!r}: permission denied", where="--exec") from exc
         exit_code = completed.returncode if completed.returncode >= 0 else 128 - completed.returncode
@@ -152,8 +164,11 @@ class TorchCaptureBackend:
 
 def report_outcome(written: list[Path], returncode: int, output_dir: Path) -> None:
     """Log what the run left: each dump, complete or cut, and how the program ended (it may have failed)."""
-    ended = (f"the program was killed by signal {-returncode}" if returncode < 0
-             else f"the program exited with code {returncode}")
+    ended = (
+        f"the program was killed by signal {-returncode}"
+        if returncode < 0
+        else f"the program exited with code {returncode}"
+    )
     for path in written:
         records, cut = closing_state(path)
         counted = f", {records} records" if records is not None else ""
@@ -164,8 +179,12 @@ def report_outcome(written: list[Path], returncode: int, output_dir: Path) -> No
     if written:
         return
     if returncode == 0:
-        log.warning("%s: no dump was written: the program ran no PyTorch module forward under capture "
-                    "(is it a Python program that imports torch?)", output_dir)
+        log.warning(
+            "%s: no dump was written: the program ran no PyTorch module forward under capture "
+            "(is it a Python program that imports torch?)",
+            output_dir,
+        )
     else:
-        log.warning("%s: no dump was written; %s before any PyTorch module forward ran under capture",
-                    output_dir, ended)
+        log.warning(
+            "%s: no dump was written; %s before any PyTorch module forward ran under capture", output_dir, ended
+        )

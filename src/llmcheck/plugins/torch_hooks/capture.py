@@ -147,8 +147,11 @@ class CaptureSession:
         self._call_counts: dict[str, int] = {}
         self.topology_order = ModuleTopology(model, self.selection.ids)
         self._ops = OpRecorder(self) if LEVEL_OP in config.levels else None
-        self._weight_digests = (ModuleParameterDigests(model, self.selection.module_selected, ROOT_NAME)
-                                if LEVEL_MODULE in config.levels and config.weight_digests else None)
+        self._weight_digests = (
+            ModuleParameterDigests(model, self.selection.module_selected, ROOT_NAME)
+            if LEVEL_MODULE in config.levels and config.weight_digests
+            else None
+        )
         self._graph: GraphRecorder | None = None  # the first dumped step's calls, for --type onnx
         self._graph_open = False
         self.writer: DumpWriter | None = None
@@ -159,15 +162,23 @@ class CaptureSession:
             log.warning("not capturing on %s: device_ids %s leave it out", device, ", ".join(config.device_ids))
         else:
             self.writer = DumpWriter(
-                Path(config.dump_path), BACKEND_NAME, config=config.as_json(),
+                Path(config.dump_path),
+                BACKEND_NAME,
+                config=config.as_json(),
                 command_line=None if config.command_line is None else list(config.command_line),
-                rank=self.rank, device=self.device, dir_suffix=f"rank{self.rank}_{self.device}",
+                rank=self.rank,
+                device=self.device,
+                dir_suffix=f"rank{self.rank}_{self.device}",
             )
             self.path = self.writer.path
             if config.profile_cpu:
                 self._profiler = StepProfiler(self.path / "cpu_profiling")
-            self.sink = TensorSink(self.writer, rank=self.rank, statistics_only=config.statistics_only,
-                                   max_pending_bytes=config.max_pending_bytes)
+            self.sink = TensorSink(
+                self.writer,
+                rank=self.rank,
+                statistics_only=config.statistics_only,
+                max_pending_bytes=config.max_pending_bytes,
+            )
         self._hooks: list[Any] = []
         self._root_after_hook: Any = None  # kept after a failure mid-step, to leave the op mode at the step's end
         self._attach_all()
@@ -273,8 +284,13 @@ class CaptureSession:
                 self._profiler.stop(self.step)
         kept = self.sink.close_cut(reason)
         policy = "the error is raised into the program" if self._raises else "the program runs on"
-        log.warning("capture stopped: %s; the dump %s is closed as cut with its %d complete records, %s",
-                    reason, self.path, kept, policy)
+        log.warning(
+            "capture stopped: %s; the dump %s is closed as cut with its %d complete records, %s",
+            reason,
+            self.path,
+            kept,
+            policy,
+        )
 
     def _remove_hooks(self, *, keep_root_after: bool) -> None:
         for handle in self._hooks:
@@ -299,7 +315,10 @@ class CaptureSession:
             name = name or ROOT_NAME
             selected = module_level and self.selection.module_selected(name)
             site = _ModuleSite(
-                name=name, op_type=type(module).__name__, parent=parent_name(name), is_root=module is self.model,
+                name=name,
+                op_type=type(module).__name__,
+                parent=parent_name(name),
+                is_root=module is self.model,
                 records_inputs_before=selected and config.saves_inputs_before,
                 records_after=selected and (config.saves_inputs_after or config.saves_outputs),
                 leaf=not op_level and next(module.children(), None) is None,
@@ -350,11 +369,18 @@ class CaptureSession:
                 if call_index >= 0 and len(rest) == 2 and site.records_after:
                     kwargs, output = rest
                     config = self.config
-                    digests = (self._weight_digests.of(name)
-                               if self._weight_digests is not None and call_index == 0 else None)
+                    digests = (
+                        self._weight_digests.of(name) if self._weight_digests is not None and call_index == 0 else None
+                    )
                     if config.saves_inputs_after:
-                        self._save(site, call_inputs(args, kwargs), IO_INPUT, call_index, MOMENT_AFTER,
-                                   None if config.saves_outputs else digests)
+                        self._save(
+                            site,
+                            call_inputs(args, kwargs),
+                            IO_INPUT,
+                            call_index,
+                            MOMENT_AFTER,
+                            None if config.saves_outputs else digests,
+                        )
                     if config.saves_outputs:
                         self._save(site, call_outputs(output), IO_OUTPUT, call_index, MOMENT_AFTER, digests)
                 if is_root and self._root_depth == 1:
@@ -375,8 +401,15 @@ class CaptureSession:
         if is_root:
             self._root_after_hook = after_hook
 
-    def _save(self, site: _ModuleSite, tensors: list[tuple[str, torch.Tensor]], io: str, call_index: int,
-              moment: str, digests: dict[str, Any] | None = None) -> None:
+    def _save(
+        self,
+        site: _ModuleSite,
+        tensors: list[tuple[str, torch.Tensor]],
+        io: str,
+        call_index: int,
+        moment: str,
+        digests: dict[str, Any] | None = None,
+    ) -> None:
         """Record a call's inputs or outputs; the first record carries the module's parameter digests, if any."""
         if not tensors:
             return
@@ -391,12 +424,24 @@ class CaptureSession:
                 for position, tensor in tensors:
                     attrs = {PARAMETER_DIGESTS_ATTR: digests} if digests else None
                     digests = None
-                    identity = sink.add((name, io, position, step, call_index, moment), tensor, op_type=op_type,
-                                        parent=parent, attrs=attrs)
+                    identity = sink.add(
+                        (name, io, position, step, call_index, moment),
+                        tensor,
+                        op_type=op_type,
+                        parent=parent,
+                        attrs=attrs,
+                    )
                     if graph is not None:
-                        graph.add_record(RecordKey(name, io, position, step, call_index, moment), identity,
-                                         dtype_name(tensor.dtype), tuple(tensor.shape), op_type, parent or ROOT_NAME,
-                                         None, inputs_read_before=self.config.saves_inputs_before)
+                        graph.add_record(
+                            RecordKey(name, io, position, step, call_index, moment),
+                            identity,
+                            dtype_name(tensor.dtype),
+                            tuple(tensor.shape),
+                            op_type,
+                            parent or ROOT_NAME,
+                            None,
+                            inputs_read_before=self.config.saves_inputs_before,
+                        )
         finally:
             self.busy = previous
 
@@ -436,8 +481,9 @@ class CaptureSession:
             self._ops.leave_step()
 
 
-def register_hook(model: torch.nn.Module, config: DumpConfig | None = None,
-                  hook_type: str = "dump_data") -> CaptureSession:
+def register_hook(
+    model: torch.nn.Module, config: DumpConfig | None = None, hook_type: str = "dump_data"
+) -> CaptureSession:
     """Return a running capture of ``model`` (the seed API); close it to finish the dump.
 
     ``config`` defaults to ``DumpConfig()`` (step 0, every module, inputs and outputs, in

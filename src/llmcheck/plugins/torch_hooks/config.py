@@ -27,8 +27,12 @@ SAVE_AFTER = 1  # inputs and outputs after the call
 SAVE_BOTH = 2  # inputs before and after, outputs after
 SAVE_IN_BEFORE_OUT_AFTER = 3  # inputs before, outputs after (the default)
 SAVE_TIMES = (SAVE_BEFORE, SAVE_AFTER, SAVE_BOTH, SAVE_IN_BEFORE_OUT_AFTER)
-SAVE_TIME_NAMES = {"before": SAVE_BEFORE, "after": SAVE_AFTER, "both": SAVE_BOTH,
-                   "in_before_out_after": SAVE_IN_BEFORE_OUT_AFTER}
+SAVE_TIME_NAMES = {
+    "before": SAVE_BEFORE,
+    "after": SAVE_AFTER,
+    "both": SAVE_BOTH,
+    "in_before_out_after": SAVE_IN_BEFORE_OUT_AFTER,
+}
 
 TENSOR_PART_INPUTS = 0
 TENSOR_PART_OUTPUTS = 1
@@ -107,12 +111,18 @@ class DumpConfig:
             if isinstance(self.token_range, int):
                 self.token_range = (self.token_range,)
             if any(not isinstance(step, int) or step < 0 for step in self.token_range):
-                raise UsageError(f"token_range must list step numbers >= 0, got {list(self.token_range)!r}",
-                                 where="DumpConfig.token_range", hint="e.g. token_range=[0, 1], or None for every step")
+                raise UsageError(
+                    f"token_range must list step numbers >= 0, got {list(self.token_range)!r}",
+                    where="DumpConfig.token_range",
+                    hint="e.g. token_range=[0, 1], or None for every step",
+                )
             self.token_range = tuple(sorted(set(self.token_range)))
         if self.tensor_part not in (TENSOR_PART_INPUTS, TENSOR_PART_OUTPUTS, TENSOR_PART_BOTH):
-            raise UsageError(f"tensor_part must be 0, 1 or 2, got {self.tensor_part!r}", where="DumpConfig.tensor_part",
-                             hint="0 inputs, 1 outputs, 2 both")
+            raise UsageError(
+                f"tensor_part must be 0, 1 or 2, got {self.tensor_part!r}",
+                where="DumpConfig.tensor_part",
+                hint="0 inputs, 1 outputs, 2 both",
+            )
         levels = (self.mode,) if isinstance(self.mode, str) else tuple(self.mode)
         for level in levels:
             if level not in LEVELS:
@@ -121,22 +131,35 @@ class DumpConfig:
         self.mode = tuple(dict.fromkeys(levels))
         if isinstance(self.save_time, str):
             if self.save_time not in SAVE_TIME_NAMES:
-                raise UsageError(f"unknown save_time {self.save_time!r}", where="DumpConfig.save_time",
-                                 hint=f"use one of {', '.join(SAVE_TIME_NAMES)} or 0-3")
+                raise UsageError(
+                    f"unknown save_time {self.save_time!r}",
+                    where="DumpConfig.save_time",
+                    hint=f"use one of {', '.join(SAVE_TIME_NAMES)} or 0-3",
+                )
             self.save_time = SAVE_TIME_NAMES[self.save_time]
         if self.save_time not in SAVE_TIMES:
-            raise UsageError(f"save_time must be 0-3, got {self.save_time!r}", where="DumpConfig.save_time",
-                             hint="0 before, 1 after, 2 both, 3 inputs before and outputs after")
+            raise UsageError(
+                f"save_time must be 0-3, got {self.save_time!r}",
+                where="DumpConfig.save_time",
+                hint="0 before, 1 after, 2 both, 3 inputs before and outputs after",
+            )
         if not isinstance(self.max_pending_bytes, int) or self.max_pending_bytes <= 0:
-            raise UsageError(f"max_pending_bytes must be a positive number of bytes, got {self.max_pending_bytes!r}",
-                             where="DumpConfig.max_pending_bytes")
+            raise UsageError(
+                f"max_pending_bytes must be a positive number of bytes, got {self.max_pending_bytes!r}",
+                where="DumpConfig.max_pending_bytes",
+            )
         if self.on_capture_error not in ON_CAPTURE_ERROR:
-            raise UsageError(f"on_capture_error must be 'stop' or 'raise', got {self.on_capture_error!r}",
-                             where="DumpConfig.on_capture_error",
-                             hint="'stop' keeps the program running, 'raise' hands it the error")
+            raise UsageError(
+                f"on_capture_error must be 'stop' or 'raise', got {self.on_capture_error!r}",
+                where="DumpConfig.on_capture_error",
+                hint="'stop' keeps the program running, 'raise' hands it the error",
+            )
         if self.dump_statistics_mode not in (0, 1, 2):
-            raise UsageError(f"dump_statistics_mode must be 0, 1 or 2, got {self.dump_statistics_mode!r}",
-                             where="DumpConfig.dump_statistics_mode", hint="1 = statistics only")
+            raise UsageError(
+                f"dump_statistics_mode must be 0, 1 or 2, got {self.dump_statistics_mode!r}",
+                where="DumpConfig.dump_statistics_mode",
+                hint="1 = statistics only",
+            )
         if self.dump_statistics_mode == 1:
             self.statistics_only = True
         if self.layer_name:
@@ -145,8 +168,9 @@ class DumpConfig:
         for name in ("include", "exclude", "module_ids", "device_ids"):
             value = getattr(self, name)
             setattr(self, name, (value,) if isinstance(value, str) else tuple(str(v) for v in value))
-        self.type_prefixes = tuple(p.lower() for p in ((self.type_prefixes,) if isinstance(self.type_prefixes, str)
-                                                       else self.type_prefixes))
+        self.type_prefixes = tuple(
+            p.lower() for p in ((self.type_prefixes,) if isinstance(self.type_prefixes, str) else self.type_prefixes)
+        )
         self.module_list = tuple(self.module_list)
 
     @property

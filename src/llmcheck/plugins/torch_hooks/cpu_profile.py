@@ -68,8 +68,10 @@ def operator_table(events: Any) -> list[tuple[str, int, float, float, float]]:
         entry[0] += 1
         entry[1] += event.self_cpu_time_total
         entry[2] += event.cpu_time_total
-    rows = [(name, int(calls), round(self_us, 3), round(total_us, 3), round(total_us / calls, 3))
-            for name, (calls, self_us, total_us) in totals.items()]
+    rows = [
+        (name, int(calls), round(self_us, 3), round(total_us, 3), round(total_us / calls, 3))
+        for name, (calls, self_us, total_us) in totals.items()
+    ]
     rows.sort(key=lambda row: (-row[2], row[0]))
     return rows
 

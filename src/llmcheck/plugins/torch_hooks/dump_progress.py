@@ -42,8 +42,7 @@ class DumpProgress:
         elapsed_s = max(time.monotonic() - self._started_s, 1e-9)
         megabytes = self.bytes_written / 1e6
         step = "-" if self.step is None else str(self.step)
-        return (f"step {step}: {self.records} records, {megabytes:.2f} MB written, "
-                f"{megabytes / elapsed_s:.2f} MB/s")
+        return f"step {step}: {self.records} records, {megabytes:.2f} MB written, {megabytes / elapsed_s:.2f} MB/s"
 
     def batch_written(self, *, step: int, records: int, tensor_bytes: int, step_done: bool) -> None:
         """Take the totals after a batch was handed to the writer; ``step_done`` when it closed a step."""

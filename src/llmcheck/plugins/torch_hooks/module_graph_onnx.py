@@ -53,8 +53,16 @@ class GraphRecorder:
     def __init__(self) -> None:
         self.calls: dict[tuple[str, int], GraphCall] = {}
 
-    def add(self, name: str, call_index: int, op_type: str, module: str, io: str, tensor: GraphTensor,
-            arguments: dict[str, Any] | None = None) -> None:
+    def add(
+        self,
+        name: str,
+        call_index: int,
+        op_type: str,
+        module: str,
+        io: str,
+        tensor: GraphTensor,
+        arguments: dict[str, Any] | None = None,
+    ) -> None:
         """Note that call ``(name, call_index)`` read (``io="input"``) or wrote ``tensor``."""
         call = self.calls.get((name, call_index))
         if call is None:
@@ -62,8 +70,18 @@ class GraphRecorder:
             call = self.calls[(name, call_index)] = GraphCall(node_name, op_type, module, arguments=arguments)
         (call.inputs if io == "input" else call.outputs).append(tensor)
 
-    def add_record(self, key: RecordKey, identity: int, dtype: str, shape: tuple[int, ...], op_type: str,
-                   module: str, arguments: dict[str, Any] | None, *, inputs_read_before: bool) -> None:
+    def add_record(
+        self,
+        key: RecordKey,
+        identity: int,
+        dtype: str,
+        shape: tuple[int, ...],
+        op_type: str,
+        module: str,
+        arguments: dict[str, Any] | None,
+        *,
+        inputs_read_before: bool,
+    ) -> None:
         """Note a captured record as an edge of its call; ``identity`` is the sink's id of the data.
 
         With ``inputs_read_before`` a call's inputs as they are after it ran are skipped: the
@@ -72,18 +90,35 @@ class GraphRecorder:
         if key.io == IO_INPUT and key.moment == MOMENT_AFTER and inputs_read_before:
             return
         label = f"{key.name}.{key.io}.{key.position}"
-        self.add(key.name, key.call_index, op_type, module, key.io, GraphTensor(identity, label, dtype, shape),
-                 arguments)
+        self.add(
+            key.name, key.call_index, op_type, module, key.io, GraphTensor(identity, label, dtype, shape), arguments
+        )
 
 
 def _elem_type(dtype: str) -> int:
     from onnx import TensorProto
 
-    names = {"float64": "DOUBLE", "float32": "FLOAT", "float16": "FLOAT16", "bfloat16": "BFLOAT16",
-             "int64": "INT64", "int32": "INT32", "int16": "INT16", "int8": "INT8", "uint8": "UINT8",
-             "uint16": "UINT16", "uint32": "UINT32", "uint64": "UINT64", "bool": "BOOL",
-             "complex64": "COMPLEX64", "complex128": "COMPLEX128", "float8_e4m3fn": "FLOAT8E4M3FN",
-             "float8_e5m2": "FLOAT8E5M2", "float8_e4m3fnuz": "FLOAT8E4M3FNUZ", "float8_e5m2fnuz": "FLOAT8E5M2FNUZ"}
+    names = {
+        "float64": "DOUBLE",
+        "float32": "FLOAT",
+        "float16": "FLOAT16",
+        "bfloat16": "BFLOAT16",
+        "int64": "INT64",
+        "int32": "INT32",
+        "int16": "INT16",
+        "int8": "INT8",
+        "uint8": "UINT8",
+        "uint16": "UINT16",
+        "uint32": "UINT32",
+        "uint64": "UINT64",
+        "bool": "BOOL",
+        "complex64": "COMPLEX64",
+        "complex128": "COMPLEX128",
+        "float8_e4m3fn": "FLOAT8E4M3FN",
+        "float8_e5m2": "FLOAT8E5M2",
+        "float8_e4m3fnuz": "FLOAT8E4M3FNUZ",
+        "float8_e5m2fnuz": "FLOAT8E5M2FNUZ",
+    }
     return int(getattr(TensorProto, names.get(dtype, "UNDEFINED"), TensorProto.UNDEFINED))
 
 
@@ -132,11 +167,15 @@ def write_graph_onnx(recorder: GraphRecorder, path: Path, graph_name: str) -> Pa
         nodes.append(helper.make_node(call.op_type, inputs, outputs, name=call.name, domain=DOMAIN, **attributes))
     graph_outputs = [name for name in produced if name not in consumed]
     graph = helper.make_graph(
-        nodes, graph_name, [infos[name] for name in graph_inputs], [infos[name] for name in graph_outputs],
+        nodes,
+        graph_name,
+        [infos[name] for name in graph_inputs],
+        [infos[name] for name in graph_outputs],
         value_info=[infos[name] for name in produced if name not in graph_outputs],
     )
-    model = helper.make_model(graph, producer_name="llmcheck",
-                              opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(DOMAIN, 1)])
+    model = helper.make_model(
+        graph, producer_name="llmcheck", opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(DOMAIN, 1)]
+    )
     onnx.checker.check_model(model)
     onnx.save(model, str(path))
     return path

@@ -80,16 +80,20 @@ class ModuleSelection:
         self._op_selected: dict[tuple[str, str], bool] = {}
         for name, module in modules.items():
             lineage = _lineage(name)
-            path_ok = (not config.include or any(fnmatchcase(n, p) for n in lineage for p in config.include)) and \
-                not any(fnmatchcase(n, p) for n in lineage for p in config.exclude)
+            path_ok = (
+                not config.include or any(fnmatchcase(n, p) for n in lineage for p in config.include)
+            ) and not any(fnmatchcase(n, p) for n in lineage for p in config.exclude)
             id_match = self.ids.get(name) in wanted_ids or (
-                config.include_children and any(self.ids.get(n) in wanted_ids for n in lineage[1:]))
+                config.include_children and any(self.ids.get(n) in wanted_ids for n in lineage[1:])
+            )
             class_match = type(module).__name__.lower().startswith(prefixes) if prefixes else False
             type_exact = not config.module_list or _matches_type(module, config.module_list)
             type_within = not config.module_list or any(
-                _matches_type(modules[n], config.module_list) for n in lineage if n in modules)
-            self._module_selected[name] = path_ok and type_exact and (
-                not self._by_id_or_prefix or id_match or class_match)
+                _matches_type(modules[n], config.module_list) for n in lineage if n in modules
+            )
+            self._module_selected[name] = (
+                path_ok and type_exact and (not self._by_id_or_prefix or id_match or class_match)
+            )
             self._op_scope[name] = path_ok and type_within
             self._op_id_match[name] = id_match
 
@@ -106,7 +110,10 @@ class ModuleSelection:
             if selected and self._by_id_or_prefix:
                 lowered = op_type.lower()
                 short = lowered.partition(".")[2]  # without the namespace: "mm.default"
-                selected = self._op_id_match[module_name] or lowered.startswith(self._prefixes) or \
-                    short.startswith(self._prefixes)
+                selected = (
+                    self._op_id_match[module_name]
+                    or lowered.startswith(self._prefixes)
+                    or short.startswith(self._prefixes)
+                )
             self._op_selected[key] = selected
         return selected

@@ -53,8 +53,9 @@ class ModuleTopology:
             children = sorted((node(path) for path in child_names), key=lambda item: item[1])  # stable
             first = min([first_run.get(name, never_run), *(rank for _, rank in children)])
             attrs = {"id": ids[name]} if ids.get(name) else {}
-            return TopologyNode(name=name, op_type=op_type, children=tuple(child for child, _ in children),
-                                attrs=attrs), first
+            return TopologyNode(
+                name=name, op_type=op_type, children=tuple(child for child, _ in children), attrs=attrs
+            ), first
 
         return node(ROOT_NAME)[0]
 

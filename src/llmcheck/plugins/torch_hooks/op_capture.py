@@ -45,8 +45,9 @@ class OpCaptureMode(TorchDispatchMode):
         super().__init__()
         self.recorder = recorder
 
-    def __torch_dispatch__(self, func: torch._ops.OpOverload, types: Any, args: tuple[Any, ...] = (),
-                           kwargs: dict[str, Any] | None = None) -> Any:
+    def __torch_dispatch__(
+        self, func: torch._ops.OpOverload, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
+    ) -> Any:
         if self.recorder.session.busy:
             return func(*args, **(kwargs or {}))
         return self.recorder.capture_op(func, args, kwargs or {})
@@ -118,8 +119,16 @@ class OpRecorder:
             session.busy = False
         return name, call_index, inputs, op_type, module_name, attrs
 
-    def _record_outputs(self, result: Any, name: str, call_index: int, inputs: list[tuple[str, torch.Tensor]],
-                        op_type: str, module_name: str, attrs: dict[str, Any]) -> None:
+    def _record_outputs(
+        self,
+        result: Any,
+        name: str,
+        call_index: int,
+        inputs: list[tuple[str, torch.Tensor]],
+        op_type: str,
+        module_name: str,
+        attrs: dict[str, Any],
+    ) -> None:
         """Record an operator's outputs (and, with save_time 1 or 2, its inputs as they are after it ran)."""
         session = self.session
         config = session.config
@@ -129,8 +138,9 @@ class OpRecorder:
                 if config.saves_inputs_after:
                     self._save(name, inputs, IO_INPUT, call_index, MOMENT_AFTER, op_type, module_name, attrs)
                 if config.saves_outputs:
-                    self._save(name, call_outputs(result), IO_OUTPUT, call_index, MOMENT_AFTER, op_type,
-                               module_name, attrs)
+                    self._save(
+                        name, call_outputs(result), IO_OUTPUT, call_index, MOMENT_AFTER, op_type, module_name, attrs
+                    )
         finally:
             session.busy = False
 
@@ -142,12 +152,22 @@ class OpRecorder:
         weights wrongly is the most common porting defect.
         """
         if self._parameter_names is None:
-            self._parameter_names = {(p.data_ptr(), tuple(p.shape), p.stride(), p.dtype): n
-                                     for n, p in self.session.model.named_parameters()}
+            self._parameter_names = {
+                (p.data_ptr(), tuple(p.shape), p.stride(), p.dtype): n for n, p in self.session.model.named_parameters()
+            }
         return self._parameter_names.get((tensor.data_ptr(), tuple(tensor.shape), tensor.stride(), tensor.dtype))
 
-    def _save(self, name: str, tensors: list[tuple[str, torch.Tensor]], io: str, call_index: int, moment: str,
-              op_type: str, module_name: str, attrs: dict[str, Any]) -> None:
+    def _save(
+        self,
+        name: str,
+        tensors: list[tuple[str, torch.Tensor]],
+        io: str,
+        call_index: int,
+        moment: str,
+        op_type: str,
+        module_name: str,
+        attrs: dict[str, Any],
+    ) -> None:
         session = self.session
         sink = session.sink
         graph = session.open_graph()
@@ -157,12 +177,26 @@ class OpRecorder:
             key = (name, io, position, step, call_index, moment)
             parameter = self.parameter_name(tensor) if io == IO_INPUT and tensor.layout == strided else None
             if parameter:
-                identity = sink.add(key, tensor, op_type=op_type, parent=module_name,
-                                    attrs={**attrs, PARAMETER_ATTR: parameter}, same_data=(PARAMETER_ATTR, parameter))
+                identity = sink.add(
+                    key,
+                    tensor,
+                    op_type=op_type,
+                    parent=module_name,
+                    attrs={**attrs, PARAMETER_ATTR: parameter},
+                    same_data=(PARAMETER_ATTR, parameter),
+                )
             else:
-                identity = sink.add(key, tensor, op_type=op_type, parent=module_name, attrs=attrs,
-                                    op_output=io == IO_OUTPUT)
+                identity = sink.add(
+                    key, tensor, op_type=op_type, parent=module_name, attrs=attrs, op_output=io == IO_OUTPUT
+                )
             if graph is not None:
-                graph.add_record(RecordKey(*key), identity, dtype_name(tensor.dtype), tuple(tensor.shape), op_type,
-                                 module_name, attrs, inputs_read_before=session.config.saves_inputs_before)
-
+                graph.add_record(
+                    RecordKey(*key),
+                    identity,
+                    dtype_name(tensor.dtype),
+                    tuple(tensor.shape),
+                    op_type,
+                    module_name,
+                    attrs,
+                    inputs_read_before=session.config.saves_inputs_before,
+                )

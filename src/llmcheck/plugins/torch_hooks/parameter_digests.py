@@ -59,23 +59,28 @@ class ModuleParameterDigests:
     """The digests of the recorded modules' own floating-point parameters, kept up to date step by step."""
 
     def __init__(self, model: torch.nn.Module, selected: Callable[[str], bool], root_name: str) -> None:
-        self._modules = [(name or root_name, module) for name, module in model.named_modules()
-                         if selected(name or root_name)]
+        self._modules = [
+            (name or root_name, module) for name, module in model.named_modules() if selected(name or root_name)
+        ]
         self._cache: dict[str, tuple[tuple[Any, ...], dict[str, Any]]] = {}
 
     def refresh(self) -> None:
         """Hash the parameters that are new or changed since the last call (none, in an inference loop)."""
         for name, module in self._modules:
-            parameters = [(parameter_name, parameter) for parameter_name, parameter
-                          in module.named_parameters(recurse=False) if parameter.dtype in ROUNDED_TO
-                          and parameter.layout == torch.strided and not parameter.is_meta]
+            parameters = [
+                (parameter_name, parameter)
+                for parameter_name, parameter in module.named_parameters(recurse=False)
+                if parameter.dtype in ROUNDED_TO and parameter.layout == torch.strided and not parameter.is_meta
+            ]
             if not parameters:
                 continue
             state = tuple(_state(parameter) for _, parameter in parameters)
             cached = self._cache.get(name)
             if cached is None or cached[0] != state:
-                self._cache[name] = (state, {parameter_name: parameter_digests(parameter)
-                                             for parameter_name, parameter in parameters})
+                self._cache[name] = (
+                    state,
+                    {parameter_name: parameter_digests(parameter) for parameter_name, parameter in parameters},
+                )
 
     def of(self, module_name: str) -> dict[str, Any] | None:
         """Return a module's digests by parameter name, or None when it has no floating-point parameters."""

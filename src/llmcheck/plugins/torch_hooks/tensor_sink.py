@@ -70,8 +70,9 @@ class _Slot:
 #: A record waiting for the writer thread to measure its copy and write its index line, as a tuple (the
 #: forward makes one per recorded tensor): key fields, dtype, shape, order, device, op_type, parent, attrs,
 #: and the index of its copy in the batch's slots (None: not captured -- sparse, meta, unknown dtype).
-_PendingRecord = tuple[KeyFields, str, tuple[int, ...], int, str, "str | None", "str | None", Mapping[str, Any],
-                       "int | None"]
+_PendingRecord = tuple[
+    KeyFields, str, tuple[int, ...], int, str, "str | None", "str | None", Mapping[str, Any], "int | None"
+]
 
 
 @dataclass(slots=True)
@@ -124,8 +125,14 @@ class _TensorKind:
 def _kind_of(tensor: torch.Tensor) -> _TensorKind:
     dtype = dtype_name(tensor.dtype)
     capturable = tensor.layout == torch.strided and not tensor.is_meta and dtype in DTYPE_ITEMSIZE
-    return _TensorKind(capturable, dtype, str(tensor.device), tensor.device.type == "cpu",
-                       tensor.device.type == "cuda", tensor.element_size() if capturable else 0)
+    return _TensorKind(
+        capturable,
+        dtype,
+        str(tensor.device),
+        tensor.device.type == "cpu",
+        tensor.device.type == "cuda",
+        tensor.element_size() if capturable else 0,
+    )
 
 
 def copies_to_host(device_copies: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -143,7 +150,7 @@ def copies_to_host(device_copies: list[torch.Tensor]) -> list[torch.Tensor]:
     for i in order:
         copy = device_copies[i]
         nbytes = copy.numel() * copy.element_size()
-        hosts[i] = pinned[offset:offset + nbytes].view(copy.dtype).reshape(copy.shape)
+        hosts[i] = pinned[offset : offset + nbytes].view(copy.dtype).reshape(copy.shape)
         offset += nbytes
     return hosts
 
@@ -173,16 +180,20 @@ def wait_for_copies(devices: Iterable[torch.device], streams: Mapping[torch.devi
 _POLL_S = 0.0002
 
 
-def _prepare_lines(batch: _Batch, rank: int, statistics_only: bool) -> tuple[list[dict[str, Any]],
-                                                                            list[torch.Tensor | None]]:
+def _prepare_lines(
+    batch: _Batch, rank: int, statistics_only: bool
+) -> tuple[list[dict[str, Any]], list[torch.Tensor | None]]:
     """Return a handed-over batch's index lines and CPU tensors (run by the writer thread)."""
     slots = batch.slots
     stats = _measure(slots, statistics_only, batch.streams)
     lines = []
     tensors: list[torch.Tensor | None] = []
     for key, dtype, shape, order, device, op_type, parent, attrs, index in batch.records:
-        lines.append(index_line(key, dtype, shape, order, device, rank, op_type, parent,
-                                None if index is None else stats[index], attrs))
+        lines.append(
+            index_line(
+                key, dtype, shape, order, device, rank, op_type, parent, None if index is None else stats[index], attrs
+            )
+        )
         tensors.append(None if index is None else slots[index].host)
     return lines, tensors
 
@@ -236,8 +247,15 @@ def _measure(slots: list[_Slot], statistics_only: bool, streams: Mapping[torch.d
 class TensorSink:
     """Collects captured tensors of one dump and hands them to the :class:`DumpWriter` in batches."""
 
-    def __init__(self, writer: DumpWriter, *, rank: int, statistics_only: bool, max_pending_bytes: int,
-                 progress: DumpProgress | None = None) -> None:
+    def __init__(
+        self,
+        writer: DumpWriter,
+        *,
+        rank: int,
+        statistics_only: bool,
+        max_pending_bytes: int,
+        progress: DumpProgress | None = None,
+    ) -> None:
         self.writer = writer
         #: told of every batch handed over (``None``: nobody is watching, see :mod:`.dump_progress`)
         self.progress = progress if progress is not None else DumpProgress.for_this_process()
@@ -251,8 +269,17 @@ class TensorSink:
         self._identities = 0
         self._kinds: dict[tuple[Any, Any, Any], _TensorKind] = {}
 
-    def add(self, key: KeyFields, tensor: torch.Tensor, *, op_type: str | None, parent: str | None,
-            attrs: Mapping[str, Any] | None = None, op_output: bool = False, same_data: Any = None) -> int:
+    def add(
+        self,
+        key: KeyFields,
+        tensor: torch.Tensor,
+        *,
+        op_type: str | None,
+        parent: str | None,
+        attrs: Mapping[str, Any] | None = None,
+        op_output: bool = False,
+        same_data: Any = None,
+    ) -> int:
         """Record ``tensor`` under ``key`` (a :class:`RecordKey`'s fields) as it is now: copied now, measured later.
 
         ``op_output`` marks the result of an operator still inside the dispatch mode (see
@@ -272,8 +299,13 @@ class TensorSink:
         known = batch.same_data.get(same_data) if same_data is not None else None
         kind_key = (tensor.dtype, tensor.layout, tensor.device)
         kind = self._kinds.get(kind_key) or self._kinds.setdefault(kind_key, _kind_of(tensor))
-        if seen is not None and seen.version == version and version is not None and seen.ref() is tensor \
-                and seen.shape == shape:
+        if (
+            seen is not None
+            and seen.version == version
+            and version is not None
+            and seen.ref() is tensor
+            and seen.shape == shape
+        ):
             slot: int | None = seen.slot
             identity = seen.identity
         elif known is not None and known[0] == version and version is not None:
@@ -293,14 +325,16 @@ class TensorSink:
                 batch.pending_bytes += copy.numel() * kind.item_bytes
                 slot = len(batch.slots) - 1
                 if version is not None:
-                    batch.seen[id(tensor)] = _SeenTensor(weakref.ref(tensor), None if op_output else version,
-                                                         shape, slot, identity)
+                    batch.seen[id(tensor)] = _SeenTensor(
+                        weakref.ref(tensor), None if op_output else version, shape, slot, identity
+                    )
                     if op_output:
                         batch.unsettled.append(id(tensor))
                     if same_data is not None:
                         batch.same_data[same_data] = (version, slot, identity)
-        batch.records.append((key, kind.dtype, tuple(shape), self._order, kind.device, op_type, parent,
-                              attrs or _NO_ATTRS, slot))
+        batch.records.append(
+            (key, kind.dtype, tuple(shape), self._order, kind.device, op_type, parent, attrs or _NO_ATTRS, slot)
+        )
         self._order += 1
         if batch.pending_bytes >= self.max_pending_bytes:
             self.hand_over()
@@ -332,17 +366,18 @@ class TensorSink:
             self._tell_progress(finished_step, step_done=True)
             return
         batch.streams = {device: torch.cuda.current_stream(device) for device in batch.cuda_devices}
-        self.writer.add_prepared(functools.partial(_prepare_lines, batch, self.rank, self.statistics_only),
-                                 build_tree)
+        self.writer.add_prepared(functools.partial(_prepare_lines, batch, self.rank, self.statistics_only), build_tree)
         self.records_added += len(batch.records)
         self.bytes_handed_over += 0 if self.statistics_only else batch.pending_bytes
-        self._tell_progress(batch.records[-1][0][3] if finished_step is None else finished_step,
-                            step_done=finished_step is not None)
+        self._tell_progress(
+            batch.records[-1][0][3] if finished_step is None else finished_step, step_done=finished_step is not None
+        )
 
     def _tell_progress(self, step: int | None, *, step_done: bool) -> None:
         if self.progress is not None and step is not None:
-            self.progress.batch_written(step=step, records=self.records_added, tensor_bytes=self.bytes_handed_over,
-                                        step_done=step_done)
+            self.progress.batch_written(
+                step=step, records=self.records_added, tensor_bytes=self.bytes_handed_over, step_done=step_done
+            )
 
     def close(self, build_tree: Callable[[], TopologyNode] | None) -> None:
         """Write every pending record and the module tree (``None``: unchanged since written), close the dump."""
@@ -368,8 +403,17 @@ class NullSink:
 
     records_added = 0
 
-    def add(self, key: KeyFields, tensor: torch.Tensor, *, op_type: str | None, parent: str | None,
-            attrs: Mapping[str, Any] | None = None, op_output: bool = False, same_data: Any = None) -> int:
+    def add(
+        self,
+        key: KeyFields,
+        tensor: torch.Tensor,
+        *,
+        op_type: str | None,
+        parent: str | None,
+        attrs: Mapping[str, Any] | None = None,
+        op_output: bool = False,
+        same_data: Any = None,
+    ) -> int:
         """Keep nothing; every record has identity 0."""
         return 0
 

@@ -17,8 +17,10 @@ from llmcheck.plugin_api import Dump, SourceInfo, hookimpl
 
 SOURCE_NAME = "fx"
 
-_LAZY = {name: "llmcheck.plugins.torchair_fx.fx_backend"
-         for name in ("fx_dump_backend", "make_fx_dump_backend", "dump_exported_program", "FxDumpInterpreter")}
+_LAZY = {
+    name: "llmcheck.plugins.torchair_fx.fx_backend"
+    for name in ("fx_dump_backend", "make_fx_dump_backend", "dump_exported_program", "FxDumpInterpreter")
+}
 
 
 def __getattr__(name: str) -> Any:

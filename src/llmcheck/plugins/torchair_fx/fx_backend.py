@@ -38,8 +38,14 @@ DUMP_PATH_VARIABLE = "LLMCHECK_FX_DUMP_PATH"
 SAVED_DTYPES_FILE = "llmcheck_saved_dtypes.json"
 DEFAULT_DUMP_PATH = "llmcheck_fx_dump"
 TIMESTAMP_FORMAT = "%Y%m%d%H%M%S%f"
-_NUMPY_LACKS = {torch.bfloat16, *(getattr(torch, n) for n in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz",
-                                                             "float8_e5m2fnuz", "float8_e8m0fnu") if hasattr(torch, n))}
+_NUMPY_LACKS = {
+    torch.bfloat16,
+    *(
+        getattr(torch, n)
+        for n in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz", "float8_e8m0fnu")
+        if hasattr(torch, n)
+    ),
+}
 
 
 class _Clock:
@@ -70,8 +76,12 @@ def as_saved_array(value: Any) -> np.ndarray:
         try:
             return tensor.cpu().resolve_conj().resolve_neg().contiguous().numpy()
         except (TypeError, RuntimeError) as exc:  # sparse, quantised, ...: keep the run going, say what was lost
-            log.warning("FX dump: a %s %s tensor cannot be saved as .npy (%s); its description is saved instead",
-                        tensor.layout, tensor.dtype, exc)
+            log.warning(
+                "FX dump: a %s %s tensor cannot be saved as .npy (%s); its description is saved instead",
+                tensor.layout,
+                tensor.dtype,
+                exc,
+            )
             return np.array(f"unsaved tensor: {tensor.dtype} {tensor.layout} {list(tensor.shape)}")
     try:
         array = np.array(value)
@@ -146,8 +156,9 @@ def new_graph_folder(dump_path: Path, rank: int | None = None, world_size: int |
     return Path(dump_path) / rank_folder_name(rank, world_size) / f"gm_{_clock.stamp()}_dump"
 
 
-def make_fx_dump_backend(dump_path: str | Path, *, rank: int | None = None,
-                         world_size: int | None = None) -> Callable[..., Any]:
+def make_fx_dump_backend(
+    dump_path: str | Path, *, rank: int | None = None, world_size: int | None = None
+) -> Callable[..., Any]:
     """Return a torch.compile backend that dumps every graph it compiles under ``dump_path``."""
     from torch._dynamo.backends.common import aot_autograd
     from torch._functorch.aot_autograd import make_boxed_func
@@ -165,9 +176,15 @@ def fx_dump_backend(graph_module: torch.fx.GraphModule, example_inputs: Sequence
     return make_fx_dump_backend(dump_path)(graph_module, example_inputs)
 
 
-def dump_exported_program(program: torch.export.ExportedProgram, args: Sequence[Any] = (),
-                          kwargs: dict[str, Any] | None = None, *, dump_path: str | Path,
-                          rank: int | None = None, world_size: int | None = None) -> Any:
+def dump_exported_program(
+    program: torch.export.ExportedProgram,
+    args: Sequence[Any] = (),
+    kwargs: dict[str, Any] | None = None,
+    *,
+    dump_path: str | Path,
+    rank: int | None = None,
+    world_size: int | None = None,
+) -> Any:
     """Run a ``torch.export`` program once with FX dumping and return its result (one new graph folder)."""
     module = program.module()
     bound = inspect.signature(module.forward).bind(*args, **(kwargs or {}))

@@ -55,10 +55,13 @@ log = logging.getLogger("llmcheck.fx")
 
 SAVED_DTYPES_FILE = "llmcheck_saved_dtypes.json"
 #: dtypes numpy lacks, saved as float32 and named in SAVED_DTYPES_FILE
-_TRUE_DTYPES = frozenset({"bfloat16", "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz",
-                          "float8_e8m0fnu"})
-_FILE_NAME = re.compile(r"^(?P<node>[^-]+)-(?P<target>.+)\.(?P<io>INPUT|OUTPUT)\.(?P<position>\d+(?:\.\d+)?)"
-                        r"\.(?P<ts>\d+)\.npy$")
+_TRUE_DTYPES = frozenset(
+    {"bfloat16", "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz", "float8_e8m0fnu"}
+)
+_FILE_NAME = re.compile(
+    r"^(?P<node>[^-]+)-(?P<target>.+)\.(?P<io>INPUT|OUTPUT)\.(?P<position>\d+(?:\.\d+)?)"
+    r"\.(?P<ts>\d+)\.npy$"
+)
 #: numpy kinds of the arrays torchair saves for non-tensor arguments (``np.array(str(value))``)
 _ARGUMENT_TEXT_KINDS = frozenset({"U", "S"})
 _GRAPH_FOLDER = re.compile(r"^gm_\d+_dump$")
@@ -66,10 +69,20 @@ _RANK_FOLDER = re.compile(r"^worldsize(\d+)_global_rank(\d+)$")
 
 #: numpy (kind, itemsize) -> canonical dtype name
 _NUMPY_DTYPES = {
-    ("f", 2): "float16", ("f", 4): "float32", ("f", 8): "float64",
-    ("i", 1): "int8", ("i", 2): "int16", ("i", 4): "int32", ("i", 8): "int64",
-    ("u", 1): "uint8", ("u", 2): "uint16", ("u", 4): "uint32", ("u", 8): "uint64",
-    ("b", 1): "bool", ("c", 8): "complex64", ("c", 16): "complex128",
+    ("f", 2): "float16",
+    ("f", 4): "float32",
+    ("f", 8): "float64",
+    ("i", 1): "int8",
+    ("i", 2): "int16",
+    ("i", 4): "int32",
+    ("i", 8): "int64",
+    ("u", 1): "uint8",
+    ("u", 2): "uint16",
+    ("u", 4): "uint32",
+    ("u", 8): "uint64",
+    ("b", 1): "bool",
+    ("c", 8): "complex64",
+    ("c", 16): "complex128",
 }
 
 
@@ -163,8 +176,11 @@ def _tensor_data(path: Path, header: NpyHeader, dtype: str, true_dtype: str | No
     row_major = not header.fortran_order or len(header.shape) <= 1
     plain = row_major and header.dtype.byteorder in ("<", "=", "|")
     if true_dtype is not None and dtype == "float32" and plain:
-        return TensorData(dtype=true_dtype, shape=header.shape,
-                          loader=SavedAsFloat32Loader(path, header.data_offset, nbytes, header.shape, true_dtype))
+        return TensorData(
+            dtype=true_dtype,
+            shape=header.shape,
+            loader=SavedAsFloat32Loader(path, header.data_offset, nbytes, header.shape, true_dtype),
+        )
     if plain:
         return TensorData(dtype=dtype, shape=header.shape, path=path, offset=header.data_offset, nbytes=nbytes)
     return TensorData(dtype=dtype, shape=header.shape, loader=NpyArrayLoader(path))
@@ -201,14 +217,25 @@ def load_fx_dump(path: Path) -> Dump | None:
     placements = {file_path: placement_of(file_path.resolve()) for file_path, _ in files}
     ranks = {p.rank for p in placements.values() if p.rank is not None}
     if len(ranks) > 1:
-        raise DumpNotFoundError(f"holds FX dumps of several ranks ({', '.join(map(str, sorted(ranks)))})", where=path,
-                                hint="point --golden-path/--my-path at one worldsize*_global_rank* folder")
+        raise DumpNotFoundError(
+            f"holds FX dumps of several ranks ({', '.join(map(str, sorted(ranks)))})",
+            where=path,
+            hint="point --golden-path/--my-path at one worldsize*_global_rank* folder",
+        )
     graph_folders = sorted({p.graph_folder for p in placements.values()})
     graph_index = {folder: index for index, folder in enumerate(graph_folders)}
     prefixed = len(graph_folders) > 1
-    ordered = sorted(files, key=lambda item: (
-        placements[item[0]].step, graph_index[placements[item[0]].graph_folder], item[1].timestamp, item[1].node,
-        item[1].io != IO_INPUT, _position_key(item[1].position)))
+    ordered = sorted(
+        files,
+        key=lambda item: (
+            placements[item[0]].step,
+            graph_index[placements[item[0]].graph_folder],
+            item[1].timestamp,
+            item[1].node,
+            item[1].io != IO_INPUT,
+            _position_key(item[1].position),
+        ),
+    )
     root = path if path.is_dir() else path.parent
     records: list[TensorRecord] = []
     non_numeric = 0
@@ -222,29 +249,57 @@ def load_fx_dump(path: Path) -> Dump | None:
             non_numeric += 1  # a non-tensor argument saved as its text: nothing to compare
             continue
         if dtype is None:
-            raise DumpFormatError(f"holds numpy dtype {header.dtype.str!r}, neither a tensor nor the text of a "
-                                  "non-tensor argument", where=file_path,
-                                  hint="the file is corrupt; dump again or remove it")
+            raise DumpFormatError(
+                f"holds numpy dtype {header.dtype.str!r}, neither a tensor nor the text of a non-tensor argument",
+                where=file_path,
+                hint="the file is corrupt; dump again or remove it",
+            )
         if file_path.parent not in saved_dtypes:
             saved_dtypes[file_path.parent] = read_saved_dtypes(file_path.parent)
         data = _tensor_data(file_path, header, dtype, saved_dtypes[file_path.parent].get(file_path.name))
         index = graph_index[placement.graph_folder]
         nodes_by_graph[index].setdefault(parsed.node, parsed.target)
         name = f"graph{index}/{parsed.node}" if prefixed else parsed.node
-        records.append(TensorRecord(
-            key=RecordKey(name=name, io=parsed.io, position=parsed.position, step=placement.step),
-            dtype=data.dtype, shape=header.shape, order=len(records), device="unknown",
-            rank=placement.rank or 0, op_type=parsed.target, data=data,
-            source_path=str(file_path.relative_to(root)),
-            attrs={"fx_node": parsed.node, "fx_target": parsed.target, "graph_index": index,
-                   "graph_folder": placement.graph_folder, "timestamp": parsed.timestamp},
-        ))
+        records.append(
+            TensorRecord(
+                key=RecordKey(name=name, io=parsed.io, position=parsed.position, step=placement.step),
+                dtype=data.dtype,
+                shape=header.shape,
+                order=len(records),
+                device="unknown",
+                rank=placement.rank or 0,
+                op_type=parsed.target,
+                data=data,
+                source_path=str(file_path.relative_to(root)),
+                attrs={
+                    "fx_node": parsed.node,
+                    "fx_target": parsed.target,
+                    "graph_index": index,
+                    "graph_folder": placement.graph_folder,
+                    "timestamp": parsed.timestamp,
+                },
+            )
+        )
     if non_numeric:
         log.info("%s: %d non-numeric argument files (strings of non-tensor arguments) not compared", path, non_numeric)
-    topology = TopologyNode(name=root.name, op_type="FxDump", children=tuple(
-        TopologyNode(name=graph_folders[index], op_type="GraphModule", attrs={"graph_index": index},
-                     children=tuple(TopologyNode(name=node, op_type=target) for node, target in nodes.items()))
-        for index, nodes in sorted(nodes_by_graph.items())))
-    manifest = {"source": SOURCE_NAME, "files": len(files), "non_numeric_files": non_numeric,
-                "graph_folders": graph_folders, "rank": next(iter(ranks), None)}
+    topology = TopologyNode(
+        name=root.name,
+        op_type="FxDump",
+        children=tuple(
+            TopologyNode(
+                name=graph_folders[index],
+                op_type="GraphModule",
+                attrs={"graph_index": index},
+                children=tuple(TopologyNode(name=node, op_type=target) for node, target in nodes.items()),
+            )
+            for index, nodes in sorted(nodes_by_graph.items())
+        ),
+    )
+    manifest = {
+        "source": SOURCE_NAME,
+        "files": len(files),
+        "non_numeric_files": non_numeric,
+        "graph_folders": graph_folders,
+        "rank": next(iter(ranks), None),
+    }
     return Dump(source=SOURCE_NAME, root=root, records=records, topology=topology, manifest=manifest)

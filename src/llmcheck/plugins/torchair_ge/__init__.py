@@ -20,7 +20,9 @@ SOURCE_NAME = "ge"
 @hookimpl
 def llmcheck_register_sources(register: Callable[[SourceInfo], None]) -> None:
     """Register the "ge" source."""
-    register(SourceInfo(SOURCE_NAME, "torchair GE graph-mode dump: CANN data-dump files and dynamo_original_graph_*.txt"))
+    register(
+        SourceInfo(SOURCE_NAME, "torchair GE graph-mode dump: CANN data-dump files and dynamo_original_graph_*.txt")
+    )
 
 
 @hookimpl

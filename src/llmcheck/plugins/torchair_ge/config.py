@@ -46,9 +46,13 @@ def _fresh_folder(parent: Path, prefix: str) -> Path:
     raise LlmcheckError("could not find a free dump folder name", where=parent)
 
 
-def ge_dump_settings(dump_folder: Path, fusion_switch_file: Path | None = None, dump_mode: str = "all",
-                     dump_token: Iterable[int] | None = None, dump_layer: Iterable[str] | None = None
-                     ) -> dict[str, Any]:
+def ge_dump_settings(
+    dump_folder: Path,
+    fusion_switch_file: Path | None = None,
+    dump_mode: str = "all",
+    dump_token: Iterable[int] | None = None,
+    dump_layer: Iterable[str] | None = None,
+) -> dict[str, Any]:
     """Return the torchair ``CompilerConfig`` attributes a GE dump needs, by dotted attribute path.
 
     ``dump_token`` lists the steps to dump (torchair's ``dump_step``, ``"0|1"``);
@@ -65,8 +69,9 @@ def ge_dump_settings(dump_folder: Path, fusion_switch_file: Path | None = None, 
     }
     if fusion_switch_file is not None:
         if not Path(fusion_switch_file).is_file():
-            raise UsageError("no such fusion switch file", where=fusion_switch_file,
-                             hint="write one with write_fusion_switch_file()")
+            raise UsageError(
+                "no such fusion switch file", where=fusion_switch_file, hint="write one with write_fusion_switch_file()"
+            )
         settings["fusion_config.fusion_switch_file"] = str(fusion_switch_file)
     if dump_token is not None:
         tokens = [int(token) for token in dump_token]
@@ -88,9 +93,11 @@ def _compiler_config_class() -> Any:
         from torchair.configs.compiler_config import CompilerConfig
     except ImportError as exc:
         raise BackendUnavailableError(
-            f"torchair is not importable here ({exc})", where="torchair",
+            f"torchair is not importable here ({exc})",
+            where="torchair",
             hint="install torch_npu with torchair on an Ascend machine; on other machines capture FX "
-                 "dumps with llmcheck.plugins.torchair_fx.fx_dump_backend") from None
+            "dumps with llmcheck.plugins.torchair_fx.fx_dump_backend",
+        ) from None
     return CompilerConfig
 
 
@@ -111,9 +118,14 @@ def apply_settings(config: Any, settings: Mapping[str, Any]) -> Any:
     return config
 
 
-def get_ge_dump_config(dump_path: str | Path, fusion_switch_file: str | Path | None = None, dump_mode: str = "all",
-                       dump_token: Iterable[int] | None = None, dump_layer: Iterable[str] | None = None,
-                       compiler_config: Any = None) -> Any:
+def get_ge_dump_config(
+    dump_path: str | Path,
+    fusion_switch_file: str | Path | None = None,
+    dump_mode: str = "all",
+    dump_token: Iterable[int] | None = None,
+    dump_layer: Iterable[str] | None = None,
+    compiler_config: Any = None,
+) -> Any:
     """Return a torchair ``CompilerConfig`` that dumps GE data and graph text into a fresh folder under ``dump_path``.
 
     ``compiler_config`` is an existing config to add the dump settings to (a new one otherwise).
@@ -136,8 +148,9 @@ def get_fx_dump_config(dump_path: str | Path, compiler_config: Any = None) -> An
     return apply_settings(compiler_config if compiler_config is not None else config_class(), fx_dump_settings(folder))
 
 
-def fusion_switch(graph_fusion: str = "off", ub_fusion: str = "off",
-                  passes: Mapping[str, Mapping[str, str]] | None = None) -> dict[str, Any]:
+def fusion_switch(
+    graph_fusion: str = "off", ub_fusion: str = "off", passes: Mapping[str, Mapping[str, str]] | None = None
+) -> dict[str, Any]:
     """Return the fusion switch document: ``ALL`` of GraphFusion and UBFusion on or off, plus per-pass switches.
 
     ``passes`` maps ``"GraphFusion"``/``"UBFusion"`` to ``{pass name: "on"|"off"}``.
@@ -153,8 +166,12 @@ def fusion_switch(graph_fusion: str = "off", ub_fusion: str = "off",
     return document
 
 
-def write_fusion_switch_file(path: str | Path, graph_fusion: str = "off", ub_fusion: str = "off",
-                             passes: Mapping[str, Mapping[str, str]] | None = None) -> Path:
+def write_fusion_switch_file(
+    path: str | Path,
+    graph_fusion: str = "off",
+    ub_fusion: str = "off",
+    passes: Mapping[str, Mapping[str, str]] | None = None,
+) -> Path:
     """Write the fusion switch JSON (default: every GraphFusion and UBFusion pass off) and return its path."""
     path = Path(path)
     document = fusion_switch(graph_fusion, ub_fusion, passes)

@@ -122,8 +122,12 @@ class GeDumpTensor:
     @property
     def converts_layout(self) -> bool:
         """Return whether the payload is in a device layout llmcheck converts back to ``original_shape``."""
-        return (self.format_code in (FORMAT_FRACTAL_NZ, FORMAT_NC1HWC0) and self.original_shape is not None
-                and len(self.original_shape) > 0 and tuple(self.original_shape) != self.shape)
+        return (
+            self.format_code in (FORMAT_FRACTAL_NZ, FORMAT_NC1HWC0)
+            and self.original_shape is not None
+            and len(self.original_shape) > 0
+            and tuple(self.original_shape) != self.shape
+        )
 
     @property
     def logical_shape(self) -> tuple[int, ...]:
@@ -135,8 +139,15 @@ class GeDumpTensor:
         if self.dtype_code not in GE_DTYPE_TO_TORCH:
             return None
         if self.converts_layout and self.original_shape:
-            loader = StorageLayoutLoader(path, self.data_offset, self.nbytes, self.dtype, self.shape,
-                                         tuple(self.original_shape), self.format_name)
+            loader = StorageLayoutLoader(
+                path,
+                self.data_offset,
+                self.nbytes,
+                self.dtype,
+                self.shape,
+                tuple(self.original_shape),
+                self.format_name,
+            )
             return TensorData(dtype=self.dtype, shape=self.logical_shape, loader=loader)
         return TensorData(dtype=self.dtype, shape=self.shape, path=path, offset=self.data_offset, nbytes=self.nbytes)
 
@@ -281,31 +292,48 @@ def _read_header(reader: WireReader, start: int, end: int) -> _HeaderFields:
     return header
 
 
-def _checked_tensor(reader: WireReader, fields: _TensorFields, role: str, index: int,
-                    data_offset: int, nbytes: int) -> GeDumpTensor:
+def _checked_tensor(
+    reader: WireReader, fields: _TensorFields, role: str, index: int, data_offset: int, nbytes: int
+) -> GeDumpTensor:
     """Return the tensor after checking that its dtype and shape need exactly ``nbytes`` bytes."""
-    tensor = GeDumpTensor(fields.dtype_code, fields.format_code, fields.shape, fields.original_shape,
-                          data_offset, nbytes, fields.sub_format)
+    tensor = GeDumpTensor(
+        fields.dtype_code,
+        fields.format_code,
+        fields.shape,
+        fields.original_shape,
+        data_offset,
+        nbytes,
+        fields.sub_format,
+    )
     itemsize = DTYPE_ITEMSIZE.get(tensor.dtype)
     if fields.dtype_code in GE_DTYPE_TO_TORCH and itemsize is not None:
         needed = math.prod(fields.shape) * itemsize
         if needed != nbytes:
-            raise reader.error(f"{role} {index}: {ge_dtype_name(fields.dtype_code)} shape {list(fields.shape)} "
-                               f"needs {needed} bytes but the file gives {nbytes}", fields.message_at)
+            raise reader.error(
+                f"{role} {index}: {ge_dtype_name(fields.dtype_code)} shape {list(fields.shape)} "
+                f"needs {needed} bytes but the file gives {nbytes}",
+                fields.message_at,
+            )
     return tensor
 
 
 def _framed(reader: WireReader, file_size: int, header_len: int) -> GeDumpFile:
     header = _read_header(reader, 0, header_len)
     offset = FRAME_HEADER_BYTES + header_len
-    declared = sum(t.size for t in header.inputs) + sum(t.size for t in header.outputs) + sum(
-        size for _, _, size in header.blobs)
+    declared = (
+        sum(t.size for t in header.inputs)
+        + sum(t.size for t in header.outputs)
+        + sum(size for _, _, size in header.blobs)
+    )
     if offset + declared != file_size:
         what = "truncated" if offset + declared > file_size else "has extra bytes"
-        raise DumpFormatError(f"{what}: the header declares {declared} payload bytes after byte {offset} "
-                              f"but the file holds {file_size - offset}", where=reader.where,
-                              offset=min(file_size, offset + declared),
-                              hint="the dump was cut short or the file is not a GE dump")
+        raise DumpFormatError(
+            f"{what}: the header declares {declared} payload bytes after byte {offset} "
+            f"but the file holds {file_size - offset}",
+            where=reader.where,
+            offset=min(file_size, offset + declared),
+            hint="the dump was cut short or the file is not a GE dump",
+        )
     tensors: dict[str, list[GeDumpTensor]] = {"input": [], "output": []}
     for role, items in (("input", header.inputs), ("output", header.outputs)):
         for index, fields in enumerate(items):
@@ -313,9 +341,18 @@ def _framed(reader: WireReader, file_size: int, header_len: int) -> GeDumpFile:
             offset += fields.size
     buffer_bytes = sum(size for kind, _, size in header.blobs if kind == _DUMP_BUFFER)
     workspace_bytes = sum(size for kind, _, size in header.blobs if kind == _DUMP_SPACE)
-    return GeDumpFile(Path(reader.where), True, header.version, header.dump_time, header.op_name,
-                      tuple(tensors["input"]), tuple(tensors["output"]), buffer_bytes, workspace_bytes,
-                      tuple(header.attrs))
+    return GeDumpFile(
+        Path(reader.where),
+        True,
+        header.version,
+        header.dump_time,
+        header.op_name,
+        tuple(tensors["input"]),
+        tuple(tensors["output"]),
+        buffer_bytes,
+        workspace_bytes,
+        tuple(header.attrs),
+    )
 
 
 def _bare(reader: WireReader, file_size: int) -> GeDumpFile:
@@ -325,14 +362,27 @@ def _bare(reader: WireReader, file_size: int) -> GeDumpFile:
         for index, fields in enumerate(items):
             data_offset, nbytes = (fields.data.start, fields.data.end - fields.data.start) if fields.data else (0, 0)
             if fields.size and fields.data is not None and fields.size != nbytes:
-                raise reader.error(f"{role} {index}: size field says {fields.size} bytes but its data holds {nbytes}",
-                                   fields.message_at)
+                raise reader.error(
+                    f"{role} {index}: size field says {fields.size} bytes but its data holds {nbytes}",
+                    fields.message_at,
+                )
             tensors[role].append(_checked_tensor(reader, fields, role, index, data_offset, nbytes))
-    blob_bytes = {kind: sum((d.end - d.start) if d else s for k, d, s in header.blobs if k == kind)
-                  for kind in (_DUMP_BUFFER, _DUMP_SPACE)}
-    return GeDumpFile(Path(reader.where), False, header.version, header.dump_time, header.op_name,
-                      tuple(tensors["input"]), tuple(tensors["output"]), blob_bytes[_DUMP_BUFFER],
-                      blob_bytes[_DUMP_SPACE], tuple(header.attrs))
+    blob_bytes = {
+        kind: sum((d.end - d.start) if d else s for k, d, s in header.blobs if k == kind)
+        for kind in (_DUMP_BUFFER, _DUMP_SPACE)
+    }
+    return GeDumpFile(
+        Path(reader.where),
+        False,
+        header.version,
+        header.dump_time,
+        header.op_name,
+        tuple(tensors["input"]),
+        tuple(tensors["output"]),
+        blob_bytes[_DUMP_BUFFER],
+        blob_bytes[_DUMP_SPACE],
+        tuple(header.attrs),
+    )
 
 
 def read_ge_dump(path: Path) -> GeDumpFile:
@@ -384,9 +434,11 @@ def _shape_message(dims: Sequence[int]) -> bytes:
 
 
 def _tensor_message(payload: GeTensorPayload, numbers: dict[str, int], inline: bool) -> bytes:
-    parts = [varint_field(numbers["data_type"], payload.dtype_code) if payload.dtype_code else b"",
-             varint_field(numbers["format"], payload.format_code) if payload.format_code else b"",
-             bytes_field(numbers["shape"], _shape_message(payload.shape))]
+    parts = [
+        varint_field(numbers["data_type"], payload.dtype_code) if payload.dtype_code else b"",
+        varint_field(numbers["format"], payload.format_code) if payload.format_code else b"",
+        bytes_field(numbers["shape"], _shape_message(payload.shape)),
+    ]
     if inline:
         parts.append(bytes_field(numbers["data"], payload.data))
     parts.append(varint_field(numbers["size"], len(payload.data)) if payload.data else b"")
@@ -395,19 +447,30 @@ def _tensor_message(payload: GeTensorPayload, numbers: dict[str, int], inline: b
     return b"".join(parts)
 
 
-def encode_ge_dump(inputs: Sequence[GeTensorPayload], outputs: Sequence[GeTensorPayload], *, op_name: str = "",
-                   dump_time_us: int = 0, framed: bool = True, buffer_sizes: Sequence[int] = (),
-                   workspace_sizes: Sequence[int] = ()) -> bytes:
+def encode_ge_dump(
+    inputs: Sequence[GeTensorPayload],
+    outputs: Sequence[GeTensorPayload],
+    *,
+    op_name: str = "",
+    dump_time_us: int = 0,
+    framed: bool = True,
+    buffer_sizes: Sequence[int] = (),
+    workspace_sizes: Sequence[int] = (),
+) -> bytes:
     """Return the bytes of a GE dump file holding these tensors, in the framed or the bare form."""
     version = FRAMED_VERSION if framed else BARE_VERSION
-    header = [bytes_field(_DUMP_VERSION, version.encode()),
-              varint_field(_DUMP_TIME, dump_time_us) if dump_time_us else b""]
+    header = [
+        bytes_field(_DUMP_VERSION, version.encode()),
+        varint_field(_DUMP_TIME, dump_time_us) if dump_time_us else b"",
+    ]
     header += [bytes_field(_DUMP_OUTPUT, _tensor_message(p, _OUTPUT_FIELDS, not framed)) for p in outputs]
     header += [bytes_field(_DUMP_INPUT, _tensor_message(p, _INPUT_FIELDS, not framed)) for p in inputs]
     blobs = [(_DUMP_BUFFER, size) for size in buffer_sizes] + [(_DUMP_SPACE, size) for size in workspace_sizes]
     for kind, size in blobs:
         data = bytes(size)
-        body = (bytes_field(_BLOB_DATA, data) if not framed else b"") + (varint_field(_BLOB_SIZE, size) if size else b"")
+        body = (bytes_field(_BLOB_DATA, data) if not framed else b"") + (
+            varint_field(_BLOB_SIZE, size) if size else b""
+        )
         header.append(bytes_field(kind, body))
     if op_name:
         header.append(bytes_field(_DUMP_OP_NAME, op_name.encode()))
@@ -418,8 +481,14 @@ def encode_ge_dump(inputs: Sequence[GeTensorPayload], outputs: Sequence[GeTensor
     return len(message).to_bytes(FRAME_HEADER_BYTES, "little") + message + b"".join(payloads)
 
 
-def write_ge_dump(folder: Path, name: GeDumpFileName, inputs: Sequence[GeTensorPayload],
-                  outputs: Sequence[GeTensorPayload], *, framed: bool = True) -> Path:
+def write_ge_dump(
+    folder: Path,
+    name: GeDumpFileName,
+    inputs: Sequence[GeTensorPayload],
+    outputs: Sequence[GeTensorPayload],
+    *,
+    framed: bool = True,
+) -> Path:
     """Write one op's GE dump file into ``folder`` (created if needed) and return its path.
 
     Refuses to replace an existing file: a dump is never overwritten.
@@ -447,8 +516,9 @@ def payload_from_tensor(tensor: object, *, layout: str = "ND") -> GeTensorPayloa
     if layout == "FRACTAL_NZ":
         column_tile = max(1, 32 // value.element_size())
         storage = nd_to_nz(value, column_tile)
-        return GeTensorPayload(bytes(tensor_bytes(storage)), code, tuple(storage.shape), FORMAT_FRACTAL_NZ,
-                               tuple(value.shape))
+        return GeTensorPayload(
+            bytes(tensor_bytes(storage)), code, tuple(storage.shape), FORMAT_FRACTAL_NZ, tuple(value.shape)
+        )
     if layout != "ND":
         raise ValueError(f"payload_from_tensor writes ND or FRACTAL_NZ, not {layout}")
     return GeTensorPayload(bytes(tensor_bytes(value)), code, tuple(value.shape), FORMAT_ND, tuple(value.shape))

@@ -62,8 +62,10 @@ def nd_to_nz(tensor: torch.Tensor, column_tile: int = NZ_TILE) -> torch.Tensor:
 def nc1hwc0_to_nchw(storage: torch.Tensor, original_shape: tuple[int, ...]) -> torch.Tensor:
     """Return the NCHW tensor held by an NC1HWC0 storage tensor ``(N, C1, H, W, C0)``, channels cropped."""
     if storage.dim() != 5 or len(original_shape) != 4:
-        raise ValueError(f"NC1HWC0 needs 5 storage dims and a 4-D original shape, got {list(storage.shape)} "
-                         f"and {list(original_shape)}")
+        raise ValueError(
+            f"NC1HWC0 needs 5 storage dims and a 4-D original shape, got {list(storage.shape)} "
+            f"and {list(original_shape)}"
+        )
     n, c1, h, w, c0 = storage.shape
     channels = original_shape[1]
     if channels > c1 * c0 or (n, h, w) != (original_shape[0], original_shape[2], original_shape[3]):

@@ -70,11 +70,16 @@ def graphs_from_topology(topology: TopologyNode | None) -> dict[int, GeGraph]:
     """Return the GE graphs a GE dump's topology holds, by graph index."""
     graphs: dict[int, GeGraph] = {}
     for graph_node in topology.children if topology is not None else ():
-        ops = tuple(GeGraphOp(
-            name=op.name, op_type=op.op_type, inputs=op.inputs,
-            fx_tensor_names=tuple(name or None for name in op.attrs.get("fx_tensor_names", ())),
-            position=int(op.attrs.get("position", index)),
-        ) for index, op in enumerate(graph_node.children))
+        ops = tuple(
+            GeGraphOp(
+                name=op.name,
+                op_type=op.op_type,
+                inputs=op.inputs,
+                fx_tensor_names=tuple(name or None for name in op.attrs.get("fx_tensor_names", ())),
+                position=int(op.attrs.get("position", index)),
+            )
+            for index, op in enumerate(graph_node.children)
+        )
         graphs[int(graph_node.attrs.get("graph_index", len(graphs)))] = GeGraph(graph_node.name, None, ops)
     return graphs
 
@@ -87,8 +92,9 @@ def fx_output_ref(fx_tensor_name: str) -> tuple[str, str] | None:
     return head.split("-", 1)[0], index
 
 
-def align_tensors(candidates: Sequence[TensorRecord | None], targets: Sequence[TensorRecord]
-                  ) -> list[tuple[TensorRecord | None, TensorRecord, str]]:
+def align_tensors(
+    candidates: Sequence[TensorRecord | None], targets: Sequence[TensorRecord]
+) -> list[tuple[TensorRecord | None, TensorRecord, str]]:
     """Return each target with the candidate it pairs with, and how they were matched.
 
     In order of preference: the candidate at the same position with the same shape
@@ -104,8 +110,14 @@ def align_tensors(candidates: Sequence[TensorRecord | None], targets: Sequence[T
         if at_position is not None and tuple(at_position.shape) == tuple(target.shape):
             choice, how = index, "position"
         else:
-            choice = next((j for j, other in enumerate(candidates)
-                           if j not in used and other is not None and tuple(other.shape) == tuple(target.shape)), None)
+            choice = next(
+                (
+                    j
+                    for j, other in enumerate(candidates)
+                    if j not in used and other is not None and tuple(other.shape) == tuple(target.shape)
+                ),
+                None,
+            )
             how = "shape"
             if choice is None and at_position is not None and math.prod(at_position.shape) == math.prod(target.shape):
                 choice, how = index, "position"
@@ -132,11 +144,19 @@ class _PairList:
         self.pairs: list[Pair] = []
         self.paired_partners: set[int] = set()
 
-    def add(self, subject: TensorRecord | None, partner: TensorRecord | None, rule: str, note: str = "",
-            expected: bool = False) -> None:
+    def add(
+        self,
+        subject: TensorRecord | None,
+        partner: TensorRecord | None,
+        rule: str,
+        note: str = "",
+        expected: bool = False,
+    ) -> None:
         """Add a pair, or a lone record (``expected``: it has no counterpart by nature, e.g. a compiler-made op)."""
         golden, my = (partner, subject) if self.subject_is_my else (subject, partner)
-        self.pairs.append(Pair(golden=golden, my=my, rule=rule, priority=PairPriority.SOURCE_RULE, note=note, expected=expected))
+        self.pairs.append(
+            Pair(golden=golden, my=my, rule=rule, priority=PairPriority.SOURCE_RULE, note=note, expected=expected)
+        )
         if partner is not None:
             self.paired_partners.add(id(partner))
 
@@ -183,9 +203,14 @@ def pair_ge_with_fx(ge: Dump, fx: Dump, ge_is_my: bool) -> list[Pair]:
     fx_names_by_graph: dict[int, set[str]] = defaultdict(set)
     for _, graph_index, node in fx_nodes:
         fx_names_by_graph[graph_index].add(node)
-    fx_graph_of = {index: _best_partner({ref[0] for op in graph.ops for name in op.fx_tensor_names
-                                         if name and (ref := fx_output_ref(name))}, fx_names_by_graph, index)
-                   for index, graph in graphs.items()}
+    fx_graph_of = {
+        index: _best_partner(
+            {ref[0] for op in graph.ops for name in op.fx_tensor_names if name and (ref := fx_output_ref(name))},
+            fx_names_by_graph,
+            index,
+        )
+        for index, graph in graphs.items()
+    }
     collected = _PairList(subject_is_my=ge_is_my)
     fused_inside: dict[tuple[int, int, str], str] = {}
     for call in ge_op_calls(ge):
@@ -220,18 +245,24 @@ def pair_ge_with_fx(ge: Dump, fx: Dump, ge_is_my: bool) -> list[Pair]:
             if fx_record is None:
                 collected.add(ge_record, None, RULE_FX_UNMATCHED, "no FX input of matching size at this position")
             else:
-                collected.add(ge_record, fx_record, input_rule,
-                              "; ".join(filter(None, [note, "paired by shape" if how == "shape" else ""])))
+                collected.add(
+                    ge_record,
+                    fx_record,
+                    input_rule,
+                    "; ".join(filter(None, [note, "paired by shape" if how == "shape" else ""])),
+                )
         output_rule = RULE_FX_FUSED_OUTPUTS if fused else RULE_FX_NAME
         for position_text, ge_record in call.outputs.items():
             position = int(position_text)  # GE numbers each output of an op
             fx_name = last.fx_tensor_names[position] if position < len(last.fx_tensor_names) else None
             ref = fx_output_ref(fx_name) if fx_name else None
-            fx_record = (fx_nodes.get((call.step, fx_graph, ref[0]), _NO_CALL).outputs.get(ref[1])
-                         if ref else None)
+            fx_record = fx_nodes.get((call.step, fx_graph, ref[0]), _NO_CALL).outputs.get(ref[1]) if ref else None
             if fx_record is None:
-                why = (f"FX tensor {fx_name} is not in the FX dump (step {call.step})" if ref
-                       else f"output {position} has no _fx_tensor_name in the GE graph")
+                why = (
+                    f"FX tensor {fx_name} is not in the FX dump (step {call.step})"
+                    if ref
+                    else f"output {position} has no _fx_tensor_name in the GE graph"
+                )
                 collected.add(ge_record, None, RULE_FX_UNMATCHED, why, expected=ref is None)
             else:
                 collected.add(ge_record, fx_record, output_rule, note)
@@ -276,17 +307,29 @@ def pair_fused_with_unfused(golden: Dump, my: Dump) -> list[Pair]:
         if same is not None:
             for io in (IO_INPUT, IO_OUTPUT):
                 for golden_record, my_record, how in align_tensors(same.ordered(io), call.ordered(io)):
-                    collected.add(my_record, golden_record, RULE_GE_NAME if golden_record else RULE_GE_UNMATCHED,
-                                  "" if how == "position" else "paired by shape" if how else
-                                  "no golden tensor of matching size at this position")
+                    collected.add(
+                        my_record,
+                        golden_record,
+                        RULE_GE_NAME if golden_record else RULE_GE_UNMATCHED,
+                        ""
+                        if how == "position"
+                        else "paired by shape"
+                        if how
+                        else "no golden tensor of matching size at this position",
+                    )
             continue
         graph = graphs.get(golden_graph) or graphs.get(call.graph)
         constituents = graph.constituents(call.name) if graph is not None else []
-        parts = [golden_calls.get(CallId(call.step, golden_graph, dumped_op_name(op.name), call.call_index))
-                 for op in constituents]
+        parts = [
+            golden_calls.get(CallId(call.step, golden_graph, dumped_op_name(op.name), call.call_index))
+            for op in constituents
+        ]
         if len(constituents) < 2 or parts[-1] is None:
-            why = ("no golden GE op of this name" if graph is not None
-                   else "no golden GE op of this name, and no GE graph to expand fused ops")
+            why = (
+                "no golden GE op of this name"
+                if graph is not None
+                else "no golden GE op of this name, and no GE graph to expand fused ops"
+            )
             for record in call.records():
                 collected.add(record, None, RULE_GE_UNMATCHED, why)
             continue
@@ -301,12 +344,20 @@ def pair_fused_with_unfused(golden: Dump, my: Dump) -> list[Pair]:
             if part is not None:
                 fused_inside[(call.step, golden_graph, part.name, call.call_index)] = call.name
         for golden_record, my_record, _ in align_tensors(candidates, call.ordered(IO_INPUT)):
-            collected.add(my_record, golden_record, RULE_GE_FUSED_INPUTS if golden_record else RULE_GE_UNMATCHED,
-                          note if golden_record else "no golden input of matching size at this position")
+            collected.add(
+                my_record,
+                golden_record,
+                RULE_GE_FUSED_INPUTS if golden_record else RULE_GE_UNMATCHED,
+                note if golden_record else "no golden input of matching size at this position",
+            )
         last_part = parts[-1]
         for golden_record, my_record, _ in align_tensors(last_part.ordered(IO_OUTPUT), call.ordered(IO_OUTPUT)):
-            collected.add(my_record, golden_record, RULE_GE_FUSED_OUTPUTS if golden_record else RULE_GE_UNMATCHED,
-                          note if golden_record else "no golden output of matching size at this position")
+            collected.add(
+                my_record,
+                golden_record,
+                RULE_GE_FUSED_OUTPUTS if golden_record else RULE_GE_UNMATCHED,
+                note if golden_record else "no golden output of matching size at this position",
+            )
     for key, golden_call in golden_calls.items():
         inside_of = fused_inside.get(key)
         why = f"inside fused GE op {inside_of} of the my run" if inside_of else "no op of this name in the my run"

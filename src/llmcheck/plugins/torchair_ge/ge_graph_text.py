@@ -66,13 +66,16 @@ class TextMessage:
 
 # --- tokenizer and parser --------------------------------------------------------------
 
-_TOKEN = re.compile(r"""
+_TOKEN = re.compile(
+    r"""
     (?P<space>[ \t\r\n\f\v]+|\#[^\n]*)
   | (?P<string>"(?:[^"\\\n]|\\.)*"|'(?:[^'\\\n]|\\.)*')
   | (?P<number>-?(?:0[xX][0-9a-fA-F]+|(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?)[fF]?)
   | (?P<ident>-?[A-Za-z_][A-Za-z0-9_.]*|\[[A-Za-z0-9_./]+\])
   | (?P<punct>[{}<>:\[\],;])
-""", re.VERBOSE)
+""",
+    re.VERBOSE,
+)
 
 _SIMPLE_ESCAPES = {"n": 10, "t": 9, "r": 13, "a": 7, "b": 8, "f": 12, "v": 11, "\\": 92, "'": 39, '"': 34, "?": 63}
 
@@ -91,11 +94,11 @@ def _unescape(body: str) -> str:
             out.append(_SIMPLE_ESCAPES[escape])
             index += 2
         elif escape in "01234567":
-            digits = re.match(r"[0-7]{1,3}", body[index + 1:index + 4])[0]  # type: ignore[index]
+            digits = re.match(r"[0-7]{1,3}", body[index + 1 : index + 4])[0]  # type: ignore[index]
             out.append(int(digits, 8) & 0xFF)
             index += 1 + len(digits)
-        elif escape in "xX" and re.match(r"[0-9a-fA-F]", body[index + 2:index + 3]):
-            digits = re.match(r"[0-9a-fA-F]{1,2}", body[index + 2:index + 4])[0]  # type: ignore[index]
+        elif escape in "xX" and re.match(r"[0-9a-fA-F]", body[index + 2 : index + 3]):
+            digits = re.match(r"[0-9a-fA-F]{1,2}", body[index + 2 : index + 4])[0]  # type: ignore[index]
             out.append(int(digits, 16))
             index += 2 + len(digits)
         else:
@@ -121,8 +124,9 @@ class _Parser:
     def error(self, what: str, at: int) -> DumpFormatError:
         line = self.text.count("\n", 0, at) + 1
         column = at - (self.text.rfind("\n", 0, at) + 1) + 1
-        return DumpFormatError(f"{what} at line {line} column {column}", where=self.where,
-                               hint="not a protobuf text-format GE graph")
+        return DumpFormatError(
+            f"{what} at line {line} column {column}", where=self.where, hint="not a protobuf text-format GE graph"
+        )
 
     def _tokenize(self) -> Iterator[_Token]:
         position = 0
@@ -262,7 +266,7 @@ class GeGraph:
             if start in failed:
                 return None
             for length in lengths:
-                op = by_name.get(dumped_name[start:start + length])
+                op = by_name.get(dumped_name[start : start + length])
                 if op is not None:
                     rest = split(start + length)
                     if rest is not None:
@@ -296,8 +300,11 @@ def graph_from_message(message: TextMessage, path: Path | None) -> GeGraph:
     ops = []
     for position, op in enumerate(graph_message.messages("op")):
         name, op_type = op.first("name", ""), op.first("type", "")
-        inputs = tuple(str(source) for source in op.all("input")
-                       if isinstance(source, str) and source and not source.endswith(":-1"))
+        inputs = tuple(
+            str(source)
+            for source in op.all("input")
+            if isinstance(source, str) and source and not source.endswith(":-1")
+        )
         fx_names = tuple(_fx_tensor_name(desc) for desc in op.messages("output_desc"))
         ops.append(GeGraphOp(str(name), str(op_type), inputs, fx_names, position))
     return GeGraph(str(graph_message.first("name", "")), path, tuple(ops))
@@ -317,8 +324,10 @@ def read_ge_graph(path: Path) -> GeGraph:
 
 # --- graph file names ---------------------------------------------------------------------
 
-_GRAPH_FILE = re.compile(rf"^{GRAPH_FILE_PREFIX}(?:_(?P<graph_id>\d+))??(?:_rank_(?P<rank>\d+))?"
-                         r"(?:_pid_(?P<pid>\d+))?(?:_ts)?_(?P<ts>\d+)\.txt$")
+_GRAPH_FILE = re.compile(
+    rf"^{GRAPH_FILE_PREFIX}(?:_(?P<graph_id>\d+))??(?:_rank_(?P<rank>\d+))?"
+    r"(?:_pid_(?P<pid>\d+))?(?:_ts)?_(?P<ts>\d+)\.txt$"
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -342,7 +351,7 @@ def parse_graph_file_name(name: str) -> GraphFileName | None:
     if match is None:
         if not (name.startswith(f"{GRAPH_FILE_PREFIX}_") and name.endswith(".txt")):
             return None
-        first_number = re.search(r"\d+", name[len(GRAPH_FILE_PREFIX):])
+        first_number = re.search(r"\d+", name[len(GRAPH_FILE_PREFIX) :])
         return GraphFileName(None, None, None, int(first_number[0]) if first_number else 0)
 
     def number(group: str) -> int | None:
@@ -370,15 +379,29 @@ def format_ge_graph(graph_name: str, ops: Sequence[GeGraphOp]) -> str:
         for index, fx_name in enumerate(op.fx_tensor_names):
             lines += ["  output_desc {", f"    name: {_quoted(f'y{index}')}", '    layout: "ND"']
             if fx_name is not None:
-                lines += ["    attr {", f"      key: {_quoted(FX_TENSOR_NAME_ATTR)}", "      value {",
-                          f"        s: {_quoted(fx_name)}", "      }", "    }"]
+                lines += [
+                    "    attr {",
+                    f"      key: {_quoted(FX_TENSOR_NAME_ATTR)}",
+                    "      value {",
+                    f"        s: {_quoted(fx_name)}",
+                    "      }",
+                    "    }",
+                ]
             lines.append("  }")
         lines.append("}")
     return "\n".join(lines) + "\n"
 
 
-def write_ge_graph_text(folder: Path, graph_name: str, ops: Sequence[GeGraphOp], *, graph_id: int = 0,
-                        rank: int = 0, pid: int = 0, timestamp: str = "20240101000000000000") -> Path:
+def write_ge_graph_text(
+    folder: Path,
+    graph_name: str,
+    ops: Sequence[GeGraphOp],
+    *,
+    graph_id: int = 0,
+    rank: int = 0,
+    pid: int = 0,
+    timestamp: str = "20240101000000000000",
+) -> Path:
     """Write a torchair-named ``dynamo_original_graph_*.txt`` into ``folder`` and return its path."""
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{GRAPH_FILE_PREFIX}_{graph_id}_rank_{rank}_pid_{pid}_ts_{timestamp}.txt"

@@ -93,8 +93,11 @@ def _at_most_one(values: set[T], what: str, where: Path) -> T | None:
     """Return the one value (``None`` for none); several are a run the user must choose among."""
     if len(values) > 1:
         shown = ", ".join(sorted(str(v) for v in values))
-        raise DumpNotFoundError(f"holds GE dumps of several {what} ({shown})", where=where,
-                                hint="point --golden-path/--my-path at one of them")
+        raise DumpNotFoundError(
+            f"holds GE dumps of several {what} ({shown})",
+            where=where,
+            hint="point --golden-path/--my-path at one of them",
+        )
     return next(iter(values)) if values else None
 
 
@@ -123,13 +126,16 @@ def find_graph_files(dump_root: Path, start: Path, rank: int | None) -> list[Pat
             parsed = parse_graph_file_name(entry.name)
             if parsed is not None and entry.is_file():
                 found[inside_dump(entry, folder)] = parsed
-    chosen = {path: parsed for path, parsed in found.items()
-              if rank is None or parsed.rank is None or parsed.rank == rank}
+    chosen = {
+        path: parsed for path, parsed in found.items() if rank is None or parsed.rank is None or parsed.rank == rank
+    }
     pids = {parsed.pid for parsed in chosen.values() if parsed.pid is not None}
     if len(pids) > 1:
-        raise DumpNotFoundError(f"graph files of several processes (pids {', '.join(map(str, sorted(pids)))}) "
-                                "sit beside this GE dump", where=dump_root,
-                                hint="two runs were written to one folder; keep one run's graphs and dump per folder")
+        raise DumpNotFoundError(
+            f"graph files of several processes (pids {', '.join(map(str, sorted(pids)))}) sit beside this GE dump",
+            where=dump_root,
+            hint="two runs were written to one folder; keep one run's graphs and dump per folder",
+        )
 
     def graph_order(graph_path: Path) -> tuple[int, int, str]:
         parsed = chosen[graph_path]
@@ -169,9 +175,12 @@ def load_ge_dump(path: Path) -> Dump | None:
     if not files:
         return None
     resolved_root = path.resolve()  # once: the folder names above the given path count too
-    placements = {file_path: placement_of(resolved_root.parent / file_path.name if path.is_file()
-                                          else resolved_root / file_path.relative_to(path))
-                  for file_path, _ in files}
+    placements = {
+        file_path: placement_of(
+            resolved_root.parent / file_path.name if path.is_file() else resolved_root / file_path.relative_to(path)
+        )
+        for file_path, _ in files
+    }
     rank = _at_most_one({p.rank for p in placements.values() if p.rank is not None}, "ranks", path)
     _at_most_one({p.run for p in placements.values() if p.run is not None}, "runs, time folders", path)
     device = _at_most_one({p.device for p in placements.values() if p.device is not None}, "devices", path)
@@ -206,11 +215,25 @@ def load_ge_dump(path: Path) -> Dump | None:
         call_index = calls[call_key]
         calls[call_key] += 1
         name = f"graph{graph_index}/{parsed.op_name}" if prefixed else parsed.op_name
-        records.extend(_records_of_file(dump_file, parsed, placement, name, step, call_index, graph_index,
-                                        len(records), _relative(file_path, dump_root)))
+        records.extend(
+            _records_of_file(
+                dump_file,
+                parsed,
+                placement,
+                name,
+                step,
+                call_index,
+                graph_index,
+                len(records),
+                _relative(file_path, dump_root),
+            )
+        )
     topology = _topology(dump_root, models, graph_of_model)
     manifest = {
-        "source": SOURCE_NAME, "files": len(files), "rank": rank, "device": device,
+        "source": SOURCE_NAME,
+        "files": len(files),
+        "rank": rank,
+        "device": device,
         "world_size": next((p.world_size for p in placements.values() if p.world_size is not None), None),
         "graph_files": [str(p) for p in graph_files],
         "graph_of_model": {model: str(graph.path) for model, graph in graph_of_model.items()},
@@ -226,18 +249,33 @@ def _relative(file_path: Path, root: Path) -> str:
         return str(file_path)
 
 
-def _records_of_file(dump_file: GeDumpFile, parsed: GeDumpFileName, placement: DumpPlacement, name: str, step: int,
-                     call_index: int, graph_index: int, first_order: int, source_path: str) -> list[TensorRecord]:
+def _records_of_file(
+    dump_file: GeDumpFile,
+    parsed: GeDumpFileName,
+    placement: DumpPlacement,
+    name: str,
+    step: int,
+    call_index: int,
+    graph_index: int,
+    first_order: int,
+    source_path: str,
+) -> list[TensorRecord]:
     device_number = placement.device
     rank = placement.rank if placement.rank is not None else int(device_number) if device_number else 0
     records: list[TensorRecord] = []
     for io, tensors in ((IO_INPUT, dump_file.inputs), (IO_OUTPUT, dump_file.outputs)):
         for position, tensor in enumerate(tensors):
             attrs: dict[str, object] = {
-                "ge_op_name": parsed.op_name, "ge_op_type": parsed.op_type, "graph_index": graph_index,
-                "format": tensor.format_name, "storage_shape": list(tensor.shape),
-                "timestamp_us": parsed.timestamp_us, "task_id": parsed.task_id, "stream_id": parsed.stream_id,
-                "model": placement.model, "file_form": "framed" if dump_file.framed else "bare",
+                "ge_op_name": parsed.op_name,
+                "ge_op_type": parsed.op_type,
+                "graph_index": graph_index,
+                "format": tensor.format_name,
+                "storage_shape": list(tensor.shape),
+                "timestamp_us": parsed.timestamp_us,
+                "task_id": parsed.task_id,
+                "stream_id": parsed.stream_id,
+                "model": placement.model,
+                "file_form": "framed" if dump_file.framed else "bare",
             }
             if tensor.original_shape is not None:
                 attrs["original_shape"] = list(tensor.original_shape)
@@ -246,12 +284,20 @@ def _records_of_file(dump_file: GeDumpFile, parsed: GeDumpFileName, placement: D
             data = tensor.tensor_data(dump_file.path)
             if data is None:
                 attrs["note"] = f"dtype {tensor.dtype} has no torch counterpart; not compared"
-            records.append(TensorRecord(
-                key=RecordKey(name=name, io=io, position=str(position), step=step, call_index=call_index),
-                dtype=tensor.dtype, shape=tensor.logical_shape, order=first_order + len(records),
-                device=f"npu:{device_number}" if device_number else "npu", rank=rank, op_type=parsed.op_type,
-                data=data, source_path=source_path, attrs=attrs,
-            ))
+            records.append(
+                TensorRecord(
+                    key=RecordKey(name=name, io=io, position=str(position), step=step, call_index=call_index),
+                    dtype=tensor.dtype,
+                    shape=tensor.logical_shape,
+                    order=first_order + len(records),
+                    device=f"npu:{device_number}" if device_number else "npu",
+                    rank=rank,
+                    op_type=parsed.op_type,
+                    data=data,
+                    source_path=source_path,
+                    attrs=attrs,
+                )
+            )
     return records
 
 
@@ -262,14 +308,24 @@ def _topology(root: Path, models: list[str], graph_of_model: dict[str, GeGraph])
         graph = graph_of_model.get(model)
         if graph is None:
             continue
-        ops = tuple(TopologyNode(
-            name=op.name, op_type=op.op_type, inputs=op.inputs,
-            outputs=tuple(f"{op.name}:{k}" for k in range(len(op.fx_tensor_names))),
-            attrs={"fx_tensor_names": [fx or "" for fx in op.fx_tensor_names], "position": op.position},
-        ) for op in graph.ops)
-        graph_nodes.append(TopologyNode(name=graph.name or f"graph{graph_index}", op_type="GraphDef", children=ops,
-                                        attrs={"graph_index": graph_index, "graph_file": str(graph.path),
-                                               "model": model}))
+        ops = tuple(
+            TopologyNode(
+                name=op.name,
+                op_type=op.op_type,
+                inputs=op.inputs,
+                outputs=tuple(f"{op.name}:{k}" for k in range(len(op.fx_tensor_names))),
+                attrs={"fx_tensor_names": [fx or "" for fx in op.fx_tensor_names], "position": op.position},
+            )
+            for op in graph.ops
+        )
+        graph_nodes.append(
+            TopologyNode(
+                name=graph.name or f"graph{graph_index}",
+                op_type="GraphDef",
+                children=ops,
+                attrs={"graph_index": graph_index, "graph_file": str(graph.path), "model": model},
+            )
+        )
     if not graph_nodes:
         return None
     return TopologyNode(name=root.name, op_type="GeDump", children=tuple(graph_nodes))

@@ -55,8 +55,12 @@ class WireReader:
 
     def error(self, what: str, offset: int) -> DumpFormatError:
         """Return the error for a problem at buffer offset ``offset``."""
-        return DumpFormatError(what, where=self.where, offset=self.base_offset + offset,
-                               hint="the file is truncated or is not a GE dump file")
+        return DumpFormatError(
+            what,
+            where=self.where,
+            offset=self.base_offset + offset,
+            hint="the file is truncated or is not a GE dump file",
+        )
 
     def read_varint(self, position: int, end: int) -> tuple[int, int]:
         """Return ``(value, next_position)`` of the varint at ``position``."""
@@ -92,8 +96,10 @@ class WireReader:
                 length, payload_at = self.read_varint(position, end)
                 next_position = payload_at + length
                 if next_position > end:
-                    raise self.error(f"field {number} declares {length} bytes but its message ends "
-                                     f"{end - payload_at} bytes later", position)
+                    raise self.error(
+                        f"field {number} declares {length} bytes but its message ends {end - payload_at} bytes later",
+                        position,
+                    )
                 yield WireField(number, wire_type, length, payload_at, next_position)
             elif wire_type in (WIRE_FIXED64, WIRE_FIXED32):
                 width = 8 if wire_type == WIRE_FIXED64 else 4
@@ -109,7 +115,7 @@ class WireReader:
     def text(self, field: WireField) -> str:
         """Return a length-delimited field as UTF-8 text."""
         try:
-            return self.buffer[field.start:field.end].decode("utf-8")
+            return self.buffer[field.start : field.end].decode("utf-8")
         except UnicodeDecodeError as exc:
             raise self.error(f"field {field.number} is not UTF-8 text", field.start + exc.start) from None
 

@@ -39,8 +39,14 @@ class MaxUlpAccumulator:
 
 @hookimpl
 def llmcheck_register_metrics(register):
-    register(MetricSpec(name="max_ulp", description="largest error in float32 ULPs of the golden value",
-                        higher_is_better=False, make_accumulator=MaxUlpAccumulator))
+    register(
+        MetricSpec(
+            name="max_ulp",
+            description="largest error in float32 ULPs of the golden value",
+            higher_is_better=False,
+            make_accumulator=MaxUlpAccumulator,
+        )
+    )
 
 
 def write_max_ulp(result, path: Path) -> None:
@@ -51,8 +57,9 @@ def write_max_ulp(result, path: Path) -> None:
 
 @hookimpl
 def llmcheck_register_reporters(register):
-    register(Reporter(name="ulp", description="each pair's max_ulp as JSON", file_name="max_ulp.json",
-                      write=write_max_ulp))
+    register(
+        Reporter(name="ulp", description="each pair's max_ulp as JSON", file_name="max_ulp.json", write=write_max_ulp)
+    )
 
 
 class StampBackend:
@@ -64,8 +71,7 @@ class StampBackend:
     def run(self, request: CaptureRequest) -> int:
         output_dir = Path(request.output_dir)
         output_dir.mkdir(parents=True, exist_ok=True)
-        codes = [subprocess.run(list(request.command), check=False).returncode
-                 for _ in range(request.options["times"])]
+        codes = [subprocess.run(list(request.command), check=False).returncode for _ in range(request.options["times"])]
         stamp = {"label": request.options["label"], "argv": list(request.command), "exit_codes": codes}
         (output_dir / "stamp.json").write_text(json.dumps(stamp) + "\n")
         return codes[-1]
@@ -79,5 +85,6 @@ def llmcheck_register_capture_backends(register):
 @hookimpl
 def llmcheck_register_backend_options(register):
     register(BackendOption(backend="stamp", name="label", help="Name written into stamp.json.", default="run"))
-    register(BackendOption(backend="stamp", name="times", help="How many times to run the program.", type=int,
-                           default=1))
+    register(
+        BackendOption(backend="stamp", name="times", help="How many times to run the program.", type=int, default=1)
+    )
