@@ -5,16 +5,18 @@ from __future__ import annotations
 import csv
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
-from llmcheck.core import small_pairs
+from llmcheck.core import pair_chunk, small_pairs
+from llmcheck.core.pair_block import row_dots
 from llmcheck.core.compare import compare_dumps
 from llmcheck.core.records import RecordKey, TensorRecord
 from llmcheck.core.reporters import write_reports
 from llmcheck.core.store import DumpWriter, read_dump
 from llmcheck.core.tensor_io import dtype_name
-from llmcheck.plugins.metrics import builtin_metric_specs
+from llmcheck.plugins.metrics import accumulators, builtin_metric_specs
 
 METRIC_COLUMNS = [spec.name for spec in builtin_metric_specs()]
 STATISTICS_COLUMNS = [f"{side}_{column}" for side in ("golden", "my")
@@ -83,8 +85,12 @@ def _csv_columns(result, folder: Path) -> dict[str, dict[str, str]]:
                 for row in csv.DictReader(handle)}
 
 
+@pytest.mark.parametrize("dot", ["einsum", "blas"])  # this process's dot, and the worker processes' one
 def test_grouped_small_pairs_give_the_csv_metric_columns_of_streaming_exactly(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, dot: str) -> None:
+    if dot == "blas":
+        monkeypatch.setattr(pair_chunk, "dot", np.dot)
+        monkeypatch.setattr(accumulators, "dot", np.dot)
     golden, my = (read_dump(path) for path in _runs(tmp_path))
     grouped = _csv_columns(compare_dumps(golden, my, workers=1), tmp_path / "grouped")
     monkeypatch.setattr(small_pairs, "SMALL_PAIR_VALUES", 0)
@@ -105,3 +111,15 @@ def test_a_cut_shard_is_reported_by_name_when_its_pairs_are_grouped(tmp_path: Pa
     with pytest.raises(DumpFormatError, match="run past the end of the file") as caught:
         compare_dumps(golden, my, workers=1)
     assert shard.name in str(caught.value)
+
+
+@pytest.mark.parametrize("dot", ["einsum", "blas"])
+def test_row_dots_give_each_rows_dot_bit_for_bit_on_both_sides_of_einsums_buffer(
+        monkeypatch: pytest.MonkeyPatch, dot: str) -> None:
+    if dot == "blas":
+        monkeypatch.setattr(pair_chunk, "dot", np.dot)
+    generator = np.random.default_rng(0)
+    for size in (1, 7, 1000, np.getbufsize(), np.getbufsize() + 3, 20000):
+        golden = generator.standard_normal((4, size))
+        my = golden * (1 + 1e-3 * generator.standard_normal((4, size)))
+        assert row_dots(golden, my) == [float(pair_chunk.dot(g, m)) for g, m in zip(golden, my)]

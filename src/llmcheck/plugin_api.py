@@ -20,7 +20,8 @@ What is here, by the question a plugin author asks:
 * **Which records make one op call?** :class:`OpCall`, :func:`group_op_calls`.
 * **How do I write files?** :func:`atomic_write_text`, :func:`atomic_write_with`, and the
   llmcheck dump format (:class:`DumpWriter`, :func:`read_dump`, :func:`find_dumps`).
-* **How does a metric share work between metrics?** :class:`PairChunk` (``update_chunk``).
+* **How does a metric share work between metrics?** :class:`PairChunk` (``update_chunk``), and
+  for many small pairs at once :class:`PairBlock` (``results_of_block``) with :func:`row_dots`.
 * **How does a backend declare its ``dump`` flags?** :class:`BackendOption`, and
   :func:`seed_dump_options` for the original tool's flag set.
 * **How does a reporter render a compare?** :class:`Reporter` gets a :class:`CompareResult`;
@@ -55,6 +56,7 @@ from llmcheck.core.graph_overlay import RECORD_NAME_KEY
 from llmcheck.core.hookspecs import hookimpl
 from llmcheck.core.npy_format import NpyHeader, read_npy_header
 from llmcheck.core.op_calls import CallId, OpCall, group_op_calls, position_order
+from llmcheck.core.pair_block import PairBlock, row_dots
 from llmcheck.core.pair_chunk import PairChunk, Workspace, dot
 from llmcheck.core.pairing import write_pairs_json
 from llmcheck.core.plugins import load_dump
@@ -166,7 +168,7 @@ __all__ = [
     "atomic_write_text", "atomic_write_with", "write_failed", "DumpWriter", "read_dump", "find_dumps", "NATIVE_SOURCE",
     "closing_state", "RECORD_NAME_KEY", "index_line", "KeyFields",
     # metrics sharing per-chunk work
-    "PairChunk", "Workspace", "dot",
+    "PairChunk", "Workspace", "dot", "PairBlock", "row_dots",
     # capture backends: their declared dump options
     "BackendOption", "seed_dump_options",
     # reporters: a compare's result and what its reports share

@@ -78,7 +78,7 @@ def _data_bytes(data: TensorData) -> int:
 
 
 @dataclass
-class _SideStats:
+class SideStats:
     """Running min, max, sum and NaN/Inf counts of one side's values."""
 
     wanted: bool
@@ -113,6 +113,15 @@ class _SideStats:
             self.total += total
             self.finite += chunk.size
             self.squares += squares
+
+    @classmethod
+    def of_one_chunk(cls, wanted: bool, low: float, high: float, total: float, count: int,
+                     squares: float) -> "SideStats":
+        """Return the state :meth:`add_chunk` leaves after one chunk (all finite) with these reductions."""
+        if not wanted or not count:
+            return cls(wanted)
+        return cls(wanted, low=min(math.inf, low), high=max(-math.inf, high), total=0.0 + total, finite=count,
+                   squares=0.0 + squares)
 
     def result(self) -> TensorStats:
         l2_squared = self.squares
@@ -154,8 +163,8 @@ class PairFold:
         self.job = job
         self.accumulators = [spec.make_accumulator() for spec in specs]
         self.chunk_updates = [getattr(acc, "update_chunk", None) for acc in self.accumulators]
-        self.golden_side = _SideStats(job.golden_needs_stats)
-        self.my_side = _SideStats(job.my_needs_stats)
+        self.golden_side = SideStats(job.golden_needs_stats)
+        self.my_side = SideStats(job.my_needs_stats)
         self.golden_limit = sentinel_limit_in_run(job.golden.dtype, job.golden_run_dtype)
         self.my_limit = sentinel_limit_in_run(job.my.dtype, job.my_run_dtype)
         self.mismatch = self.matching_nonfinite = self.masked = 0
@@ -244,7 +253,7 @@ class _Agreement:
 
 
 def _ordinary_part(golden: np.ndarray, my: np.ndarray, golden_limit: float, my_limit: float,
-                   golden_side: _SideStats, my_side: _SideStats, workspace: Workspace
+                   golden_side: SideStats, my_side: SideStats, workspace: Workspace
                    ) -> tuple[PairChunk, _Agreement]:
     """Return the chunk of positions ordinary on both sides, and how the other positions agree.
 

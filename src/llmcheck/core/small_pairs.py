@@ -7,21 +7,33 @@ of a batch are measured in groups: a window of neighbouring pairs is read with o
 per run of nearby byte ranges in a shard; its pairs of equal size are decoded side by side
 into one float64 buffer per side, a 2-D block, so the element-wise values several metrics
 share (difference, absolute values, relative error, softmax weights) and the per-pair
-reductions (sums, minima, maxima) are single numpy calls. Each pair then folds its own slice through
-the same :class:`~llmcheck.core.metric_engine.PairFold` the streaming path uses, so every
+reductions (sums, minima, maxima, dot products) are single numpy calls. Such a block is a
+:class:`~llmcheck.core.pair_block.PairBlock`: metrics that know how give their value for every
+row from it at once, so no per-pair objects are made. A pair that may hold NaN, Inf or mask
+sentinels, or that a metric cannot measure from the block, folds its own slice through the same
+:class:`~llmcheck.core.metric_engine.PairFold` the streaming path uses. Either way every
 reduction -- and so every metric value -- is the one streaming gives, bit for bit.
 """
 
 from __future__ import annotations
 
 import os
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
-from llmcheck.core.metric_engine import PairFold, PairJob, PairMeasurement, measure_pair
+from llmcheck.core.metric_engine import (
+    WIDE_INTEGER_DTYPES,
+    PairFold,
+    PairJob,
+    PairMeasurement,
+    SideStats,
+    measure_pair,
+)
+from llmcheck.core.pair_block import PairBlock
 from llmcheck.core.pair_chunk import RELATIVE_FLOOR, PairChunk, Workspace
 from llmcheck.core.records import DTYPE_ITEMSIZE, MetricSpec, TensorData
+from llmcheck.core.sentinels import may_hold_sentinels, sentinel_limit_in_run
 from llmcheck.core.tensor_chunks import layout
 
 #: Pairs of at most this many values per side (and within one chunk) are measured in groups;
@@ -132,6 +144,7 @@ def _measure_group(group: Sequence[PairJob], items: dict[int, tuple[np.ndarray, 
         layout(job.golden.dtype)[2](golden_items, golden[start:start + size], workspace.buffer)  # type: ignore[index]
         layout(job.my.dtype)[2](my_items, my[start:start + size], workspace.buffer)  # type: ignore[index]
     shared = _SharedValues(golden, my, total, workspace)
+    block_metrics = [getattr(spec.make_accumulator, "results_of_block", None) for spec in specs]
     results = []
     first = 0
     while first < len(group):  # one block of equal-sized pairs at a time
@@ -139,18 +152,54 @@ def _measure_group(group: Sequence[PairJob], items: dict[int, tuple[np.ndarray, 
         last = first
         while last < len(group) and sizes[last] == size:
             last += 1
-        reductions = shared.block_reductions(starts[first], last - first, size)
+        block = shared.block(starts[first], last - first, size)
+        folded = None if None in block_metrics else _block_measurements(group[first:last], block, specs,
+                                                                          block_metrics)  # type: ignore[arg-type]
         for row, i in enumerate(range(first, last)):
+            if folded is not None and folded[row] is not None:
+                results.append(folded[row])
+                continue
             begin, end = starts[i], starts[i] + size
             chunk = PairChunk(golden[begin:end], my[begin:end], workspace)
-            for name, values in reductions.items():
-                chunk.share(name, values[row])
-            shared.share_slices(chunk, begin, end)
+            shared.share_row(chunk, block, row, begin, end)
             fold = PairFold(group[i], specs)
             fold.fold(chunk, workspace)
             results.append(fold.measurement(specs))
         first = last
     return results
+
+
+def _block_measurements(jobs: Sequence[PairJob], block: PairBlock, specs: Sequence[MetricSpec],
+                        block_metrics: Sequence[Callable[[PairBlock], list[float | None]]]
+                        ) -> list[PairMeasurement | None]:
+    """Return each row's measurement from the block's per-row values, None for a row to fold the ordinary way.
+
+    A row is folded the ordinary way when it may hold NaN, Inf or mask sentinels (its sum of
+    squares says so), holds 64-bit integers (measured exactly as integers), or a metric
+    cannot give its value from the block.
+    """
+    per_metric = [results_of_block(block) for results_of_block in block_metrics]
+    golden_sq, my_sq = block.sum_sq_golden(), block.sum_sq_my()
+    golden_min, golden_max, golden_sum = (block.reduction(name) for name in ("golden_min", "golden_max", "golden_sum"))
+    my_min, my_max, my_sum = (block.reduction(name) for name in ("my_min", "my_max", "my_sum"))
+    names = [spec.name for spec in specs]
+    measurements: list[PairMeasurement | None] = []
+    for row, job in enumerate(jobs):
+        values = [results[row] for results in per_metric]
+        golden_limit = sentinel_limit_in_run(job.golden.dtype, job.golden_run_dtype)
+        my_limit = sentinel_limit_in_run(job.my.dtype, job.my_run_dtype)
+        if (None in values or job.golden.dtype in WIDE_INTEGER_DTYPES or job.my.dtype in WIDE_INTEGER_DTYPES
+                or may_hold_sentinels(golden_sq[row], golden_limit) or may_hold_sentinels(my_sq[row], my_limit)):
+            measurements.append(None)
+            continue
+        golden_stats = SideStats.of_one_chunk(job.golden_needs_stats, golden_min[row], golden_max[row],
+                                               golden_sum[row], block.size, golden_sq[row])
+        my_stats = SideStats.of_one_chunk(job.my_needs_stats, my_min[row], my_max[row], my_sum[row], block.size,
+                                           my_sq[row])
+        measurements.append(PairMeasurement(index=job.index, values=dict(zip(names, map(float, values))),
+                                            golden_stats=golden_stats.result(), my_stats=my_stats.result(),
+                                            bytes_read=job.nbytes))
+    return measurements
 
 
 class _SharedValues:
@@ -163,6 +212,7 @@ class _SharedValues:
 
     def __init__(self, golden: np.ndarray, my: np.ndarray, total: int, workspace: Workspace) -> None:
         self.golden, self.my = golden, my
+        self.workspace = workspace
         with np.errstate(all="ignore"):  # NaN and Inf are found and handled pair by pair
             self.diff = np.subtract(my, golden, out=workspace.buffer("group_diff", total))
             self.abs_diff = np.abs(self.diff, out=workspace.buffer("group_abs_diff", total))
@@ -175,8 +225,8 @@ class _SharedValues:
         self.weights = workspace.buffer("group_weights", total)
         self.single = workspace.buffer("group_single", total, np.float32)
 
-    def block_reductions(self, begin: int, rows: int, size: int) -> dict[str, list]:
-        """Return each shared reduction of the ``rows`` pairs of ``size`` values starting at ``begin``."""
+    def block(self, begin: int, rows: int, size: int) -> PairBlock:
+        """Return the ``rows`` pairs of ``size`` values starting at ``begin`` as a block with its reductions."""
         end = begin + rows * size
 
         def block(values: np.ndarray) -> np.ndarray:
@@ -192,7 +242,7 @@ class _SharedValues:
             np.copyto(weights, single)
             relative = block(self.relative)
             undefined = np.count_nonzero(block(self.undefined), axis=1)
-            reductions = {
+            shared = {
                 "golden_min": golden.min(axis=1).tolist(), "golden_max": golden_max.tolist(),
                 "golden_sum": golden.sum(axis=1).tolist(),
                 "my_min": my.min(axis=1).tolist(), "my_max": my.max(axis=1).tolist(), "my_sum": my.sum(axis=1).tolist(),
@@ -201,16 +251,22 @@ class _SharedValues:
                 "max_relative_error": relative.max(axis=1).tolist(),
                 "sum_relative_error": relative.sum(axis=1).tolist(),
                 "relative_defined_count": (size - undefined).tolist(),
+                "diff": block(self.diff), "softmax_weights": weights, "weight_sum": weights.sum(axis=1).tolist(),
             }
-            weight_sums = weights.sum(axis=1).tolist()
-        reductions["softmax_weights"] = [(shift, weights[row], weight_sum)
-                                         for row, (shift, weight_sum) in enumerate(zip(reductions["golden_max"],
-                                                                                      weight_sums))]
-        return reductions
+        return PairBlock(golden, my, shared, self.workspace.buffer)
 
-    def share_slices(self, chunk: PairChunk, begin: int, end: int) -> None:
-        """Give a pair's chunk its slices of the element-wise arrays."""
+    def share_row(self, chunk: PairChunk, block: PairBlock, row: int, begin: int, end: int) -> None:
+        """Give one pair's chunk its row of the block's reductions and its slices of the element-wise arrays."""
+        for name in _ROW_REDUCTIONS:
+            chunk.share(name, block.reduction(name)[row])
+        weights, weight_sums = block.softmax_weights()
+        chunk.share("softmax_weights", (block.reduction("golden_max")[row], weights[row], weight_sums[row]))
         chunk.share("diff", self.diff[begin:end])
         chunk.share("abs_diff", self.abs_diff[begin:end])
         chunk.share("abs_golden", self.abs_golden[begin:end])
         chunk.share("relative_error", self.relative[begin:end])
+
+
+#: The per-row reductions of a block a pair's own chunk takes over when it is folded the ordinary way.
+_ROW_REDUCTIONS = ("golden_min", "golden_max", "golden_sum", "my_min", "my_max", "my_sum", "max_abs_diff",
+                   "sum_abs_diff", "max_relative_error", "sum_relative_error", "relative_defined_count")

@@ -12,6 +12,12 @@ The seed tool's defects are fixed here:
   relative euclidean distance 0 when both are zero, infinity when only golden is;
 * KL divergence is computed without overflow by an online log-sum-exp (see
   :class:`KlDivergence`).
+
+Each class also has ``results_of_block(block)``: its value for every row of a
+:class:`~llmcheck.core.pair_block.PairBlock` (many small pairs of one chunk each), which is
+what a fresh accumulator given that row's chunk returns -- the same state arithmetic, run
+over per-row reductions instead of one object per pair. ``None`` for a row means: fold that
+row the ordinary way.
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ from abc import ABC, abstractmethod
 
 import numpy as np
 
-from llmcheck.plugin_api import PairChunk, Workspace, dot
+from llmcheck.plugin_api import PairBlock, PairChunk, Workspace, dot, row_dots
 
 
 class _ChunkAccumulator(ABC):
@@ -48,13 +54,26 @@ class CosineSimilarity(_ChunkAccumulator):
         self.my_sq += chunk.sum_sq_my()
 
     def result(self) -> float:
-        if self.golden_sq == 0.0 and self.my_sq == 0.0:
+        return self._value(self.dot, self.golden_sq, self.my_sq)
+
+    @staticmethod
+    def _value(dot: float, golden_sq: float, my_sq: float) -> float:
+        if golden_sq == 0.0 and my_sq == 0.0:
             return 1.0
-        if self.golden_sq == 0.0 or self.my_sq == 0.0:
+        if golden_sq == 0.0 or my_sq == 0.0:
             return 0.0
-        product = self.golden_sq * self.my_sq  # one sqrt, so identical sides give exactly 1.0
-        norms = math.sqrt(product) if math.isfinite(product) else math.sqrt(self.golden_sq) * math.sqrt(self.my_sq)
-        return max(-1.0, min(1.0, self.dot / norms))
+        product = golden_sq * my_sq  # one sqrt, so identical sides give exactly 1.0
+        norms = math.sqrt(product) if math.isfinite(product) else math.sqrt(golden_sq) * math.sqrt(my_sq)
+        return max(-1.0, min(1.0, dot / norms))
+
+    @classmethod
+    def results_of_block(cls, block: PairBlock) -> list[float | None]:
+        return [cls._value(0.0 + d, 0.0 + g, 0.0 + m)
+                for d, g, m in zip(block.dot_golden_my(), block.sum_sq_golden(), block.sum_sq_my())]
+
+
+def _mean(total: float, count: int) -> float:
+    return total / count if count else 0.0
 
 
 class _RunningMax(_ChunkAccumulator):
@@ -75,7 +94,7 @@ class _RunningMean(_ChunkAccumulator):
         self.count = 0
 
     def result(self) -> float:
-        return self.total / self.count if self.count else 0.0
+        return _mean(self.total, self.count)
 
 
 class MaxRelativeError(_RunningMax):
@@ -84,6 +103,10 @@ class MaxRelativeError(_RunningMax):
     def update_chunk(self, chunk: PairChunk) -> None:
         if chunk.size:
             self.worst = max(self.worst, chunk.max_relative_error())
+
+    @classmethod
+    def results_of_block(cls, block: PairBlock) -> list[float | None]:
+        return [max(0.0, value) for value in block.reduction("max_relative_error")]
 
 
 class MeanRelativeError(_RunningMean):
@@ -94,12 +117,21 @@ class MeanRelativeError(_RunningMean):
             self.total += chunk.sum_relative_error()
             self.count += chunk.relative_defined_count()
 
+    @classmethod
+    def results_of_block(cls, block: PairBlock) -> list[float | None]:
+        return [_mean(0.0 + total, count) for total, count in
+                zip(block.reduction("sum_relative_error"), block.reduction("relative_defined_count"))]
+
 
 class MaxAbsoluteError(_RunningMax):
     """max |my - golden| over every position."""
 
     def update_chunk(self, chunk: PairChunk) -> None:
         self.worst = max(self.worst, chunk.max_abs_diff())
+
+    @classmethod
+    def results_of_block(cls, block: PairBlock) -> list[float | None]:
+        return [max(0.0, value) for value in block.reduction("max_abs_diff")]
 
 
 class MeanAbsoluteError(_RunningMean):
@@ -108,6 +140,10 @@ class MeanAbsoluteError(_RunningMean):
     def update_chunk(self, chunk: PairChunk) -> None:
         self.total += chunk.sum_abs_diff()
         self.count += chunk.size
+
+    @classmethod
+    def results_of_block(cls, block: PairBlock) -> list[float | None]:
+        return [_mean(0.0 + total, block.size) for total in block.reduction("sum_abs_diff")]
 
 
 class _ErrorEnergy(_ChunkAccumulator):
@@ -125,9 +161,17 @@ class RelativeEuclideanDistance(_ErrorEnergy):
     """||my - golden|| / ||golden||: 0 when both are zero, infinity when only golden is."""
 
     def result(self) -> float:
-        if self.golden_sq == 0.0:
-            return 0.0 if self.diff_sq == 0.0 else math.inf
-        return math.sqrt(self.diff_sq) / math.sqrt(self.golden_sq)
+        return self._value(self.diff_sq, self.golden_sq)
+
+    @staticmethod
+    def _value(diff_sq: float, golden_sq: float) -> float:
+        if golden_sq == 0.0:
+            return 0.0 if diff_sq == 0.0 else math.inf
+        return math.sqrt(diff_sq) / math.sqrt(golden_sq)
+
+    @classmethod
+    def results_of_block(cls, block: PairBlock) -> list[float | None]:
+        return [cls._value(0.0 + d, 0.0 + g) for d, g in zip(block.sum_sq_diff(), block.sum_sq_golden())]
 
 
 class RootMeanSquareError(_RunningMean):
@@ -140,16 +184,28 @@ class RootMeanSquareError(_RunningMean):
     def result(self) -> float:
         return math.sqrt(super().result())
 
+    @classmethod
+    def results_of_block(cls, block: PairBlock) -> list[float | None]:
+        return [math.sqrt(_mean(0.0 + d, block.size)) for d in block.sum_sq_diff()]
+
 
 class SignalToQuantizationNoise(_ErrorEnergy):
     """10 log10(sum golden**2 / sum (my - golden)**2) in dB: +inf when equal, -inf when golden is zero and my is not."""
 
     def result(self) -> float:
-        if self.diff_sq == 0.0:
+        return self._value(self.diff_sq, self.golden_sq)
+
+    @staticmethod
+    def _value(diff_sq: float, golden_sq: float) -> float:
+        if diff_sq == 0.0:
             return math.inf
-        if self.golden_sq == 0.0:
+        if golden_sq == 0.0:
             return -math.inf
-        return 10.0 * math.log10(self.golden_sq / self.diff_sq)
+        return 10.0 * math.log10(golden_sq / diff_sq)
+
+    @classmethod
+    def results_of_block(cls, block: PairBlock) -> list[float | None]:
+        return [cls._value(0.0 + d, 0.0 + g) for d, g in zip(block.sum_sq_diff(), block.sum_sq_golden())]
 
 
 #: Chunks whose |my - golden| stays below this use the series e**x - 1 - x = x**2/2 + x**3/6
@@ -226,16 +282,57 @@ class KlDivergence(_ChunkAccumulator):
         self.weighted_series += series
 
     def result(self) -> float:
-        if self.weight_sum == 0.0:
-            return 0.0
+        if self.weight_sum == 0.0 or self.direct_weight == 0.0:
+            return self._series_value(self.weight_sum, self.weighted_diff, self.weighted_series)
         mean_diff = self.weighted_diff / self.weight_sum
-        if self.direct_weight == 0.0:
-            value = -mean_diff + math.log1p(mean_diff + self.weighted_series / self.weight_sum)
-        else:
-            series_part = (self.weight_sum - self.direct_weight + self.weighted_diff - self.direct_weighted_diff
-                           + self.weighted_series) / self.weight_sum
-            golden_log_sum = self.golden_max + math.log(self.weight_sum)
-            direct_log = self.direct_my_max + math.log(self.direct_my_sum) - golden_log_sum
-            series_log = math.log(series_part) if series_part > 0.0 else -math.inf
-            value = -mean_diff + float(np.logaddexp(series_log, direct_log))
+        series_part = (self.weight_sum - self.direct_weight + self.weighted_diff - self.direct_weighted_diff
+                       + self.weighted_series) / self.weight_sum
+        golden_log_sum = self.golden_max + math.log(self.weight_sum)
+        direct_log = self.direct_my_max + math.log(self.direct_my_sum) - golden_log_sum
+        series_log = math.log(series_part) if series_part > 0.0 else -math.inf
+        value = -mean_diff + float(np.logaddexp(series_log, direct_log))
         return max(value, 0.0)
+
+    @staticmethod
+    def _series_value(weight_sum: float, weighted_diff: float, weighted_series: float) -> float:
+        """Return KL when every chunk took the series: ``-A + log1p(A + B)``."""
+        if weight_sum == 0.0:
+            return 0.0
+        mean_diff = weighted_diff / weight_sum
+        return max(-mean_diff + math.log1p(mean_diff + weighted_series / weight_sum), 0.0)
+
+    @classmethod
+    def _direct_row(cls, block: PairBlock, row: int, weight_sum: float, weighted_diff: float) -> float:
+        """Return KL of a block's row whose differences reach the series limit: what one direct chunk leaves."""
+        state = cls()
+        state.golden_max = block.reduction("golden_max")[row]
+        state.weight_sum, state.weighted_diff = 0.0 + weight_sum, 0.0 + weighted_diff
+        state.direct_weight, state.direct_weighted_diff = 0.0 + weight_sum, 0.0 + weighted_diff
+        state.direct_my_max = block.reduction("my_max")[row]
+        single = block.scratch("kl_f32", np.float32)[row]
+        exponentials = state._exp_sum(block.my[row], state.direct_my_max, single)
+        state.direct_my_sum = 0.0 + float(exponentials.sum(dtype=np.float64))
+        return state.result()
+
+    @classmethod
+    def results_of_block(cls, block: PairBlock) -> list[float | None]:
+        """Return KL of each row: by its series, or -- where a difference reaches the series limit -- directly."""
+        weights, weight_sums = block.softmax_weights()
+        diff = block.diff()
+        weighted_diffs = row_dots(weights, diff)
+        weighted = np.multiply(weights, diff, out=block.scratch("kl_weighted"))
+        quadratic = row_dots(weighted, diff)
+        largest = block.reduction("max_abs_diff")
+        cubic: list[float] = []
+        if any(_QUADRATIC_LIMIT <= value < _SERIES_LIMIT for value in largest):
+            cubic = row_dots(np.multiply(weighted, diff, out=weighted), diff)
+        results: list[float | None] = []
+        for row, (weight_sum, weighted_diff, most) in enumerate(zip(weight_sums, weighted_diffs, largest)):
+            if most >= _SERIES_LIMIT:
+                results.append(cls._direct_row(block, row, weight_sum, weighted_diff))
+                continue
+            series = 0.5 * quadratic[row]
+            if most >= _QUADRATIC_LIMIT:
+                series += cubic[row] / 6.0
+            results.append(cls._series_value(0.0 + weight_sum, 0.0 + weighted_diff, 0.0 + series))
+        return results

@@ -1,0 +1,95 @@
+"""Many small pairs of one size as 2-D arrays (a row per pair), with the per-row reductions metrics share.
+
+A ``generate()`` dump holds tens of thousands of pairs of a few KB each; folding them one by
+one through :class:`~llmcheck.core.pair_chunk.PairChunk` and nine accumulator objects costs
+more in Python than the arithmetic does. Here a block of equal-sized pairs -- each a single
+chunk -- is one 2-D array per side, every shared reduction is one numpy call along the rows,
+and a metric that knows how (``results_of_block`` on its accumulator class) turns the per-row
+reductions into its value for every row at once.
+
+Every per-row value is the one the streaming path computes, bit for bit: numpy reduces each
+row of a C-ordered block in one inner loop, exactly as it reduces that row alone, and
+:func:`row_dots` takes each row's dot product with the function
+:data:`~llmcheck.core.pair_chunk.dot` uses.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import numpy as np
+
+from llmcheck.core import pair_chunk
+
+
+def row_dots(a: np.ndarray, b: np.ndarray) -> list[float]:
+    """Return ``dot(a[i], b[i])`` for every row, bit for bit what :data:`pair_chunk.dot` gives for that row alone.
+
+    BLAS (``np.dot``) is reached row by row through a stacked matmul; numpy's ``einsum``
+    sums a row in one pass only up to its buffer size (longer rows are summed buffer by
+    buffer, in another order), so longer rows are taken one at a time.
+    """
+    if a.shape[0] == 0:
+        return []
+    if pair_chunk.dot is np.dot:
+        return np.matmul(a[:, None, :], b[:, :, None]).reshape(-1).tolist()
+    if a.shape[1] <= np.getbufsize():
+        return np.einsum("ij,ij->i", a, b).tolist()
+    return [float(pair_chunk.dot(x, y)) for x, y in zip(a, b)]
+
+
+class PairBlock:
+    """``rows`` pairs of ``size`` finite float64 values each, one row per pair, and their shared values.
+
+    The element-wise arrays are views into buffers the metric engine reuses from block to
+    block: read them, never keep them. Reductions are lists of Python floats, one per row.
+    """
+
+    def __init__(self, golden: np.ndarray, my: np.ndarray, shared: dict[str, Any],
+                 scratch: Callable[[str, int, Any], np.ndarray]) -> None:
+        self.golden, self.my = golden, my
+        self.rows, self.size = golden.shape
+        self._cache = dict(shared)
+        self._scratch = scratch
+
+    def _cached(self, name: str, compute: Callable[[], Any]) -> Any:
+        value = self._cache.get(name)
+        if value is None:
+            value = self._cache[name] = compute()
+        return value
+
+    def scratch(self, name: str, dtype: Any = np.float64) -> np.ndarray:
+        """Return a reusable 2-D buffer of the block's shape for a metric's own temporaries."""
+        return self._scratch("block:" + name, self.rows * self.size, np.dtype(dtype)).reshape(self.rows, self.size)
+
+    # --- element-wise arrays (computed for the whole group by the engine) ---
+
+    def diff(self) -> np.ndarray:
+        """Return ``my - golden``."""
+        return self._cache["diff"]
+
+    def softmax_weights(self) -> tuple[np.ndarray, list[float]]:
+        """Return ``w = exp(golden - max golden)`` per row (float32 exponentials, held as float64) and each row's ``sum w``."""
+        return self._cache["softmax_weights"], self._cache["weight_sum"]
+
+    # --- per-row reductions ---
+
+    def reduction(self, name: str) -> list:
+        """Return a reduction the engine computed for every row (``golden_max``, ``sum_abs_diff``, ...)."""
+        return self._cache[name]
+
+    def sum_sq_golden(self) -> list[float]:
+        """Return ``sum golden**2`` per row."""
+        return self._cached("sum_sq_golden", lambda: row_dots(self.golden, self.golden))
+
+    def sum_sq_my(self) -> list[float]:
+        """Return ``sum my**2`` per row."""
+        return self._cached("sum_sq_my", lambda: row_dots(self.my, self.my))
+
+    def dot_golden_my(self) -> list[float]:
+        """Return ``sum golden * my`` per row."""
+        return self._cached("dot_golden_my", lambda: row_dots(self.golden, self.my))
+
+    def sum_sq_diff(self) -> list[float]:
+        """Return ``sum (my - golden)**2`` per row."""
+        return self._cached("sum_sq_diff", lambda: row_dots(self.diff(), self.diff()))
