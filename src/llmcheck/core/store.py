@@ -609,24 +609,25 @@ def read_dump(path: Path) -> Dump:
     index_path = root / INDEX_NAME
     records: list[TensorRecord] = []
     cuts: list[str] = []
-    headers: dict[str, tuple[dict[str, Any], int]] = {}
+    headers: _ShardHeaders = {}
     raw = _read_bytes(index_path, DumpFormatError("index.jsonl is missing", where=index_path))
     offset = 0
+    index_where, root_name = str(index_path), root.name  # per line below: no Path work there
     for line_number, raw_line in enumerate(raw.splitlines(keepends=True), start=1):
         line_start, offset = offset, offset + len(raw_line)
         if not raw_line.endswith(b"\n"):
             cuts.append(f"index.jsonl ends in a partial line at byte {line_start}")
             break
-        line = decode(raw_line, IndexLine, index_path, line=line_number, offset=line_start)
+        line = decode(raw_line, IndexLine, index_where, line=line_number, offset=line_start)
         if line.dtype not in DTYPE_ITEMSIZE:
-            raise DumpFormatError(f"field $.dtype: unknown dtype {line.dtype!r}", where=f"{index_path}:{line_number}")
+            raise DumpFormatError(f"field $.dtype: unknown dtype {line.dtype!r}", where=f"{index_where}:{line_number}")
         data = None
         if (line.shard is None) != (line.tensor is None):
             raise DumpFormatError("fields $.shard and $.tensor: give both (the record has data) or neither",
-                                  where=f"{index_path}:{line_number}")
+                                  where=f"{index_where}:{line_number}")
         if line.shard is not None and line.tensor is not None:
-            data = _shard_data(root, line, headers, f"{index_path}:{line_number}")
-        records.append(record_from_index_line(line, data, f"{root.name}/{line.shard or INDEX_NAME}:"
+            data = _shard_data(root, line, headers, index_where, line_number)
+        records.append(record_from_index_line(line, data, f"{root_name}/{line.shard or INDEX_NAME}:"
                                                           f"{line.tensor or line.name}"))
     expected_records = declared.records
     if isinstance(expected_records, int) and len(records) < expected_records and not cuts:
@@ -652,21 +653,29 @@ def read_dump(path: Path) -> Dump:
     return Dump(source=NATIVE_SOURCE, root=root, records=records, topology=topology, manifest=manifest, cut=cut)
 
 
-def _shard_data(root: Path, line: IndexLine, headers: dict[str, tuple[dict[str, Any], int]],
-                where: str) -> TensorData:
+#: shard name -> (its path, its safetensors header, where its data starts, its tensor entries already checked)
+_ShardHeaders = dict[str, tuple[Path, dict[str, Any], int, dict[str, ShardEntry]]]
+
+
+def _shard_data(root: Path, line: IndexLine, headers: _ShardHeaders, index_where: str, line_number: int
+                ) -> TensorData:
     """Return where an index line's tensor lies in its shard, checked against the shard's header."""
+    where = f"{index_where}:{line_number}"
     shard_name, tensor_name = line.shard, line.tensor
     assert shard_name is not None and tensor_name is not None
-    # A plain file name, checked without touching the file system per line.
-    if shard_name in ("", ".", "..") or Path(shard_name).name != shard_name or "\x00" in shard_name:
-        raise DumpFormatError(f"field $.shard: names a file outside the dump: {shard_name!r}", where=where)
-    shard = root / shard_name
-    if shard_name not in headers:
-        headers[shard_name] = _read_shard_header(inside_dump(shard, root))
-    header, data_start = headers[shard_name]
+    if shard_name not in headers:  # once per shard, however many index lines name it
+        # A plain file name, checked without touching the file system per line.
+        if shard_name in ("", ".", "..") or Path(shard_name).name != shard_name or "\x00" in shard_name:
+            raise DumpFormatError(f"field $.shard: names a file outside the dump: {shard_name!r}", where=where)
+        shard = root / shard_name
+        header, data_start = _read_shard_header(inside_dump(shard, root))
+        headers[shard_name] = shard, header, data_start, _checked_entries(header)
+    shard, header, data_start, entries = headers[shard_name]
     if tensor_name == "__metadata__" or tensor_name not in header:
         raise DumpFormatError(f"tensor {tensor_name!r} named by {where} is not in the shard", where=shard)
-    entry = convert(header[tensor_name], ShardEntry, shard, what=f"tensor {tensor_name!r}: ")
+    entry = entries.get(tensor_name)
+    if entry is None:
+        entry = convert(header[tensor_name], ShardEntry, shard, what=f"tensor {tensor_name!r}: ")
     begin, end = entry.data_offsets
     if begin > end:  # past the end of a cut file is found when the data is read
         raise DumpFormatError(f"tensor {tensor_name!r} has data_offsets [{begin}, {end}]", where=shard, offset=8)
@@ -676,6 +685,20 @@ def _shard_data(root: Path, line: IndexLine, headers: dict[str, tuple[dict[str, 
                               f"need {expected}", where=shard, offset=data_start + begin)
     return TensorData(dtype=line.dtype, shape=tuple(line.shape), path=shard, offset=data_start + begin,
                       nbytes=end - begin)
+
+
+def _checked_entries(header: dict[str, Any]) -> dict[str, ShardEntry]:
+    """Return every tensor entry of a shard header checked in one pass (empty when one is malformed).
+
+    A shard of a decode dump holds thousands of tensors: checking its header once costs less
+    than checking each entry as its index line comes; a malformed entry is then checked on its
+    own, so its error names the tensor and the field.
+    """
+    tensors = {name: entry for name, entry in header.items() if name != "__metadata__"}
+    try:
+        return msgspec.convert(tensors, dict[str, ShardEntry])
+    except (msgspec.ValidationError, RecursionError):
+        return {}
 
 
 def _numel(shape: Iterable[int]) -> int:
