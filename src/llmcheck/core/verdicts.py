@@ -159,10 +159,9 @@ def thresholds_for(spec: MetricSpec, name: str, judged_class: str,
 def _metric_verdict(value: float, higher_is_better: bool, warn: float, fail: float) -> str:
     if math.isnan(value):
         return VERDICT_FAIL
-    worse = (lambda limit: value < limit) if higher_is_better else (lambda limit: value > limit)
-    if worse(fail):
+    if value < fail if higher_is_better else value > fail:
         return VERDICT_FAIL
-    if worse(warn):
+    if value < warn if higher_is_better else value > warn:
         return VERDICT_WARN
     return VERDICT_PASS
 
@@ -172,11 +171,13 @@ def judge(specs: Sequence[MetricSpec], values: Mapping[str, float], name: str, j
     """Return each metric's result, the row's verdict and the deciding metric (first with the worst verdict)."""
     results: dict[str, MetricResult] = {}
     verdict, deciding, first_judged = VERDICT_PASS, None, None
+    table_dtype = _CLASS_DTYPE.get(judged_class, "float32")  # asked for every pair: looked up once here
     for spec in specs:
         if spec.name not in values:
             continue
         value = values[spec.name]
-        limits = thresholds_for(spec, name, judged_class, overrides)
+        limits = (thresholds_for(spec, name, judged_class, overrides) if overrides
+                  else spec.thresholds_for(table_dtype))
         if limits is None:
             results[spec.name] = MetricResult(spec.name, value, higher_is_better=spec.higher_is_better)
             continue

@@ -35,6 +35,7 @@ OWN_COLUMNS = (
     "error", "feeder_error", "growth", "structure", "sibling_growth", "expected_error", "noise_error", "evidence",
 )
 _FORMULA_STARTS = ("=", "+", "-", "@", "\uff1d", "\uff0b", "\uff0d", "\uff20", "\t", "\r")
+_FORMULA_FIRST = frozenset(_FORMULA_STARTS)
 
 
 def guard_cell(value: Any) -> Any:
@@ -108,7 +109,9 @@ def csv_row(row: ComparisonRow, header: list[str]) -> list[Any]:
             cells[f"{prefix}_{column}"] = value
     for name, result in row.metrics.items():
         cells.setdefault(name, _number(result.value))
-    return [guard_cell(cells.get(column, "")) for column in header]
+    values = [cells.get(column, "") for column in header]
+    # only text starting like a formula needs the guard: one set lookup per cell instead of a call
+    return [guard_cell(value) if isinstance(value, str) and value[:1] in _FORMULA_FIRST else value for value in values]
 
 
 def write_csv(result: CompareResult, path: Path) -> None:

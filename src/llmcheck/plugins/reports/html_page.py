@@ -13,11 +13,12 @@ built-in ``reports`` plugin registers it as the ``html`` reporter.
 
 from __future__ import annotations
 
-import json
 import math
 from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+import msgspec
 
 from llmcheck.plugin_api import (
     ComparisonRow,
@@ -111,7 +112,9 @@ def report_data(result: CompareResult) -> dict[str, Any]:
 def render_html(result: CompareResult) -> str:
     """Return the report page with its data embedded."""
     template = resources.files(__package__).joinpath(TEMPLATE_NAME).read_text(encoding="utf-8")
-    payload = json.dumps(report_data(result), separators=(",", ":"), allow_nan=False)
+    # msgspec writes the ~10**5 table rows of a decode dump several times faster than json.dumps;
+    # the data is JSON-safe already (non-finite numbers are strings), and the page is UTF-8.
+    payload = msgspec.json.encode(report_data(result)).decode("utf-8")
     # Inside <script>, "</" could close the element early; U+2028/9 break older JS parsers.
     payload = payload.replace("</", "<\\/").replace("\u2028", "\\u2028").replace("\u2029", "\\u2029")
     return template.replace(DATA_PLACEHOLDER, payload, 1)
