@@ -299,11 +299,32 @@ def _init_worker(specs: list[MetricSpec], chunk_values: int) -> None:
     _worker_state["chunk_values"] = chunk_values
 
 
-def _measure_batch(jobs: list[PairJob]) -> list[PairMeasurement]:
+def _measure_batch(jobs: list[PairJob]) -> list[tuple]:
     specs = _worker_state["specs"]
     workspace = _worker_state["workspace"]
     chunk_values = _worker_state["chunk_values"]
-    return measure_jobs(jobs, specs, workspace, chunk_values)  # type: ignore[arg-type]
+    measurements = measure_jobs(jobs, specs, workspace, chunk_values)  # type: ignore[arg-type]
+    return [_packed(measurement) for measurement in measurements]
+
+
+_STATS_FIELDS = TensorStats.__slots__
+
+
+def _packed(measurement: PairMeasurement) -> tuple:
+    """Return a measurement as plain tuples: 10**5 of them cross back from the workers several times faster."""
+    return (measurement.index, measurement.values,
+            tuple([getattr(measurement.golden_stats, name) for name in _STATS_FIELDS]),
+            tuple([getattr(measurement.my_stats, name) for name in _STATS_FIELDS]),
+            measurement.nonfinite_mismatch, measurement.matching_nonfinite, measurement.masked,
+            measurement.bytes_read, measurement.notes)
+
+
+def _unpacked(packed: tuple) -> PairMeasurement:
+    """Return the measurement :func:`_packed` gave."""
+    index, values, golden, my, mismatch, matching, masked, bytes_read, notes = packed
+    return PairMeasurement(index=index, values=values, golden_stats=TensorStats(*golden), my_stats=TensorStats(*my),
+                           nonfinite_mismatch=mismatch, matching_nonfinite=matching, masked=masked,
+                           bytes_read=bytes_read, notes=notes)
 
 
 def measure_jobs(jobs: Sequence[PairJob], specs: Sequence[MetricSpec], workspace: Workspace,
@@ -411,7 +432,7 @@ def _measure_in_workers(jobs: list[PairJob], specs: list[MetricSpec], workers: i
         executor = ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn"),
                                        initializer=_init_worker, initargs=(specs, chunk_values))
     with executor:
-        pending: set[Future[list[PairMeasurement]]] = set()
+        pending: set[Future[list[tuple]]] = set()
         queue = list(reversed(batches))
         # Keep two batches per worker in flight: enough to never idle, few enough to bound memory.
         with _single_threaded_children():
@@ -421,7 +442,7 @@ def _measure_in_workers(jobs: list[PairJob], specs: list[MetricSpec], workers: i
             finished, pending = wait(pending, return_when=FIRST_COMPLETED)
             for future in finished:
                 try:
-                    measurements = future.result()
+                    measurements = [_unpacked(packed) for packed in future.result()]
                 except BrokenProcessPool as exc:
                     raise LlmcheckError(
                         "a worker process measuring pairs died (out of memory, killed, or -- from a Python script -- "

@@ -69,7 +69,7 @@ class PairBlock:
         return self._cache["diff"]
 
     def softmax_weights(self) -> tuple[np.ndarray, list[float]]:
-        """Return ``w = exp(golden - max golden)`` per row (float32 exponentials, held as float64) and each row's ``sum w``."""
+        """Return ``w = exp(golden - max golden)`` per row (exponentials in float32, held as float64) and ``sum w``."""
         return self._cache["softmax_weights"], self._cache["weight_sum"]
 
     # --- per-row reductions ---
