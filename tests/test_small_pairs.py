@@ -71,6 +71,8 @@ def _runs(tmp_path: Path) -> tuple[Path, Path]:
     pair("nan_both", nan_both, nan_both.clone())
     nan_one = randn(1000)
     pair("nan_one", nan_one, torch.where(torch.arange(1000) == 9, float("nan"), nan_one))
+    inf_one = randn(1000)
+    pair("inf_one", inf_one, torch.where(torch.arange(1000) == 9, float("inf"), inf_one))  # a block row's SQNR is 0/inf
     mask = torch.where(torch.arange(1024) % 4 == 0, torch.finfo(torch.float16).min, 0.0)
     pair("fp16_mask", (mask + randn(1024) * (mask == 0)).half(), (mask + randn(1024) * (mask == 0)).half())
     pair("inf_both", torch.full((64,), float("inf")), torch.full((64,), float("inf")))
@@ -95,7 +97,7 @@ def test_grouped_small_pairs_give_the_csv_metric_columns_of_streaming_exactly(
     grouped = _csv_columns(compare_dumps(golden, my, workers=1), tmp_path / "grouped")
     monkeypatch.setattr(small_pairs, "SMALL_PAIR_VALUES", 0)
     streamed = _csv_columns(compare_dumps(golden, my, workers=1), tmp_path / "streamed")
-    assert len(grouped) == 46
+    assert len(grouped) == 47
     assert grouped == streamed
     assert float(grouped["kl_0.5"]["kl_divergence"]) > 0.01  # the direct sum was taken, not the series
     assert grouped["nan_one"]["my_nan_count"] == "1" and grouped["fp16_mask"]["cosine_similarity"] != ""

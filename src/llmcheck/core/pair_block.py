@@ -52,6 +52,12 @@ class PairBlock:
         self._cache = dict(shared)
         self._scratch = scratch
 
+    def subset(self, rows: list[int]) -> "PairBlock":
+        """Return a block of only these rows (copied), with the reductions already computed for them."""
+        shared = {name: (value[rows] if isinstance(value, np.ndarray) else [value[row] for row in rows])
+                  for name, value in self._cache.items()}
+        return PairBlock(self.golden[rows], self.my[rows], shared, self._scratch)
+
     def _cached(self, name: str, compute: Callable[[], Any]) -> Any:
         value = self._cache.get(name)
         if value is None:

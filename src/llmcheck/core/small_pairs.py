@@ -178,27 +178,35 @@ def _block_measurements(jobs: Sequence[PairJob], block: PairBlock, specs: Sequen
     squares says so), holds 64-bit integers (measured exactly as integers), or a metric
     cannot give its value from the block.
     """
-    per_metric = [results_of_block(block) for results_of_block in block_metrics]
     golden_sq, my_sq = block.sum_sq_golden(), block.sum_sq_my()
-    golden_min, golden_max, golden_sum = (block.reduction(name) for name in ("golden_min", "golden_max", "golden_sum"))
-    my_min, my_max, my_sum = (block.reduction(name) for name in ("my_min", "my_max", "my_sum"))
+    ordinary = [row for row, job in enumerate(jobs)
+                if job.golden.dtype not in WIDE_INTEGER_DTYPES and job.my.dtype not in WIDE_INTEGER_DTYPES
+                and not may_hold_sentinels(golden_sq[row], sentinel_limit_in_run(job.golden.dtype,
+                                                                                 job.golden_run_dtype))
+                and not may_hold_sentinels(my_sq[row], sentinel_limit_in_run(job.my.dtype, job.my_run_dtype))]
+    measurements: list[PairMeasurement | None] = [None] * len(jobs)
+    if not ordinary:
+        return measurements
+    # metrics see only the ordinary rows: a NaN or Inf row would reach math functions that refuse it
+    measured = block if len(ordinary) == len(jobs) else block.subset(ordinary)
+    per_metric = [results_of_block(measured) for results_of_block in block_metrics]
+    golden_min, golden_max, golden_sum = (measured.reduction(name) for name in ("golden_min", "golden_max",
+                                                                                "golden_sum"))
+    my_min, my_max, my_sum = (measured.reduction(name) for name in ("my_min", "my_max", "my_sum"))
+    golden_sq, my_sq = measured.sum_sq_golden(), measured.sum_sq_my()
     names = [spec.name for spec in specs]
-    measurements: list[PairMeasurement | None] = []
-    for row, job in enumerate(jobs):
+    for row, block_row in enumerate(ordinary):
+        job = jobs[block_row]
         values = [results[row] for results in per_metric]
-        golden_limit = sentinel_limit_in_run(job.golden.dtype, job.golden_run_dtype)
-        my_limit = sentinel_limit_in_run(job.my.dtype, job.my_run_dtype)
-        if (None in values or job.golden.dtype in WIDE_INTEGER_DTYPES or job.my.dtype in WIDE_INTEGER_DTYPES
-                or may_hold_sentinels(golden_sq[row], golden_limit) or may_hold_sentinels(my_sq[row], my_limit)):
-            measurements.append(None)
+        if None in values:
             continue
         golden_stats = SideStats.of_one_chunk(job.golden_needs_stats, golden_min[row], golden_max[row],
                                                golden_sum[row], block.size, golden_sq[row])
         my_stats = SideStats.of_one_chunk(job.my_needs_stats, my_min[row], my_max[row], my_sum[row], block.size,
                                            my_sq[row])
-        measurements.append(PairMeasurement(index=job.index, values=dict(zip(names, map(float, values))),
-                                            golden_stats=golden_stats.result(), my_stats=my_stats.result(),
-                                            bytes_read=job.nbytes))
+        measurements[block_row] = PairMeasurement(index=job.index, values=dict(zip(names, map(float, values))),
+                                                  golden_stats=golden_stats.result(), my_stats=my_stats.result(),
+                                                  bytes_read=job.nbytes)
     return measurements
 
 
