@@ -186,6 +186,18 @@ def largest_tensor_bytes(dump: Path) -> int:
     return max(record.nbytes for record in read_dump(dump).records)
 
 
+def plugins_missing_from(src: Path) -> list[str]:
+    """Return the llmcheck plugins this environment registers whose package the checkout under ``src`` lacks."""
+    from importlib.metadata import entry_points
+
+    missing = []
+    for entry in entry_points(group="llmcheck"):
+        module = Path(src, *entry.value.split(":")[0].split("."))
+        if not module.is_dir() and not module.with_suffix(".py").is_file():
+            missing.append(entry.name)
+    return missing
+
+
 def run_compare(golden: Path, my: Path, output: Path, jobs: int | None, src: Path
                 ) -> tuple[float, float, TreeMemorySampler, dict]:
     """Run ``llmcheck compare`` of the code under ``src`` in a child process.
@@ -194,6 +206,9 @@ def run_compare(golden: Path, my: Path, output: Path, jobs: int | None, src: Pat
     """
     shutil.rmtree(output, ignore_errors=True)
     environment = {**os.environ, "PYTHONPATH": str(src)}
+    missing = plugins_missing_from(src)
+    if missing:  # an earlier checkout predates a plugin this environment registers
+        environment["LLMCHECK_DISABLE_PLUGINS"] = ",".join(missing)
     command = [sys.executable, "-m", "llmcheck.core.cli", "compare", "-gp", str(golden), "-mp", str(my),
                "-o", str(output)]
     if jobs:
