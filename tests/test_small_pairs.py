@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from llmcheck.core import pair_chunk, small_pairs
-from llmcheck.core.pair_block import row_dots
 from llmcheck.core.compare import compare_dumps
+from llmcheck.core.pair_block import row_dots
 from llmcheck.core.records import RecordKey, TensorRecord
 from llmcheck.core.reporters import write_reports
 from llmcheck.core.store import DumpWriter, read_dump

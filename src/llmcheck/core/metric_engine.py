@@ -23,7 +23,7 @@ from concurrent.futures.process import BrokenProcessPool
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from multiprocessing import get_context
-from typing import Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -116,7 +116,7 @@ class SideStats:
 
     @classmethod
     def of_one_chunk(cls, wanted: bool, low: float, high: float, total: float, count: int,
-                     squares: float) -> "SideStats":
+                     squares: float) -> SideStats:
         """Return the state :meth:`add_chunk` leaves after one chunk (all finite) with these reductions."""
         if not wanted or not count:
             return cls(wanted)
@@ -299,7 +299,7 @@ def _init_worker(specs: list[MetricSpec], chunk_values: int) -> None:
     _worker_state["chunk_values"] = chunk_values
 
 
-def _measure_batch(jobs: list[PairJob]) -> list[tuple]:
+def _measure_batch(jobs: list[PairJob]) -> list[tuple[Any, ...]]:
     specs = _worker_state["specs"]
     workspace = _worker_state["workspace"]
     chunk_values = _worker_state["chunk_values"]
@@ -310,7 +310,7 @@ def _measure_batch(jobs: list[PairJob]) -> list[tuple]:
 _STATS_FIELDS = TensorStats.__slots__
 
 
-def _packed(measurement: PairMeasurement) -> tuple:
+def _packed(measurement: PairMeasurement) -> tuple[Any, ...]:
     """Return a measurement as plain tuples: 10**5 of them cross back from the workers several times faster."""
     return (measurement.index, measurement.values,
             tuple([getattr(measurement.golden_stats, name) for name in _STATS_FIELDS]),
@@ -319,7 +319,7 @@ def _packed(measurement: PairMeasurement) -> tuple:
             measurement.bytes_read, measurement.notes)
 
 
-def _unpacked(packed: tuple) -> PairMeasurement:
+def _unpacked(packed: tuple[Any, ...]) -> PairMeasurement:
     """Return the measurement :func:`_packed` gave."""
     index, values, golden, my, mismatch, matching, masked, bytes_read, notes = packed
     return PairMeasurement(index=index, values=values, golden_stats=TensorStats(*golden), my_stats=TensorStats(*my),
@@ -432,7 +432,7 @@ def _measure_in_workers(jobs: list[PairJob], specs: list[MetricSpec], workers: i
         executor = ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn"),
                                        initializer=_init_worker, initargs=(specs, chunk_values))
     with executor:
-        pending: set[Future[list[tuple]]] = set()
+        pending: set[Future[list[tuple[Any, ...]]]] = set()
         queue = list(reversed(batches))
         # Keep two batches per worker in flight: enough to never idle, few enough to bound memory.
         with _single_threaded_children():

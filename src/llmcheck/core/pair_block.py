@@ -15,7 +15,8 @@ row of a C-ordered block in one inner loop, exactly as it reduces that row alone
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -52,7 +53,7 @@ class PairBlock:
         self._cache = dict(shared)
         self._scratch = scratch
 
-    def subset(self, rows: list[int]) -> "PairBlock":
+    def subset(self, rows: list[int]) -> PairBlock:
         """Return a block of only these rows (copied), with the reductions already computed for them."""
         shared = {name: (value[rows] if isinstance(value, np.ndarray) else [value[row] for row in rows])
                   for name, value in self._cache.items()}

@@ -156,8 +156,9 @@ def _measure_group(group: Sequence[PairJob], items: dict[int, tuple[np.ndarray, 
         folded = None if None in block_metrics else _block_measurements(group[first:last], block, specs,
                                                                           block_metrics)  # type: ignore[arg-type]
         for row, i in enumerate(range(first, last)):
-            if folded is not None and folded[row] is not None:
-                results.append(folded[row])
+            measured = folded[row] if folded is not None else None
+            if measured is not None:
+                results.append(measured)
                 continue
             begin, end = starts[i], starts[i] + size
             chunk = PairChunk(golden[begin:end], my[begin:end], workspace)
@@ -204,7 +205,8 @@ def _block_measurements(jobs: Sequence[PairJob], block: PairBlock, specs: Sequen
                                                golden_sum[row], block.size, golden_sq[row])
         my_stats = SideStats.of_one_chunk(job.my_needs_stats, my_min[row], my_max[row], my_sum[row], block.size,
                                            my_sq[row])
-        measurements[block_row] = PairMeasurement(index=job.index, values=dict(zip(names, map(float, values))),
+        metric_values = {name: float(value) for name, value in zip(names, values) if value is not None}
+        measurements[block_row] = PairMeasurement(index=job.index, values=metric_values,
                                                   golden_stats=golden_stats.result(), my_stats=my_stats.result(),
                                                   bytes_read=job.nbytes)
     return measurements
