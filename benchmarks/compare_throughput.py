@@ -61,8 +61,7 @@ def write_dumps(root: Path, tokens: int) -> tuple[Path, Path]:
     from llmcheck.bundled_model import random_llama
 
     torch.set_num_threads(max(1, os.cpu_count() or 1))
-    model = random_llama(seed=0, hidden_size=1024, num_layers=8, vocab_size=512, num_heads=8,
-                         intermediate_size=2816)
+    model = random_llama(seed=0, hidden_size=1024, num_layers=8, vocab_size=512, num_heads=8, intermediate_size=2816)
     input_ids = torch.randint(0, 512, (1, tokens), generator=torch.Generator().manual_seed(1))
     folders = []
     for side in ("golden", "my"):
@@ -106,9 +105,14 @@ def write_small_dumps(root: Path, records: int) -> tuple[Path, Path]:
         noisy = values * (1 + 1e-6 * torch.randn(values.shape, generator=generator))
         for writer, tensor in zip(writers, (values, noisy)):
             tensor = tensor.to(torch.bfloat16) if bf16 else tensor
-            record = TensorRecord(key=RecordKey(name=f"model.layers.{layer}.{SMALL_PARTS[part]}", step=step),
-                                  dtype="bfloat16" if bf16 else "float32", shape=(1, 1, tensor.numel()),
-                                  order=order, op_type="Module", parent=f"model.layers.{layer}")
+            record = TensorRecord(
+                key=RecordKey(name=f"model.layers.{layer}.{SMALL_PARTS[part]}", step=step),
+                dtype="bfloat16" if bf16 else "float32",
+                shape=(1, 1, tensor.numel()),
+                order=order,
+                op_type="Module",
+                parent=f"model.layers.{layer}",
+            )
             writer.add(record, tensor.reshape(1, 1, -1))
             if slot == per_step - 1:
                 writer.flush()  # one shard per decode step, as a capture writes
@@ -198,8 +202,9 @@ def plugins_missing_from(src: Path) -> list[str]:
     return missing
 
 
-def run_compare(golden: Path, my: Path, output: Path, jobs: int | None, src: Path
-                ) -> tuple[float, float, TreeMemorySampler, dict]:
+def run_compare(
+    golden: Path, my: Path, output: Path, jobs: int | None, src: Path
+) -> tuple[float, float, TreeMemorySampler, dict]:
     """Run ``llmcheck compare`` of the code under ``src`` in a child process.
 
     Returns wall and CPU seconds, the memory sampler and summary.json.
@@ -209,8 +214,18 @@ def run_compare(golden: Path, my: Path, output: Path, jobs: int | None, src: Pat
     missing = plugins_missing_from(src)
     if missing:  # an earlier checkout predates a plugin this environment registers
         environment["LLMCHECK_DISABLE_PLUGINS"] = ",".join(missing)
-    command = [sys.executable, "-m", "llmcheck.core.cli", "compare", "-gp", str(golden), "-mp", str(my),
-               "-o", str(output)]
+    command = [
+        sys.executable,
+        "-m",
+        "llmcheck.core.cli",
+        "compare",
+        "-gp",
+        str(golden),
+        "-mp",
+        str(my),
+        "-o",
+        str(output),
+    ]
     if jobs:
         command += ["-j", str(jobs)]
     cpu_before = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -240,8 +255,9 @@ class Timing:
     summary: dict
 
 
-def time_compares(golden: Path, my: Path, root: Path, jobs: int | None, versions: dict[str, Path],
-                  repeat: int) -> dict[str, Timing]:
+def time_compares(
+    golden: Path, my: Path, root: Path, jobs: int | None, versions: dict[str, Path], repeat: int
+) -> dict[str, Timing]:
     """Return the fastest of ``repeat`` runs of each version's compare, the versions taking turns.
 
     Taking turns spreads the load of a shared machine evenly over the versions.
@@ -260,10 +276,12 @@ def report_small(label: str, timing: Timing) -> None:
     """Print pairs/s of a small-records compare."""
     pairs = timing.summary["counts"]["pairs"]
     compare_s = timing.summary["elapsed_s"]
-    print(f"{label:9s} whole command {pairs / timing.wall_s:8.0f} pairs/s ({timing.wall_s:6.2f} s wall, "
-          f"{timing.cpu_s:6.2f} s CPU, {pairs / timing.cpu_s:7.0f} pairs per CPU-second) | compare phase "
-          f"{pairs / compare_s:8.0f} pairs/s ({compare_s:.2f} s) | peak RSS {timing.peak_rss / MB:5.0f} MB "
-          f"| load {timing.load:.1f}")
+    print(
+        f"{label:9s} whole command {pairs / timing.wall_s:8.0f} pairs/s ({timing.wall_s:6.2f} s wall, "
+        f"{timing.cpu_s:6.2f} s CPU, {pairs / timing.cpu_s:7.0f} pairs per CPU-second) | compare phase "
+        f"{pairs / compare_s:8.0f} pairs/s ({compare_s:.2f} s) | peak RSS {timing.peak_rss / MB:5.0f} MB "
+        f"| load {timing.load:.1f}"
+    )
 
 
 def report_large(label: str, timing: Timing, largest: int) -> None:
@@ -271,21 +289,31 @@ def report_large(label: str, timing: Timing, largest: int) -> None:
     summary = timing.summary
     tensor_gb = summary["tensor_bytes_read"] / GB
     cores = len(os.sched_getaffinity(0))
-    print(f"{label:9s} compare phase {summary['throughput_gb_per_s']:5.2f} GB/s ({summary['elapsed_s']:.2f} s) | "
-          f"whole command {tensor_gb / timing.wall_s:5.2f} GB/s ({timing.wall_s:.2f} s wall, {timing.cpu_s:.2f} s CPU "
-          f"= {cores * tensor_gb / timing.cpu_s:.2f} GB/s on {cores} idle cores) | peak RSS "
-          f"{timing.peak_rss / MB:.0f} MB over {timing.processes} processes "
-          f"(target <= {(2 * largest + 300 * MB) / MB:.0f} MB) | load {timing.load:.1f}")
+    print(
+        f"{label:9s} compare phase {summary['throughput_gb_per_s']:5.2f} GB/s ({summary['elapsed_s']:.2f} s) | "
+        f"whole command {tensor_gb / timing.wall_s:5.2f} GB/s ({timing.wall_s:.2f} s wall, {timing.cpu_s:.2f} s CPU "
+        f"= {cores * tensor_gb / timing.cpu_s:.2f} GB/s on {cores} idle cores) | peak RSS "
+        f"{timing.peak_rss / MB:.0f} MB over {timing.processes} processes "
+        f"(target <= {(2 * largest + 300 * MB) / MB:.0f} MB) | load {timing.load:.1f}"
+    )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--mode", choices=("small", "large"), default="small",
-                        help="small: many 4-64 KB records (pairs/s); large: module-level Llama dumps (GB/s)")
+    parser.add_argument(
+        "--mode",
+        choices=("small", "large"),
+        default="small",
+        help="small: many 4-64 KB records (pairs/s); large: module-level Llama dumps (GB/s)",
+    )
     parser.add_argument("--records", type=int, default=50_000, help="records per dump in the small mode")
     parser.add_argument("--tokens", type=int, default=3072, help="large mode: sequence length (3072: ~2.1 GB/dump)")
-    parser.add_argument("--baseline-src", type=Path, default=None,
-                        help="the src folder of an earlier checkout, timed on the same dumps for comparison")
+    parser.add_argument(
+        "--baseline-src",
+        type=Path,
+        default=None,
+        help="the src folder of an earlier checkout, timed on the same dumps for comparison",
+    )
     parser.add_argument("--repeat", type=int, default=2, help="runs per code version; the fastest is reported")
     parser.add_argument("--dir", default=None, help="where the dumps are written (default: a temporary folder)")
     parser.add_argument("--jobs", type=int, default=None, help="worker processes (default: CPU count)")
@@ -302,18 +330,22 @@ def main() -> None:
             golden, my = write_small_dumps(root, args.records)
         else:
             golden, my = write_dumps(root, args.tokens)
-        print(f"{'reused' if args.reuse else 'wrote'} two dumps in {time.perf_counter() - started:.1f} s: "
-              f"golden {tree_bytes(golden) / GB:.2f} GB, "
-              f"my {tree_bytes(my) / GB:.2f} GB ({golden.parent.parent})")
+        print(
+            f"{'reused' if args.reuse else 'wrote'} two dumps in {time.perf_counter() - started:.1f} s: "
+            f"golden {tree_bytes(golden) / GB:.2f} GB, "
+            f"my {tree_bytes(my) / GB:.2f} GB ({golden.parent.parent})"
+        )
         warm_page_cache(golden)
         warm_page_cache(my)
         largest = max(largest_tensor_bytes(golden), largest_tensor_bytes(my))
         versions = {"current": current_src, **({"baseline": args.baseline_src} if args.baseline_src else {})}
         timings = time_compares(golden, my, root, args.jobs, versions, args.repeat)
         summary = timings["current"].summary
-        print(f"pairs: {summary['counts']['pairs']}, tensor bytes read (both sides): "
-              f"{summary['tensor_bytes_read'] / GB:.2f} GB, largest tensor {largest / MB:.2f} MB, "
-              f"CPUs {len(os.sched_getaffinity(0))}, best of {args.repeat} runs each")
+        print(
+            f"pairs: {summary['counts']['pairs']}, tensor bytes read (both sides): "
+            f"{summary['tensor_bytes_read'] / GB:.2f} GB, largest tensor {largest / MB:.2f} MB, "
+            f"CPUs {len(os.sched_getaffinity(0))}, best of {args.repeat} runs each"
+        )
         for label, timing in reversed(list(timings.items())):
             if args.mode == "small":
                 report_small(label, timing)

@@ -66,3 +66,8 @@ def test_importing_the_api_does_not_import_torch() -> None:
     script = "import sys, llmcheck.plugin_api; print('torch' in sys.modules)"
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "False"
+
+
+def test_every_name_loaded_on_first_use_is_declared() -> None:
+    lazy = set(plugin_api._LOADED_ON_FIRST_USE)
+    assert lazy <= set(plugin_api.__all__), sorted(lazy - set(plugin_api.__all__))

@@ -19,16 +19,20 @@ from llmcheck.core.tensor_io import dtype_name
 from llmcheck.plugins.metrics import accumulators, builtin_metric_specs
 
 METRIC_COLUMNS = [spec.name for spec in builtin_metric_specs()]
-STATISTICS_COLUMNS = [f"{side}_{column}" for side in ("golden", "my")
-                      for column in ("max_value", "min_value", "mean_value", "nan_count", "inf_count")]
+STATISTICS_COLUMNS = [
+    f"{side}_{column}"
+    for side in ("golden", "my")
+    for column in ("max_value", "min_value", "mean_value", "nan_count", "inf_count")
+]
 
 
 def _write(folder: Path, tensors: dict[str, torch.Tensor]) -> Path:
     """Write a dump without recorded statistics, so the compare measures both sides' statistics too."""
     with DumpWriter(folder, "test") as writer:
         for order, (name, tensor) in enumerate(tensors.items()):
-            record = TensorRecord(key=RecordKey(name=name), dtype=dtype_name(tensor.dtype), shape=tuple(tensor.shape),
-                                  order=order)
+            record = TensorRecord(
+                key=RecordKey(name=name), dtype=dtype_name(tensor.dtype), shape=tuple(tensor.shape), order=order
+            )
             writer.add(record, tensor.contiguous().clone())
     return writer.path
 
@@ -83,13 +87,16 @@ def _runs(tmp_path: Path) -> tuple[Path, Path]:
 def _csv_columns(result, folder: Path) -> dict[str, dict[str, str]]:
     write_reports(result, folder)
     with open(folder / "cmp_report.csv", newline="") as handle:
-        return {row["name"]: {column: row[column] for column in METRIC_COLUMNS + STATISTICS_COLUMNS}
-                for row in csv.DictReader(handle)}
+        return {
+            row["name"]: {column: row[column] for column in METRIC_COLUMNS + STATISTICS_COLUMNS}
+            for row in csv.DictReader(handle)
+        }
 
 
 @pytest.mark.parametrize("dot", ["einsum", "blas"])  # this process's dot, and the worker processes' one
 def test_grouped_small_pairs_give_the_csv_metric_columns_of_streaming_exactly(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, dot: str) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, dot: str
+) -> None:
     if dot == "blas":
         monkeypatch.setattr(pair_chunk, "dot", np.dot)
         monkeypatch.setattr(accumulators, "dot", np.dot)
@@ -117,7 +124,8 @@ def test_a_cut_shard_is_reported_by_name_when_its_pairs_are_grouped(tmp_path: Pa
 
 @pytest.mark.parametrize("dot", ["einsum", "blas"])
 def test_row_dots_give_each_rows_dot_bit_for_bit_on_both_sides_of_einsums_buffer(
-        monkeypatch: pytest.MonkeyPatch, dot: str) -> None:
+    monkeypatch: pytest.MonkeyPatch, dot: str
+) -> None:
     if dot == "blas":
         monkeypatch.setattr(pair_chunk, "dot", np.dot)
     generator = np.random.default_rng(0)

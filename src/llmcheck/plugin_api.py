@@ -38,10 +38,18 @@ from typing import TYPE_CHECKING
 from llmcheck import lazy_attributes
 from llmcheck.core.atomic_files import atomic_output, atomic_write_text, atomic_write_with, write_failed
 from llmcheck.core.backend_options import BackendOption
-from llmcheck.core.depth_profile import (depth_points, drawn_step, error_measure, heatmap, introduced_point,
-                                         placement, row_error)
+from llmcheck.core.depth_profile import (
+    depth_points,
+    drawn_step,
+    error_measure,
+    heatmap,
+    introduced_point,
+    placement,
+    row_error,
+)
 from llmcheck.core.dump_paths import inside_dump, is_real_folder, walk_files
-from llmcheck.core.dump_schema import convert as convert_json, decode as decode_json
+from llmcheck.core.dump_schema import convert as convert_json
+from llmcheck.core.dump_schema import decode as decode_json
 from llmcheck.core.errors import (
     BackendUnavailableError,
     DumpFormatError,
@@ -72,11 +80,11 @@ from llmcheck.core.records import (
     MOMENT_BEFORE,
     OP_SEPARATOR,
     ROOT_MODULE,
-    CaptureBackend,
     VERDICT_ERROR,
     VERDICT_FAIL,
     VERDICT_PASS,
     VERDICT_WARN,
+    CaptureBackend,
     CaptureRequest,
     ChunkMetricAccumulator,
     ComparisonRow,
@@ -104,23 +112,39 @@ from llmcheck.core.records import (
     op_record_module,
     op_record_name,
 )
-from llmcheck.core.report import (CSV_NAME, HTML_NAME, PAIRS_NAME, SUMMARY_NAME, describe, divergence_line,
-                                  json_safe, measure_text)
+from llmcheck.core.report import (
+    CSV_NAME,
+    HTML_NAME,
+    PAIRS_NAME,
+    SUMMARY_NAME,
+    describe,
+    divergence_line,
+    json_safe,
+    measure_text,
+)
 from llmcheck.core.reporters import Reporter
 from llmcheck.core.seed_flags import seed_dump_options
-from llmcheck.core.store import (NATIVE_SOURCE, DumpWriter, KeyFields, closing_state, find_dumps, index_line,
-                                 read_dump)
+from llmcheck.core.store import NATIVE_SOURCE, DumpWriter, KeyFields, closing_state, find_dumps, index_line, read_dump
 from llmcheck.core.weights import PARAMETER_ATTR, PARAMETER_DIGESTS_ATTR
 
 if TYPE_CHECKING:  # pragma: no cover
     from llmcheck.core.call_arguments import decode_call, encode_call
-    from llmcheck.core.statistics import (segmented_stats_vectors, stats_from_vectors, stats_json_from_rows,
-                                          stats_vector)
     from llmcheck.core.compare import CompareResult
+    from llmcheck.core.statistics import (
+        segmented_stats_vectors,
+        stats_from_vectors,
+        stats_json_from_rows,
+        stats_vector,
+    )
     from llmcheck.core.stats_compare import DECIDING_STAT, statistics_columns
     from llmcheck.core.tensor_chunks import ChunkReader
-    from llmcheck.core.tensor_io import (dtype_name, load_weights_only, tensor_bytes, tensor_from_byte_range,
-                                         torch_dtype)
+    from llmcheck.core.tensor_io import (
+        dtype_name,
+        load_weights_only,
+        tensor_bytes,
+        tensor_from_byte_range,
+        torch_dtype,
+    )
 
 #: public name -> module defining it, for names whose module imports torch, numpy or the compare engine
 #: (loaded on first access, so importing this module stays cheap)
@@ -142,42 +166,135 @@ _LOADED_ON_FIRST_USE: dict[str, str] = {
     "DECIDING_STAT": "llmcheck.core.stats_compare",
 }
 
-__all__ = [
+__all__ = [  # noqa: RUF022 -- grouped by the question a plugin author asks, not sorted
     # hooks
     "hookimpl",
     # record nouns and their constants
-    "ALL_RANKS", "DTYPE_ITEMSIZE", "FLOAT_DTYPES", "IO_INPUT", "IO_OUTPUT", "MOMENT_AFTER", "MOMENT_BEFORE",
+    "ALL_RANKS",
+    "DTYPE_ITEMSIZE",
+    "FLOAT_DTYPES",
+    "IO_INPUT",
+    "IO_OUTPUT",
+    "MOMENT_AFTER",
+    "MOMENT_BEFORE",
     "LAYOUT_TENSOR_FILES",
-    "CaptureBackend", "CaptureRequest", "ChunkMetricAccumulator", "Dump", "MetricAccumulator", "MetricResult", "MetricSpec",
-    "OpReference", "Pair", "PairPriority", "RecordKey", "SourceInfo", "TensorData", "TensorRecord",
-    "TensorStats", "TopologyNode", "UserMapping", "dtype_class", "is_float_dtype", "merge_rank_dumps",
+    "CaptureBackend",
+    "CaptureRequest",
+    "ChunkMetricAccumulator",
+    "Dump",
+    "MetricAccumulator",
+    "MetricResult",
+    "MetricSpec",
+    "OpReference",
+    "Pair",
+    "PairPriority",
+    "RecordKey",
+    "SourceInfo",
+    "TensorData",
+    "TensorRecord",
+    "TensorStats",
+    "TopologyNode",
+    "UserMapping",
+    "dtype_class",
+    "is_float_dtype",
+    "merge_rank_dumps",
     # module-tree record names
-    "ROOT_MODULE", "MODULE_SEPARATOR", "OP_SEPARATOR", "module_parent", "module_ancestors",
-    "op_record_name", "op_record_module", "is_op_record_name", "lies_inside",
+    "ROOT_MODULE",
+    "MODULE_SEPARATOR",
+    "OP_SEPARATOR",
+    "module_parent",
+    "module_ancestors",
+    "op_record_name",
+    "op_record_module",
+    "is_op_record_name",
+    "lies_inside",
     # record attrs that compare reads: parameters and their digests (weights checked against rounding)
-    "PARAMETER_ATTR", "PARAMETER_DIGESTS_ATTR",
+    "PARAMETER_ATTR",
+    "PARAMETER_DIGESTS_ATTR",
     # errors
-    "LlmcheckError", "UsageError", "DumpFormatError", "DumpNotFoundError", "PathOutsideDumpError",
-    "PluginError", "BackendUnavailableError", "UnsupportedOpError",
+    "LlmcheckError",
+    "UsageError",
+    "DumpFormatError",
+    "DumpNotFoundError",
+    "PathOutsideDumpError",
+    "PluginError",
+    "BackendUnavailableError",
+    "UnsupportedOpError",
     # reading a dump's files
-    "inside_dump", "walk_files", "is_real_folder", "NpyHeader", "read_npy_header", "decode_json",
-    "convert_json", "load_dump",
+    "inside_dump",
+    "walk_files",
+    "is_real_folder",
+    "NpyHeader",
+    "read_npy_header",
+    "decode_json",
+    "convert_json",
+    "load_dump",
     # op calls
-    "CallId", "OpCall", "group_op_calls", "position_order",
+    "CallId",
+    "OpCall",
+    "group_op_calls",
+    "position_order",
     # writing files and llmcheck dumps
-    "atomic_write_text", "atomic_write_with", "write_failed", "DumpWriter", "read_dump", "find_dumps", "NATIVE_SOURCE",
-    "closing_state", "RECORD_NAME_KEY", "index_line", "KeyFields",
+    "atomic_write_text",
+    "atomic_write_with",
+    "write_failed",
+    "DumpWriter",
+    "read_dump",
+    "find_dumps",
+    "NATIVE_SOURCE",
+    "closing_state",
+    "RECORD_NAME_KEY",
+    "index_line",
+    "KeyFields",
     # metrics sharing per-chunk work
-    "PairChunk", "Workspace", "dot", "PairBlock", "row_dots",
+    "PairChunk",
+    "Workspace",
+    "dot",
+    "PairBlock",
+    "row_dots",
     # capture backends: their declared dump options
-    "BackendOption", "seed_dump_options",
+    "BackendOption",
+    "seed_dump_options",
     # reporters: a compare's result and what its reports share
-    "Reporter", "ComparisonRow", "VERDICT_PASS", "VERDICT_WARN", "VERDICT_FAIL", "VERDICT_ERROR",
-    "CSV_NAME", "SUMMARY_NAME", "PAIRS_NAME", "HTML_NAME", "describe", "divergence_line", "measure_text",
-    "json_safe", "write_pairs_json", "atomic_output",
-    "depth_points", "drawn_step", "error_measure", "heatmap", "introduced_point", "placement", "row_error",
+    "Reporter",
+    "ComparisonRow",
+    "VERDICT_PASS",
+    "VERDICT_WARN",
+    "VERDICT_FAIL",
+    "VERDICT_ERROR",
+    "CSV_NAME",
+    "SUMMARY_NAME",
+    "PAIRS_NAME",
+    "HTML_NAME",
+    "describe",
+    "divergence_line",
+    "measure_text",
+    "json_safe",
+    "write_pairs_json",
+    "atomic_output",
+    "depth_points",
+    "drawn_step",
+    "error_measure",
+    "heatmap",
+    "introduced_point",
+    "placement",
+    "row_error",
     # heavier helpers (imported on first access): torch-backed, numpy-backed, CompareResult, statistics_columns
-    *_LOADED_ON_FIRST_USE,
+    "dtype_name",
+    "torch_dtype",
+    "tensor_bytes",
+    "tensor_from_byte_range",
+    "load_weights_only",
+    "stats_vector",
+    "stats_from_vectors",
+    "stats_json_from_rows",
+    "segmented_stats_vectors",
+    "encode_call",
+    "decode_call",
+    "ChunkReader",
+    "CompareResult",
+    "statistics_columns",
+    "DECIDING_STAT",
 ]
 
 

@@ -255,9 +255,9 @@ def _statistics_row(
     judged_class = judging_class(golden.dtype, my.dtype, run_floor)
     limits = (sentinel_limit_in_run(golden.dtype, run_dtypes[0]), sentinel_limit_in_run(my.dtype, run_dtypes[1]))
     results, verdict, deciding, nonfinite = judge_statistics(
-        golden.stats,
-        my.stats,
-        specs,  # type: ignore[arg-type]
+        golden.stats,  # type: ignore[arg-type]  # statistics-only pairs always carry both sides' stats
+        my.stats,  # type: ignore[arg-type]
+        specs,
         golden.key.name,
         judged_class,
         overrides,
@@ -391,7 +391,7 @@ def compare_dumps(
             continue
         job = PairJob(
             index=index,
-            golden=pair.golden.data,
+            golden=pair.golden.data,  # type: ignore[arg-type]  # pairs without data were set aside above
             my=pair.my.data,  # type: ignore[arg-type]
             golden_needs_stats=not _has_stats(pair.golden),
             my_needs_stats=not _has_stats(pair.my),

@@ -15,7 +15,7 @@ naming the file, the line when there is one, and the field.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar, cast
 
 import msgspec
 
@@ -83,7 +83,7 @@ class TopologyJson(msgspec.Struct):
 
     name: str
     type: str = ""
-    children: list["TopologyJson"] = []
+    children: list[TopologyJson] = []
     inputs: list[str] = []
     outputs: list[str] = []
     attrs: dict[str, Any] = {}
@@ -101,10 +101,10 @@ def _where(path: Path | str, line: int | None) -> str:
     return f"{path}:{line}" if line is not None else str(path)
 
 
-_decoders: dict[Any, msgspec.json.Decoder] = {}
+_decoders: dict[Any, msgspec.json.Decoder[Any]] = {}
 
 
-def _decoder(schema: Any) -> msgspec.json.Decoder:
+def _decoder(schema: Any) -> msgspec.json.Decoder[Any]:
     """Return the reusable decoder of a schema (an index of 10**5 lines decodes each with it)."""
     decoder = _decoders.get(schema)
     if decoder is None:
@@ -112,27 +112,36 @@ def _decoder(schema: Any) -> msgspec.json.Decoder:
     return decoder
 
 
-def decode(text: bytes | str, schema: type[Schema], path: Path | str, *, line: int | None = None,
-           offset: int | None = None, what: str = "") -> Schema:
+def decode(
+    text: bytes | str,
+    schema: type[Schema],
+    path: Path | str,
+    *,
+    line: int | None = None,
+    offset: int | None = None,
+    what: str = "",
+) -> Schema:
     """Return ``text`` decoded as JSON of ``schema``, or raise a format error naming file, line and field.
 
     ``offset`` is the byte where ``text`` starts in the file (named in the error).
     """
     try:
-        return _decoder(schema).decode(text)
+        return cast(Schema, _decoder(schema).decode(text))
     except msgspec.ValidationError as exc:
         raise DumpFormatError(f"{what}{_field_message(exc)}", where=_where(path, line), offset=offset) from None
     except msgspec.DecodeError as exc:
         raise DumpFormatError(f"{what}not valid JSON: {exc}", where=_where(path, line), offset=offset) from None
     except UnicodeDecodeError as exc:
-        raise DumpFormatError(f"{what}not valid UTF-8: byte {exc.object[exc.start:exc.start + 1]!r} at position "
-                              f"{exc.start}", where=_where(path, line), offset=offset) from None
+        raise DumpFormatError(
+            f"{what}not valid UTF-8: byte {exc.object[exc.start : exc.start + 1]!r} at position {exc.start}",
+            where=_where(path, line),
+            offset=offset,
+        ) from None
     except RecursionError:
         raise DumpFormatError(f"{what}nested too deeply", where=_where(path, line), offset=offset) from None
 
 
-def convert(value: Any, schema: type[Schema], path: Path | str, *, line: int | None = None,
-            what: str = "") -> Schema:
+def convert(value: Any, schema: type[Schema], path: Path | str, *, line: int | None = None, what: str = "") -> Schema:
     """Return an already decoded JSON value checked against ``schema`` (same errors as :func:`decode`)."""
     try:
         return msgspec.convert(value, type=schema)

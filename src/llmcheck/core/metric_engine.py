@@ -18,12 +18,13 @@ import logging
 import math
 import os
 import pickle
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from multiprocessing import get_context
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -104,8 +105,12 @@ class SideStats:
         """Fold in one chunk's side (all finite) from the reductions the chunk shares."""
         if self.wanted and chunk.size:
             if side == "golden":
-                low, high, total, squares = chunk.golden_min(), chunk.golden_max(), chunk.golden_sum(), \
-                    chunk.sum_sq_golden()
+                low, high, total, squares = (
+                    chunk.golden_min(),
+                    chunk.golden_max(),
+                    chunk.golden_sum(),
+                    chunk.sum_sq_golden(),
+                )
             else:
                 low, high, total, squares = chunk.my_min(), chunk.my_max(), chunk.my_sum(), chunk.sum_sq_my()
             self.low = min(self.low, low)
@@ -115,22 +120,32 @@ class SideStats:
             self.squares += squares
 
     @classmethod
-    def of_one_chunk(cls, wanted: bool, low: float, high: float, total: float, count: int,
-                     squares: float) -> SideStats:
+    def of_one_chunk(cls, wanted: bool, low: float, high: float, total: float, count: int, squares: float) -> SideStats:
         """Return the state :meth:`add_chunk` leaves after one chunk (all finite) with these reductions."""
         if not wanted or not count:
             return cls(wanted)
-        return cls(wanted, low=min(math.inf, low), high=max(-math.inf, high), total=0.0 + total, finite=count,
-                   squares=0.0 + squares)
+        return cls(
+            wanted,
+            low=min(math.inf, low),
+            high=max(-math.inf, high),
+            total=0.0 + total,
+            finite=count,
+            squares=0.0 + squares,
+        )
 
     def result(self) -> TensorStats:
         l2_squared = self.squares
         if not self.wanted:
             return TensorStats(nan_count=self.nan, inf_count=self.inf)
         defined = self.finite > 0
-        return TensorStats(min=self.low if defined else None, max=self.high if defined else None,
-                           mean=self.total / self.finite if defined else None,
-                           l2norm=math.sqrt(l2_squared) if defined else None, nan_count=self.nan, inf_count=self.inf)
+        return TensorStats(
+            min=self.low if defined else None,
+            max=self.high if defined else None,
+            mean=self.total / self.finite if defined else None,
+            l2norm=math.sqrt(l2_squared) if defined else None,
+            nan_count=self.nan,
+            inf_count=self.inf,
+        )
 
 
 @dataclass
@@ -156,8 +171,18 @@ class PairFold:
     (:mod:`llmcheck.core.small_pairs`) -- so their values are the same by construction.
     """
 
-    __slots__ = ("job", "accumulators", "chunk_updates", "golden_side", "my_side", "golden_limit", "my_limit",
-                 "mismatch", "matching_nonfinite", "masked")
+    __slots__ = (
+        "accumulators",
+        "chunk_updates",
+        "golden_limit",
+        "golden_side",
+        "job",
+        "masked",
+        "matching_nonfinite",
+        "mismatch",
+        "my_limit",
+        "my_side",
+    )
 
     def __init__(self, job: PairJob, specs: Sequence[MetricSpec]) -> None:
         self.job = job
@@ -171,10 +196,12 @@ class PairFold:
 
     def fold(self, chunk: PairChunk, workspace: Workspace) -> None:
         """Fold one chunk of both sides (float64, equal length) into every accumulator."""
-        if (may_hold_sentinels(chunk.sum_sq_golden(), self.golden_limit)
-                or may_hold_sentinels(chunk.sum_sq_my(), self.my_limit)):
-            chunk, agreement = _ordinary_part(chunk.golden, chunk.my, self.golden_limit, self.my_limit,
-                                              self.golden_side, self.my_side, workspace)
+        if may_hold_sentinels(chunk.sum_sq_golden(), self.golden_limit) or may_hold_sentinels(
+            chunk.sum_sq_my(), self.my_limit
+        ):
+            chunk, agreement = _ordinary_part(
+                chunk.golden, chunk.my, self.golden_limit, self.my_limit, self.golden_side, self.my_side, workspace
+            )
             self.mismatch += agreement.mismatch
             self.matching_nonfinite += agreement.matching_nonfinite
             self.masked += agreement.masked
@@ -193,14 +220,21 @@ class PairFold:
         exact = exact_integer_max_difference(self.job)
         if exact is not None and EXACT_INTEGER_METRIC in values:
             values[EXACT_INTEGER_METRIC] = float(exact)  # never 0 for a difference the float64 buffers rounded away
-        return PairMeasurement(index=self.job.index, values=values, golden_stats=self.golden_side.result(),
-                               my_stats=self.my_side.result(), nonfinite_mismatch=self.mismatch,
-                               matching_nonfinite=self.matching_nonfinite, masked=self.masked,
-                               bytes_read=self.job.nbytes)
+        return PairMeasurement(
+            index=self.job.index,
+            values=values,
+            golden_stats=self.golden_side.result(),
+            my_stats=self.my_side.result(),
+            nonfinite_mismatch=self.mismatch,
+            matching_nonfinite=self.matching_nonfinite,
+            masked=self.masked,
+            bytes_read=self.job.nbytes,
+        )
 
 
-def measure_pair(job: PairJob, specs: Sequence[MetricSpec], workspace: Workspace,
-                 chunk_values: int = DEFAULT_CHUNK_VALUES) -> PairMeasurement:
+def measure_pair(
+    job: PairJob, specs: Sequence[MetricSpec], workspace: Workspace, chunk_values: int = DEFAULT_CHUNK_VALUES
+) -> PairMeasurement:
     """Return every metric of one pair, streaming both tensors chunk by chunk through ``workspace``."""
     fold = PairFold(job, specs)
     with ChunkReader(job.golden) as golden_reader, ChunkReader(job.my) as my_reader:
@@ -225,8 +259,13 @@ def _integers(data: TensorData) -> np.ndarray:
     """Return a 64-bit integer tensor's values, flattened; a byte range is read with numpy (no torch import)."""
     if data.loader is not None:
         return data.load().reshape(-1).numpy()
-    return np.fromfile(data.path, dtype="<i8" if data.dtype == "int64" else "<u8",  # type: ignore[arg-type]
-                       count=data.numel, offset=data.offset)
+    assert data.path is not None  # a handle without a loader points at a byte range of a file
+    return np.fromfile(
+        data.path,
+        dtype="<i8" if data.dtype == "int64" else "<u8",
+        count=data.numel,
+        offset=data.offset,
+    )
 
 
 def exact_integer_max_difference(job: PairJob) -> int | None:
@@ -238,8 +277,9 @@ def exact_integer_max_difference(job: PairJob) -> int | None:
         return 0
     # the difference of the larger minus the smaller, in unsigned arithmetic: exact over the whole range
     unsigned = np.dtype(np.uint64)
-    difference = np.where(golden >= my, golden.astype(unsigned) - my.astype(unsigned),
-                          my.astype(unsigned) - golden.astype(unsigned))
+    difference = np.where(
+        golden >= my, golden.astype(unsigned) - my.astype(unsigned), my.astype(unsigned) - golden.astype(unsigned)
+    )
     return int(difference.max())
 
 
@@ -252,9 +292,15 @@ class _Agreement:
     masked: int = 0
 
 
-def _ordinary_part(golden: np.ndarray, my: np.ndarray, golden_limit: float, my_limit: float,
-                   golden_side: SideStats, my_side: SideStats, workspace: Workspace
-                   ) -> tuple[PairChunk, _Agreement]:
+def _ordinary_part(
+    golden: np.ndarray,
+    my: np.ndarray,
+    golden_limit: float,
+    my_limit: float,
+    golden_side: SideStats,
+    my_side: SideStats,
+    workspace: Workspace,
+) -> tuple[PairChunk, _Agreement]:
     """Return the chunk of positions ordinary on both sides, and how the other positions agree.
 
     NaN and Inf are counted on each side; positions where both sides hold the same NaN, Inf
@@ -312,23 +358,38 @@ _STATS_FIELDS = TensorStats.__slots__
 
 def _packed(measurement: PairMeasurement) -> tuple[Any, ...]:
     """Return a measurement as plain tuples: 10**5 of them cross back from the workers several times faster."""
-    return (measurement.index, measurement.values,
-            tuple([getattr(measurement.golden_stats, name) for name in _STATS_FIELDS]),
-            tuple([getattr(measurement.my_stats, name) for name in _STATS_FIELDS]),
-            measurement.nonfinite_mismatch, measurement.matching_nonfinite, measurement.masked,
-            measurement.bytes_read, measurement.notes)
+    return (
+        measurement.index,
+        measurement.values,
+        tuple([getattr(measurement.golden_stats, name) for name in _STATS_FIELDS]),
+        tuple([getattr(measurement.my_stats, name) for name in _STATS_FIELDS]),
+        measurement.nonfinite_mismatch,
+        measurement.matching_nonfinite,
+        measurement.masked,
+        measurement.bytes_read,
+        measurement.notes,
+    )
 
 
 def _unpacked(packed: tuple[Any, ...]) -> PairMeasurement:
     """Return the measurement :func:`_packed` gave."""
     index, values, golden, my, mismatch, matching, masked, bytes_read, notes = packed
-    return PairMeasurement(index=index, values=values, golden_stats=TensorStats(*golden), my_stats=TensorStats(*my),
-                           nonfinite_mismatch=mismatch, matching_nonfinite=matching, masked=masked,
-                           bytes_read=bytes_read, notes=notes)
+    return PairMeasurement(
+        index=index,
+        values=values,
+        golden_stats=TensorStats(*golden),
+        my_stats=TensorStats(*my),
+        nonfinite_mismatch=mismatch,
+        matching_nonfinite=matching,
+        masked=masked,
+        bytes_read=bytes_read,
+        notes=notes,
+    )
 
 
-def measure_jobs(jobs: Sequence[PairJob], specs: Sequence[MetricSpec], workspace: Workspace,
-                 chunk_values: int = DEFAULT_CHUNK_VALUES) -> list[PairMeasurement]:
+def measure_jobs(
+    jobs: Sequence[PairJob], specs: Sequence[MetricSpec], workspace: Workspace, chunk_values: int = DEFAULT_CHUNK_VALUES
+) -> list[PairMeasurement]:
     """Return the measurement of each job: small pairs together in groups, the others streamed one by one."""
     from llmcheck.core.small_pairs import is_small, measure_small_pairs
 
@@ -336,8 +397,9 @@ def measure_jobs(jobs: Sequence[PairJob], specs: Sequence[MetricSpec], workspace
     if len(small) == len(jobs):
         return measure_small_pairs(small, specs, workspace, chunk_values)
     results = measure_small_pairs(small, specs, workspace, chunk_values) if small else []
-    return results + [measure_pair(job, specs, workspace, chunk_values) for job in jobs
-                      if not is_small(job, chunk_values)]
+    return results + [
+        measure_pair(job, specs, workspace, chunk_values) for job in jobs if not is_small(job, chunk_values)
+    ]
 
 
 @contextmanager
@@ -386,17 +448,24 @@ def default_workers() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-def measure_pairs(jobs: Sequence[PairJob], specs: Sequence[MetricSpec], *, workers: int | None = None,
-                  chunk_values: int = DEFAULT_CHUNK_VALUES,
-                  on_measured: Callable[[PairMeasurement], None] | None = None) -> dict[int, PairMeasurement]:
+def measure_pairs(
+    jobs: Sequence[PairJob],
+    specs: Sequence[MetricSpec],
+    *,
+    workers: int | None = None,
+    chunk_values: int = DEFAULT_CHUNK_VALUES,
+    on_measured: Callable[[PairMeasurement], None] | None = None,
+) -> dict[int, PairMeasurement]:
     """Return the measurement of every job by index, using worker processes when that pays off."""
     workers = workers or default_workers()
     remote = [job for job in jobs if job.crosses_processes]
     local = [job for job in jobs if not job.crosses_processes]
     remote_bytes = sum(job.nbytes for job in remote)
     if workers > 1 and remote_bytes >= PARALLEL_MIN_BYTES and not _picklable(specs):
-        log.info("a metric cannot be sent to worker processes (its accumulator is not importable by name); "
-                 "measuring in this process")
+        log.info(
+            "a metric cannot be sent to worker processes (its accumulator is not importable by name); "
+            "measuring in this process"
+        )
         workers = 1
     if workers <= 1 or remote_bytes < PARALLEL_MIN_BYTES:
         local, remote = list(jobs), []
@@ -411,7 +480,7 @@ def measure_pairs(jobs: Sequence[PairJob], specs: Sequence[MetricSpec], *, worke
         _measure_in_workers(remote, list(specs), workers, chunk_values, done)
     workspace = Workspace(chunk_values)
     for start in range(0, len(local), LOCAL_BATCH_PAIRS):  # in batches, so progress advances while measuring
-        for measurement in measure_jobs(local[start:start + LOCAL_BATCH_PAIRS], specs, workspace, chunk_values):
+        for measurement in measure_jobs(local[start : start + LOCAL_BATCH_PAIRS], specs, workspace, chunk_values):
             done(measurement)
     return results
 
@@ -424,13 +493,22 @@ def _picklable(specs: Sequence[MetricSpec]) -> bool:
     return True
 
 
-def _measure_in_workers(jobs: list[PairJob], specs: list[MetricSpec], workers: int, chunk_values: int,
-                        done: Callable[[PairMeasurement], None]) -> None:
+def _measure_in_workers(
+    jobs: list[PairJob],
+    specs: list[MetricSpec],
+    workers: int,
+    chunk_values: int,
+    done: Callable[[PairMeasurement], None],
+) -> None:
     batches = _batches(jobs, workers)
     workers = min(workers, len(batches))
     with _single_threaded_children():
-        executor = ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn"),
-                                       initializer=_init_worker, initargs=(specs, chunk_values))
+        executor = ProcessPoolExecutor(
+            max_workers=workers,
+            mp_context=get_context("spawn"),
+            initializer=_init_worker,
+            initargs=(specs, chunk_values),
+        )
     with executor:
         pending: set[Future[list[tuple[Any, ...]]]] = set()
         queue = list(reversed(batches))
@@ -446,8 +524,10 @@ def _measure_in_workers(jobs: list[PairJob], specs: list[MetricSpec], workers: i
                 except BrokenProcessPool as exc:
                     raise LlmcheckError(
                         "a worker process measuring pairs died (out of memory, killed, or -- from a Python script -- "
-                        "the script has no `if __name__ == \"__main__\":` guard, so each worker ran it again)",
-                        where="llmcheck compare", hint="rerun with -j 1 (workers=1) to measure in one process") from exc
+                        'the script has no `if __name__ == "__main__":` guard, so each worker ran it again)',
+                        where="llmcheck compare",
+                        hint="rerun with -j 1 (workers=1) to measure in one process",
+                    ) from exc
                 for measurement in measurements:
                     done(measurement)
                 if queue:

@@ -16,7 +16,7 @@ row of a C-ordered block in one inner loop, exactly as it reduces that row alone
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -33,9 +33,9 @@ def row_dots(a: np.ndarray, b: np.ndarray) -> list[float]:
     if a.shape[0] == 0:
         return []
     if pair_chunk.dot is np.dot:
-        return np.matmul(a[:, None, :], b[:, :, None]).reshape(-1).tolist()
+        return cast(list[float], np.matmul(a[:, None, :], b[:, :, None]).reshape(-1).tolist())
     if a.shape[1] <= np.getbufsize():
-        return np.einsum("ij,ij->i", a, b).tolist()
+        return cast(list[float], np.einsum("ij,ij->i", a, b).tolist())
     return [float(pair_chunk.dot(x, y)) for x, y in zip(a, b)]
 
 
@@ -46,8 +46,9 @@ class PairBlock:
     block: read them, never keep them. Reductions are lists of Python floats, one per row.
     """
 
-    def __init__(self, golden: np.ndarray, my: np.ndarray, shared: dict[str, Any],
-                 scratch: Callable[[str, int, Any], np.ndarray]) -> None:
+    def __init__(
+        self, golden: np.ndarray, my: np.ndarray, shared: dict[str, Any], scratch: Callable[[str, int, Any], np.ndarray]
+    ) -> None:
         self.golden, self.my = golden, my
         self.rows, self.size = golden.shape
         self._cache = dict(shared)
@@ -55,12 +56,14 @@ class PairBlock:
 
     def subset(self, rows: list[int]) -> PairBlock:
         """Return a block of only these rows (copied), with the reductions already computed for them."""
-        shared = {name: (value[rows] if isinstance(value, np.ndarray) else [value[row] for row in rows])
-                  for name, value in self._cache.items()}
+        shared = {
+            name: (value[rows] if isinstance(value, np.ndarray) else [value[row] for row in rows])
+            for name, value in self._cache.items()
+        }
         return PairBlock(self.golden[rows], self.my[rows], shared, self._scratch)
 
-    def _cached(self, name: str, compute: Callable[[], Any]) -> Any:
-        value = self._cache.get(name)
+    def _cached(self, name: str, compute: Callable[[], list[float]]) -> list[float]:
+        value: list[float] | None = self._cache.get(name)
         if value is None:
             value = self._cache[name] = compute()
         return value
@@ -73,7 +76,7 @@ class PairBlock:
 
     def diff(self) -> np.ndarray:
         """Return ``my - golden``."""
-        return self._cache["diff"]
+        return cast(np.ndarray, self._cache["diff"])
 
     def softmax_weights(self) -> tuple[np.ndarray, list[float]]:
         """Return ``w = exp(golden - max golden)`` per row (exponentials in float32, held as float64) and ``sum w``."""
@@ -81,9 +84,9 @@ class PairBlock:
 
     # --- per-row reductions ---
 
-    def reduction(self, name: str) -> list:
+    def reduction(self, name: str) -> list[Any]:
         """Return a reduction the engine computed for every row (``golden_max``, ``sum_abs_diff``, ...)."""
-        return self._cache[name]
+        return cast(list[Any], self._cache[name])
 
     def sum_sq_golden(self) -> list[float]:
         """Return ``sum golden**2`` per row."""

@@ -198,7 +198,7 @@ def write_pairs_json(path: Path, pairing: Pairing, golden: Dump, my: Dump) -> No
         "how_to_edit": "fix or add pairs, then rerun: llmcheck compare ... --mapping pairs.json",
         "pairs": [
             {
-                "golden": key_to_json(pair.golden.key),
+                "golden": key_to_json(pair.golden.key),  # type: ignore[union-attr]
                 "my": key_to_json(pair.my.key),  # type: ignore[union-attr]
                 "rule": pair.rule,
                 "priority": pair.priority,

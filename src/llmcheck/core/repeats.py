@@ -21,9 +21,9 @@ from __future__ import annotations
 import math
 import re
 from collections import Counter, defaultdict
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from statistics import median
-from typing import Hashable, Sequence
 
 #: A digit run standing alone between separators (``.3.``, ``_12``, ``/0/``): a candidate repeat index.
 _INDEX_RUN = re.compile(r"(?:(?<=^)|(?<=[._/:\-]))(\d+)(?=$|[._/:\-])")
@@ -39,8 +39,10 @@ class Place:
 
 def _candidates(name: str) -> list[tuple[str, int]]:
     """Return each (template, index) obtained by taking one digit run of ``name`` as the repeat index."""
-    return [(name[:match.start()] + "{i}" + name[match.end():], int(match.group(1)))
-            for match in _INDEX_RUN.finditer(name)]
+    return [
+        (name[: match.start()] + "{i}" + name[match.end() :], int(match.group(1)))
+        for match in _INDEX_RUN.finditer(name)
+    ]
 
 
 def structure_keys(names_and_kinds: Sequence[tuple[str, Hashable]]) -> list[Place | None]:
@@ -61,7 +63,7 @@ def structure_keys(names_and_kinds: Sequence[tuple[str, Hashable]]) -> list[Plac
         for template, _ in candidates:
             counts[(template, kind)] += 1
     places: list[Place | None] = []
-    for (name, kind), candidates in zip(names_and_kinds, per_name):
+    for (_name, kind), candidates in zip(names_and_kinds, per_name):
         best: Place | None = None
         best_count = 1
         for template, index in candidates:
@@ -101,7 +103,7 @@ class Baseline:
 
 def _theil_sen(points: Sequence[tuple[float, float]]) -> tuple[float, float]:
     """Return (slope >= 0, intercept >= 0) of a robust line through (x, y): the median of pairwise slopes."""
-    slopes = [(y2 - y1) / (x2 - x1) for i, (x1, y1) in enumerate(points) for x2, y2 in points[i + 1:] if x2 != x1]
+    slopes = [(y2 - y1) / (x2 - x1) for i, (x1, y1) in enumerate(points) for x2, y2 in points[i + 1 :] if x2 != x1]
     slope = max(median(slopes), 0.0) if slopes else 0.0
     if not slopes:  # every sibling received the same error: the growth is their ratio
         ratios = [y / x for x, y in points if x > 0]

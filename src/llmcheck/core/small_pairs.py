@@ -18,7 +18,7 @@ reduction -- and so every metric value -- is the one streaming gives, bit for bi
 from __future__ import annotations
 
 import os
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -61,8 +61,9 @@ def _values(data: TensorData) -> int:
     return data.numel * described[1]
 
 
-def measure_small_pairs(jobs: Sequence[PairJob], specs: Sequence[MetricSpec], workspace: Workspace,
-                        chunk_values: int) -> list[PairMeasurement]:
+def measure_small_pairs(
+    jobs: Sequence[PairJob], specs: Sequence[MetricSpec], workspace: Workspace, chunk_values: int
+) -> list[PairMeasurement]:
     """Return the measurements of small pairs (:func:`is_small`), measured group by group.
 
     A window of neighbouring pairs is read at once (nearby byte ranges of a shard in one
@@ -71,7 +72,7 @@ def measure_small_pairs(jobs: Sequence[PairJob], specs: Sequence[MetricSpec], wo
     """
     results: list[PairMeasurement] = []
     for window_start in range(0, len(jobs), WINDOW_PAIRS):
-        window = jobs[window_start:window_start + WINDOW_PAIRS]
+        window = jobs[window_start : window_start + WINDOW_PAIRS]
         golden_items, my_items = _read_items([job.golden for job in window]), _read_items([job.my for job in window])
         if golden_items is None or my_items is None:
             # a missing or cut file: streaming each pair names the file and the problem
@@ -123,14 +124,19 @@ def _read_items(datas: Sequence[TensorData]) -> list[np.ndarray] | None:
         for i in order[position:end]:
             data = datas[i]
             carrier, per_element, _ = layout(data.dtype)  # type: ignore[misc]
-            items[i] = np.frombuffer(raw, dtype=carrier, count=data.numel * per_element,
-                                     offset=data.offset - first.offset)
+            items[i] = np.frombuffer(
+                raw, dtype=carrier, count=data.numel * per_element, offset=data.offset - first.offset
+            )
         position = end
     return items
 
 
-def _measure_group(group: Sequence[PairJob], items: dict[int, tuple[np.ndarray, np.ndarray]],
-                   specs: Sequence[MetricSpec], workspace: Workspace) -> list[PairMeasurement]:
+def _measure_group(
+    group: Sequence[PairJob],
+    items: dict[int, tuple[np.ndarray, np.ndarray]],
+    specs: Sequence[MetricSpec],
+    workspace: Workspace,
+) -> list[PairMeasurement]:
     """Measure a group of small pairs laid out by size, so equal-sized pairs form one 2-D block."""
     sizes = [_values(job.golden) for job in group]
     starts = [0] * len(group)
@@ -141,8 +147,8 @@ def _measure_group(group: Sequence[PairJob], items: dict[int, tuple[np.ndarray, 
     my = workspace.buffer("group_my", total)
     for job, start, size in zip(group, starts, sizes):
         golden_items, my_items = items[id(job)]
-        layout(job.golden.dtype)[2](golden_items, golden[start:start + size], workspace.buffer)  # type: ignore[index]
-        layout(job.my.dtype)[2](my_items, my[start:start + size], workspace.buffer)  # type: ignore[index]
+        layout(job.golden.dtype)[2](golden_items, golden[start : start + size], workspace.buffer)  # type: ignore[index]
+        layout(job.my.dtype)[2](my_items, my[start : start + size], workspace.buffer)  # type: ignore[index]
     shared = _SharedValues(golden, my, total, workspace)
     block_metrics = [getattr(spec.make_accumulator, "results_of_block", None) for spec in specs]
     results = []
@@ -153,8 +159,7 @@ def _measure_group(group: Sequence[PairJob], items: dict[int, tuple[np.ndarray, 
         while last < len(group) and sizes[last] == size:
             last += 1
         block = shared.block(starts[first], last - first, size)
-        folded = None if None in block_metrics else _block_measurements(group[first:last], block, specs,
-                                                                          block_metrics)  # type: ignore[arg-type]
+        folded = None if None in block_metrics else _block_measurements(group[first:last], block, specs, block_metrics)  # type: ignore[arg-type]
         for row, i in enumerate(range(first, last)):
             measured = folded[row] if folded is not None else None
             if measured is not None:
@@ -170,9 +175,12 @@ def _measure_group(group: Sequence[PairJob], items: dict[int, tuple[np.ndarray, 
     return results
 
 
-def _block_measurements(jobs: Sequence[PairJob], block: PairBlock, specs: Sequence[MetricSpec],
-                        block_metrics: Sequence[Callable[[PairBlock], list[float | None]]]
-                        ) -> list[PairMeasurement | None]:
+def _block_measurements(
+    jobs: Sequence[PairJob],
+    block: PairBlock,
+    specs: Sequence[MetricSpec],
+    block_metrics: Sequence[Callable[[PairBlock], list[float | None]]],
+) -> list[PairMeasurement | None]:
     """Return each row's measurement from the block's per-row values, None for a row to fold the ordinary way.
 
     A row is folded the ordinary way when it may hold NaN, Inf or mask sentinels (its sum of
@@ -180,19 +188,23 @@ def _block_measurements(jobs: Sequence[PairJob], block: PairBlock, specs: Sequen
     cannot give its value from the block.
     """
     golden_sq, my_sq = block.sum_sq_golden(), block.sum_sq_my()
-    ordinary = [row for row, job in enumerate(jobs)
-                if job.golden.dtype not in WIDE_INTEGER_DTYPES and job.my.dtype not in WIDE_INTEGER_DTYPES
-                and not may_hold_sentinels(golden_sq[row], sentinel_limit_in_run(job.golden.dtype,
-                                                                                 job.golden_run_dtype))
-                and not may_hold_sentinels(my_sq[row], sentinel_limit_in_run(job.my.dtype, job.my_run_dtype))]
+    ordinary = [
+        row
+        for row, job in enumerate(jobs)
+        if job.golden.dtype not in WIDE_INTEGER_DTYPES
+        and job.my.dtype not in WIDE_INTEGER_DTYPES
+        and not may_hold_sentinels(golden_sq[row], sentinel_limit_in_run(job.golden.dtype, job.golden_run_dtype))
+        and not may_hold_sentinels(my_sq[row], sentinel_limit_in_run(job.my.dtype, job.my_run_dtype))
+    ]
     measurements: list[PairMeasurement | None] = [None] * len(jobs)
     if not ordinary:
         return measurements
     # metrics see only the ordinary rows: a NaN or Inf row would reach math functions that refuse it
     measured = block if len(ordinary) == len(jobs) else block.subset(ordinary)
     per_metric = [results_of_block(measured) for results_of_block in block_metrics]
-    golden_min, golden_max, golden_sum = (measured.reduction(name) for name in ("golden_min", "golden_max",
-                                                                                "golden_sum"))
+    golden_min, golden_max, golden_sum = (
+        measured.reduction(name) for name in ("golden_min", "golden_max", "golden_sum")
+    )
     my_min, my_max, my_sum = (measured.reduction(name) for name in ("my_min", "my_max", "my_sum"))
     golden_sq, my_sq = measured.sum_sq_golden(), measured.sum_sq_my()
     names = [spec.name for spec in specs]
@@ -201,14 +213,20 @@ def _block_measurements(jobs: Sequence[PairJob], block: PairBlock, specs: Sequen
         values = [results[row] for results in per_metric]
         if None in values:
             continue
-        golden_stats = SideStats.of_one_chunk(job.golden_needs_stats, golden_min[row], golden_max[row],
-                                               golden_sum[row], block.size, golden_sq[row])
-        my_stats = SideStats.of_one_chunk(job.my_needs_stats, my_min[row], my_max[row], my_sum[row], block.size,
-                                           my_sq[row])
+        golden_stats = SideStats.of_one_chunk(
+            job.golden_needs_stats, golden_min[row], golden_max[row], golden_sum[row], block.size, golden_sq[row]
+        )
+        my_stats = SideStats.of_one_chunk(
+            job.my_needs_stats, my_min[row], my_max[row], my_sum[row], block.size, my_sq[row]
+        )
         metric_values = {name: float(value) for name, value in zip(names, values) if value is not None}
-        measurements[block_row] = PairMeasurement(index=job.index, values=metric_values,
-                                                  golden_stats=golden_stats.result(), my_stats=my_stats.result(),
-                                                  bytes_read=job.nbytes)
+        measurements[block_row] = PairMeasurement(
+            index=job.index,
+            values=metric_values,
+            golden_stats=golden_stats.result(),
+            my_stats=my_stats.result(),
+            bytes_read=job.nbytes,
+        )
     return measurements
 
 
@@ -228,8 +246,9 @@ class _SharedValues:
             self.abs_diff = np.abs(self.diff, out=workspace.buffer("group_abs_diff", total))
             self.abs_golden = np.abs(golden, out=workspace.buffer("group_abs_golden", total))
             self.relative = np.divide(self.abs_diff, self.abs_golden, out=workspace.buffer("group_relative", total))
-            self.undefined = np.less_equal(self.abs_golden, RELATIVE_FLOOR,
-                                           out=workspace.buffer("group_undefined", total, np.bool_))
+            self.undefined = np.less_equal(
+                self.abs_golden, RELATIVE_FLOOR, out=workspace.buffer("group_undefined", total, np.bool_)
+            )
             if self.undefined.any():
                 self.relative[self.undefined] = 0.0
         self.weights = workspace.buffer("group_weights", total)
@@ -253,15 +272,20 @@ class _SharedValues:
             relative = block(self.relative)
             undefined = np.count_nonzero(block(self.undefined), axis=1)
             shared = {
-                "golden_min": golden.min(axis=1).tolist(), "golden_max": golden_max.tolist(),
+                "golden_min": golden.min(axis=1).tolist(),
+                "golden_max": golden_max.tolist(),
                 "golden_sum": golden.sum(axis=1).tolist(),
-                "my_min": my.min(axis=1).tolist(), "my_max": my.max(axis=1).tolist(), "my_sum": my.sum(axis=1).tolist(),
+                "my_min": my.min(axis=1).tolist(),
+                "my_max": my.max(axis=1).tolist(),
+                "my_sum": my.sum(axis=1).tolist(),
                 "max_abs_diff": block(self.abs_diff).max(axis=1, initial=0.0).tolist(),
                 "sum_abs_diff": block(self.abs_diff).sum(axis=1).tolist(),
                 "max_relative_error": relative.max(axis=1).tolist(),
                 "sum_relative_error": relative.sum(axis=1).tolist(),
                 "relative_defined_count": (size - undefined).tolist(),
-                "diff": block(self.diff), "softmax_weights": weights, "weight_sum": weights.sum(axis=1).tolist(),
+                "diff": block(self.diff),
+                "softmax_weights": weights,
+                "weight_sum": weights.sum(axis=1).tolist(),
             }
         return PairBlock(golden, my, shared, self.workspace.buffer)
 
@@ -278,5 +302,16 @@ class _SharedValues:
 
 
 #: The per-row reductions of a block a pair's own chunk takes over when it is folded the ordinary way.
-_ROW_REDUCTIONS = ("golden_min", "golden_max", "golden_sum", "my_min", "my_max", "my_sum", "max_abs_diff",
-                   "sum_abs_diff", "max_relative_error", "sum_relative_error", "relative_defined_count")
+_ROW_REDUCTIONS = (
+    "golden_min",
+    "golden_max",
+    "golden_sum",
+    "my_min",
+    "my_max",
+    "my_sum",
+    "max_abs_diff",
+    "sum_abs_diff",
+    "max_relative_error",
+    "sum_relative_error",
+    "relative_defined_count",
+)

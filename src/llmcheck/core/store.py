@@ -16,14 +16,16 @@ returns every record flushed before a kill and reports the cut instead of failin
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import queue
 import threading
 import time
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
@@ -58,11 +60,24 @@ MAX_RECORDS_PER_BATCH = 4096
 
 #: safetensors dtype codes; dtypes missing here are stored as raw ``U8`` bytes (true dtype in the index).
 SAFETENSORS_DTYPE: dict[str, str] = {
-    "float64": "F64", "float32": "F32", "float16": "F16", "bfloat16": "BF16",
-    "int64": "I64", "int32": "I32", "int16": "I16", "int8": "I8",
-    "uint64": "U64", "uint32": "U32", "uint16": "U16", "uint8": "U8", "bool": "BOOL",
-    "float8_e4m3fn": "F8_E4M3", "float8_e5m2": "F8_E5M2",
-    "float8_e4m3fnuz": "F8_E4M3FNUZ", "float8_e5m2fnuz": "F8_E5M2FNUZ", "complex64": "C64",
+    "float64": "F64",
+    "float32": "F32",
+    "float16": "F16",
+    "bfloat16": "BF16",
+    "int64": "I64",
+    "int32": "I32",
+    "int16": "I16",
+    "int8": "I8",
+    "uint64": "U64",
+    "uint32": "U32",
+    "uint16": "U16",
+    "uint8": "U8",
+    "bool": "BOOL",
+    "float8_e4m3fn": "F8_E4M3",
+    "float8_e5m2": "F8_E5M2",
+    "float8_e4m3fnuz": "F8_E4M3FNUZ",
+    "float8_e5m2fnuz": "F8_E5M2FNUZ",
+    "complex64": "C64",
 }
 
 
@@ -72,18 +87,36 @@ SAFETENSORS_DTYPE: dict[str, str] = {
 def record_to_json(record: TensorRecord) -> dict[str, Any]:
     """Return a record as one index line's JSON object (data location excluded)."""
     key = record.key
-    return index_line((key.name, key.io, key.position, key.step, key.call_index, key.moment), record.dtype,
-                      record.shape, record.order, record.device, record.rank, record.op_type, record.parent,
-                      None if record.stats is None else record.stats.as_json(), record.attrs)
+    return index_line(
+        (key.name, key.io, key.position, key.step, key.call_index, key.moment),
+        record.dtype,
+        record.shape,
+        record.order,
+        record.device,
+        record.rank,
+        record.op_type,
+        record.parent,
+        None if record.stats is None else record.stats.as_json(),
+        record.attrs,
+    )
 
 
 #: A record key's fields but its rank, in :class:`RecordKey`'s order: name, io, position, step, call_index, moment.
 KeyFields = tuple[str, str, str, int, int, str]
 
 
-def index_line(key: KeyFields, dtype: str, shape: tuple[int, ...], order: int, device: str, rank: int,
-               op_type: str | None, parent: str | None, stats: Mapping[str, Any] | None,
-               attrs: Mapping[str, Any]) -> dict[str, Any]:
+def index_line(
+    key: KeyFields,
+    dtype: str,
+    shape: tuple[int, ...],
+    order: int,
+    device: str,
+    rank: int,
+    op_type: str | None,
+    parent: str | None,
+    stats: Mapping[str, Any] | None,
+    attrs: Mapping[str, Any],
+) -> dict[str, Any]:
     """Return one index line's JSON object from a record's parts (``stats`` as :meth:`TensorStats.as_json` gives it).
 
     A capture builds its lines with this directly (:meth:`DumpWriter.add_prepared`): thousands
@@ -91,9 +124,17 @@ def index_line(key: KeyFields, dtype: str, shape: tuple[int, ...], order: int, d
     """
     name, io, position, step, call_index, moment = key
     line: dict[str, Any] = {
-        "name": name, "io": io, "position": position, "step": step, "call_index": call_index, "moment": moment,
-        "dtype": dtype, "shape": list(shape), "order": order,
-        "device": device, "rank": rank,
+        "name": name,
+        "io": io,
+        "position": position,
+        "step": step,
+        "call_index": call_index,
+        "moment": moment,
+        "dtype": dtype,
+        "shape": list(shape),
+        "order": order,
+        "device": device,
+        "rank": rank,
     }
     if op_type is not None:
         line["op_type"] = op_type
@@ -108,12 +149,27 @@ def index_line(key: KeyFields, dtype: str, shape: tuple[int, ...], order: int, d
 
 def record_from_index_line(line: IndexLine, data: TensorData | None, source_path: str) -> TensorRecord:
     """Build a record from a validated index line and its data handle."""
-    key = RecordKey(name=line.name, io=line.io, position=line.position, step=line.step,
-                    call_index=line.call_index, moment=line.moment)
+    key = RecordKey(
+        name=line.name,
+        io=line.io,
+        position=line.position,
+        step=line.step,
+        call_index=line.call_index,
+        moment=line.moment,
+    )
     stats = TensorStats.from_json(msgspec.structs.asdict(line.stats)) if line.stats is not None else None
     return TensorRecord(
-        key=key, dtype=line.dtype, shape=tuple(line.shape), order=line.order, device=line.device, rank=line.rank,
-        op_type=line.op_type, parent=line.parent, stats=stats, data=data, source_path=source_path,
+        key=key,
+        dtype=line.dtype,
+        shape=tuple(line.shape),
+        order=line.order,
+        device=line.device,
+        rank=line.rank,
+        op_type=line.op_type,
+        parent=line.parent,
+        stats=stats,
+        data=data,
+        source_path=source_path,
         attrs=line.attrs,
     )
 
@@ -134,8 +190,12 @@ def topology_to_json(node: TopologyNode) -> dict[str, Any]:
 def topology_from_json(tree: TopologyJson) -> TopologyNode:
     """Build a topology tree from a validated ``topology.json`` node."""
     return TopologyNode(
-        name=tree.name, op_type=tree.type, children=tuple(topology_from_json(child) for child in tree.children),
-        inputs=tuple(tree.inputs), outputs=tuple(tree.outputs), attrs=tree.attrs,
+        name=tree.name,
+        op_type=tree.type,
+        children=tuple(topology_from_json(child) for child in tree.children),
+        inputs=tuple(tree.inputs),
+        outputs=tuple(tree.outputs),
+        attrs=tree.attrs,
     )
 
 
@@ -181,16 +241,16 @@ class _Batch:
     """Records waiting to be written, with the CPU tensors of those that carry data."""
 
     records: list[TensorRecord | dict[str, Any]] = field(default_factory=list)  # a dict: an index line already
-    tensors: list["torch.Tensor | None"] = field(default_factory=list)
+    tensors: list[torch.Tensor | None] = field(default_factory=list)
     tensor_bytes: int = 0
     #: ids of the tensor objects already in this batch: one given for several records is stored once
     tensor_ids: set[int] = field(default_factory=set)
     #: gives the batch's index lines and tensors in the writer thread (:meth:`DumpWriter.add_prepared`)
-    prepare: Callable[[], tuple[list[dict[str, Any]], list["torch.Tensor | None"]]] | None = None
+    prepare: Callable[[], tuple[list[dict[str, Any]], list[torch.Tensor | None]]] | None = None
     #: builds the tree to write as ``topology.json`` in the writer thread (:meth:`DumpWriter.write_topology_later`)
     topology: Callable[[], TopologyNode] | None = None
 
-    def append(self, record: "TensorRecord | dict[str, Any]", tensor: "torch.Tensor | None") -> None:
+    def append(self, record: TensorRecord | dict[str, Any], tensor: torch.Tensor | None) -> None:
         """Add a record and its CPU tensor (or ``None``); a tensor given again is counted once."""
         self.records.append(record)
         self.tensors.append(tensor)
@@ -244,13 +304,19 @@ class DumpWriter:
         if "torch" in sys.modules:
             torch_version = sys.modules["torch"].__version__
         self.manifest: dict[str, Any] = {
-            "format": FORMAT_NAME, "format_version": FORMAT_VERSION, "backend": backend,
-            "torch_version": torch_version, "command_line": command_line if command_line is not None else sys.argv,
-            "config": dict(config or {}), "start_time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            "rank": rank, "device": device, "pid": os.getpid(),
+            "format": FORMAT_NAME,
+            "format_version": FORMAT_VERSION,
+            "backend": backend,
+            "torch_version": torch_version,
+            "command_line": command_line if command_line is not None else sys.argv,
+            "config": dict(config or {}),
+            "start_time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "rank": rank,
+            "device": device,
+            "pid": os.getpid(),
         }
         _atomic_write_json(self.path / MANIFEST_NAME, self.manifest)
-        self._index = open(self.path / INDEX_NAME, "a", encoding="utf-8")
+        self._index = open(self.path / INDEX_NAME, "a", encoding="utf-8")  # noqa: SIM115 -- open for the writer's life, closed by close()
         self._queue: queue.Queue[_Batch | None] | None = None
         self._thread: threading.Thread | None = None
         if background:
@@ -258,13 +324,13 @@ class DumpWriter:
             self._thread = threading.Thread(target=self._drain, name="llmcheck-dump-writer", daemon=True)
             self._thread.start()
 
-    def __enter__(self) -> "DumpWriter":
+    def __enter__(self) -> DumpWriter:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
-    def add(self, record: TensorRecord, tensor: "torch.Tensor | None" = None) -> None:
+    def add(self, record: TensorRecord, tensor: torch.Tensor | None = None) -> None:
         """Queue one record; ``tensor`` (a CPU tensor, owned from now on) is its data or ``None``.
 
         Passing the same tensor object for several records (a module's output that is the
@@ -277,8 +343,11 @@ class DumpWriter:
         if self._batch.full(self.shard_bytes):
             self.flush()
 
-    def add_prepared(self, prepare: Callable[[], tuple[list[dict[str, Any]], list["torch.Tensor | None"]]],
-                     topology: Callable[[], TopologyNode] | None = None) -> None:
+    def add_prepared(
+        self,
+        prepare: Callable[[], tuple[list[dict[str, Any]], list[torch.Tensor | None]]],
+        topology: Callable[[], TopologyNode] | None = None,
+    ) -> None:
         """Queue records that ``prepare`` gives the writer thread as :func:`index_line` objects and CPU tensors.
 
         Why: a capture hands over a step of records whose statistics are still to be
@@ -348,20 +417,14 @@ class DumpWriter:
         self._batch = _Batch()
         self._stop_thread()
         self._error = None
-        try:
+        with contextlib.suppress(OSError):  # its buffered tail is what the truncation below drops anyway
             self._index.close()
-        except OSError:
-            pass  # its buffered tail is what the truncation below drops anyway
-        try:
+        with contextlib.suppress(OSError):
             os.truncate(self.path / INDEX_NAME, self._index_bytes)
-        except OSError:
-            pass
         for leftover in self.path.glob("*" + TEMPORARY_SUFFIX):
             remove_quietly(leftover)
-        try:
+        with contextlib.suppress(WriteFailedError):  # a cut dump stays readable without its closing manifest
             self._write_closing_manifest(reason)
-        except WriteFailedError:
-            pass
 
     def _stop_thread(self) -> None:
         if self._queue is not None and self._thread is not None and self._thread.is_alive():
@@ -526,8 +589,11 @@ def refuse_output_inside_dump(output: Path, what: str = "reports") -> None:
     resolved = Path(output).resolve()
     for folder in (resolved, *resolved.parents):
         if is_dump_dir(folder):
-            raise UsageError(f"is inside the dump {folder}; {what} are never written into a dump",
-                             where=output, hint="pass another folder with -o")
+            raise UsageError(
+                f"is inside the dump {folder}; {what} are never written into a dump",
+                where=output,
+                hint="pass another folder with -o",
+            )
 
 
 def check_output_folder(output: Path, what: str = "reports") -> None:
@@ -599,13 +665,17 @@ def read_dump(path: Path) -> Dump:
     """Return the records of one llmcheck dump folder, reporting (not failing on) a cut-short dump."""
     root = Path(path)
     manifest_path = root / MANIFEST_NAME
-    manifest_bytes = _read_bytes(manifest_path, DumpNotFoundError("not an llmcheck dump (no manifest.json)",
-                                                                  where=root))
+    manifest_bytes = _read_bytes(
+        manifest_path, DumpNotFoundError("not an llmcheck dump (no manifest.json)", where=root)
+    )
     manifest = decode(manifest_bytes, dict[str, Any], manifest_path)
     declared = convert(manifest, ManifestJson, manifest_path)
     if declared.format_version > FORMAT_VERSION:
-        raise DumpFormatError(f"dump format version {declared.format_version} is newer than this llmcheck "
-                              f"reads ({FORMAT_VERSION})", where=root, hint="upgrade llmcheck")
+        raise DumpFormatError(
+            f"dump format version {declared.format_version} is newer than this llmcheck reads ({FORMAT_VERSION})",
+            where=root,
+            hint="upgrade llmcheck",
+        )
     index_path = root / INDEX_NAME
     records: list[TensorRecord] = []
     cuts: list[str] = []
@@ -623,16 +693,21 @@ def read_dump(path: Path) -> Dump:
             raise DumpFormatError(f"field $.dtype: unknown dtype {line.dtype!r}", where=f"{index_where}:{line_number}")
         data = None
         if (line.shard is None) != (line.tensor is None):
-            raise DumpFormatError("fields $.shard and $.tensor: give both (the record has data) or neither",
-                                  where=f"{index_where}:{line_number}")
+            raise DumpFormatError(
+                "fields $.shard and $.tensor: give both (the record has data) or neither",
+                where=f"{index_where}:{line_number}",
+            )
         if line.shard is not None and line.tensor is not None:
             data = _shard_data(root, line, headers, index_where, line_number)
-        records.append(record_from_index_line(line, data, f"{root_name}/{line.shard or INDEX_NAME}:"
-                                                          f"{line.tensor or line.name}"))
+        records.append(
+            record_from_index_line(line, data, f"{root_name}/{line.shard or INDEX_NAME}:{line.tensor or line.name}")
+        )
     expected_records = declared.records
     if isinstance(expected_records, int) and len(records) < expected_records and not cuts:
-        cuts.append(f"index.jsonl holds {len(records)} of the {expected_records} records the closed manifest counts "
-                    "(lines were lost after the dump was written)")
+        cuts.append(
+            f"index.jsonl holds {len(records)} of the {expected_records} records the closed manifest counts "
+            "(lines were lost after the dump was written)"
+        )
     for leftover in sorted(root.glob("shard_*.safetensors.tmp")):
         cuts.append(f"unfinished shard {leftover.name} was discarded")
     if declared.end_time is None:
@@ -657,8 +732,7 @@ def read_dump(path: Path) -> Dump:
 _ShardHeaders = dict[str, tuple[Path, dict[str, Any], int, dict[str, ShardEntry]]]
 
 
-def _shard_data(root: Path, line: IndexLine, headers: _ShardHeaders, index_where: str, line_number: int
-                ) -> TensorData:
+def _shard_data(root: Path, line: IndexLine, headers: _ShardHeaders, index_where: str, line_number: int) -> TensorData:
     """Return where an index line's tensor lies in its shard, checked against the shard's header."""
     where = f"{index_where}:{line_number}"
     shard_name, tensor_name = line.shard, line.tensor
@@ -681,10 +755,14 @@ def _shard_data(root: Path, line: IndexLine, headers: _ShardHeaders, index_where
         raise DumpFormatError(f"tensor {tensor_name!r} has data_offsets [{begin}, {end}]", where=shard, offset=8)
     expected = DTYPE_ITEMSIZE[line.dtype] * _numel(line.shape)
     if end - begin != expected:
-        raise DumpFormatError(f"tensor {tensor_name!r} holds {end - begin} bytes, its dtype and shape "
-                              f"need {expected}", where=shard, offset=data_start + begin)
-    return TensorData(dtype=line.dtype, shape=tuple(line.shape), path=shard, offset=data_start + begin,
-                      nbytes=end - begin)
+        raise DumpFormatError(
+            f"tensor {tensor_name!r} holds {end - begin} bytes, its dtype and shape need {expected}",
+            where=shard,
+            offset=data_start + begin,
+        )
+    return TensorData(
+        dtype=line.dtype, shape=tuple(line.shape), path=shard, offset=data_start + begin, nbytes=end - begin
+    )
 
 
 def _checked_entries(header: dict[str, Any]) -> dict[str, ShardEntry]:

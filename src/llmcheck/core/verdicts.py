@@ -19,10 +19,10 @@ from __future__ import annotations
 import fnmatch
 import math
 from collections import Counter
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
-from typing import Mapping, Sequence
 
 from llmcheck.core.errors import UsageError
 from llmcheck.core.records import (
@@ -37,8 +37,15 @@ from llmcheck.core.records import (
 #: Float dtype classes from most to least precise; a pair is judged by the later of its two.
 PRECISION_ORDER = ("fp64", "fp32", "fp16", "bf16", "fp8")
 #: A representative dtype name of each class, for :meth:`MetricSpec.thresholds_for`.
-_CLASS_DTYPE = {"fp64": "float64", "fp32": "float32", "fp16": "float16", "bf16": "bfloat16",
-                "fp8": "float8_e4m3fn", "int": "int64", "bool": "bool"}
+_CLASS_DTYPE = {
+    "fp64": "float64",
+    "fp32": "float32",
+    "fp16": "float16",
+    "bf16": "bfloat16",
+    "fp8": "float8_e4m3fn",
+    "int": "int64",
+    "bool": "bool",
+}
 _COMPLEX_CLASS = {"complex128": "fp64", "complex64": "fp32", "complex32": "fp16"}
 _SEVERITY = {VERDICT_PASS: 0, VERDICT_WARN: 1, VERDICT_FAIL: 2}
 
@@ -67,7 +74,7 @@ def run_dtype(dtypes: Sequence[str]) -> str | None:
     return _CLASS_DTYPE[precision] if precision else None
 
 
-@lru_cache(maxsize=None)
+@cache
 def judging_class(golden_dtype: str, my_dtype: str, run_floor: str | None = None) -> str:
     """Return the dtype class a pair is judged as: the least precise float class, else int or bool.
 
@@ -94,15 +101,19 @@ class ThresholdOverride:
 
     def applies(self, name: str, metric: str, judged_class: str) -> bool:
         """Return whether this entry sets the thresholds of ``metric`` for record ``name``."""
-        return (metric == self.metric and (self.dtype_class in (None, judged_class))
-                and fnmatch.fnmatchcase(name, self.pattern))
+        return (
+            metric == self.metric
+            and (self.dtype_class in (None, judged_class))
+            and fnmatch.fnmatchcase(name, self.pattern)
+        )
 
 
 _OVERRIDE_KEYS = ("pattern", "metric", "warn", "fail", "dtype")
 
 
-def load_threshold_overrides(path: Path, known_metrics: Sequence[str] | Mapping[str, MetricSpec]
-                             ) -> list[ThresholdOverride]:
+def load_threshold_overrides(
+    path: Path, known_metrics: Sequence[str] | Mapping[str, MetricSpec]
+) -> list[ThresholdOverride]:
     """Return the entries of a ``--thresholds`` file (JSON or YAML list), checked against the known metrics.
 
     Given the metric specs (not just names), each entry's ``warn`` must be no worse than its
@@ -121,18 +132,27 @@ def load_threshold_overrides(path: Path, known_metrics: Sequence[str] | Mapping[
             raise UsageError(f"entry {position} is not a mapping", where=path)
         unknown_keys = [str(key) for key in entry if key not in _OVERRIDE_KEYS]
         if unknown_keys:
-            raise UsageError(f"entry {position} has unknown key {unknown_keys[0]!r}", where=path,
-                             hint=f"keys: {', '.join(_OVERRIDE_KEYS)}")
+            raise UsageError(
+                f"entry {position} has unknown key {unknown_keys[0]!r}",
+                where=path,
+                hint=f"keys: {', '.join(_OVERRIDE_KEYS)}",
+            )
         missing = [key for key in ("metric", "warn", "fail") if key not in entry]
         if missing:
             raise UsageError(f"entry {position} lacks {', '.join(missing)}", where=path)
         if entry["metric"] not in known_metrics:
-            raise UsageError(f"entry {position} names unknown metric {entry['metric']!r}", where=path,
-                             hint=f"known: {', '.join(known_metrics)}")
+            raise UsageError(
+                f"entry {position} names unknown metric {entry['metric']!r}",
+                where=path,
+                hint=f"known: {', '.join(known_metrics)}",
+            )
         dtype = entry.get("dtype")
         if dtype is not None and dtype not in _CLASS_DTYPE:
-            raise UsageError(f"entry {position} names unknown dtype class {dtype!r}", where=path,
-                             hint=f"known: {', '.join(_CLASS_DTYPE)}")
+            raise UsageError(
+                f"entry {position} names unknown dtype class {dtype!r}",
+                where=path,
+                hint=f"known: {', '.join(_CLASS_DTYPE)}",
+            )
         try:
             warn, fail = float(entry["warn"]), float(entry["fail"])
         except (TypeError, ValueError) as exc:
@@ -140,15 +160,26 @@ def load_threshold_overrides(path: Path, known_metrics: Sequence[str] | Mapping[
         spec = known_metrics.get(entry["metric"]) if isinstance(known_metrics, Mapping) else None
         if spec is not None and (warn < fail if spec.higher_is_better else warn > fail):
             direction = "higher" if spec.higher_is_better else "lower"
-            raise UsageError(f"entry {position}: warn {warn:g} is past fail {fail:g} ({entry['metric']} is better "
-                             f"{direction}, so warn must come before fail)", where=path)
-        overrides.append(ThresholdOverride(pattern=str(entry.get("pattern", "*")), metric=str(entry["metric"]),
-                                           warn=warn, fail=fail, dtype_class=dtype))
+            raise UsageError(
+                f"entry {position}: warn {warn:g} is past fail {fail:g} ({entry['metric']} is better "
+                f"{direction}, so warn must come before fail)",
+                where=path,
+            )
+        overrides.append(
+            ThresholdOverride(
+                pattern=str(entry.get("pattern", "*")),
+                metric=str(entry["metric"]),
+                warn=warn,
+                fail=fail,
+                dtype_class=dtype,
+            )
+        )
     return overrides
 
 
-def thresholds_for(spec: MetricSpec, name: str, judged_class: str,
-                   overrides: Sequence[ThresholdOverride]) -> tuple[float, float] | None:
+def thresholds_for(
+    spec: MetricSpec, name: str, judged_class: str, overrides: Sequence[ThresholdOverride]
+) -> tuple[float, float] | None:
     """Return the (warn, fail) a metric applies to record ``name`` of ``judged_class``, or None."""
     for override in reversed(overrides):
         if override.applies(name, spec.name, judged_class):
@@ -166,8 +197,13 @@ def _metric_verdict(value: float, higher_is_better: bool, warn: float, fail: flo
     return VERDICT_PASS
 
 
-def judge(specs: Sequence[MetricSpec], values: Mapping[str, float], name: str, judged_class: str,
-          overrides: Sequence[ThresholdOverride] = ()) -> tuple[dict[str, MetricResult], str, str | None]:
+def judge(
+    specs: Sequence[MetricSpec],
+    values: Mapping[str, float],
+    name: str,
+    judged_class: str,
+    overrides: Sequence[ThresholdOverride] = (),
+) -> tuple[dict[str, MetricResult], str, str | None]:
     """Return each metric's result, the row's verdict and the deciding metric (first with the worst verdict)."""
     results: dict[str, MetricResult] = {}
     verdict, deciding, first_judged = VERDICT_PASS, None, None
@@ -176,8 +212,7 @@ def judge(specs: Sequence[MetricSpec], values: Mapping[str, float], name: str, j
         if spec.name not in values:
             continue
         value = values[spec.name]
-        limits = (thresholds_for(spec, name, judged_class, overrides) if overrides
-                  else spec.thresholds_for(table_dtype))
+        limits = thresholds_for(spec, name, judged_class, overrides) if overrides else spec.thresholds_for(table_dtype)
         if limits is None:
             results[spec.name] = MetricResult(spec.name, value, higher_is_better=spec.higher_is_better)
             continue

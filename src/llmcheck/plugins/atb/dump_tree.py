@@ -144,8 +144,8 @@ def _run_folders(layout: DumpLayout) -> list[Path]:
         return []
     return sorted(
         (child for child in folder.iterdir() if child.is_dir() and _RUN_FOLDER.match(child.name)),
-        key=lambda child: tuple(int(part) for part in _RUN_FOLDER.match(child.name).groups()),
-    )  # type: ignore[union-attr]
+        key=lambda child: tuple(int(part) for part in _RUN_FOLDER.match(child.name).groups()),  # type: ignore[union-attr]
+    )
 
 
 def _overlaps(folder: Path, scope: Path | None) -> bool:

@@ -68,8 +68,10 @@ class CosineSimilarity(_ChunkAccumulator):
 
     @classmethod
     def results_of_block(cls, block: PairBlock) -> list[float | None]:
-        return [cls._value(0.0 + d, 0.0 + g, 0.0 + m)
-                for d, g, m in zip(block.dot_golden_my(), block.sum_sq_golden(), block.sum_sq_my())]
+        return [
+            cls._value(0.0 + d, 0.0 + g, 0.0 + m)
+            for d, g, m in zip(block.dot_golden_my(), block.sum_sq_golden(), block.sum_sq_my())
+        ]
 
 
 def _mean(total: float, count: int) -> float:
@@ -119,8 +121,10 @@ class MeanRelativeError(_RunningMean):
 
     @classmethod
     def results_of_block(cls, block: PairBlock) -> list[float | None]:
-        return [_mean(0.0 + total, count) for total, count in
-                zip(block.reduction("sum_relative_error"), block.reduction("relative_defined_count"))]
+        return [
+            _mean(0.0 + total, count)
+            for total, count in zip(block.reduction("sum_relative_error"), block.reduction("relative_defined_count"))
+        ]
 
 
 class MaxAbsoluteError(_RunningMax):
@@ -232,13 +236,13 @@ class KlDivergence(_ChunkAccumulator):
 
     def __init__(self) -> None:
         self.golden_max = -math.inf
-        self.weight_sum = 0.0        # sum w, w = exp(golden - golden_max)
-        self.weighted_diff = 0.0     # sum w e
-        self.weighted_series = 0.0   # sum w (exp(e) - 1 - e) over series chunks
-        self.direct_weight = 0.0     # sum w over direct chunks
+        self.weight_sum = 0.0  # sum w, w = exp(golden - golden_max)
+        self.weighted_diff = 0.0  # sum w e
+        self.weighted_series = 0.0  # sum w (exp(e) - 1 - e) over series chunks
+        self.direct_weight = 0.0  # sum w over direct chunks
         self.direct_weighted_diff = 0.0  # sum w e over direct chunks
         self.direct_my_max = -math.inf
-        self.direct_my_sum = 0.0     # sum exp(my - direct_my_max) over direct chunks
+        self.direct_my_sum = 0.0  # sum exp(my - direct_my_max) over direct chunks
 
     def _exp_sum(self, values: np.ndarray, shift: float, scratch: np.ndarray) -> np.ndarray:
         np.subtract(values, shift, out=scratch, casting="same_kind")
@@ -285,8 +289,9 @@ class KlDivergence(_ChunkAccumulator):
         if self.weight_sum == 0.0 or self.direct_weight == 0.0:
             return self._series_value(self.weight_sum, self.weighted_diff, self.weighted_series)
         mean_diff = self.weighted_diff / self.weight_sum
-        series_part = (self.weight_sum - self.direct_weight + self.weighted_diff - self.direct_weighted_diff
-                       + self.weighted_series) / self.weight_sum
+        series_part = (
+            self.weight_sum - self.direct_weight + self.weighted_diff - self.direct_weighted_diff + self.weighted_series
+        ) / self.weight_sum
         golden_log_sum = self.golden_max + math.log(self.weight_sum)
         direct_log = self.direct_my_max + math.log(self.direct_my_sum) - golden_log_sum
         series_log = math.log(series_part) if series_part > 0.0 else -math.inf

@@ -53,19 +53,38 @@ def _row_data(row: ComparisonRow, metric_names: list[str], measure: MetricSpec |
     key = row.golden.key
     results = [row.metrics.get(name) for name in metric_names]
     return {
-        "id": row.index, "name": key.name, "call": key.call_index, "step": key.step, "io": key.io,
-        "pos": key.position, "mn": row.my.key.name, "op": row.golden.op_type, "gd": row.golden.dtype,
-        "md": row.my.dtype, "shape": str(list(row.golden.shape)), "v": row.verdict, "d": row.deciding_metric,
-        "a": row.attribution, "rule": row.rule, "why": row.reason, "fb": list(row.fed_by), "ja": row.judged_as,
+        "id": row.index,
+        "name": key.name,
+        "call": key.call_index,
+        "step": key.step,
+        "io": key.io,
+        "pos": key.position,
+        "mn": row.my.key.name,
+        "op": row.golden.op_type,
+        "gd": row.golden.dtype,
+        "md": row.my.dtype,
+        "shape": str(list(row.golden.shape)),
+        "v": row.verdict,
+        "d": row.deciding_metric,
+        "a": row.attribution,
+        "rule": row.rule,
+        "why": row.reason,
+        "fb": list(row.fed_by),
+        "ja": row.judged_as,
         "m": [_number(result.value) if result else None for result in results],
         "wt": [_number(result.warn_threshold) if result else None for result in results],
         "ft": [_number(result.fail_threshold) if result else None for result in results],
         "mv": [result.verdict if result and result.fail_threshold is not None else None for result in results],
         "cmp": [result.comparison if result else None for result in results],
-        "e": _number(row_error(row, measure)), "fe": _number(row.feeder_error), "g": _number(row.growth),
-        "x": _number(row.expected_error), "ne": _number(row.noise_error), "st": row.structure or placement(row).structure,
+        "e": _number(row_error(row, measure)),
+        "fe": _number(row.feeder_error),
+        "g": _number(row.growth),
+        "x": _number(row.expected_error),
+        "ne": _number(row.noise_error),
+        "st": row.structure or placement(row).structure,
         "sg": [_number(value) for value in row.sibling_growth] if row.sibling_growth else None,
-        "sc": row.sibling_count, "ev": row.evidence,
+        "sc": row.sibling_count,
+        "ev": row.evidence,
     }
 
 
@@ -77,7 +96,9 @@ def _depth_views(result: CompareResult, measure: MetricSpec | None) -> dict[str,
         return {"step": None, "points": [], "introduced": None, "culprit": None, "culprit_error": None, "heatmap": None}
     points = depth_points(result.rows, step, measure)
     return {
-        "step": step, "points": points, "introduced": introduced_point(points, introduced),
+        "step": step,
+        "points": points,
+        "introduced": introduced_point(points, introduced),
         "culprit": introduced.golden.key.label() if introduced is not None else None,
         "culprit_error": row_error(introduced, measure) if introduced is not None else None,
         "heatmap": heatmap(result.rows, step, measure),
@@ -94,18 +115,25 @@ def report_data(result: CompareResult) -> dict[str, Any]:
         plotted.append((DECIDING_STAT, False))
     metric_names = [name for name, _ in plotted]
     measure = error_measure(result.metric_specs)
-    data = json_safe({
-        "summary": result.summary(),
-        "story": story(result),
-        "error_measure": measure.name if measure is not None else None,
-        "metrics": [{"name": name, "higher_is_better": higher} for name, higher in plotted],
-        "rows": [],
-        "depth": _depth_views(result, measure),
-        "unmatched_golden": [[item.record.key.label(), item.note]
-                             for item in result.pairing.unmatched_golden[:UNMATCHED_LISTED]],
-        "unmatched_my": [[item.record.key.label(), item.note] for item in result.pairing.unmatched_my[:UNMATCHED_LISTED]],
-    })
-    data["rows"] = [_row_data(row, metric_names, measure) for row in sorted(result.rows, key=lambda row: row.golden.order)]
+    data = json_safe(
+        {
+            "summary": result.summary(),
+            "story": story(result),
+            "error_measure": measure.name if measure is not None else None,
+            "metrics": [{"name": name, "higher_is_better": higher} for name, higher in plotted],
+            "rows": [],
+            "depth": _depth_views(result, measure),
+            "unmatched_golden": [
+                [item.record.key.label(), item.note] for item in result.pairing.unmatched_golden[:UNMATCHED_LISTED]
+            ],
+            "unmatched_my": [
+                [item.record.key.label(), item.note] for item in result.pairing.unmatched_my[:UNMATCHED_LISTED]
+            ],
+        }
+    )
+    data["rows"] = [
+        _row_data(row, metric_names, measure) for row in sorted(result.rows, key=lambda row: row.golden.order)
+    ]
     return data
 
 

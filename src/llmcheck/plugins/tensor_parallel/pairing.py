@@ -183,9 +183,9 @@ def _gathered(golden: TensorRecord, shards: list[TensorRecord], layout: ShardLay
     data = None
     if all(shard.data is not None for shard in shards):
         data = gathered_data(
-            [shard.data for shard in shards],
+            [shard.data for shard in shards],  # type: ignore[misc]  # all not None, checked above
             first.dtype,
-            tuple(golden.shape),  # type: ignore[misc]
+            tuple(golden.shape),
             layout.dim if layout.kind == CONCAT else None,
         )
     return first.with_changes(
