@@ -87,6 +87,31 @@ def test_dump_exec_captures_an_unmodified_script_and_returns_its_exit_code(tmp_p
     assert {(f"model.layers.{i}", step) for i in range(2) for step in (0, 1)} <= outputs
     assert {r.key.step for r in dump.records} == {0, 1}
     assert dump.topology.op_type == "LlamaForCausalLM"
+    digested = {r.key.name for r in dump.records if "parameter_digests" in r.attrs}
+    assert {"model.layers.0.mlp.down_proj", "model.norm"} <= digested  # weights checked against the golden's
+
+
+def test_dump_without_weight_digests_records_none(tmp_path: Path, script: Path) -> None:
+    completed = _llmcheck(
+        "dump",
+        "--backend",
+        "torch",
+        "-o",
+        "out",
+        "-sd",
+        "--no-weight-digests",
+        "--",
+        sys.executable,
+        str(script),
+        "result.json",
+        "0",
+        cwd=tmp_path,
+    )
+    assert completed.returncode == 0, completed.stderr
+    (dump_path,) = find_dumps(tmp_path / "out")
+    dump = read_dump(dump_path)
+    assert dump.records and not any("parameter_digests" in r.attrs for r in dump.records)
+    assert dump.manifest["config"]["weight_digests"] is False
 
 
 def test_dump_after_double_dash_with_op_level_statistics_profile_and_onnx(tmp_path: Path, script: Path) -> None:

@@ -43,3 +43,12 @@ def llmcheck_register_backend_options(register: Callable[[BackendOption], None])
             default=ON_ERROR_STOP,
         )
     )
+    register(
+        BackendOption(
+            BACKEND_NAME,
+            "no_weight_digests",
+            "Do not record digests of each module's parameters (compare then cannot tell weights that "
+            "differ from the golden's beyond rounding; saves one pass over the weights per dump).",
+            type=bool,
+        )
+    )

@@ -87,6 +87,7 @@ def config_from_options(options: Mapping[str, Any], output_dir: Path, command: l
         export_onnx="onnx" in dump_types,
         command_line=command,
         on_capture_error=options.get("on_capture_error", ON_ERROR_STOP),
+        weight_digests=not options.get("no_weight_digests", False),
     )
 
 
