@@ -41,6 +41,7 @@ from llmcheck.core.records import (
     MetricResult,
     MetricSpec,
     Pair,
+    TensorData,
     TensorRecord,
     UserMapping,
     is_float_dtype,
@@ -400,7 +401,7 @@ def compare_dumps(
         )
         # A capture stores a tensor once however many records see it (a module's output is the
         # next one's input): pairs over the same bytes on both sides are measured once.
-        identity = _data_identity(job)
+        identity = _data_identity(job.golden, job.my)
         first = jobs.get(identity)
         if first is None:
             jobs[identity] = job
@@ -473,15 +474,9 @@ def pair_bytes(pair: Pair) -> int:
     return sum(record.nbytes for record in (pair.golden, pair.my) if record is not None)
 
 
-def _data_identity(job: Any) -> tuple[Any, ...]:
-    """Return what identifies the bytes a job reads (unique for data reached through a loader)."""
-
-    def side(data: Any) -> tuple[Any, ...]:
-        if data.loader is not None:
-            return ("loader", id(data))
-        return (str(data.path), data.offset, data.nbytes, data.dtype)
-
-    return side(job.golden) + side(job.my)
+def _data_identity(golden: TensorData, my: TensorData) -> tuple[Any, ...]:
+    """Return what identifies the bytes a pair reads (unique for data reached through a loader)."""
+    return golden.identity() + my.identity()
 
 
 def judging_specs(specs: Sequence[MetricSpec], chosen: Sequence[str] | None) -> list[MetricSpec]:

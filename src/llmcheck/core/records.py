@@ -245,6 +245,16 @@ class TensorData:
         """Return the number of elements the shape holds."""
         return math.prod(self.shape)
 
+    def identity(self) -> tuple[Any, ...]:
+        """Return what identifies the bytes this handle reads: its byte range, or the handle itself for a loader.
+
+        Records of one run that share their data (one tensor seen by several records) are
+        read and measured once.
+        """
+        if self.loader is not None:
+            return ("loader", id(self))
+        return (str(self.path), self.offset, self.nbytes, self.dtype)
+
     def load(self) -> torch.Tensor:
         """Return the tensor in its exact dtype and shape (memory-mapped for byte ranges)."""
         if self.loader is not None:

@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from llmcheck.core.records import DTYPE_ITEMSIZE, ComparisonRow, TensorRecord
+from llmcheck.core.records import DTYPE_ITEMSIZE, ComparisonRow
 
 #: The attrs key a source sets on a record holding a model parameter (its qualified name).
 PARAMETER_ATTR = "parameter"
@@ -73,12 +73,6 @@ def _less_precise(golden: str, my: str) -> str | None:
     return max(golden, my, key=_PRECISION.index)
 
 
-def _identity(record: TensorRecord) -> tuple[Any, ...]:
-    data = record.data
-    assert data is not None
-    return (id(data),) if data.loader is not None else (str(data.path), data.offset, data.nbytes)
-
-
 def check_weights(rows: Sequence[ComparisonRow]) -> dict[int, WeightFinding]:
     """Return, keyed by ``id(row)``, the parameter rows whose my-run weights differ beyond rounding."""
     findings: dict[int, WeightFinding] = {}
@@ -104,7 +98,7 @@ def check_weights(rows: Sequence[ComparisonRow]) -> dict[int, WeightFinding]:
             or not DTYPE_ITEMSIZE.get(target)
         ):
             continue
-        identity = _identity(golden) + _identity(my)
+        identity = golden.data.identity() + my.data.identity()
         if identity not in checked:
             dtype = getattr(torch, target)
             golden_values = golden.data.load().reshape(-1).to(dtype).to(torch.float64)

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from llmcheck.plugin_api import dtype_name
+from llmcheck.plugins.torch_hooks.tensor_sink import version_counter
 
 #: The dtypes a parameter's values are hashed at: its own, then each less precise one.
 ROUNDED_TO: dict[torch.dtype, tuple[torch.dtype, ...]] = {
@@ -48,11 +49,7 @@ def parameter_digests(parameter: torch.Tensor) -> dict[str, Any]:
 
 def _state(parameter: torch.Tensor) -> tuple[Any, ...]:
     """Return what changes when a parameter's values may have: its storage, dtype, shape and version."""
-    try:
-        version = parameter._version
-    except RuntimeError:  # an inference tensor has no version counter
-        version = None
-    return parameter.data_ptr(), parameter.dtype, tuple(parameter.shape), version
+    return parameter.data_ptr(), parameter.dtype, tuple(parameter.shape), version_counter(parameter)
 
 
 class ModuleParameterDigests:

@@ -102,7 +102,7 @@ class _Batch:
     cuda_devices: set[torch.device] = field(default_factory=set)
 
 
-def _version(tensor: torch.Tensor) -> int | None:
+def version_counter(tensor: torch.Tensor) -> int | None:
     """Return the tensor's in-place version counter, or ``None`` for inference tensors (they have none)."""
     try:
         return tensor._version
@@ -349,7 +349,7 @@ class TensorSink:
             seen = batch.seen.get(tensor_id)
             tensor = seen.ref() if seen is not None else None
             if seen is not None and tensor is not None:
-                seen.version = _version(tensor)
+                seen.version = version_counter(tensor)
         batch.unsettled.clear()
 
     def hand_over(self, finished_step: int | None = None, build_tree: Callable[[], TopologyNode] | None = None) -> None:
