@@ -144,3 +144,21 @@ def test_a_previous_report_is_replaced_with_a_notice(
         in caplog.text
     )
     assert sorted(os.listdir(output)) == ["cmp_report.csv", "pairs.json", "report.html", "summary.json"]
+
+
+@pytest.mark.parametrize("enabled_before", [True, False])
+def test_a_compare_leaves_the_garbage_collector_as_it_found_it(
+    make_llmcheck_dump, tmp_path: Path, enabled_before: bool
+) -> None:
+    """The compare pauses the cyclic collector for speed; a script calling it must get it back, even on failure."""
+    import gc
+
+    golden = make_llmcheck_dump(tmp_path / "g", _tensors(4))
+    (gc.enable if enabled_before else gc.disable)()
+    try:
+        assert main(["compare", "-gp", str(golden), "-mp", str(golden), "-o", str(tmp_path / "out"), "-j", "1"]) == 0
+        assert gc.isenabled() is enabled_before
+        assert main(["compare", "-gp", str(golden), "-mp", str(tmp_path / "nowhere"), "-o", str(tmp_path / "o2")]) == 1
+        assert gc.isenabled() is enabled_before
+    finally:
+        gc.enable()

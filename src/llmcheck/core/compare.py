@@ -30,6 +30,7 @@ from llmcheck.core.divergence import (
     first_introduced,
 )
 from llmcheck.core.errors import EXIT_FAILURE, EXIT_FAILURES_FOUND, EXIT_OK, UsageError
+from llmcheck.core.gc_pause import paused_cyclic_gc
 from llmcheck.core.pairing import Pairing, merge_pairs
 from llmcheck.core.records import (
     VERDICT_ERROR,
@@ -57,8 +58,8 @@ from llmcheck.core.stats_compare import (
 from llmcheck.core.suspects import Suspects, find_suspects
 from llmcheck.core.verdicts import (
     NONFINITE_METRIC,
+    TableJudge,
     ThresholdOverride,
-    judge,
     judging_class,
     least_precise,
     run_dtype,
@@ -304,6 +305,8 @@ def _notes(golden: TensorRecord, my: TensorRecord) -> list[str]:
 
 
 def _nonfinite_note(measurement: Any) -> str | None:
+    if not (measurement.nonfinite_mismatch or measurement.matching_nonfinite or measurement.masked):
+        return None  # the common case, asked for every pair
     golden, my = measurement.golden_stats, measurement.my_stats
     counts = f"golden {golden.nan_count} NaN, {golden.inf_count} Inf; my {my.nan_count} NaN, {my.inf_count} Inf"
     if measurement.nonfinite_mismatch:
@@ -343,6 +346,7 @@ class PairExecutor(Protocol):
         """Return the measurements by pair index, and why each pair it could not measure failed."""
 
 
+@paused_cyclic_gc()
 def compare_dumps(
     golden: Dump,
     my: Dump,
@@ -428,6 +432,7 @@ def compare_dumps(
             measurements[index] = dataclasses.replace(measurements[first_index], index=index, bytes_read=0)
     run_classes = (run_precision([record.dtype for record in dump.records]) for dump in (golden, my))
     run_floor = least_precise([name for name in run_classes if name])
+    table = TableJudge(judging_specs(specs, metric_names), threshold_overrides)
     rows = [
         _row(
             index,
@@ -437,7 +442,7 @@ def compare_dumps(
             measurements.get(index),
             threshold_overrides,
             run_floor,
-            metric_names,
+            table,
             (run_dtypes[0], run_dtypes[1]),
         )
         for index, pair in enumerate(pairing.pairs)
@@ -498,7 +503,7 @@ def _row(
     measurement: Any,
     overrides: Sequence[ThresholdOverride],
     run_floor: str | None,
-    chosen: Sequence[str] | None = None,
+    table: TableJudge,
     run_dtypes: tuple[str | None, str | None] = (None, None),
 ) -> ComparisonRow:
     golden, my = pair.golden, pair.my
@@ -522,9 +527,7 @@ def _row(
             my_stats=my.stats,
         )
     judged_class = judging_class(golden.dtype, my.dtype, run_floor)
-    results, verdict, deciding = judge(
-        judging_specs(specs, chosen), measurement.values, golden.key.name, judged_class, overrides
-    )
+    results, verdict, deciding = table.judge(measurement.values, golden.key.name, judged_class)
     notes = _notes(golden, my)
     nonfinite = _nonfinite_note(measurement)
     if nonfinite:
@@ -553,6 +556,7 @@ def _row(
     )
 
 
+@paused_cyclic_gc()
 def compare_command(
     *,
     golden_path: Path,

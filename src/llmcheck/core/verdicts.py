@@ -205,21 +205,47 @@ def judge(
     overrides: Sequence[ThresholdOverride] = (),
 ) -> tuple[dict[str, MetricResult], str, str | None]:
     """Return each metric's result, the row's verdict and the deciding metric (first with the worst verdict)."""
-    results: dict[str, MetricResult] = {}
-    verdict, deciding, first_judged = VERDICT_PASS, None, None
-    table_dtype = _CLASS_DTYPE.get(judged_class, "float32")  # asked for every pair: looked up once here
-    for spec in specs:
-        if spec.name not in values:
-            continue
-        value = values[spec.name]
-        limits = thresholds_for(spec, name, judged_class, overrides) if overrides else spec.thresholds_for(table_dtype)
-        if limits is None:
-            results[spec.name] = MetricResult(spec.name, value, higher_is_better=spec.higher_is_better)
-            continue
-        warn, fail = limits
-        metric_verdict = _metric_verdict(value, spec.higher_is_better, warn, fail)
-        results[spec.name] = MetricResult(spec.name, value, metric_verdict, warn, fail, spec.higher_is_better)
-        first_judged = first_judged or spec.name
-        if _SEVERITY[metric_verdict] > _SEVERITY[verdict]:
-            verdict, deciding = metric_verdict, spec.name
-    return results, verdict, deciding or first_judged
+    return TableJudge(specs, overrides).judge(values, name, judged_class)
+
+
+class TableJudge:
+    """Judges the pairs of one compare against one set of metrics and overrides (:func:`judge`, many times).
+
+    A decode dump asks for a verdict 10**5 times: without overrides each metric's limits
+    depend on the dtype class alone, so they are looked up once per class, not per pair.
+    """
+
+    def __init__(self, specs: Sequence[MetricSpec], overrides: Sequence[ThresholdOverride] = ()) -> None:
+        self.specs = list(specs)
+        self.overrides = list(overrides)
+        self._table: dict[str, list[tuple[MetricSpec, tuple[float, float] | None]]] = {}
+
+    def _limits(self, name: str, judged_class: str) -> list[tuple[MetricSpec, tuple[float, float] | None]]:
+        if self.overrides:
+            return [(spec, thresholds_for(spec, name, judged_class, self.overrides)) for spec in self.specs]
+        table = self._table.get(judged_class)
+        if table is None:
+            table_dtype = _CLASS_DTYPE.get(judged_class, "float32")
+            table = self._table[judged_class] = [(spec, spec.thresholds_for(table_dtype)) for spec in self.specs]
+        return table
+
+    def judge(
+        self, values: Mapping[str, float], name: str, judged_class: str
+    ) -> tuple[dict[str, MetricResult], str, str | None]:
+        """Return each metric's result, the row's verdict and the deciding metric (first with the worst verdict)."""
+        results: dict[str, MetricResult] = {}
+        verdict, deciding, first_judged = VERDICT_PASS, None, None
+        for spec, limits in self._limits(name, judged_class):
+            if spec.name not in values:
+                continue
+            value = values[spec.name]
+            if limits is None:
+                results[spec.name] = MetricResult(spec.name, value, higher_is_better=spec.higher_is_better)
+                continue
+            warn, fail = limits
+            metric_verdict = _metric_verdict(value, spec.higher_is_better, warn, fail)
+            results[spec.name] = MetricResult(spec.name, value, metric_verdict, warn, fail, spec.higher_is_better)
+            first_judged = first_judged or spec.name
+            if _SEVERITY[metric_verdict] > _SEVERITY[verdict]:
+                verdict, deciding = metric_verdict, spec.name
+        return results, verdict, deciding or first_judged
