@@ -48,7 +48,7 @@ from llmcheck.core.records import (
     TensorRecord,
     is_float_dtype,
 )
-from llmcheck.core.repeats import Baseline, sibling_baseline, sibling_groups, structure_keys
+from llmcheck.core.repeats import Baseline, SiblingGroup, sibling_groups, structure_keys
 from llmcheck.core.suspects import INHERITED_FROM_UNMATCHED, MY_ONLY_SUFFIX
 from llmcheck.core.verdicts import NONFINITE_METRIC
 from llmcheck.core.weights import WeightFinding
@@ -148,10 +148,17 @@ class _Judge:
         self.errors = {id(row): measure.of(row) for row in self.ordered}
         self.feeders = FeederIndex(self.ordered, unmatched_my)
         self.feeding = {id(row): self.feeders.feeding(row) for row in self.ordered}
-        places = structure_keys([(row.golden.key.name, _slot(row)) for row in self.ordered])
+        slots = [_slot(row) for row in self.ordered]
+        places = structure_keys([(row.golden.key.name, slot) for row, slot in zip(self.ordered, slots)])
         self.places = {id(row): place for row, place in zip(self.ordered, places)}
-        self.siblings = sibling_groups(places, [_slot(row) for row in self.ordered])
         self.feeder_errors = {id(row): self._feeder_error(self.feeding[id(row)]) for row in self.ordered}
+        self.sibling_group: dict[int, tuple[SiblingGroup, int]] = {}  # position -> its group, its member number
+        for positions in sibling_groups(places, slots):
+            group = SiblingGroup(
+                [places[position].index for position in positions],  # type: ignore[union-attr]
+                [self._point(self.ordered[position]) for position in positions],
+            )
+            self.sibling_group.update({position: (group, member) for member, position in enumerate(positions)})
         self.judged: dict[int, ComparisonRow] = {}
         self.introduced_in_step: dict[int, list[ComparisonRow]] = {}  # step -> its introduced rows, in order
         self.weights_named: dict[str, ComparisonRow] = {}  # parameter -> the row that named it
@@ -161,15 +168,17 @@ class _Judge:
         known = [error for error in errors if error is not None]
         return max(known) if known else None
 
+    def _point(self, row: ComparisonRow) -> tuple[float, float] | None:
+        """Return the row's (feeder error, error) as its siblings' baselines see it, None where one is unknown."""
+        error, feeder_error = self.errors[id(row)], self.feeder_errors[id(row)]
+        return (feeder_error, error) if error is not None and feeder_error is not None else None
+
     def baseline(self, position: int) -> Baseline | None:
         """Return what the row's repeats in the other layers say, or None where it has none."""
-        pairs = []
-        for sibling_position in self.siblings.get(position, ()):
-            sibling = self.ordered[sibling_position]
-            error, feeder_error = self.errors[id(sibling)], self.feeder_errors[id(sibling)]
-            if error is not None and feeder_error is not None:
-                pairs.append((feeder_error, error))
-        return sibling_baseline(pairs, _floor(self.ordered[position]))
+        if position not in self.sibling_group:
+            return None
+        group, member = self.sibling_group[position]
+        return group.baseline(member, _floor(self.ordered[position]))
 
     def run(self) -> dict[int, ComparisonRow]:
         for position, row in enumerate(self.ordered):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from enum import IntEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -583,8 +583,23 @@ class ComparisonRow:
     evidence: str = ""
 
     def with_changes(self, **changes: Any) -> ComparisonRow:
-        """Return a copy with the given fields replaced."""
-        return replace(self, **changes)
+        """Return a copy with the given fields replaced.
+
+        Asked for every row of a compare (10**5 in a decode dump): the fields are copied
+        slot by slot, several times cheaper than :func:`dataclasses.replace`, which checks
+        and re-runs ``__init__``.
+        """
+        unknown = changes.keys() - _ROW_FIELD_SET
+        if unknown:
+            raise TypeError(f"ComparisonRow has no field {sorted(unknown)[0]!r}")
+        copy = object.__new__(ComparisonRow)
+        for name in _ROW_FIELDS:
+            object.__setattr__(copy, name, changes[name] if name in changes else getattr(self, name))
+        return copy
+
+
+_ROW_FIELDS = tuple(row_field.name for row_field in fields(ComparisonRow))
+_ROW_FIELD_SET = frozenset(_ROW_FIELDS)
 
 
 @dataclass(frozen=True, slots=True)
