@@ -9,6 +9,7 @@ through a :class:`TensorData` handle only when a pair is measured.
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from enum import IntEnum
@@ -585,21 +586,20 @@ class ComparisonRow:
     def with_changes(self, **changes: Any) -> ComparisonRow:
         """Return a copy with the given fields replaced.
 
-        Asked for every row of a compare (10**5 in a decode dump): the fields are copied
-        slot by slot, several times cheaper than :func:`dataclasses.replace`, which checks
-        and re-runs ``__init__``.
+        Asked for every row of a compare (10**5 in a decode dump): the fields are read in one
+        call and passed positionally, cheaper than :func:`dataclasses.replace`.
         """
-        unknown = changes.keys() - _ROW_FIELD_SET
-        if unknown:
-            raise TypeError(f"ComparisonRow has no field {sorted(unknown)[0]!r}")
-        copy = object.__new__(ComparisonRow)
-        for name in _ROW_FIELDS:
-            object.__setattr__(copy, name, changes[name] if name in changes else getattr(self, name))
-        return copy
+        values = list(_ROW_VALUES(self))
+        for name, value in changes.items():
+            position = _ROW_POSITION.get(name)
+            if position is None:
+                raise TypeError(f"ComparisonRow has no field {name!r}")
+            values[position] = value
+        return ComparisonRow(*values)
 
 
-_ROW_FIELDS = tuple(row_field.name for row_field in fields(ComparisonRow))
-_ROW_FIELD_SET = frozenset(_ROW_FIELDS)
+_ROW_POSITION = {row_field.name: position for position, row_field in enumerate(fields(ComparisonRow))}
+_ROW_VALUES = operator.attrgetter(*_ROW_POSITION)
 
 
 @dataclass(frozen=True, slots=True)

@@ -54,8 +54,11 @@ def structure_keys(names_and_kinds: Sequence[tuple[str, Hashable]]) -> list[Plac
     counts: Counter[tuple[str, Hashable]] = Counter()
     seen: set[tuple[str, Hashable]] = set()
     per_name = []
+    known: dict[str, list[tuple[str, int]]] = {}  # a decode dump repeats each name once per step
     for name, kind in names_and_kinds:
-        candidates = _candidates(name)
+        candidates = known.get(name)
+        if candidates is None:
+            candidates = known[name] = _candidates(name)
         per_name.append(candidates)
         if (name, kind) in seen:
             continue
@@ -159,7 +162,10 @@ def sibling_baseline(
         if error + floor > 0:
             expected = math.sqrt(slope * feeder * feeder + added_squared)  # Baseline.expected, inlined
             if expected + floor > 0:
-                residuals.append(math.log((error + floor) / (expected + floor)))
+                ratio = (error + floor) / (expected + floor)
+                # a ratio past the float range (a sibling 1e-300 times another) is the difference of logs
+                fits = 0 < ratio < math.inf
+                residuals.append(math.log(ratio) if fits else math.log(error + floor) - math.log(expected + floor))
     if len(residuals) < 3:
         return Baseline(len(siblings), low, high, slope, added_squared, saw_received_error=saw)
     centre = median(residuals)
