@@ -64,7 +64,11 @@ def least_precise(classes: Sequence[str]) -> str | None:
 
 def run_precision(dtypes: Sequence[str]) -> str | None:
     """Return the float class most tensors of a run have (``None`` for a run without floats)."""
-    counts = Counter(name for name in map(_class_of, dtypes) if name in PRECISION_ORDER)
+    counts: Counter[str] = Counter()
+    for dtype, count in Counter(dtypes).items():  # classes of the distinct dtypes only, in first-seen order
+        name = _class_of(dtype)
+        if name in PRECISION_ORDER:
+            counts[name] += count
     return counts.most_common(1)[0][0] if counts else None
 
 

@@ -81,7 +81,7 @@ def exact_key_pairs(golden: Dump, my: Dump) -> list[Pair]:
     pairs = [
         Pair(record, mine[record.key], RULE_EXACT, PairPriority.EXACT_KEY)
         for record in golden.records
-        if record.key in mine and _op_scope(record) not in diverged
+        if record.key in mine and (not diverged or _op_scope(record) not in diverged)
     ]
     for group in sorted(diverged, key=str):
         golden_calls, my_calls = group_op_calls(golden_ops[group]), group_op_calls(my_ops[group])
