@@ -28,8 +28,8 @@ from collections.abc import Sequence
 
 from llmcheck.plugin_api import (
     IO_INPUT,
-    NATIVE_SOURCE,
     IO_OUTPUT,
+    NATIVE_SOURCE,
     CallId,
     Dump,
     OpCall,
