@@ -160,9 +160,9 @@ def wait_for_copies(devices: Iterable[torch.device], streams: Mapping[torch.devi
     """
     for device in devices:
         if device.type == "cuda":
-            event = torch.cuda.Event()
+            event = torch.cuda.Event()  # type: ignore[no-untyped-call]
             event.record(streams.get(device) or torch.cuda.current_stream(device))
-            while not event.query():
+            while not event.query():  # type: ignore[no-untyped-call]
                 time.sleep(_POLL_S)
         else:
             accelerator = getattr(torch, "accelerator", None)
