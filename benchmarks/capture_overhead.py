@@ -318,7 +318,7 @@ def run_fx(rounds: int, folder: Path) -> None:
     print(f"plain graph forward: {plain * 1000:.2f} ms (eager module: {eager * 1000:.2f} ms)")
     print(
         f"{'FX capture':<28}{'records':>8}{'forward':>10}{'ratio':>8}{'to disk':>10}{'ratio':>8}"
-        f"{'us/tensor fwd':>15}{'disk':>8}{'cpu':>8}"
+        f"{'us/tensor fwd':>15}{'disk':>10}{'cpu':>10}"
     )
     for variant, timings in runs.items():
         forward_s = min(t[0] for t in timings)
@@ -327,8 +327,8 @@ def run_fx(rounds: int, folder: Path) -> None:
         print(
             f"{variant:<28}{timings[-1][3]:>8}{forward_s * 1000:>8.1f}ms{forward_s / plain:>7.2f}x"
             f"{closed_s * 1000:>8.1f}ms{closed_s / plain:>7.2f}x"
-            f"{(forward_s - plain) / records * 1e6:>13.1f}us{(closed_s - plain) / records * 1e6:>6.1f}us"
-            f"{(cpu_s - plain_cpu) / records * 1e6:>6.1f}us"
+            f"{(forward_s - plain) / records * 1e6:>13.1f}us{(closed_s - plain) / records * 1e6:>8.1f}us"
+            f"{(cpu_s - plain_cpu) / records * 1e6:>8.1f}us"
         )
     print(
         "(ratios to the plain graph forward; us/tensor: added time per record of the fast path -- of the forward, "
