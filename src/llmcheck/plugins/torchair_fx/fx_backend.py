@@ -31,13 +31,16 @@ import os
 from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 import torch.fx
 
 from llmcheck.plugin_api import UsageError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from llmcheck.plugins.torchair_fx.fx_recording import FxDump
 
 log = logging.getLogger("llmcheck.fx")
 
@@ -48,6 +51,10 @@ LAYOUT_LLMCHECK = "llmcheck"
 #: torchair's ``.npy`` files, written by :class:`FxDumpInterpreter`: for the original tool
 LAYOUT_TORCHAIR = "torchair"
 LAYOUTS = (LAYOUT_LLMCHECK, LAYOUT_TORCHAIR)
+#: ``tensor_part`` values, as in the torch capture's ``DumpConfig``: which side of each ATen call is recorded
+TENSOR_PART_INPUTS = 0
+TENSOR_PART_OUTPUTS = 1
+TENSOR_PART_BOTH = 2
 SAVED_DTYPES_FILE = "llmcheck_saved_dtypes.json"
 DEFAULT_DUMP_PATH = "llmcheck_fx_dump"
 TIMESTAMP_FORMAT = "%Y%m%d%H%M%S%f"
@@ -185,9 +192,20 @@ def check_layout(layout: str, where: str = "layout") -> None:
         )
 
 
+def check_tensor_part(tensor_part: int) -> None:
+    """Raise a usage error unless ``tensor_part`` is 0 (inputs), 1 (outputs) or 2 (both)."""
+    if tensor_part not in (TENSOR_PART_INPUTS, TENSOR_PART_OUTPUTS, TENSOR_PART_BOTH):
+        raise UsageError(
+            f"tensor_part must be 0, 1 or 2, got {tensor_part!r}",
+            where="tensor_part",
+            hint="0 inputs, 1 outputs, 2 both",
+        )
+
+
 def _check_dump_options(layout: str, statistics_only: bool, tensor_part: int) -> None:
     check_layout(layout)
-    if layout == LAYOUT_TORCHAIR and (statistics_only or tensor_part != 2):
+    check_tensor_part(tensor_part)
+    if layout == LAYOUT_TORCHAIR and (statistics_only or tensor_part != TENSOR_PART_BOTH):
         raise UsageError(
             "statistics_only and tensor_part apply to the llmcheck layout only",
             where="layout",
@@ -215,7 +233,7 @@ class FxDumpBackend:
         *,
         layout: str = LAYOUT_LLMCHECK,
         statistics_only: bool = False,
-        tensor_part: int = 2,
+        tensor_part: int = TENSOR_PART_BOTH,
         rank: int | None = None,
         world_size: int | None = None,
     ) -> None:
@@ -226,7 +244,7 @@ class FxDumpBackend:
         self.layout = layout
         self.dump_path = Path(dump_path)
         self.rank, self.world_size = rank, world_size
-        self.dump = None
+        self.dump: FxDump | None = None
         if layout == LAYOUT_LLMCHECK:
             from llmcheck.plugins.torchair_fx.fx_recording import FxDump
 
@@ -266,7 +284,7 @@ def make_fx_dump_backend(
     *,
     layout: str = LAYOUT_LLMCHECK,
     statistics_only: bool = False,
-    tensor_part: int = 2,
+    tensor_part: int = TENSOR_PART_BOTH,
     rank: int | None = None,
     world_size: int | None = None,
 ) -> FxDumpBackend:
@@ -314,7 +332,7 @@ def dump_exported_program(
     dump_path: str | Path,
     layout: str = LAYOUT_LLMCHECK,
     statistics_only: bool = False,
-    tensor_part: int = 2,
+    tensor_part: int = TENSOR_PART_BOTH,
     rank: int | None = None,
     world_size: int | None = None,
 ) -> Any:

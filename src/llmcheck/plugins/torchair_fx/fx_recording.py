@@ -43,17 +43,19 @@ from llmcheck.plugin_api import (
     KeyFields,
     TensorSink,
     TopologyNode,
-    UsageError,
 )
 from llmcheck.plugins.torchair_fx import SOURCE_NAME
-from llmcheck.plugins.torchair_fx.fx_backend import as_saved_array, rank_and_world_size
+from llmcheck.plugins.torchair_fx.fx_backend import (
+    TENSOR_PART_BOTH,
+    TENSOR_PART_INPUTS,
+    TENSOR_PART_OUTPUTS,
+    as_saved_array,
+    check_tensor_part,
+    rank_and_world_size,
+)
 
 log = logging.getLogger("llmcheck.fx")
 
-#: ``tensor_part`` values, as in the torch capture's ``DumpConfig``: which side of each ATen call is recorded.
-TENSOR_PART_INPUTS = 0
-TENSOR_PART_OUTPUTS = 1
-TENSOR_PART_BOTH = 2
 #: Host memory the step's pending copies may hold before they are handed to the writer mid-step.
 DEFAULT_MAX_PENDING_BYTES = 512 * 1024 * 1024
 
@@ -209,16 +211,6 @@ class FxGraphRecorder:
             op_type="GraphModule",
             attrs={"graph_index": self.graph_index},
             children=tuple(TopologyNode(name=node, op_type=target) for node, target in self.nodes.items()),
-        )
-
-
-def check_tensor_part(tensor_part: int) -> None:
-    """Raise a usage error unless ``tensor_part`` is 0 (inputs), 1 (outputs) or 2 (both)."""
-    if tensor_part not in (TENSOR_PART_INPUTS, TENSOR_PART_OUTPUTS, TENSOR_PART_BOTH):
-        raise UsageError(
-            f"tensor_part must be 0, 1 or 2, got {tensor_part!r}",
-            where="tensor_part",
-            hint="0 inputs, 1 outputs, 2 both",
         )
 
 
