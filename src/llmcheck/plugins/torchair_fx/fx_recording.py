@@ -41,6 +41,7 @@ from llmcheck.plugin_api import (
     MOMENT_AFTER,
     DumpWriter,
     KeyFields,
+    LlmcheckError,
     TensorSink,
     TopologyNode,
 )
@@ -255,10 +256,13 @@ class FxDump:
         self.closed = False
         self_ref = weakref.ref(self)
 
-        def close_at_exit() -> None:
+        def close_at_exit() -> None:  # never raises: no program is left to hand an error to
             dump = self_ref()
             if dump is not None:
-                dump.close()
+                try:
+                    dump.close()
+                except LlmcheckError as exc:
+                    log.warning("FX dump %s not closed at exit: %s", dump.path, exc.one_line())
 
         self._atexit = close_at_exit
         atexit.register(self._atexit)
