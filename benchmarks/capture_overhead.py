@@ -29,6 +29,15 @@ run, alternating child processes, and printed beside the current code.
 Targets (CPU, one thread): <= 10 us per tensor statistics only, <= 25 us full tensors.
 
     python benchmarks/capture_overhead.py --small-tensors [--baseline-src /tmp/base/src] [--rounds 7]
+
+``--fx`` times the FX capture backend on the same stack, side by side in one process: the
+``torch.export`` graph run plainly (the baseline of the ratios), the interpreter writing
+torchair's ``.npy`` layout, and the fast path (the graph rewritten to record into an
+llmcheck dump) with full tensors and with statistics only. The eager forward is printed
+for reference. Both paths are what ``torch.compile(backend=make_fx_dump_backend(...))``
+runs on the AOTAutograd graph; the exported graph spares the benchmark the slow compile.
+
+    python benchmarks/capture_overhead.py --fx [--rounds 7]
 """
 
 from __future__ import annotations
@@ -43,6 +52,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -242,6 +252,91 @@ def run_small_tensors(args: argparse.Namespace, folder: Path) -> None:
     )
 
 
+FX_VARIANTS = {
+    "interpreter, torchair .npy": dict(layout="torchair"),
+    "fast path, full tensors": dict(layout="llmcheck"),
+    "fast path, statistics only": dict(layout="llmcheck", statistics_only=True),
+}
+
+
+def _time_fx(program: Any, inputs: torch.Tensor, folder: Path, options: dict) -> tuple[float, float, float, int]:
+    """Return (forward seconds, seconds until on disk, CPU seconds until on disk, records) of one FX capture."""
+    from llmcheck.core.store import find_dumps
+    from llmcheck.plugins.torchair_fx.fx_backend import FxDumpInterpreter, new_graph_folder
+    from llmcheck.plugins.torchair_fx.fx_recording import FxDump
+
+    module = program.module()
+    if options["layout"] == "torchair":
+        interpreter = FxDumpInterpreter(module, new_graph_folder(folder))
+        start_cpu, start = time.process_time(), time.perf_counter()
+        interpreter.run(inputs)
+        forward_s = time.perf_counter() - start
+        closed_s, cpu_s = forward_s, time.process_time() - start_cpu  # written synchronously
+        records = sum(1 for _ in interpreter.graph_folder.rglob("*.npy"))
+    else:
+        dump = FxDump(folder, statistics_only=options.get("statistics_only", False))
+        recorder = dump.add_graph(module, [inputs])
+        start_cpu, start = time.process_time(), time.perf_counter()
+        recorder.run_step(module, inputs)
+        forward_s = time.perf_counter() - start
+        dump.close()
+        closed_s, cpu_s = time.perf_counter() - start, time.process_time() - start_cpu
+        records = dump.writer.records_written
+    for dump_folder in [*find_dumps(folder), *folder.glob("worldsize*")]:
+        shutil.rmtree(dump_folder)
+    return forward_s, closed_s, cpu_s, records
+
+
+def run_fx(rounds: int, folder: Path) -> None:
+    """Time the FX backend's two layouts against the plain graph on the small-tensor stack, one thread."""
+    model = small_tensor_model()
+    inputs = torch.randn(1, 8, 64, generator=torch.Generator().manual_seed(1))
+    program = torch.export.export(model, (inputs,), strict=False)
+    plain_module = program.module()
+    eager_s: list[float] = []
+    plain_s: list[float] = []
+    plain_cpu_s: list[float] = []
+    runs: dict[str, list[tuple[float, float, float, int]]] = {variant: [] for variant in FX_VARIANTS}
+    with torch.no_grad():
+        for round_index in range(rounds + 2):  # two warm-up rounds: first calls of each path
+            eager_s.append(_time_plain(model, inputs))
+            started_cpu, started = time.process_time(), time.perf_counter()
+            plain_module(inputs)
+            plain_s.append(time.perf_counter() - started)
+            plain_cpu_s.append(time.process_time() - started_cpu)
+            for variant, options in FX_VARIANTS.items():
+                timing = _time_fx(program, inputs, folder, options)
+                if round_index >= 2:
+                    runs[variant].append(timing)
+    # the fastest round: on a shared machine the others measure its neighbours, not the capture
+    plain, plain_cpu, eager = min(plain_s[2:]), min(plain_cpu_s[2:]), min(eager_s[2:])
+    records = runs["fast path, full tensors"][-1][3]
+    print(
+        f"model: 64 x (LayerNorm -> Linear -> GELU -> Linear), hidden 64, input [1, 8, 64], torch.export graph "
+        f"({records} records a forward), CPU, 1 thread; fastest of {rounds} rounds"
+    )
+    print(f"plain graph forward: {plain * 1000:.2f} ms (eager module: {eager * 1000:.2f} ms)")
+    print(
+        f"{'FX capture':<28}{'records':>8}{'forward':>10}{'ratio':>8}{'to disk':>10}{'ratio':>8}"
+        f"{'us/tensor fwd':>15}{'disk':>10}{'cpu':>10}"
+    )
+    for variant, timings in runs.items():
+        forward_s = min(t[0] for t in timings)
+        closed_s = min(t[1] for t in timings)
+        cpu_s = min(t[2] for t in timings)
+        print(
+            f"{variant:<28}{timings[-1][3]:>8}{forward_s * 1000:>8.1f}ms{forward_s / plain:>7.2f}x"
+            f"{closed_s * 1000:>8.1f}ms{closed_s / plain:>7.2f}x"
+            f"{(forward_s - plain) / records * 1e6:>13.1f}us{(closed_s - plain) / records * 1e6:>8.1f}us"
+            f"{(cpu_s - plain_cpu) / records * 1e6:>8.1f}us"
+        )
+    print(
+        "(ratios to the plain graph forward; us/tensor: added time per record of the fast path -- of the forward, "
+        "until the dump is closed, and CPU seconds of all threads until closed. The interpreter writes each file "
+        "as it goes and also saves non-numeric arguments as text files, counted in its records column)"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
@@ -253,6 +348,7 @@ def main() -> None:
     parser.add_argument("--output-dir", type=Path, default=None, help="where dumps are written (default: a temp dir)")
     parser.add_argument("--small-tensors", action="store_true", help="measure microseconds per recorded tensor")
     parser.add_argument("--small-tensors-child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--fx", action="store_true", help="time the FX backend's layouts on the small-tensor stack")
     parser.add_argument(
         "--baseline-src",
         type=Path,
@@ -261,6 +357,16 @@ def main() -> None:
     )
     parser.add_argument("--repeat", type=int, default=2, help="--small-tensors: child runs per code version")
     args = parser.parse_args()
+    if args.fx:
+        torch.set_num_threads(1)
+        folder = Path(args.output_dir or tempfile.mkdtemp(prefix="llmcheck_bench_"))
+        folder.mkdir(parents=True, exist_ok=True)
+        try:
+            run_fx(args.rounds, folder)
+        finally:
+            if args.output_dir is None:
+                shutil.rmtree(folder, ignore_errors=True)
+        return
     if args.small_tensors or args.small_tensors_child:
         torch.set_num_threads(1)
         folder = Path(args.output_dir or tempfile.mkdtemp(prefix="llmcheck_bench_"))

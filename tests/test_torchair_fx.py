@@ -131,7 +131,7 @@ def _compile_and_dump(model, input_ids: torch.Tensor, dump_path: Path, calls: in
     from llmcheck.plugins.torchair_fx import make_fx_dump_backend
 
     torch._dynamo.reset()
-    compiled = torch.compile(model, backend=make_fx_dump_backend(dump_path))
+    compiled = torch.compile(model, backend=make_fx_dump_backend(dump_path, layout="torchair"))
     with torch.no_grad():
         outputs = [compiled(input_ids, use_cache=False).logits for _ in range(calls)]
     torch._dynamo.reset()
@@ -173,8 +173,10 @@ def test_torch_export_program_of_hf_llama_is_dumped_and_compared_by_node_name(tm
 
     input_ids = torch.randint(0, 256, (1, 6), generator=torch.Generator().manual_seed(2))
     program = torch.export.export(tiny_llama, (input_ids,), {"use_cache": False}, strict=False)
-    result = dump_exported_program(program, (input_ids,), {"use_cache": False}, dump_path=tmp_path / "a")
-    dump_exported_program(program, (input_ids,), {"use_cache": False}, dump_path=tmp_path / "b")
+    result = dump_exported_program(
+        program, (input_ids,), {"use_cache": False}, dump_path=tmp_path / "a", layout="torchair"
+    )
+    dump_exported_program(program, (input_ids,), {"use_cache": False}, dump_path=tmp_path / "b", layout="torchair")
     with torch.no_grad():
         assert torch.equal(result.logits, tiny_llama(input_ids, use_cache=False).logits)
 

@@ -19,7 +19,7 @@ import torch
 from ge_dump_from_fx import GeScenario, ge_op_name_by_fx, write_ge_scenario
 from llmcheck.core.cli import main
 from llmcheck.core.plugins import get_plugins
-from llmcheck.plugins.torchair_fx.fx_backend import FxDumpInterpreter, new_graph_folder
+from llmcheck.plugins.torchair_fx.fx_backend import FxDumpInterpreter, dump_exported_program, new_graph_folder
 
 PERTURBED = "linear_10"  # a projection of the second decoder layer
 FUSED = ("silu", "mul_11")  # the first layer's SiLU and the gate product it feeds
@@ -38,9 +38,16 @@ def graph_runs(tmp_path_factory) -> dict[str, Path]:
     args = tuple(inspect.signature(module.forward).bind(input_ids, use_cache=False).arguments.values())
     assert {node.name for node in module.graph.nodes} >= {PERTURBED, *FUSED}
     FxDumpInterpreter(module, new_graph_folder(root / "fx")).run(*args)
+    dump_exported_program(program, (input_ids,), {"use_cache": False}, dump_path=root / "fx_llmcheck")  # fast path
     write_ge_scenario(module, args, root / "ge_fused", GeScenario(perturb_node=PERTURBED, fuse=FUSED, add_cast=True))
     write_ge_scenario(module, args, root / "ge_unfused", GeScenario(framed=False))  # the old bare file form
-    return {"fx": root / "fx", "ge_fused": root / "ge_fused", "ge_unfused": root / "ge_unfused", "root": root}
+    return {
+        "fx": root / "fx",
+        "fx_llmcheck": root / "fx_llmcheck",
+        "ge_fused": root / "ge_fused",
+        "ge_unfused": root / "ge_unfused",
+        "root": root,
+    }
 
 
 def _compare(golden: Path, golden_source: str, my: Path, output: Path) -> dict:
@@ -68,8 +75,10 @@ def _compare(golden: Path, golden_source: str, my: Path, output: Path) -> dict:
 
 
 @pytest.mark.slow
-def test_fx_vs_ge_compare_names_the_perturbed_node_as_first_introduced(graph_runs):
-    summary = _compare(graph_runs["fx"], "fx", graph_runs["ge_fused"], graph_runs["root"] / "fx_vs_ge")
+@pytest.mark.parametrize(("fx_run", "fx_source"), [("fx", "fx"), ("fx_llmcheck", "llmcheck")])
+def test_fx_vs_ge_compare_names_the_perturbed_node_as_first_introduced(graph_runs, fx_run, fx_source):
+    # the FX golden in torchair's .npy layout, and in llmcheck's format from the FX backend's fast path
+    summary = _compare(graph_runs[fx_run], fx_source, graph_runs["ge_fused"], graph_runs["root"] / f"{fx_run}_vs_ge")
 
     introduced = summary["first_introduced"]
     assert (introduced["name"], introduced["my_name"], introduced["io"]) == (
@@ -79,7 +88,7 @@ def test_fx_vs_ge_compare_names_the_perturbed_node_as_first_introduced(graph_run
     )
     assert introduced["attribution"] == "introduced"
     assert summary["first_divergence"]["name"] == PERTURBED  # nothing before it fails: the fused op matches
-    pairs = json.loads((graph_runs["root"] / "fx_vs_ge" / "pairs.json").read_text())
+    pairs = json.loads((graph_runs["root"] / f"{fx_run}_vs_ge" / "pairs.json").read_text())
     rules = Counter(pair["rule"] for pair in pairs["pairs"])
     assert rules["ge-fx:fused-last-outputs"] == 1 and rules["ge-fx:fused-inputs"] == 2
     cast_notes = {item["note"] for item in pairs["unmatched_my"] if item["name"] == "trans_Cast_inserted"}

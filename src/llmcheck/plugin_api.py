@@ -20,6 +20,9 @@ What is here, by the question a plugin author asks:
 * **Which records make one op call?** :class:`OpCall`, :func:`group_op_calls`.
 * **How do I write files?** :func:`atomic_write_text`, :func:`atomic_write_with`, and the
   llmcheck dump format (:class:`DumpWriter`, :func:`read_dump`, :func:`find_dumps`).
+* **How does a capture write tensors without slowing the run?** :class:`TensorSink` copies
+  each tensor on the forward and measures and writes it on the :class:`DumpWriter`'s thread
+  (:class:`NullSink` keeps nothing; :func:`version_counter` tells an in-place change).
 * **How does a metric share work between metrics?** :class:`PairChunk` (``update_chunk``), and
   for many small pairs at once :class:`PairBlock` (``results_of_block``) with :func:`row_dots`.
 * **How does a backend declare its ``dump`` flags?** :class:`BackendOption`, and
@@ -145,6 +148,7 @@ if TYPE_CHECKING:  # pragma: no cover
         tensor_from_byte_range,
         torch_dtype,
     )
+    from llmcheck.core.tensor_sink import NullSink, TensorSink, version_counter
 
 #: public name -> module defining it, for names whose module imports torch, numpy or the compare engine
 #: (loaded on first access, so importing this module stays cheap)
@@ -164,6 +168,9 @@ _LOADED_ON_FIRST_USE: dict[str, str] = {
     "CompareResult": "llmcheck.core.compare",  # the whole compare engine, numpy with it
     "statistics_columns": "llmcheck.core.stats_compare",
     "DECIDING_STAT": "llmcheck.core.stats_compare",
+    "TensorSink": "llmcheck.core.tensor_sink",  # torch
+    "NullSink": "llmcheck.core.tensor_sink",
+    "version_counter": "llmcheck.core.tensor_sink",
 }
 
 __all__ = [  # noqa: RUF022 -- grouped by the question a plugin author asks, not sorted
@@ -295,6 +302,10 @@ __all__ = [  # noqa: RUF022 -- grouped by the question a plugin author asks, not
     "CompareResult",
     "statistics_columns",
     "DECIDING_STAT",
+    # capturing into an llmcheck dump: copies on the forward, statistics and writing on the writer's thread
+    "TensorSink",
+    "NullSink",
+    "version_counter",
 ]
 
 

@@ -40,7 +40,9 @@ from llmcheck.plugin_api import (
     PARAMETER_DIGESTS_ATTR,
     DumpWriter,
     LlmcheckError,
+    NullSink,
     RecordKey,
+    TensorSink,
     TopologyNode,
     UsageError,
     dtype_name,
@@ -53,7 +55,6 @@ from llmcheck.plugins.torch_hooks.module_topology import ModuleTopology
 from llmcheck.plugins.torch_hooks.nested_tensors import call_inputs, call_outputs
 from llmcheck.plugins.torch_hooks.op_capture import OpRecorder
 from llmcheck.plugins.torch_hooks.parameter_digests import ModuleParameterDigests
-from llmcheck.plugins.torch_hooks.tensor_sink import NullSink, TensorSink
 
 log = logging.getLogger("llmcheck.torch")
 
@@ -124,7 +125,7 @@ class CaptureSession:
 
     The parts: module hooks and the step counter here; the op level in
     :class:`~.op_capture.OpRecorder`; the module tree in :class:`~.module_topology.ModuleTopology`;
-    copies, statistics and the writer behind the sink (:mod:`.tensor_sink`).
+    copies, statistics and the writer behind the sink (``TensorSink``, shared through ``plugin_api``).
     """
 
     def __init__(self, model: torch.nn.Module, config: DumpConfig) -> None:

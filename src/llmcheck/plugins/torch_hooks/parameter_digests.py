@@ -22,8 +22,7 @@ from typing import Any
 
 import torch
 
-from llmcheck.plugin_api import dtype_name
-from llmcheck.plugins.torch_hooks.tensor_sink import version_counter
+from llmcheck.plugin_api import dtype_name, version_counter
 
 #: The dtypes a parameter's values are hashed at: its own, then each less precise one.
 ROUNDED_TO: dict[torch.dtype, tuple[torch.dtype, ...]] = {

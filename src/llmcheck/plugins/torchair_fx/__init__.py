@@ -1,8 +1,10 @@
 """Built-in plugin 'torchair_fx': torchair FX ``.npy`` dumps (source "fx") and FX capture on any machine.
 
 ``torch.compile(model, backend=llmcheck.plugins.torchair_fx.fx_dump_backend)`` (or
-``make_fx_dump_backend(dump_path)``) writes torchair-format FX dumps on CPU or CUDA;
-``dump_exported_program`` does the same for a ``torch.export`` program. Both are imported
+``make_fx_dump_backend(dump_path)``) dumps every ATen call of the compiled graphs on CPU or
+CUDA, into llmcheck's own dump format (the fast default, read by the ``llmcheck`` source)
+or, with ``layout="torchair"``, as torchair's ``.npy`` files (read by the ``fx`` source);
+``dump_exported_program`` does the same for a ``torch.export`` program. They are imported
 lazily so loading the plugin never imports torch. See ``docs/sources/torchair-fx.md``.
 """
 
@@ -19,7 +21,15 @@ SOURCE_NAME = "fx"
 
 _LAZY = {
     name: "llmcheck.plugins.torchair_fx.fx_backend"
-    for name in ("fx_dump_backend", "make_fx_dump_backend", "dump_exported_program", "FxDumpInterpreter")
+    for name in (
+        "fx_dump_backend",
+        "make_fx_dump_backend",
+        "dump_exported_program",
+        "FxDumpBackend",
+        "FxDumpInterpreter",
+        "LAYOUT_LLMCHECK",
+        "LAYOUT_TORCHAIR",
+    )
 }
 
 

@@ -2,7 +2,7 @@
 
 Both work on the nouns only: GE records (source ``"ge"``) carry ``attrs["ge_op_name"]`` and
 ``attrs["graph_index"]``, the GE graphs come from ``Dump.topology``; FX records (source
-``"fx"``) carry ``attrs["fx_node"]`` and ``attrs["graph_index"]`` with positions ``"i"`` or
+``"fx"``, or an llmcheck dump whose manifest names the backend ``"fx"``) carry ``attrs["fx_node"]`` and ``attrs["graph_index"]`` with positions ``"i"`` or
 ``"i.j"``.
 
 * **GE <-> FX**: each output of a GE op names its FX tensor (``_fx_tensor_name`` =
@@ -29,6 +29,7 @@ from collections.abc import Sequence
 from llmcheck.plugin_api import (
     IO_INPUT,
     IO_OUTPUT,
+    NATIVE_SOURCE,
     CallId,
     Dump,
     OpCall,
@@ -41,7 +42,8 @@ from llmcheck.plugin_api import (
 from llmcheck.plugins.torchair_ge import SOURCE_NAME
 from llmcheck.plugins.torchair_ge.ge_graph_text import GeGraph, GeGraphOp, dumped_op_name
 
-#: The torchair_fx plugin's source name: the dumps this plugin pairs GE ops with.
+#: The torchair_fx plugin's source name (and the backend named in its llmcheck dumps' manifest): the dumps
+#: this plugin pairs GE ops with.
 FX_SOURCE = "fx"
 COMPILER_INSERTED_TYPES = ("Cast", "TransData")
 
@@ -367,11 +369,16 @@ def pair_fused_with_unfused(golden: Dump, my: Dump) -> list[Pair]:
     return collected.pairs
 
 
+def is_fx_dump(dump: Dump) -> bool:
+    """Return whether a dump holds FX node records: torchair's ``.npy`` layout, or an llmcheck dump of the FX backend."""
+    return dump.source == FX_SOURCE or (dump.source == NATIVE_SOURCE and dump.manifest.get("backend") == FX_SOURCE)
+
+
 def map_graph_pairs(golden: Dump, my: Dump) -> list[Pair] | None:
     """Return the graph-mode pairs for these two dumps, or ``None`` when neither side is a GE dump."""
-    if my.source == SOURCE_NAME and golden.source == FX_SOURCE:
+    if my.source == SOURCE_NAME and is_fx_dump(golden):
         return pair_ge_with_fx(ge=my, fx=golden, ge_is_my=True)
-    if golden.source == SOURCE_NAME and my.source == FX_SOURCE:
+    if golden.source == SOURCE_NAME and is_fx_dump(my):
         return pair_ge_with_fx(ge=golden, fx=my, ge_is_my=False)
     if golden.source == SOURCE_NAME and my.source == SOURCE_NAME:
         return pair_fused_with_unfused(golden, my)

@@ -1,5 +1,8 @@
 """Where captured tensors go: copied off the run, measured, batched, handed to the dump writer.
 
+Shared by the captures that write llmcheck's own dump format (the torch module/op capture,
+the FX backend's fast path); plugins reach it through ``llmcheck.plugin_api``.
+
 Why it is shaped like this:
 
 * The run must not change and later in-place ops must not change what was saved, so every
@@ -40,18 +43,11 @@ from typing import Any
 
 import torch
 
-from llmcheck.plugin_api import (
-    DTYPE_ITEMSIZE,
-    DumpWriter,
-    KeyFields,
-    TopologyNode,
-    dtype_name,
-    index_line,
-    segmented_stats_vectors,
-    stats_json_from_rows,
-    stats_vector,
-)
-from llmcheck.plugins.torch_hooks.dump_progress import DumpProgress
+from llmcheck.core.dump_progress import DumpProgress
+from llmcheck.core.records import DTYPE_ITEMSIZE, TopologyNode
+from llmcheck.core.statistics import segmented_stats_vectors, stats_json_from_rows, stats_vector
+from llmcheck.core.store import DumpWriter, KeyFields, index_line
+from llmcheck.core.tensor_io import dtype_name
 
 #: CPU tensors up to this many elements are measured with their batch, larger ones one by one.
 SMALL_TENSOR_ELEMENTS = 1 << 16
@@ -164,9 +160,9 @@ def wait_for_copies(devices: Iterable[torch.device], streams: Mapping[torch.devi
     """
     for device in devices:
         if device.type == "cuda":
-            event = torch.cuda.Event()
+            event = torch.cuda.Event()  # type: ignore[no-untyped-call]
             event.record(streams.get(device) or torch.cuda.current_stream(device))
-            while not event.query():
+            while not event.query():  # type: ignore[no-untyped-call]
                 time.sleep(_POLL_S)
         else:
             accelerator = getattr(torch, "accelerator", None)
@@ -255,8 +251,11 @@ class TensorSink:
         statistics_only: bool,
         max_pending_bytes: int,
         progress: DumpProgress | None = None,
+        on_not_captured: Callable[[KeyFields, str], None] | None = None,
     ) -> None:
         self.writer = writer
+        #: told the key and description of each tensor recorded without data (sparse, meta, unknown dtype)
+        self.on_not_captured = on_not_captured
         #: told of every batch handed over (``None``: nobody is watching, see :mod:`.dump_progress`)
         self.progress = progress if progress is not None else DumpProgress.for_this_process()
         self.bytes_handed_over = 0
@@ -286,7 +285,7 @@ class TensorSink:
         the module docstring). ``same_data`` names the data when the caller knows it (a
         model weight, seen by op level as a new tensor object per operator): records with
         the same name and version counter share one copy. Returns the tensor's identity: equal for records of the same
-        data seen in one batch (the dataflow edges of :mod:`.module_graph_onnx`). The path
+        data seen in one batch (the torch capture's dataflow edges in its ONNX module graph). The path
         is a handful of Python operations and one ``clone`` -- no statistics, no host read.
         """
         batch = self._batch
@@ -315,7 +314,10 @@ class TensorSink:
             identity = self._identities
             if not kind.capturable:
                 slot = None
-                attrs = {**(attrs or {}), "not_captured": f"{tensor.layout} {tensor.dtype} on {tensor.device}"}
+                description = f"{tensor.layout} {tensor.dtype} on {tensor.device}"
+                attrs = {**(attrs or {}), "not_captured": description}
+                if self.on_not_captured is not None:
+                    self.on_not_captured(key, description)
             else:
                 source = tensor.detach() if tensor.requires_grad else tensor
                 copy = source.clone(memory_format=torch.contiguous_format)  # measured by the writer thread
