@@ -378,13 +378,70 @@ def compare_dumps(
     cluster, :class:`llmcheck.core.ray_executor.RayExecutor`); a pair it could not measure
     becomes an ``error`` row with its reason.
     """
-    from llmcheck.core.metric_engine import PairJob, measure_pairs
     from llmcheck.core.plugins import get_plugins
 
     started = time.perf_counter()
     specs = select_metrics(metric_names)
     pairing = merge_pairs(golden, my, get_plugins().map_pairs(golden, my, user_mapping))
-    run_dtypes = [run_dtype([record.dtype for record in dump.records]) for dump in (golden, my)]
+    run_dtypes = (
+        run_dtype([record.dtype for record in golden.records]),
+        run_dtype([record.dtype for record in my.records]),
+    )
+    measurements, problems, bytes_read = _measure(
+        pairing, specs, run_dtypes, workers, executor, on_pairs_known, on_measured
+    )
+    run_classes = (run_precision([record.dtype for record in dump.records]) for dump in (golden, my))
+    run_floor = least_precise([name for name in run_classes if name])
+    table = TableJudge(judging_specs(specs, metric_names), threshold_overrides)
+    rows = [
+        _row(
+            index,
+            pair,
+            specs,
+            problems.get(index),
+            measurements.get(index),
+            threshold_overrides,
+            run_floor,
+            table,
+            run_dtypes,
+        )
+        for index, pair in enumerate(pairing.pairs)
+    ]
+    del measurements  # 10**5 of them in a decode dump: not held through judging and the reports
+    measure_spec = error_measure_spec(specs)
+    measure = ErrorMeasure(measure_spec.name, DECIDING_STAT) if measure_spec is not None else None
+    twin = _noise_twin(golden, my, noise, measure, workers) if noise is not None and measure is not None else None
+    rows = attribute(
+        rows, measure, twin, [item.record for item in pairing.unmatched_my], same_program, check_weights(rows)
+    )
+    return CompareResult(
+        golden=golden,
+        my=my,
+        pairing=pairing,
+        rows=rows,
+        metric_specs=specs,
+        elapsed_s=time.perf_counter() - started,
+        tensor_bytes_read=bytes_read,
+        tensor_bytes_compared=sum(pair_bytes(pair) for pair in pairing.pairs),
+        noise=noise,
+    )
+
+
+def _measure(
+    pairing: Pairing,
+    specs: Sequence[MetricSpec],
+    run_dtypes: tuple[str | None, str | None],
+    workers: int | None,
+    executor: PairExecutor | None,
+    on_pairs_known: Callable[[int, int], None] | None,
+    on_measured: Callable[[int], None] | None,
+) -> tuple[dict[int, Any], dict[int, str], int]:
+    """Return every pair's measurement by index, why each pair that was not measured was not, and the bytes read.
+
+    The jobs (one per distinct pair of byte ranges) live only here, not through the judging.
+    """
+    from llmcheck.core.metric_engine import PairJob, measure_pairs
+
     jobs: dict[tuple[Any, ...], PairJob] = {}
     same_data_as: dict[int, int] = {}
     problems: dict[int, str] = {}
@@ -430,40 +487,7 @@ def compare_dumps(
     for index, first_index in same_data_as.items():
         if first_index in measurements:
             measurements[index] = dataclasses.replace(measurements[first_index], index=index, bytes_read=0)
-    run_classes = (run_precision([record.dtype for record in dump.records]) for dump in (golden, my))
-    run_floor = least_precise([name for name in run_classes if name])
-    table = TableJudge(judging_specs(specs, metric_names), threshold_overrides)
-    rows = [
-        _row(
-            index,
-            pair,
-            specs,
-            problems.get(index),
-            measurements.get(index),
-            threshold_overrides,
-            run_floor,
-            table,
-            (run_dtypes[0], run_dtypes[1]),
-        )
-        for index, pair in enumerate(pairing.pairs)
-    ]
-    measure_spec = error_measure_spec(specs)
-    measure = ErrorMeasure(measure_spec.name, DECIDING_STAT) if measure_spec is not None else None
-    twin = _noise_twin(golden, my, noise, measure, workers) if noise is not None and measure is not None else None
-    rows = attribute(
-        rows, measure, twin, [item.record for item in pairing.unmatched_my], same_program, check_weights(rows)
-    )
-    return CompareResult(
-        golden=golden,
-        my=my,
-        pairing=pairing,
-        rows=rows,
-        metric_specs=specs,
-        elapsed_s=time.perf_counter() - started,
-        tensor_bytes_read=bytes_read,
-        tensor_bytes_compared=sum(pair_bytes(pair) for pair in pairing.pairs),
-        noise=noise,
-    )
+    return measurements, problems, bytes_read
 
 
 def _noise_twin(golden: Dump, my: Dump, noise: Dump, measure: ErrorMeasure, workers: int | None) -> NoiseTwin:
