@@ -9,7 +9,9 @@ added, then statistics columns. Cells a spreadsheet would run as a formula (star
 from __future__ import annotations
 
 import csv
-import math
+import io
+from collections.abc import Iterator, Sequence
+from operator import itemgetter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -97,23 +99,18 @@ def guard_cell(value: Any) -> Any:
         return "'" + value
 
 
-def _number(value: float | int | None) -> Any:
+def _number(value: float | int | None) -> str:
+    """Return a number cell as csv writes it: empty for ``None``, ``nan``/``inf``/``-inf`` as words, a float by ``repr``."""
     if value is None:
         return ""
-    if isinstance(value, float) and not math.isfinite(value):
-        return describe(value)
-    return value
+    if value - value == 0:  # finite (NaN and infinities give NaN): the common case, one arithmetic test
+        return repr(value) if isinstance(value, float) else str(value)
+    return describe(value)
 
 
-def _stats_cells(stats: TensorStats | None) -> list[Any]:
-    if stats is None:
-        return ["", "", ""]
-    return [_number(stats.max), _number(stats.min), _number(stats.mean)]
-
-
-def _count(stats: TensorStats | None, field: str) -> Any:
-    value = getattr(stats, field, None) if stats is not None else None
-    return "" if value is None else value
+def _guarded(text: str) -> str:
+    """Return free text as a cell: only text starting like a formula goes through :func:`guard_cell`."""
+    return guard_cell(text) if text[:1] in _FORMULA_FIRST else text
 
 
 def csv_header(result: CompareResult) -> list[str]:
@@ -129,68 +126,234 @@ def csv_header(result: CompareResult) -> list[str]:
     ]
 
 
-def csv_row(row: ComparisonRow, header: list[str]) -> list[Any]:
-    """Return one report row's cells in header order."""
-    golden, my = row.golden, row.my
-    deciding = row.metrics.get(row.deciding_metric or "")
-    cells: dict[str, Any] = {
-        "token_id": golden.key.step,
-        "data_id": golden.attrs.get("data_id", row.index),  # a manual mapping names it
-        "golden_data_path": golden.source_path,
-        "golden_op_type": golden.op_type or "",
-        "golden_dtype": f"torch.{golden.dtype}",
-        "golden_shape": str(list(golden.shape)),
-        "my_data_path": my.source_path,
-        "my_op_type": my.op_type or "",
-        "my_dtype": f"torch.{my.dtype}",
-        "my_shape": str(list(my.shape)),
-        "cmp_fail_reason": row.reason,
-        "name": golden.key.name,
-        "step": golden.key.step,
-        "io": golden.key.io,
-        "position": golden.key.position,
-        "call_index": golden.key.call_index,
-        "my_name": my.key.name,
-        "verdict": row.verdict,
-        "deciding_metric": row.deciding_metric or "",
-        "deciding_value": _number(deciding.value) if deciding else "",
-        "warn_threshold": _number(deciding.warn_threshold) if deciding else "",
-        "fail_threshold": _number(deciding.fail_threshold) if deciding else "",
-        "judged_as": row.judged_as,
-        "pairing_rule": row.rule,
-        "attribution": row.attribution,
-        "fed_by": " | ".join(row.fed_by),
-        "golden_nan_count": _count(row.golden_stats, "nan_count"),
-        "golden_inf_count": _count(row.golden_stats, "inf_count"),
-        "my_nan_count": _count(row.my_stats, "nan_count"),
-        "my_inf_count": _count(row.my_stats, "inf_count"),
-        "nonfinite_mismatch": row.nonfinite_mismatch,
-        "error": _number(row.error),
-        "feeder_error": _number(row.feeder_error),
-        "growth": _number(row.growth),
-        "structure": row.structure,
-        "sibling_growth": (
-            f"{describe(row.sibling_growth[0])}-{describe(row.sibling_growth[1])}" if row.sibling_growth else ""
-        ),
-        "expected_error": _number(row.expected_error),
-        "noise_error": _number(row.noise_error),
-        "evidence": row.evidence,
-    }
-    for prefix, stats in (("golden", row.golden_stats), ("my", row.my_stats)):
-        for column, value in zip(("max_value", "min_value", "mean_value"), _stats_cells(stats)):
-            cells[f"{prefix}_{column}"] = value
-    for name, result in row.metrics.items():
-        cells.setdefault(name, _number(result.value))
-    values = [cells.get(column, "") for column in header]
-    # only text starting like a formula needs the guard: one set lookup per cell instead of a call
-    return [guard_cell(value) if isinstance(value, str) and value[:1] in _FORMULA_FIRST else value for value in values]
+#: The columns that hold text, in the order :meth:`_Cells.row` lists them.
+_TEXT_COLUMNS = (
+    "token_id",
+    "data_id",
+    "golden_data_path",
+    "golden_op_type",
+    "golden_dtype",
+    "golden_shape",
+    "my_data_path",
+    "my_op_type",
+    "my_dtype",
+    "my_shape",
+    "cmp_fail_reason",
+    "name",
+    "step",
+    "io",
+    "position",
+    "call_index",
+    "my_name",
+    "verdict",
+    "deciding_metric",
+    "judged_as",
+    "pairing_rule",
+    "attribution",
+    "fed_by",
+    "structure",
+    "sibling_growth",
+    "evidence",
+)
+#: The metric columns among the fixed ones, in header order: the seed's seven, then llmcheck's rmse and sqnr.
+_FIXED_METRICS = (*SEED_METRICS, "rmse", "sqnr")
+#: The columns that hold numbers, in the order :meth:`_Cells.row` lists them (the extra metric columns follow).
+_NUMBER_COLUMNS = (
+    *(f"{side}_{stat}_value" for side in ("golden", "my") for stat in ("max", "min", "mean")),
+    *_FIXED_METRICS,
+    "deciding_value",
+    "warn_threshold",
+    "fail_threshold",
+    "golden_nan_count",
+    "golden_inf_count",
+    "my_nan_count",
+    "my_inf_count",
+    "nonfinite_mismatch",
+    "error",
+    "feeder_error",
+    "growth",
+    "expected_error",
+    "noise_error",
+)
+#: The types whose ``repr`` is their csv text (``None`` aside, which is an empty cell), NaN and infinities included.
+_REPR_TYPES = frozenset({float, int, bool, type(None)})
+
+
+class _Cells:
+    """Builds the cells of report rows in header order, as text (numbers as csv writes them).
+
+    ~10**5 rows of 55+ cells make a decode dump's CSV. Each row is listed as its text
+    cells and its numbers; the numbers become text in one ``repr`` of their list (the
+    ``repr`` csv itself uses, without a call per cell), and one ``itemgetter`` puts all
+    cells in header order. Shapes and dtypes repeat and are formatted once.
+    """
+
+    def __init__(self, header: Sequence[str]) -> None:
+        self.extra_columns = tuple(header[len(SEED_COLUMNS) + len(OWN_COLUMNS) :])
+        listed = {column: index for index, column in enumerate((*_TEXT_COLUMNS, *_NUMBER_COLUMNS, *self.extra_columns))}
+        self._in_header_order = itemgetter(*(listed[column] for column in header))
+        self._shapes: dict[tuple[int, ...], str] = {}
+        self._dtypes: dict[str, str] = {}
+
+    def _shape(self, shape: tuple[int, ...]) -> str:
+        text = self._shapes.get(shape)
+        if text is None:
+            text = self._shapes[shape] = str(list(shape))
+        return text
+
+    def _dtype(self, dtype: str) -> str:
+        text = self._dtypes.get(dtype)
+        if text is None:
+            text = self._dtypes[dtype] = guard_cell(f"torch.{dtype}")
+        return text
+
+    def row(self, row: ComparisonRow) -> tuple[Any, ...]:
+        """Return one report row's cells in header order."""
+        golden, my = row.golden, row.my
+        key = golden.key
+        metrics = row.metrics
+        data_id = golden.attrs.get("data_id", row.index)  # a manual mapping names it
+        sibling_growth = row.sibling_growth
+        texts = [
+            key.step,
+            _guarded(data_id) if data_id.__class__ is str else data_id,
+            _guarded(golden.source_path),
+            _guarded(golden.op_type or ""),
+            self._dtype(golden.dtype),
+            self._shape(golden.shape),
+            _guarded(my.source_path),
+            _guarded(my.op_type or ""),
+            self._dtype(my.dtype),
+            self._shape(my.shape),
+            _guarded(row.reason),
+            _guarded(key.name),
+            key.step,
+            _guarded(key.io),
+            _guarded(key.position),
+            key.call_index,
+            _guarded(my.key.name),
+            _guarded(row.verdict),
+            _guarded(row.deciding_metric or ""),
+            _guarded(row.judged_as),
+            _guarded(row.rule),
+            _guarded(row.attribution),
+            _guarded(" | ".join(row.fed_by)),
+            _guarded(row.structure),
+            _guarded(f"{describe(sibling_growth[0])}-{describe(sibling_growth[1])}") if sibling_growth else "",
+            _guarded(row.evidence),
+        ]
+        golden_stats, my_stats = row.golden_stats or _NO_STATS, row.my_stats or _NO_STATS
+        deciding = metrics.get(row.deciding_metric or "") or _NO_RESULT
+        numbers = [
+            golden_stats.max,
+            golden_stats.min,
+            golden_stats.mean,
+            my_stats.max,
+            my_stats.min,
+            my_stats.mean,
+            *[None if (result := metrics.get(name)) is None else result.value for name in _FIXED_METRICS],
+            deciding.value,
+            deciding.warn_threshold,
+            deciding.fail_threshold,
+            golden_stats.nan_count,
+            golden_stats.inf_count,
+            my_stats.nan_count,
+            my_stats.inf_count,
+            row.nonfinite_mismatch,
+            row.error,
+            row.feeder_error,
+            row.growth,
+            row.expected_error,
+            row.noise_error,
+            *[None if (result := metrics.get(name)) is None else result.value for name in self.extra_columns],
+        ]
+        if _REPR_TYPES.issuperset(map(type, numbers)):
+            # repr of a float is csv's text, and for NaN and infinities the words describe() gives;
+            # no number's repr holds ", " or "None"
+            texts += repr(numbers)[1:-1].replace("None", "").split(", ")
+        else:
+            texts += map(_number, numbers)
+        return self._in_header_order(texts)
+
+
+_NO_STATS = TensorStats()
+
+
+class _NoResult:
+    """The deciding metric's result of a row no metric decided: every cell empty."""
+
+    value = warn_threshold = fail_threshold = None
+
+
+_NO_RESULT = _NoResult()
+
+
+def csv_rows(result: CompareResult, header: Sequence[str]) -> Iterator[tuple[Any, ...]]:
+    """Yield each report row's cells in ``header`` order (a header from :func:`csv_header`)."""
+    return map(_Cells(header).row, result.rows)
+
+
+#: The shape columns: the only fixed cells that hold a comma (``[1, 1, 1024]``), so csv quotes them.
+_GOLDEN_SHAPE, _MY_SHAPE = SEED_COLUMNS.index("golden_shape"), SEED_COLUMNS.index("my_shape")
+#: The types whose csv text is ``str(cell)``: csv prints a float by ``repr``, the same for ``float`` itself only.
+_PLAIN_TYPES = frozenset({str, int, float, bool})
+_CSV_SPECIAL = (",", '"', "\r", "\n")
+
+
+def _csv_field(text: str) -> str:
+    """Return ``text`` as csv's default (excel) dialect writes it: quoted, its quotes doubled, if it holds , " CR or LF."""
+    if any(special in text for special in _CSV_SPECIAL):
+        return '"' + text.replace('"', '""') + '"'
+    return text
+
+
+class _CsvLines:
+    """Turns rows of cells into the lines ``csv.writer`` writes for them, the common case without calling it.
+
+    ``csv.writer`` looks at every character of every cell; for a row of plain cells
+    (text, ints, floats) none of which needs quoting but the shapes, ``",".join`` gives
+    the same line several times faster. Whether a row is plain is checked exactly on the
+    joined text (no quote, no line break, no comma beyond the separators and the shapes');
+    any other row goes through ``csv.writer`` itself.
+    """
+
+    def __init__(self) -> None:
+        self._buffer = io.StringIO()
+        self._writer = csv.writer(self._buffer)
+        self._fields: dict[str, str] = {}
+
+    def written_by_csv(self, cells: Sequence[Any]) -> str:
+        """Return the line ``csv.writer`` writes for ``cells``."""
+        self._buffer.seek(0)
+        self._buffer.truncate()
+        self._writer.writerow(cells)
+        return self._buffer.getvalue()
+
+    def line(self, cells: Sequence[Any]) -> str:
+        """Return the csv line of one report row (shapes at their columns)."""
+        golden_shape, my_shape = cells[_GOLDEN_SHAPE], cells[_MY_SHAPE]
+        head = ",".join(map(str, cells[:_GOLDEN_SHAPE]))
+        middle = ",".join(map(str, cells[_GOLDEN_SHAPE + 1 : _MY_SHAPE]))
+        tail = ",".join(map(str, cells[_MY_SHAPE + 1 :]))
+        unquoted = head + middle + tail
+        if (
+            _PLAIN_TYPES.issuperset(map(type, cells))
+            and unquoted.count(",") == len(cells) - 5  # the separators within the three parts: no comma in a cell
+            and '"' not in unquoted
+            and "\r" not in unquoted
+            and "\n" not in unquoted
+        ):
+            fields = self._fields
+            golden_field = fields.get(golden_shape) or fields.setdefault(golden_shape, _csv_field(golden_shape))
+            my_field = fields.get(my_shape) or fields.setdefault(my_shape, _csv_field(my_shape))
+            return f"{head},{golden_field},{middle},{my_field},{tail}\r\n"
+        return self.written_by_csv(cells)
 
 
 def write_csv(result: CompareResult, path: Path) -> None:
     """Write cmp_report.csv: one row per pair, in golden execution order."""
     header = csv_header(result)
+    lines = _CsvLines()
     with atomic_output(path, "w", newline="", encoding="utf-8") as handle:
-        writer = csv.writer(handle)
-        writer.writerow(header)
-        for row in result.rows:
-            writer.writerow(csv_row(row, header))
+        handle.write(lines.written_by_csv(header))
+        handle.writelines(map(lines.line, csv_rows(result, header)))
