@@ -182,6 +182,69 @@ def key_from_json(value: Any, where: Path, what: str) -> RecordKey:
         raise UsageError(f"{what}: step, call_index and rank must be integers", where=where) from exc
 
 
+#: What ``json.dumps`` writes for a text (quoted, non-ASCII as ``\\uXXXX``): the C encoder behind it.
+_json_text = json.encoder.encode_basestring_ascii
+#: The field types of a :class:`RecordKey` written without ``json.dumps`` (any other goes through it).
+_PLAIN_KEY_TYPES = (str, str, str, int, int, str, int)
+
+
+def key_json_text(key: RecordKey) -> str:
+    """Return ``json.dumps(key_to_json(key))``, written directly for a key of plain str and int fields.
+
+    pairs.json holds two keys per pair and one per unmatched record, ~10**5 of them in a
+    decode dump: a format string is several times cheaper than a ``json.dumps`` call each.
+    """
+    name, io, position, step, call_index, moment, rank = (
+        key.name,
+        key.io,
+        key.position,
+        key.step,
+        key.call_index,
+        key.moment,
+        key.rank,
+    )
+    if (type(name), type(io), type(position), type(step), type(call_index), type(moment), type(rank)) != (
+        _PLAIN_KEY_TYPES
+    ):
+        return json.dumps(key_to_json(key))
+    text = (
+        f'{{"name": {_json_text(name)}, "io": {_json_text(io)}, "position": {_json_text(position)}, '
+        f'"step": {step}, "call_index": {call_index}, "moment": {_json_text(moment)}'
+    )
+    return f'{text}, "rank": {rank}}}' if rank else text + "}"
+
+
+def _pair_json_text(pair: Pair, derived: bool) -> str:
+    """Return ``json.dumps`` of one pairs.json pair entry, written directly when its rule, note and priority are plain."""
+    rule, note, priority = pair.rule, pair.note, pair.priority
+    if type(rule) is not str or type(note) is not str or not isinstance(priority, int) or isinstance(priority, bool):
+        entry = {
+            "golden": key_to_json(pair.golden.key),  # type: ignore[union-attr]
+            "my": key_to_json(pair.my.key),  # type: ignore[union-attr]
+            "rule": rule,
+            "priority": priority,
+            **({"note": note} if note else {}),
+            **({"derived": True} if derived else {}),
+        }
+        return json.dumps(entry)
+    text = (
+        f'{{"golden": {key_json_text(pair.golden.key)}, "my": {key_json_text(pair.my.key)}, '  # type: ignore[union-attr]
+        f'"rule": {_json_text(rule)}, "priority": {int.__repr__(priority)}'  # an IntEnum prints as its number
+    )
+    if note:
+        text += f', "note": {_json_text(note)}'
+    return text + (', "derived": true}' if derived else "}")
+
+
+def _unmatched_json_text(item: Unmatched) -> str:
+    """Return ``json.dumps`` of one unmatched record's entry."""
+    key_text = key_json_text(item.record.key)
+    if type(item.note) is not str:
+        return json.dumps(_unmatched_json(item))
+    expected = ', "expected": true}' if item.expected else "}"
+    return f'{key_text[:-1]}, "note": {_json_text(item.note)}{expected}'
+
+
 def write_pairs_json(path: Path, pairing: Pairing, golden: Dump, my: Dump) -> None:
     """Write pairs.json: every kept pair with its rule, then the unmatched records of each side.
 
@@ -196,40 +259,31 @@ def write_pairs_json(path: Path, pairing: Pairing, golden: Dump, my: Dump) -> No
         "golden_root": str(golden.root),
         "my_root": str(my.root),
         "how_to_edit": "fix or add pairs, then rerun: llmcheck compare ... --mapping pairs.json",
-        "pairs": [
-            {
-                "golden": key_to_json(pair.golden.key),  # type: ignore[union-attr]
-                "my": key_to_json(pair.my.key),  # type: ignore[union-attr]
-                "rule": pair.rule,
-                "priority": pair.priority,
-                **({"note": pair.note} if pair.note else {}),
-                **({} if id(pair.golden) in loaded and id(pair.my) in loaded else {"derived": True}),
-            }
-            for pair in pairing.pairs
-        ],
-        "unmatched_golden": [_unmatched_json(item) for item in pairing.unmatched_golden],
-        "unmatched_my": [_unmatched_json(item) for item in pairing.unmatched_my],
     }
-    atomic_write_text(path, _one_entry_per_line(document))
+    entries = {
+        "pairs": [
+            _pair_json_text(pair, not (id(pair.golden) in loaded and id(pair.my) in loaded)) for pair in pairing.pairs
+        ],
+        "unmatched_golden": [_unmatched_json_text(item) for item in pairing.unmatched_golden],
+        "unmatched_my": [_unmatched_json_text(item) for item in pairing.unmatched_my],
+    }
+    atomic_write_text(path, _one_entry_per_line(document, entries))
 
 
 def _unmatched_json(item: Unmatched) -> dict[str, Any]:
     return {**key_to_json(item.record.key), "note": item.note, **({"expected": True} if item.expected else {})}
 
 
-def _one_entry_per_line(document: Mapping[str, Any]) -> str:
-    """Return a JSON object with each list entry on a line of its own (easy to edit and to diff).
+def _one_entry_per_line(document: Mapping[str, Any], lists: Mapping[str, list[str]]) -> str:
+    """Return a JSON object, ``document``'s fields and then ``lists`` of JSON texts, each list entry on a line of its own.
 
-    Encoding each entry compactly runs in C; ``indent`` would send 10^5 pairs through the
-    pure-Python encoder.
+    One entry per line is easy to edit and to diff; ``indent`` would send 10**5 pairs through
+    the pure-Python encoder.
     """
-    fields = []
-    for key, value in document.items():
-        if isinstance(value, list):
-            entries = ",\n".join("  " + json.dumps(entry) for entry in value)
-            fields.append(f" {json.dumps(key)}: [\n{entries}\n ]" if value else f" {json.dumps(key)}: []")
-        else:
-            fields.append(f" {json.dumps(key)}: {json.dumps(value)}")
+    fields = [f" {json.dumps(key)}: {json.dumps(value)}" for key, value in document.items()]
+    for key, entries in lists.items():
+        joined = ",\n  ".join(entries)
+        fields.append(f" {json.dumps(key)}: [\n  {joined}\n ]" if entries else f" {json.dumps(key)}: []")
     return "{\n" + ",\n".join(fields) + "\n}\n"
 
 
