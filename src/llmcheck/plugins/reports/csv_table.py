@@ -101,11 +101,16 @@ def guard_cell(value: Any) -> Any:
 
 def _number(value: float | int | None) -> str:
     """Return a number cell as csv writes it: empty for ``None``, ``nan``/``inf``/``-inf`` as words, a float by ``repr``."""
+    if value is None or value - value == 0:  # finite (NaN and infinities give NaN)
+        return _csv_text(value)
+    return describe(value)
+
+
+def _csv_text(value: Any) -> str:
+    """Return the text csv writes for a value that is not text: ``repr`` of a float, nothing for ``None``, else ``str``."""
     if value is None:
         return ""
-    if value - value == 0:  # finite (NaN and infinities give NaN): the common case, one arithmetic test
-        return repr(value) if isinstance(value, float) else str(value)
-    return describe(value)
+    return repr(value) if isinstance(value, float) else str(value)
 
 
 def _guarded(text: str) -> str:
@@ -207,16 +212,16 @@ class _Cells:
             text = self._dtypes[dtype] = guard_cell(f"torch.{dtype}")
         return text
 
-    def row(self, row: ComparisonRow) -> tuple[Any, ...]:
-        """Return one report row's cells in header order."""
+    def row(self, row: ComparisonRow) -> tuple[str, ...]:
+        """Return one report row's cells in header order, each the text csv writes for it."""
         golden, my = row.golden, row.my
         key = golden.key
         metrics = row.metrics
         data_id = golden.attrs.get("data_id", row.index)  # a manual mapping names it
         sibling_growth = row.sibling_growth
         texts = [
-            key.step,
-            _guarded(data_id) if data_id.__class__ is str else data_id,
+            _csv_text(key.step),
+            _guarded(data_id) if data_id.__class__ is str else _csv_text(data_id),
             _guarded(golden.source_path),
             _guarded(golden.op_type or ""),
             self._dtype(golden.dtype),
@@ -227,10 +232,10 @@ class _Cells:
             self._shape(my.shape),
             _guarded(row.reason),
             _guarded(key.name),
-            key.step,
+            _csv_text(key.step),
             _guarded(key.io),
             _guarded(key.position),
-            key.call_index,
+            _csv_text(key.call_index),
             _guarded(my.key.name),
             _guarded(row.verdict),
             _guarded(row.deciding_metric or ""),
@@ -288,15 +293,13 @@ class _NoResult:
 _NO_RESULT = _NoResult()
 
 
-def csv_rows(result: CompareResult, header: Sequence[str]) -> Iterator[tuple[Any, ...]]:
+def csv_rows(result: CompareResult, header: Sequence[str]) -> Iterator[tuple[str, ...]]:
     """Yield each report row's cells in ``header`` order (a header from :func:`csv_header`)."""
     return map(_Cells(header).row, result.rows)
 
 
 #: The shape columns: the only fixed cells that hold a comma (``[1, 1, 1024]``), so csv quotes them.
 _GOLDEN_SHAPE, _MY_SHAPE = SEED_COLUMNS.index("golden_shape"), SEED_COLUMNS.index("my_shape")
-#: The types whose csv text is ``str(cell)``: csv prints a float by ``repr``, the same for ``float`` itself only.
-_PLAIN_TYPES = frozenset({str, int, float, bool})
 _CSV_SPECIAL = (",", '"', "\r", "\n")
 
 
@@ -310,8 +313,8 @@ def _csv_field(text: str) -> str:
 class _CsvLines:
     """Turns rows of cells into the lines ``csv.writer`` writes for them, the common case without calling it.
 
-    ``csv.writer`` looks at every character of every cell; for a row of plain cells
-    (text, ints, floats) none of which needs quoting but the shapes, ``",".join`` gives
+    ``csv.writer`` looks at every character of every cell; for a row of text cells none
+    of which needs quoting but the shapes, ``",".join`` gives
     the same line several times faster. Whether a row is plain is checked exactly on the
     joined text (no quote, no line break, no comma beyond the separators and the shapes');
     any other row goes through ``csv.writer`` itself.
@@ -329,16 +332,15 @@ class _CsvLines:
         self._writer.writerow(cells)
         return self._buffer.getvalue()
 
-    def line(self, cells: Sequence[Any]) -> str:
-        """Return the csv line of one report row (shapes at their columns)."""
+    def line(self, cells: Sequence[str]) -> str:
+        """Return the csv line of one report row: text cells (:meth:`_Cells.row`), shapes at their columns."""
         golden_shape, my_shape = cells[_GOLDEN_SHAPE], cells[_MY_SHAPE]
-        head = ",".join(map(str, cells[:_GOLDEN_SHAPE]))
-        middle = ",".join(map(str, cells[_GOLDEN_SHAPE + 1 : _MY_SHAPE]))
-        tail = ",".join(map(str, cells[_MY_SHAPE + 1 :]))
+        head = ",".join(cells[:_GOLDEN_SHAPE])
+        middle = ",".join(cells[_GOLDEN_SHAPE + 1 : _MY_SHAPE])
+        tail = ",".join(cells[_MY_SHAPE + 1 :])
         unquoted = head + middle + tail
         if (
-            _PLAIN_TYPES.issuperset(map(type, cells))
-            and unquoted.count(",") == len(cells) - 5  # the separators within the three parts: no comma in a cell
+            unquoted.count(",") == len(cells) - 5  # the separators within the three parts: no comma in a cell
             and '"' not in unquoted
             and "\r" not in unquoted
             and "\n" not in unquoted

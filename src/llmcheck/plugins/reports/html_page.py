@@ -23,7 +23,7 @@ import msgspec
 from llmcheck.plugin_api import (
     ComparisonRow,
     MetricSpec,
-    atomic_write_text,
+    atomic_output,
     depth_points,
     drawn_step,
     error_measure,
@@ -48,44 +48,98 @@ def _number(value: Any) -> Any:
     return json_safe(value) if isinstance(value, float) and not math.isfinite(value) else value
 
 
-def _row_data(row: ComparisonRow, metric_names: list[str], measure: MetricSpec | None) -> dict[str, Any]:
-    """Return one row of the page's table, JSON-safe already (rows are most of the page: no second pass)."""
-    key = row.golden.key
-    results = [row.metrics.get(name) for name in metric_names]
-    return {
-        "id": row.index,
-        "name": key.name,
-        "call": key.call_index,
-        "step": key.step,
-        "io": key.io,
-        "pos": key.position,
-        "mn": row.my.key.name,
-        "op": row.golden.op_type,
-        "gd": row.golden.dtype,
-        "md": row.my.dtype,
-        "shape": str(list(row.golden.shape)),
-        "v": row.verdict,
-        "d": row.deciding_metric,
-        "a": row.attribution,
-        "rule": row.rule,
-        "why": row.reason,
-        "fb": list(row.fed_by),
-        "ja": row.judged_as,
-        "m": [_number(result.value) if result else None for result in results],
-        "wt": [_number(result.warn_threshold) if result else None for result in results],
-        "ft": [_number(result.fail_threshold) if result else None for result in results],
-        "mv": [result.verdict if result and result.fail_threshold is not None else None for result in results],
-        "cmp": [result.comparison if result else None for result in results],
-        "e": _number(row_error(row, measure)),
-        "fe": _number(row.feeder_error),
-        "g": _number(row.growth),
-        "x": _number(row.expected_error),
-        "ne": _number(row.noise_error),
-        "st": row.structure or placement(row).structure,
-        "sg": [_number(value) for value in row.sibling_growth] if row.sibling_growth else None,
-        "sc": row.sibling_count,
-        "ev": row.evidence,
-    }
+def _numbers(values: list[Any]) -> list[Any]:
+    return [_number(value) for value in values]
+
+
+def _finite(values: list[Any]) -> bool:
+    """Return whether none of ``values`` (numbers and ``None``) is NaN or infinite, in one C-level pass.
+
+    The sum of the truthy values is finite when each is (``None`` and zeros are left out,
+    and a sum overflowing to infinity only sends the row the slow way); a value of another
+    type makes it answer False, so the row is converted value by value as before.
+    """
+    try:
+        total = sum(filter(None, values))
+    except TypeError:
+        return False
+    return bool(total - total == 0)
+
+
+class _Rows:
+    """Builds the page's table rows, JSON-safe already (rows are most of the page: no second pass).
+
+    ~10**5 rows in a decode dump: each row's numbers are checked for NaN and infinities in
+    one pass (:func:`_finite`) and converted one by one only when one is; shapes repeat and
+    are formatted once.
+    """
+
+    def __init__(self, metric_names: list[str], measure: MetricSpec | None) -> None:
+        self.metric_names = metric_names
+        self.measure = measure
+        self._shapes: dict[tuple[int, ...], str] = {}
+
+    def row(self, row: ComparisonRow) -> dict[str, Any]:
+        """Return one row of the page's table."""
+        key, golden = row.golden.key, row.golden
+        metrics = row.metrics
+        results = [metrics.get(name) for name in self.metric_names]
+        values = [None if result is None else result.value for result in results]
+        warn = [None if result is None else result.warn_threshold for result in results]
+        fail = [None if result is None else result.fail_threshold for result in results]
+        error = row_error(row, self.measure)
+        feeder_error, growth, expected_error, noise_error = (
+            row.feeder_error,
+            row.growth,
+            row.expected_error,
+            row.noise_error,
+        )
+        sibling_growth = list(row.sibling_growth) if row.sibling_growth else None
+        if not _finite([*values, *warn, *fail, error, feeder_error, growth, expected_error, noise_error]) or (
+            sibling_growth is not None and not _finite(sibling_growth)
+        ):
+            values, warn, fail = _numbers(values), _numbers(warn), _numbers(fail)
+            error, feeder_error, growth, expected_error, noise_error = _numbers(
+                [error, feeder_error, growth, expected_error, noise_error]
+            )
+            sibling_growth = None if sibling_growth is None else _numbers(sibling_growth)
+        shape = self._shapes.get(golden.shape)
+        if shape is None:
+            shape = self._shapes[golden.shape] = str(list(golden.shape))
+        return {
+            "id": row.index,
+            "name": key.name,
+            "call": key.call_index,
+            "step": key.step,
+            "io": key.io,
+            "pos": key.position,
+            "mn": row.my.key.name,
+            "op": golden.op_type,
+            "gd": golden.dtype,
+            "md": row.my.dtype,
+            "shape": shape,
+            "v": row.verdict,
+            "d": row.deciding_metric,
+            "a": row.attribution,
+            "rule": row.rule,
+            "why": row.reason,
+            "fb": list(row.fed_by),
+            "ja": row.judged_as,
+            "m": values,
+            "wt": warn,
+            "ft": fail,
+            "mv": [None if result is None or result.fail_threshold is None else result.verdict for result in results],
+            "cmp": [None if result is None else result.comparison for result in results],
+            "e": error,
+            "fe": feeder_error,
+            "g": growth,
+            "x": expected_error,
+            "ne": noise_error,
+            "st": row.structure or placement(row).structure,
+            "sg": sibling_growth,
+            "sc": row.sibling_count,
+            "ev": row.evidence,
+        }
 
 
 def _depth_views(result: CompareResult, measure: MetricSpec | None) -> dict[str, Any]:
@@ -131,23 +185,30 @@ def report_data(result: CompareResult) -> dict[str, Any]:
             ],
         }
     )
-    data["rows"] = [
-        _row_data(row, metric_names, measure) for row in sorted(result.rows, key=lambda row: row.golden.order)
-    ]
+    data["rows"] = list(map(_Rows(metric_names, measure).row, sorted(result.rows, key=lambda row: row.golden.order)))
     return data
 
 
-def render_html(result: CompareResult) -> str:
-    """Return the report page with its data embedded."""
-    template = resources.files(__package__).joinpath(TEMPLATE_NAME).read_text(encoding="utf-8")
+def render_html(result: CompareResult) -> bytes:
+    """Return the report page with its data embedded, UTF-8 encoded."""
+    template = resources.files(__package__).joinpath(TEMPLATE_NAME).read_text(encoding="utf-8").encode("utf-8")
     # msgspec writes the ~10**5 table rows of a decode dump several times faster than json.dumps;
-    # the data is JSON-safe already (non-finite numbers are strings), and the page is UTF-8.
-    payload = msgspec.json.encode(report_data(result)).decode("utf-8")
+    # the data is JSON-safe already (non-finite numbers are strings), and the page is UTF-8: the
+    # encoded bytes go into the page as they are (a 50 MB text would be decoded, copied and encoded again).
+    payload = msgspec.json.encode(report_data(result))
     # Inside <script>, "</" could close the element early; U+2028/9 break older JS parsers.
-    payload = payload.replace("</", "<\\/").replace("\u2028", "\\u2028").replace("\u2029", "\\u2029")
-    return template.replace(DATA_PLACEHOLDER, payload, 1)
+    for unsafe, escaped in _SCRIPT_ESCAPES:
+        if unsafe in payload:
+            payload = payload.replace(unsafe, escaped)
+    head, placeholder, tail = template.partition(DATA_PLACEHOLDER.encode("utf-8"))
+    return b"".join((head, payload, tail)) if placeholder else template
+
+
+#: What must not appear inside the page's ``<script>`` element, and its JSON escape (as UTF-8 bytes).
+_SCRIPT_ESCAPES = ((b"</", b"<\\/"), ("\u2028".encode(), b"\\u2028"), ("\u2029".encode(), b"\\u2029"))
 
 
 def write_html(result: CompareResult, path: Path) -> None:
     """Write report.html."""
-    atomic_write_text(path, render_html(result))
+    with atomic_output(path, "wb") as handle:
+        handle.write(render_html(result))
