@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 from importlib import resources
+from operator import attrgetter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -22,6 +23,7 @@ import msgspec
 
 from llmcheck.plugin_api import (
     ComparisonRow,
+    MetricResult,
     MetricSpec,
     atomic_output,
     depth_points,
@@ -66,6 +68,10 @@ def _finite(values: list[Any]) -> bool:
     return bool(total - total == 0)
 
 
+_VALUE, _WARN, _FAIL = attrgetter("value"), attrgetter("warn_threshold"), attrgetter("fail_threshold")
+_VERDICT, _COMPARISON = attrgetter("verdict"), attrgetter("comparison")
+
+
 class _Rows:
     """Builds the page's table rows, JSON-safe already (rows are most of the page: no second pass).
 
@@ -77,16 +83,27 @@ class _Rows:
     def __init__(self, metric_names: list[str], measure: MetricSpec | None) -> None:
         self.metric_names = metric_names
         self.measure = measure
+        self._all_metrics = frozenset(metric_names)
         self._shapes: dict[tuple[int, ...], str] = {}
 
     def row(self, row: ComparisonRow) -> dict[str, Any]:
         """Return one row of the page's table."""
         key, golden = row.golden.key, row.golden
         metrics = row.metrics
-        results = [metrics.get(name) for name in self.metric_names]
-        values = [None if result is None else result.value for result in results]
-        warn = [None if result is None else result.warn_threshold for result in results]
-        fail = [None if result is None else result.fail_threshold for result in results]
+        if self._all_metrics <= metrics.keys():  # every plotted metric measured (C-level attribute reads)
+            results: list[MetricResult | None] = list(map(metrics.__getitem__, self.metric_names))
+            values, warn, fail = (list(map(read, results)) for read in (_VALUE, _WARN, _FAIL))
+            verdicts = [None if limit is None else verdict for verdict, limit in zip(map(_VERDICT, results), fail)]
+            comparisons: list[str | None] = list(map(_COMPARISON, results))
+        else:
+            results = [metrics.get(name) for name in self.metric_names]
+            values = [None if result is None else result.value for result in results]
+            warn = [None if result is None else result.warn_threshold for result in results]
+            fail = [None if result is None else result.fail_threshold for result in results]
+            verdicts = [
+                None if result is None or result.fail_threshold is None else result.verdict for result in results
+            ]
+            comparisons = [None if result is None else result.comparison for result in results]
         error = row_error(row, self.measure)
         feeder_error, growth, expected_error, noise_error = (
             row.feeder_error,
@@ -128,8 +145,8 @@ class _Rows:
             "m": values,
             "wt": warn,
             "ft": fail,
-            "mv": [None if result is None or result.fail_threshold is None else result.verdict for result in results],
-            "cmp": [None if result is None else result.comparison for result in results],
+            "mv": verdicts,
+            "cmp": comparisons,
             "e": error,
             "fe": feeder_error,
             "g": growth,
@@ -189,26 +206,28 @@ def report_data(result: CompareResult) -> dict[str, Any]:
     return data
 
 
-def render_html(result: CompareResult) -> bytes:
-    """Return the report page with its data embedded, UTF-8 encoded."""
+def page_parts(result: CompareResult) -> tuple[bytes, ...]:
+    """Return the report page, UTF-8 encoded, as the parts to write one after the other: the data goes between two."""
     template = resources.files(__package__).joinpath(TEMPLATE_NAME).read_text(encoding="utf-8").encode("utf-8")
     # msgspec writes the ~10**5 table rows of a decode dump several times faster than json.dumps;
     # the data is JSON-safe already (non-finite numbers are strings), and the page is UTF-8: the
     # encoded bytes go into the page as they are (a 50 MB text would be decoded, copied and encoded again).
     payload = msgspec.json.encode(report_data(result))
-    # Inside <script>, "</" could close the element early; U+2028/9 break older JS parsers.
-    for unsafe, escaped in _SCRIPT_ESCAPES:
-        if unsafe in payload:
-            payload = payload.replace(unsafe, escaped)
+    # Inside <script>, "</" could close the element early; U+2028/9 (UTF-8 E2 80 A8/A9) break older JS parsers.
+    if b"</" in payload:
+        payload = payload.replace(b"</", b"<\\/")
+    if b"\xe2\x80" in payload:
+        payload = payload.replace("\u2028".encode(), b"\\u2028").replace("\u2029".encode(), b"\\u2029")
     head, placeholder, tail = template.partition(DATA_PLACEHOLDER.encode("utf-8"))
-    return b"".join((head, payload, tail)) if placeholder else template
+    return (head, payload, tail) if placeholder else (template,)
 
 
-#: What must not appear inside the page's ``<script>`` element, and its JSON escape (as UTF-8 bytes).
-_SCRIPT_ESCAPES = ((b"</", b"<\\/"), ("\u2028".encode(), b"\\u2028"), ("\u2029".encode(), b"\\u2029"))
+def render_html(result: CompareResult) -> bytes:
+    """Return the report page with its data embedded, UTF-8 encoded."""
+    return b"".join(page_parts(result))
 
 
 def write_html(result: CompareResult, path: Path) -> None:
     """Write report.html."""
     with atomic_output(path, "wb") as handle:
-        handle.write(render_html(result))
+        handle.writelines(page_parts(result))
