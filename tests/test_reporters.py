@@ -100,3 +100,29 @@ def test_the_backend_option_example_of_the_hook_reference_declares_its_flag(llmc
     facade = llmcheck_plugins(_hook_example("llmcheck_register_backend_options"))
     (repeat,) = facade.backend_options("plain")
     assert repeat.flag_text == "-r/--repeat" and repeat.value(3) == 3 and repeat.default == 1
+
+
+def test_reporters_write_with_the_cyclic_collector_paused_and_get_it_back(llmcheck_plugins, runs, tmp_path) -> None:
+    """~10**5 report rows beside the compare's live objects: a full collection would walk them all, freeing nothing."""
+    import gc
+
+    from llmcheck.core.compare import compare_dumps
+    from llmcheck.core.reporters import Reporter, write_reports
+    from llmcheck.plugin_api import hookimpl
+
+    seen: list[bool] = []
+
+    class CollectorWatch:
+        @hookimpl
+        def llmcheck_register_reporters(self, register) -> None:
+            register(
+                Reporter("gcwatch", "notes the collector", "gc.txt", lambda result, path: seen.append(gc.isenabled()))
+            )
+
+    plugins = llmcheck_plugins(CollectorWatch())
+    golden, my = (plugins.load_tensors(path) for path in runs)
+    result = compare_dumps(golden, my, workers=1)
+    assert gc.isenabled()
+    written = write_reports(result, tmp_path / "out", ["gcwatch"])
+    assert seen == [False] and gc.isenabled()
+    assert set(written) == {"csv", "summary", "pairs", "html", "gcwatch"}

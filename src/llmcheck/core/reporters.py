@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from llmcheck.core.errors import LlmcheckError, PluginError, UsageError
+from llmcheck.core.gc_pause import paused_cyclic_gc
 
 if TYPE_CHECKING:  # pragma: no cover
     from llmcheck.core.compare import CompareResult
@@ -66,6 +67,7 @@ def choose_reporters(registered: Mapping[str, Reporter], requested: Sequence[str
     return chosen
 
 
+@paused_cyclic_gc()  # the reports build ~10**5 short-lived rows beside the compare's as many live objects
 def write_reports(result: CompareResult, output_dir: Path, requested: Sequence[str] = ()) -> dict[str, Path]:
     """Write the default reports and the ``requested`` ones into ``output_dir`` (created if needed); return their paths by name."""
     from llmcheck.core.plugins import get_plugins
