@@ -113,9 +113,11 @@ def _csv_text(value: Any) -> str:
     return repr(value) if isinstance(value, float) else str(value)
 
 
-def _guarded(text: str) -> str:
-    """Return free text as a cell: only text starting like a formula goes through :func:`guard_cell`."""
-    return guard_cell(text) if text[:1] in _FORMULA_FIRST else text
+def _cell(value: Any) -> str:
+    """Return a cell as csv writes it: text starting like a formula defused (:func:`guard_cell`), else as it is."""
+    if isinstance(value, str):
+        return guard_cell(value) if value[:1] in _FORMULA_FIRST else value
+    return _csv_text(value)
 
 
 def csv_header(result: CompareResult) -> list[str]:
@@ -131,35 +133,6 @@ def csv_header(result: CompareResult) -> list[str]:
     ]
 
 
-#: The columns that hold text, in the order :meth:`_Cells.row` lists them.
-_TEXT_COLUMNS = (
-    "token_id",
-    "data_id",
-    "golden_data_path",
-    "golden_op_type",
-    "golden_dtype",
-    "golden_shape",
-    "my_data_path",
-    "my_op_type",
-    "my_dtype",
-    "my_shape",
-    "cmp_fail_reason",
-    "name",
-    "step",
-    "io",
-    "position",
-    "call_index",
-    "my_name",
-    "verdict",
-    "deciding_metric",
-    "judged_as",
-    "pairing_rule",
-    "attribution",
-    "fed_by",
-    "structure",
-    "sibling_growth",
-    "evidence",
-)
 #: The metric columns among the fixed ones, in header order: the seed's seven, then llmcheck's rmse and sqnr.
 _FIXED_METRICS = (*SEED_METRICS, "rmse", "sqnr")
 #: The columns that hold numbers, in the order :meth:`_Cells.row` lists them (the extra metric columns follow).
@@ -180,6 +153,8 @@ _NUMBER_COLUMNS = (
     "expected_error",
     "noise_error",
 )
+#: The other fixed columns hold text; :meth:`_Cells.row` lists them in header order.
+_TEXT_COLUMNS = tuple(column for column in (*SEED_COLUMNS, *OWN_COLUMNS) if column not in _NUMBER_COLUMNS)
 #: The types whose ``repr`` is their csv text (``None`` aside, which is an empty cell), NaN and infinities included.
 _REPR_TYPES = frozenset({float, int, bool, type(None)})
 
@@ -217,35 +192,34 @@ class _Cells:
         golden, my = row.golden, row.my
         key = golden.key
         metrics = row.metrics
-        data_id = golden.attrs.get("data_id", row.index)  # a manual mapping names it
         sibling_growth = row.sibling_growth
         texts = [
-            _csv_text(key.step),
-            _guarded(data_id) if data_id.__class__ is str else _csv_text(data_id),
-            _guarded(golden.source_path),
-            _guarded(golden.op_type or ""),
+            _cell(key.step),
+            _cell(golden.attrs.get("data_id", row.index)),  # a manual mapping names it
+            _cell(golden.source_path),
+            _cell(golden.op_type or ""),
             self._dtype(golden.dtype),
             self._shape(golden.shape),
-            _guarded(my.source_path),
-            _guarded(my.op_type or ""),
+            _cell(my.source_path),
+            _cell(my.op_type or ""),
             self._dtype(my.dtype),
             self._shape(my.shape),
-            _guarded(row.reason),
-            _guarded(key.name),
-            _csv_text(key.step),
-            _guarded(key.io),
-            _guarded(key.position),
-            _csv_text(key.call_index),
-            _guarded(my.key.name),
-            _guarded(row.verdict),
-            _guarded(row.deciding_metric or ""),
-            _guarded(row.judged_as),
-            _guarded(row.rule),
-            _guarded(row.attribution),
-            _guarded(" | ".join(row.fed_by)),
-            _guarded(row.structure),
-            _guarded(f"{describe(sibling_growth[0])}-{describe(sibling_growth[1])}") if sibling_growth else "",
-            _guarded(row.evidence),
+            _cell(row.reason),
+            _cell(key.name),
+            _cell(key.step),
+            _cell(key.io),
+            _cell(key.position),
+            _cell(key.call_index),
+            _cell(my.key.name),
+            _cell(row.verdict),
+            _cell(row.deciding_metric or ""),
+            _cell(row.judged_as),
+            _cell(row.rule),
+            _cell(row.attribution),
+            _cell(" | ".join(row.fed_by)),
+            _cell(row.structure),
+            _cell(f"{describe(sibling_growth[0])}-{describe(sibling_growth[1])}") if sibling_growth else "",
+            _cell(row.evidence),
         ]
         golden_stats, my_stats = row.golden_stats or _NO_STATS, row.my_stats or _NO_STATS
         deciding = metrics.get(row.deciding_metric or "") or _NO_RESULT
