@@ -162,3 +162,26 @@ def test_a_compare_leaves_the_garbage_collector_as_it_found_it(
         assert gc.isenabled() is enabled_before
     finally:
         gc.enable()
+
+
+def test_a_paused_function_calling_itself_gives_the_collector_back() -> None:
+    """compare_dumps compares the noise twin by calling itself: the inner pause must not forget the outer state."""
+    import gc
+
+    from llmcheck.core.gc_pause import paused_cyclic_gc
+
+    inside: list[bool] = []
+
+    @paused_cyclic_gc()
+    def nested(depth: int) -> None:
+        inside.append(gc.isenabled())
+        if depth:
+            nested(depth - 1)
+
+    enabled_before = gc.isenabled()
+    gc.enable()
+    try:
+        nested(2)
+        assert inside == [False, False, False] and gc.isenabled()
+    finally:
+        (gc.enable if enabled_before else gc.disable)()

@@ -122,7 +122,11 @@ def test_reporters_write_with_the_cyclic_collector_paused_and_get_it_back(llmche
     plugins = llmcheck_plugins(CollectorWatch())
     golden, my = (plugins.load_tensors(path) for path in runs)
     result = compare_dumps(golden, my, workers=1)
-    assert gc.isenabled()
-    written = write_reports(result, tmp_path / "out", ["gcwatch"])
-    assert seen == [False] and gc.isenabled()
+    enabled_before = gc.isenabled()
+    gc.enable()
+    try:
+        written = write_reports(result, tmp_path / "out", ["gcwatch"])
+        assert seen == [False] and gc.isenabled()
+    finally:
+        (gc.enable if enabled_before else gc.disable)()
     assert set(written) == {"csv", "summary", "pairs", "html", "gcwatch"}

@@ -23,6 +23,11 @@ class paused_cyclic_gc(ContextDecorator):
     that had it disabled keeps it disabled.
     """
 
+    def _recreate_cm(self) -> paused_cyclic_gc:
+        # A decorator keeps one instance; each call needs its own saved state, or a decorated
+        # function calling itself (compare_dumps for the noise twin) would leave the collector off.
+        return type(self)()
+
     def __enter__(self) -> paused_cyclic_gc:
         self._was_enabled = gc.isenabled()
         gc.disable()
