@@ -32,7 +32,7 @@ def test_fx_file_names_give_node_target_io_and_list_positions():
     assert parse_fx_file_name("Add.Add_2.44.6.1706596912161941") is None
 
 
-def test_rank_layout_steps_are_the_folder_numbers_and_graphs_are_prefixed(tmp_path):
+def test_rank_layout_steps_are_the_folder_numbers_and_graphs_after_the_first_are_prefixed(tmp_path):
     rank = tmp_path / "worldsize1_global_rank0"
     for graph, stamp in (("gm_20240101000000000001_dump", "1"), ("gm_20240101000000000002_dump", "2")):
         for step in (0, 1):
@@ -45,12 +45,12 @@ def test_rank_layout_steps_are_the_folder_numbers_and_graphs_are_prefixed(tmp_pa
 
     labels = [r.key.label() for r in dump.records]
     assert labels == [
-        "graph0/add step 0 input.0",
-        "graph0/add step 0 output.0",
+        "add step 0 input.0",
+        "add step 0 output.0",
         "graph1/add step 0 input.0",
         "graph1/add step 0 output.0",
-        "graph0/add step 1 input.0",
-        "graph0/add step 1 output.0",
+        "add step 1 input.0",
+        "add step 1 output.0",
         "graph1/add step 1 input.0",
         "graph1/add step 1 output.0",
     ]

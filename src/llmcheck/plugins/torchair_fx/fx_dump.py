@@ -9,7 +9,10 @@ compiled graph, ``{node}-{target}.INPUT.{i}[.{j}].{ts}.npy`` and ``{node}-{targe
   counting from 1.
 
 Records: ``RecordKey(name=FX node name, io, position="i" or "i.j", step)``; with several
-graphs (several ``gm_*_dump`` folders) the name is prefixed ``graph{k}/``. ``op_type`` is the
+graphs (several ``gm_*_dump`` folders: graph breaks) the names of every graph after the
+first are prefixed ``graph{k}/`` -- the first graph's names stay plain, so a run with a
+graph break pairs its first graph with a run without one, and the names are those the FX
+capture's llmcheck layout writes (it cannot know of a second graph while writing the first). ``op_type`` is the
 ATen target, ``attrs`` carry ``fx_node``, ``fx_target``, ``graph_index`` and the timestamp.
 Data are byte ranges of the ``.npy`` files. Text arrays (numpy kinds ``U`` and ``S``: what
 torchair saves for a non-tensor argument, its ``str``) are counted in the manifest, not
@@ -224,7 +227,6 @@ def load_fx_dump(path: Path) -> Dump | None:
         )
     graph_folders = sorted({p.graph_folder for p in placements.values()})
     graph_index = {folder: index for index, folder in enumerate(graph_folders)}
-    prefixed = len(graph_folders) > 1
     ordered = sorted(
         files,
         key=lambda item: (
@@ -259,7 +261,7 @@ def load_fx_dump(path: Path) -> Dump | None:
         data = _tensor_data(file_path, header, dtype, saved_dtypes[file_path.parent].get(file_path.name))
         index = graph_index[placement.graph_folder]
         nodes_by_graph[index].setdefault(parsed.node, parsed.target)
-        name = f"graph{index}/{parsed.node}" if prefixed else parsed.node
+        name = f"graph{index}/{parsed.node}" if index else parsed.node
         records.append(
             TensorRecord(
                 key=RecordKey(name=name, io=parsed.io, position=parsed.position, step=placement.step),
