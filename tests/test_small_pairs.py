@@ -16,7 +16,7 @@ from llmcheck.core.records import RecordKey, TensorRecord
 from llmcheck.core.reporters import write_reports
 from llmcheck.core.store import DumpWriter, read_dump
 from llmcheck.core.tensor_io import dtype_name
-from llmcheck.plugins.metrics import accumulators, builtin_metric_specs
+from llmcheck.plugins.metrics import builtin_metric_specs
 
 METRIC_COLUMNS = [spec.name for spec in builtin_metric_specs()]
 STATISTICS_COLUMNS = [
@@ -93,13 +93,9 @@ def _csv_columns(result, folder: Path) -> dict[str, dict[str, str]]:
         }
 
 
-@pytest.mark.parametrize("dot", ["einsum", "blas"])  # this process's dot, and the worker processes' one
 def test_grouped_small_pairs_give_the_csv_metric_columns_of_streaming_exactly(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, dot: str
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    if dot == "blas":
-        monkeypatch.setattr(pair_chunk, "dot", np.dot)
-        monkeypatch.setattr(accumulators, "dot", np.dot)
     golden, my = (read_dump(path) for path in _runs(tmp_path))
     grouped = _csv_columns(compare_dumps(golden, my, workers=1), tmp_path / "grouped")
     monkeypatch.setattr(small_pairs, "SMALL_PAIR_VALUES", 0)
@@ -122,14 +118,24 @@ def test_a_cut_shard_is_reported_by_name_when_its_pairs_are_grouped(tmp_path: Pa
     assert shard.name in str(caught.value)
 
 
-@pytest.mark.parametrize("dot", ["einsum", "blas"])
-def test_row_dots_give_each_rows_dot_bit_for_bit_on_both_sides_of_einsums_buffer(
-    monkeypatch: pytest.MonkeyPatch, dot: str
-) -> None:
-    if dot == "blas":
-        monkeypatch.setattr(pair_chunk, "dot", np.dot)
+def test_row_dots_give_each_rows_dot_bit_for_bit() -> None:
     generator = np.random.default_rng(0)
-    for size in (1, 7, 1000, np.getbufsize(), np.getbufsize() + 3, 20000):
-        golden = generator.standard_normal((4, size))
-        my = golden * (1 + 1e-3 * generator.standard_normal((4, size)))
-        assert row_dots(golden, my) == [float(pair_chunk.dot(g, m)) for g, m in zip(golden, my)]
+    with pair_chunk.single_threaded_blas():
+        for size in (1, 7, 1000, np.getbufsize() + 3, 20000):  # BLAS would split a dot over 10 000 among threads
+            golden = generator.standard_normal((4, size))
+            my = golden * (1 + 1e-3 * generator.standard_normal((4, size)))
+            assert row_dots(golden, my) == [float(pair_chunk.dot(g, m)) for g, m in zip(golden, my)]
+
+
+@pytest.mark.slow
+def test_one_process_and_worker_processes_give_the_same_csv_metric_columns(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from llmcheck.core import metric_engine
+
+    golden, my = (read_dump(path) for path in _runs(tmp_path))
+    in_process = _csv_columns(compare_dumps(golden, my, workers=1), tmp_path / "j1")
+    monkeypatch.setattr(metric_engine, "PARALLEL_MIN_BYTES", 0)
+    in_workers = _csv_columns(compare_dumps(golden, my, workers=2), tmp_path / "j2")
+    assert in_process == in_workers  # -j 1 and -j 2 agree to the last digit, streamed pairs and grouped ones
+    assert in_process["large"]["cosine_similarity"] != in_process["fp32_7_0"]["cosine_similarity"]

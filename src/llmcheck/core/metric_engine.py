@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from llmcheck.core.errors import LlmcheckError
-from llmcheck.core.pair_chunk import PairChunk, Workspace
+from llmcheck.core.pair_chunk import PairChunk, Workspace, single_threaded_blas
 from llmcheck.core.records import DTYPE_ITEMSIZE, MetricSpec, TensorData, TensorStats
 from llmcheck.core.sentinels import classify, may_hold_sentinels, sentinel_limit_in_run
 from llmcheck.core.tensor_chunks import ChunkReader
@@ -237,7 +237,7 @@ def measure_pair(
 ) -> PairMeasurement:
     """Return every metric of one pair, streaming both tensors chunk by chunk through ``workspace``."""
     fold = PairFold(job, specs)
-    with ChunkReader(job.golden) as golden_reader, ChunkReader(job.my) as my_reader:
+    with single_threaded_blas(), ChunkReader(job.golden) as golden_reader, ChunkReader(job.my) as my_reader:
         if golden_reader.size != my_reader.size:
             raise ValueError(f"pair {job.index}: {golden_reader.size} golden values against {my_reader.size}")
         total = golden_reader.size
@@ -394,12 +394,13 @@ def measure_jobs(
     from llmcheck.core.small_pairs import is_small, measure_small_pairs
 
     small = [job for job in jobs if is_small(job, chunk_values)]
-    if len(small) == len(jobs):
-        return measure_small_pairs(small, specs, workspace, chunk_values)
-    results = measure_small_pairs(small, specs, workspace, chunk_values) if small else []
-    return results + [
-        measure_pair(job, specs, workspace, chunk_values) for job in jobs if not is_small(job, chunk_values)
-    ]
+    with single_threaded_blas():
+        if len(small) == len(jobs):
+            return measure_small_pairs(small, specs, workspace, chunk_values)
+        results = measure_small_pairs(small, specs, workspace, chunk_values) if small else []
+        return results + [
+            measure_pair(job, specs, workspace, chunk_values) for job in jobs if not is_small(job, chunk_values)
+        ]
 
 
 @contextmanager

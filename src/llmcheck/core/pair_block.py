@@ -9,8 +9,8 @@ reductions into its value for every row at once.
 
 Every per-row value is the one the streaming path computes, bit for bit: numpy reduces each
 row of a C-ordered block in one inner loop, exactly as it reduces that row alone, and
-:func:`row_dots` takes each row's dot product with the function
-:data:`~llmcheck.core.pair_chunk.dot` uses.
+:func:`row_dots` takes each row's dot product with the BLAS function
+:data:`~llmcheck.core.pair_chunk.dot` is.
 """
 
 from __future__ import annotations
@@ -20,23 +20,15 @@ from typing import Any, cast
 
 import numpy as np
 
-from llmcheck.core import pair_chunk
-
 
 def row_dots(a: np.ndarray, b: np.ndarray) -> list[float]:
-    """Return ``dot(a[i], b[i])`` for every row, bit for bit what :data:`pair_chunk.dot` gives for that row alone.
+    """Return ``dot(a[i], b[i])`` for every row, bit for bit what ``pair_chunk.dot`` gives for that row alone.
 
-    BLAS (``np.dot``) is reached row by row through a stacked matmul; numpy's ``einsum``
-    sums a row in one pass only up to its buffer size (longer rows are summed buffer by
-    buffer, in another order), so longer rows are taken one at a time.
+    A stacked matmul of a row by a column calls BLAS ``ddot`` once per row, as
+    :data:`~llmcheck.core.pair_chunk.dot` does for one pair (on one thread:
+    :func:`~llmcheck.core.pair_chunk.single_threaded_blas`).
     """
-    if a.shape[0] == 0:
-        return []
-    if pair_chunk.dot is np.dot:
-        return cast(list[float], np.matmul(a[:, None, :], b[:, :, None]).reshape(-1).tolist())
-    if a.shape[1] <= np.getbufsize():
-        return cast(list[float], np.einsum("ij,ij->i", a, b).tolist())
-    return [float(pair_chunk.dot(x, y)) for x, y in zip(a, b)]
+    return cast(list[float], np.matmul(a[:, None, :], b[:, :, None]).reshape(-1).tolist())
 
 
 class PairBlock:

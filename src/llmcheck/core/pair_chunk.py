@@ -10,8 +10,8 @@ engine reuses from chunk to chunk: read it, never keep it.
 
 from __future__ import annotations
 
-import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any, TypeVar
 
 import numpy as np
@@ -23,18 +23,41 @@ RELATIVE_FLOOR = float(np.finfo(np.float32).eps)
 _Value = TypeVar("_Value")
 
 
-def _einsum_dot(a: np.ndarray, b: np.ndarray) -> float:
-    """Return the dot product of two flat float64 arrays (the fastest way for the current process)."""
-    return float(np.einsum("i,i->", a, b))
+#: Every dot product of a metric: BLAS ``ddot``, always on one thread. A dot split over
+#: threads sums in another order (the last digits of a metric would depend on ``-j``), and
+#: waking threads for every chunk costs more than the arithmetic on a busy machine. Worker
+#: processes start with one BLAS thread (OPENBLAS_NUM_THREADS=1 before numpy is imported);
+#: any other process measures inside :func:`single_threaded_blas`.
+dot: Callable[[np.ndarray, np.ndarray], float] = np.dot
+
+_blas_depth = 0
+_blas_controller: Any = None
 
 
-#: A multi-threaded BLAS dot wakes its threads for every chunk, and on a busy machine that
-#: costs 20x the arithmetic; worker processes start with one BLAS thread (the metric engine
-#: sets OPENBLAS_NUM_THREADS=1 before they import numpy) and use BLAS, any other process uses
-#: numpy's own single-threaded sum of products.
-dot: Callable[[np.ndarray, np.ndarray], float] = (
-    np.dot if os.environ.get("OPENBLAS_NUM_THREADS") == "1" else _einsum_dot
-)
+@contextmanager
+def single_threaded_blas() -> Iterator[None]:
+    """Run the block with numpy's BLAS on one thread, so :data:`dot` sums as in a worker process.
+
+    Re-entrant and cheap when nested: only the outermost entry sets and restores the thread count.
+    """
+    global _blas_depth, _blas_controller
+    if _blas_depth:
+        _blas_depth += 1
+        try:
+            yield
+        finally:
+            _blas_depth -= 1
+        return
+    if _blas_controller is None:
+        from threadpoolctl import ThreadpoolController
+
+        _blas_controller = ThreadpoolController()
+    _blas_depth += 1
+    try:
+        with _blas_controller.limit(limits=1, user_api="blas"):
+            yield
+    finally:
+        _blas_depth -= 1
 
 
 class Workspace:
