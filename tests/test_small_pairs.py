@@ -139,3 +139,29 @@ def test_one_process_and_worker_processes_give_the_same_csv_metric_columns(
     in_workers = _csv_columns(compare_dumps(golden, my, workers=2), tmp_path / "j2")
     assert in_process == in_workers  # -j 1 and -j 2 agree to the last digit, streamed pairs and grouped ones
     assert in_process["large"]["cosine_similarity"] != in_process["fp32_7_0"]["cosine_similarity"]
+
+
+def test_pairs_and_measurements_cross_to_worker_processes_unchanged(tmp_path: Path) -> None:
+    import dataclasses
+    import pickle
+
+    from llmcheck.core.metric_engine import PairJob, measure_jobs
+    from llmcheck.core.pair_chunk import Workspace
+    from llmcheck.core.pair_transfer import pack_jobs, pack_measurements, unpack_jobs, unpack_measurements
+
+    golden, my = (read_dump(path) for path in _runs(tmp_path))
+    jobs = [
+        PairJob(index, g.data, m.data, golden_needs_stats=index % 2 == 0, my_run_dtype="float16")  # type: ignore[arg-type]
+        for index, (g, m) in enumerate(zip(golden.records, my.records))
+    ]
+    assert unpack_jobs(pickle.loads(pickle.dumps(pack_jobs(jobs)))) == jobs
+    specs = builtin_metric_specs()
+    measured = measure_jobs(jobs, specs, Workspace(1 << 16))
+    measured[0] = dataclasses.replace(measured[0], values={"rmse": -0.0}, notes=["a note"])  # not every metric
+    names = [spec.name for spec in specs]
+    crossed = unpack_measurements(pickle.loads(pickle.dumps(pack_measurements(measured, names))))
+    assert repr(crossed) == repr(measured)  # repr: NaN equals NaN, -0.0 stays -0.0
+    by_index = {m.index: m for m in crossed}
+    by_name = {record.key.name: by_index[index] for index, record in enumerate(golden.records)}
+    assert by_name["nan_one"].my_stats.nan_count == 1 and by_name["fp16_mask"].masked > 0
+    assert by_index[1].golden_stats.min is None and by_index[2].golden_stats.min is not None

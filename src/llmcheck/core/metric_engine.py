@@ -24,7 +24,7 @@ from concurrent.futures.process import BrokenProcessPool
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from multiprocessing import get_context
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -33,6 +33,9 @@ from llmcheck.core.pair_chunk import PairChunk, Workspace, single_threaded_blas
 from llmcheck.core.records import DTYPE_ITEMSIZE, MetricSpec, TensorData, TensorStats
 from llmcheck.core.sentinels import classify, may_hold_sentinels, sentinel_limit_in_run
 from llmcheck.core.tensor_chunks import ChunkReader
+
+if TYPE_CHECKING:
+    from llmcheck.core.pair_transfer import PackedJobs, PackedMeasurements
 
 log = logging.getLogger("llmcheck.compare")
 
@@ -345,61 +348,34 @@ def _init_worker(specs: list[MetricSpec], chunk_values: int) -> None:
     _worker_state["chunk_values"] = chunk_values
 
 
-def _measure_batch(jobs: list[PairJob]) -> list[tuple[Any, ...]]:
-    specs = _worker_state["specs"]
-    workspace = _worker_state["workspace"]
-    chunk_values = _worker_state["chunk_values"]
-    measurements = measure_jobs(jobs, specs, workspace, chunk_values)  # type: ignore[arg-type]
-    return [_packed(measurement) for measurement in measurements]
+def _measure_batch(packed_jobs: PackedJobs) -> PackedMeasurements:
+    from llmcheck.core.pair_transfer import pack_measurements, unpack_jobs
 
-
-_STATS_FIELDS = TensorStats.__slots__
-
-
-def _packed(measurement: PairMeasurement) -> tuple[Any, ...]:
-    """Return a measurement as plain tuples: 10**5 of them cross back from the workers several times faster."""
-    return (
-        measurement.index,
-        measurement.values,
-        tuple([getattr(measurement.golden_stats, name) for name in _STATS_FIELDS]),
-        tuple([getattr(measurement.my_stats, name) for name in _STATS_FIELDS]),
-        measurement.nonfinite_mismatch,
-        measurement.matching_nonfinite,
-        measurement.masked,
-        measurement.bytes_read,
-        measurement.notes,
-    )
-
-
-def _unpacked(packed: tuple[Any, ...]) -> PairMeasurement:
-    """Return the measurement :func:`_packed` gave."""
-    index, values, golden, my, mismatch, matching, masked, bytes_read, notes = packed
-    return PairMeasurement(
-        index=index,
-        values=values,
-        golden_stats=TensorStats(*golden),
-        my_stats=TensorStats(*my),
-        nonfinite_mismatch=mismatch,
-        matching_nonfinite=matching,
-        masked=masked,
-        bytes_read=bytes_read,
-        notes=notes,
-    )
+    specs: list[MetricSpec] = _worker_state["specs"]  # type: ignore[assignment]
+    workspace: Workspace = _worker_state["workspace"]  # type: ignore[assignment]
+    chunk_values: int = _worker_state["chunk_values"]  # type: ignore[assignment]
+    measurements = measure_jobs(unpack_jobs(packed_jobs), specs, workspace, chunk_values)
+    return pack_measurements(measurements, [spec.name for spec in specs])
 
 
 def measure_jobs(
     jobs: Sequence[PairJob], specs: Sequence[MetricSpec], workspace: Workspace, chunk_values: int = DEFAULT_CHUNK_VALUES
 ) -> list[PairMeasurement]:
     """Return the measurement of each job: small pairs together in groups, the others streamed one by one."""
-    from llmcheck.core.small_pairs import is_small, measure_small_pairs
+    from llmcheck.core.small_pairs import measure_small_pairs, small_sizes
 
-    small = [job for job in jobs if is_small(job, chunk_values)]
+    sizes = small_sizes(jobs, chunk_values)
     with single_threaded_blas():
-        if len(small) == len(jobs):
-            return measure_small_pairs(small, specs, workspace, chunk_values)
-        results = measure_small_pairs(small, specs, workspace, chunk_values) if small else []
+        if all(sizes):
+            return measure_small_pairs(jobs, specs, workspace, chunk_values, sizes)
+        small = [(job, size) for job, size in zip(jobs, sizes) if size]
+        results = (
+            measure_small_pairs([job for job, _ in small], specs, workspace, chunk_values, [size for _, size in small])
+            if small
+            else []
+        )
         return results + [
-            measure_pair(job, specs, workspace, chunk_values) for job in jobs if not is_small(job, chunk_values)
+            measure_pair(job, specs, workspace, chunk_values) for job, size in zip(jobs, sizes) if not size
         ]
 
 
@@ -501,7 +477,9 @@ def _measure_in_workers(
     chunk_values: int,
     done: Callable[[PairMeasurement], None],
 ) -> None:
-    batches = _batches(jobs, workers)
+    from llmcheck.core.pair_transfer import pack_jobs, unpack_measurements
+
+    batches = [pack_jobs(batch) for batch in _batches(jobs, workers)]
     workers = min(workers, len(batches))
     with _single_threaded_children():
         executor = ProcessPoolExecutor(
@@ -511,7 +489,7 @@ def _measure_in_workers(
             initargs=(specs, chunk_values),
         )
     with executor:
-        pending: set[Future[list[tuple[Any, ...]]]] = set()
+        pending: set[Future[PackedMeasurements]] = set()
         queue = list(reversed(batches))
         # Keep two batches per worker in flight: enough to never idle, few enough to bound memory.
         with _single_threaded_children():
@@ -521,7 +499,7 @@ def _measure_in_workers(
             finished, pending = wait(pending, return_when=FIRST_COMPLETED)
             for future in finished:
                 try:
-                    measurements = [_unpacked(packed) for packed in future.result()]
+                    measurements = unpack_measurements(future.result())
                 except BrokenProcessPool as exc:
                     raise LlmcheckError(
                         "a worker process measuring pairs died (out of memory, killed, or -- from a Python script -- "

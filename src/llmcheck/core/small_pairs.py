@@ -17,6 +17,7 @@ reduction -- and so every metric value -- is the one streaming gives, bit for bi
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Callable, Sequence
 
@@ -27,14 +28,13 @@ from llmcheck.core.metric_engine import (
     PairFold,
     PairJob,
     PairMeasurement,
-    SideStats,
     measure_pair,
 )
 from llmcheck.core.pair_block import PairBlock
 from llmcheck.core.pair_chunk import RELATIVE_FLOOR, PairChunk, Workspace
-from llmcheck.core.records import DTYPE_ITEMSIZE, MetricSpec, TensorData
+from llmcheck.core.records import DTYPE_ITEMSIZE, MetricSpec, TensorData, TensorStats
 from llmcheck.core.sentinels import may_hold_sentinels, sentinel_limit_in_run
-from llmcheck.core.tensor_chunks import layout
+from llmcheck.core.tensor_chunks import Decoder, layout
 
 #: Pairs of at most this many values per side (and within one chunk) are measured in groups;
 #: 0 streams every pair (the tests compare both ways).
@@ -49,57 +49,88 @@ COALESCE_GAP_BYTES = 64 * 1024
 
 def is_small(job: PairJob, chunk_values: int) -> bool:
     """Return whether a pair fits one chunk on both sides and is a plain byte range there."""
-    values = _values(job.golden)
-    return values == _values(job.my) and 0 < values <= min(chunk_values, SMALL_PAIR_VALUES) and job.crosses_processes
+    return small_sizes([job], chunk_values)[0] > 0
+
+
+def small_sizes(jobs: Sequence[PairJob], chunk_values: int) -> list[int]:
+    """Return the values per side of each pair measured in groups (:func:`is_small`), 0 for a pair to stream."""
+    limit = min(chunk_values, SMALL_PAIR_VALUES)
+    sizes = []
+    for job in jobs:
+        values = _values(job.golden)
+        small = 0 < values <= limit and values == _values(job.my) and job.crosses_processes
+        sizes.append(values if small else 0)
+    return sizes
+
+
+#: dtype name -> (float64 values per element, bytes per element), None where it cannot be streamed from bytes.
+_ELEMENTS: dict[str, tuple[int, int] | None] = {}
 
 
 def _values(data: TensorData) -> int:
     """Return the float64 values a side streams as (-1 when it cannot be streamed from bytes)."""
-    described = layout(data.dtype, strict=False)
-    if described is None or data.loader is not None or data.nbytes != data.numel * DTYPE_ITEMSIZE.get(data.dtype, 0):
+    try:
+        element = _ELEMENTS[data.dtype]
+    except KeyError:
+        described = layout(data.dtype, strict=False)
+        element = _ELEMENTS[data.dtype] = (
+            None if described is None else (described[1], DTYPE_ITEMSIZE.get(data.dtype, 0))
+        )
+    if element is None or data.loader is not None:
         return -1
-    return data.numel * described[1]
+    numel = data.numel
+    if data.nbytes != numel * element[1]:
+        return -1
+    return numel * element[0]
 
 
 def measure_small_pairs(
-    jobs: Sequence[PairJob], specs: Sequence[MetricSpec], workspace: Workspace, chunk_values: int
+    jobs: Sequence[PairJob],
+    specs: Sequence[MetricSpec],
+    workspace: Workspace,
+    chunk_values: int,
+    sizes: Sequence[int] | None = None,
 ) -> list[PairMeasurement]:
-    """Return the measurements of small pairs (:func:`is_small`), measured group by group.
+    """Return the measurements of small pairs (:func:`is_small`; ``sizes`` from :func:`small_sizes`), group by group.
 
     A window of neighbouring pairs is read at once (nearby byte ranges of a shard in one
     ``pread``); within it, pairs of equal size are grouped, so a group is one block whose
     reductions are single numpy calls.
     """
+    if sizes is None:
+        sizes = small_sizes(jobs, chunk_values)
     results: list[PairMeasurement] = []
     for window_start in range(0, len(jobs), WINDOW_PAIRS):
         window = jobs[window_start : window_start + WINDOW_PAIRS]
-        golden_items, my_items = _read_items([job.golden for job in window]), _read_items([job.my for job in window])
+        window_sizes = sizes[window_start : window_start + WINDOW_PAIRS]
+        golden_items = _read_items([job.golden for job in window], workspace, "window_golden")
+        my_items = _read_items([job.my for job in window], workspace, "window_my")
         if golden_items is None or my_items is None:
             # a missing or cut file: streaming each pair names the file and the problem
             results.extend(measure_pair(job, specs, workspace, chunk_values) for job in window)
             continue
-        items = {id(job): (golden, my) for job, golden, my in zip(window, golden_items, my_items)}
-        group: list[PairJob] = []
+        group: list[int] = []
         group_values = 0
-        for job in sorted(window, key=lambda job: _values(job.golden)):
-            values = _values(job.golden)
+        for i in sorted(range(len(window)), key=window_sizes.__getitem__):
+            values = window_sizes[i]
             if group and group_values + values > GROUP_VALUES:
-                results.extend(_measure_group(group, items, specs, workspace))
+                results.extend(_measure_group(window, window_sizes, group, golden_items, my_items, specs, workspace))
                 group, group_values = [], 0
-            group.append(job)
+            group.append(i)
             group_values += values
         if group:
-            results.extend(_measure_group(group, items, specs, workspace))
+            results.extend(_measure_group(window, window_sizes, group, golden_items, my_items, specs, workspace))
     return results
 
 
-def _read_items(datas: Sequence[TensorData]) -> list[np.ndarray] | None:
+def _read_items(datas: Sequence[TensorData], workspace: Workspace, buffer_name: str) -> list[np.ndarray] | None:
     """Return each byte range as an array of its stored items, or None if a file is missing or short.
 
-    Ranges of one file at most :data:`COALESCE_GAP_BYTES` apart are read by one ``pread``.
+    Ranges of one file at most :data:`COALESCE_GAP_BYTES` apart are read by one ``pread``, into
+    a buffer the workspace keeps (a fresh one per window would be mapped and faulted in anew).
     """
     order = sorted(range(len(datas)), key=lambda i: (str(datas[i].path), datas[i].offset))
-    items: list[np.ndarray] = [None] * len(datas)  # type: ignore[list-item]
+    spans: list[tuple[int, int, int, int]] = []  # (first position in order, end position, file offset, bytes)
     position = 0
     while position < len(order):
         first = datas[order[position]]
@@ -111,55 +142,74 @@ def _read_items(datas: Sequence[TensorData]) -> list[np.ndarray] | None:
                 break
             span_end = max(span_end, following.offset + following.nbytes)
             end += 1
+        spans.append((position, end, first.offset, span_end - first.offset))
+        position = end
+    raw = workspace.buffer(buffer_name, sum(span[3] for span in spans), np.uint8)
+    items: list[np.ndarray] = [None] * len(datas)  # type: ignore[list-item]
+    start = 0
+    for position, end, offset, length in spans:
+        path = datas[order[position]].path
         try:
-            descriptor = os.open(first.path, os.O_RDONLY)  # type: ignore[arg-type]
+            descriptor = os.open(path, os.O_RDONLY)  # type: ignore[arg-type]
         except OSError:
             return None
         try:
-            raw = os.pread(descriptor, span_end - first.offset, first.offset)
+            read = os.preadv(descriptor, [raw[start : start + length].data], offset)
         finally:
             os.close(descriptor)
-        if len(raw) != span_end - first.offset:
+        if read != length:
             return None
         for i in order[position:end]:
             data = datas[i]
-            carrier, per_element, _ = layout(data.dtype)  # type: ignore[misc]
-            items[i] = np.frombuffer(
-                raw, dtype=carrier, count=data.numel * per_element, offset=data.offset - first.offset
-            )
-        position = end
+            begin = start + data.offset - offset
+            items[i] = raw[begin : begin + data.nbytes].view(_CARRIERS[data.dtype])
+        start += length
     return items
 
 
+class _Carriers(dict[str, np.dtype]):
+    """dtype name -> the numpy dtype its stored items are read as (looked up once per dtype)."""
+
+    def __missing__(self, dtype: str) -> np.dtype:
+        carrier = self[dtype] = layout(dtype)[0]  # type: ignore[index]
+        return carrier
+
+
+_CARRIERS = _Carriers()
+
+
 def _measure_group(
-    group: Sequence[PairJob],
-    items: dict[int, tuple[np.ndarray, np.ndarray]],
+    window: Sequence[PairJob],
+    sizes: Sequence[int],
+    group: Sequence[int],
+    golden_items: Sequence[np.ndarray],
+    my_items: Sequence[np.ndarray],
     specs: Sequence[MetricSpec],
     workspace: Workspace,
 ) -> list[PairMeasurement]:
-    """Measure a group of small pairs laid out by size, so equal-sized pairs form one 2-D block."""
-    sizes = [_values(job.golden) for job in group]
+    """Measure a group of small pairs (positions in ``window``) laid out by size, so equal-sized pairs form one 2-D block."""
+    jobs = [window[i] for i in group]
+    group_sizes = [sizes[i] for i in group]
     starts = [0] * len(group)
     for i in range(1, len(group)):
-        starts[i] = starts[i - 1] + sizes[i - 1]
-    total = starts[-1] + sizes[-1]
+        starts[i] = starts[i - 1] + group_sizes[i - 1]
+    total = starts[-1] + group_sizes[-1]
     golden = workspace.buffer("group_golden", total)
     my = workspace.buffer("group_my", total)
-    for job, start, size in zip(group, starts, sizes):
-        golden_items, my_items = items[id(job)]
-        layout(job.golden.dtype)[2](golden_items, golden[start : start + size], workspace.buffer)  # type: ignore[index]
-        layout(job.my.dtype)[2](my_items, my[start : start + size], workspace.buffer)  # type: ignore[index]
+    for i, start, size, job in zip(group, starts, group_sizes, jobs):
+        _DECODERS[job.golden.dtype](golden_items[i], golden[start : start + size], workspace.buffer)
+        _DECODERS[job.my.dtype](my_items[i], my[start : start + size], workspace.buffer)
     shared = _SharedValues(golden, my, total, workspace)
     block_metrics = [getattr(spec.make_accumulator, "results_of_block", None) for spec in specs]
     results = []
     first = 0
     while first < len(group):  # one block of equal-sized pairs at a time
-        size = sizes[first]
+        size = group_sizes[first]
         last = first
-        while last < len(group) and sizes[last] == size:
+        while last < len(group) and group_sizes[last] == size:
             last += 1
         block = shared.block(starts[first], last - first, size)
-        folded = None if None in block_metrics else _block_measurements(group[first:last], block, specs, block_metrics)  # type: ignore[arg-type]
+        folded = None if None in block_metrics else _block_measurements(jobs[first:last], block, specs, block_metrics)  # type: ignore[arg-type]
         for row, i in enumerate(range(first, last)):
             measured = folded[row] if folded is not None else None
             if measured is not None:
@@ -168,11 +218,22 @@ def _measure_group(
             begin, end = starts[i], starts[i] + size
             chunk = PairChunk(golden[begin:end], my[begin:end], workspace)
             shared.share_row(chunk, block, row, begin, end)
-            fold = PairFold(group[i], specs)
+            fold = PairFold(jobs[i], specs)
             fold.fold(chunk, workspace)
             results.append(fold.measurement(specs))
         first = last
     return results
+
+
+class _Decoders(dict[str, Decoder]):
+    """dtype name -> the function decoding its stored items into float64 (looked up once per dtype)."""
+
+    def __missing__(self, dtype: str) -> Decoder:
+        decoder = self[dtype] = layout(dtype)[2]  # type: ignore[index]
+        return decoder
+
+
+_DECODERS = _Decoders()
 
 
 def _block_measurements(
@@ -193,8 +254,8 @@ def _block_measurements(
         for row, job in enumerate(jobs)
         if job.golden.dtype not in WIDE_INTEGER_DTYPES
         and job.my.dtype not in WIDE_INTEGER_DTYPES
-        and not may_hold_sentinels(golden_sq[row], sentinel_limit_in_run(job.golden.dtype, job.golden_run_dtype))
-        and not may_hold_sentinels(my_sq[row], sentinel_limit_in_run(job.my.dtype, job.my_run_dtype))
+        and not may_hold_sentinels(golden_sq[row], _sentinel_limit(job.golden.dtype, job.golden_run_dtype))
+        and not may_hold_sentinels(my_sq[row], _sentinel_limit(job.my.dtype, job.my_run_dtype))
     ]
     measurements: list[PairMeasurement | None] = [None] * len(jobs)
     if not ordinary:
@@ -208,26 +269,54 @@ def _block_measurements(
     my_min, my_max, my_sum = (measured.reduction(name) for name in ("my_min", "my_max", "my_sum"))
     golden_sq, my_sq = measured.sum_sq_golden(), measured.sum_sq_my()
     names = [spec.name for spec in specs]
-    for row, block_row in enumerate(ordinary):
-        job = jobs[block_row]
-        values = [results[row] for results in per_metric]
+    count = block.size
+    rows_values = zip(*per_metric) if per_metric else [()] * len(ordinary)
+    for row, (block_row, values) in enumerate(zip(ordinary, rows_values)):
         if None in values:
             continue
-        golden_stats = SideStats.of_one_chunk(
-            job.golden_needs_stats, golden_min[row], golden_max[row], golden_sum[row], block.size, golden_sq[row]
-        )
-        my_stats = SideStats.of_one_chunk(
-            job.my_needs_stats, my_min[row], my_max[row], my_sum[row], block.size, my_sq[row]
-        )
-        metric_values = {name: float(value) for name, value in zip(names, values) if value is not None}
+        job = jobs[block_row]
         measurements[block_row] = PairMeasurement(
             index=job.index,
-            values=metric_values,
-            golden_stats=golden_stats.result(),
-            my_stats=my_stats.result(),
+            values=dict(zip(names, map(float, values))),
+            golden_stats=_one_chunk_stats(
+                job.golden_needs_stats, golden_min[row], golden_max[row], golden_sum[row], count, golden_sq[row]
+            ),
+            my_stats=_one_chunk_stats(job.my_needs_stats, my_min[row], my_max[row], my_sum[row], count, my_sq[row]),
             bytes_read=job.nbytes,
         )
     return measurements
+
+
+_NOT_WANTED = TensorStats(nan_count=0, inf_count=0)
+
+
+def _one_chunk_stats(wanted: bool, low: float, high: float, total: float, count: int, squares: float) -> TensorStats:
+    """Return what ``SideStats.of_one_chunk(...).result()`` gives for a row of finite values, without the objects."""
+    if not wanted:
+        return _NOT_WANTED
+    return TensorStats(
+        min=min(math.inf, low),
+        max=max(-math.inf, high),
+        mean=(0.0 + total) / count,
+        l2norm=math.sqrt(0.0 + squares),
+        nan_count=0,
+        inf_count=0,
+    )
+
+
+class _SentinelLimits(dict[tuple[str, str | None], float]):
+    """(dtype, run dtype) -> :func:`sentinel_limit_in_run`, computed once per pair of names."""
+
+    def __missing__(self, key: tuple[str, str | None]) -> float:
+        limit = self[key] = sentinel_limit_in_run(*key)
+        return limit
+
+
+_SENTINEL_LIMITS = _SentinelLimits()
+
+
+def _sentinel_limit(dtype: str, run_dtype: str | None) -> float:
+    return _SENTINEL_LIMITS[dtype, run_dtype]
 
 
 class _SharedValues:

@@ -1,0 +1,184 @@
+"""Pairs and their measurements as columns, so 10^5 of them cross to and from worker processes cheaply.
+
+A ``generate()`` dump gives tens of thousands of small pairs, and pickling them as objects
+costs about as much as measuring them: 50 000 :class:`~llmcheck.core.metric_engine.PairJob`
+objects -- each with two :class:`~llmcheck.core.records.TensorData` holding a ``Path`` --
+take 0.7 s to pickle and 1 s to unpickle, and their measurements (a dict of metric values
+and two :class:`~llmcheck.core.records.TensorStats` each) as long again on the way back.
+Here a batch travels as a few lists and numpy arrays: each file path once, each pair as a
+row of plain numbers, each measurement as a row of a float64 matrix (one column per metric,
+in the order of the metric specs). Every value crosses unchanged -- a float64 array holds a
+Python float exactly, ``-0.0`` and NaN included.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from llmcheck.core.metric_engine import PairJob, PairMeasurement
+from llmcheck.core.records import TensorData, TensorStats
+
+#: A batch of pairs as plain data: the file paths, then one tuple per pair.
+PackedJobs = tuple[list[str], list[tuple[Any, ...]]]
+#: Measurements as plain data (see :func:`pack_measurements`).
+PackedMeasurements = dict[str, Any]
+
+_FLOAT_STATS = ("min", "max", "mean", "l2norm")
+_COUNT_STATS = ("nan_count", "inf_count")
+
+
+def pack_jobs(jobs: Sequence[PairJob]) -> PackedJobs:
+    """Return byte-range pairs (``job.crosses_processes``) as plain data, each file path once."""
+    paths: dict[str, int] = {}
+    rows = []
+    for job in jobs:
+        golden, my = job.golden, job.my
+        rows.append(
+            (
+                job.index,
+                paths.setdefault(str(golden.path), len(paths)),
+                golden.offset,
+                golden.nbytes,
+                golden.dtype,
+                golden.shape,
+                paths.setdefault(str(my.path), len(paths)),
+                my.offset,
+                my.nbytes,
+                my.dtype,
+                my.shape,
+                job.golden_needs_stats,
+                job.my_needs_stats,
+                job.golden_run_dtype,
+                job.my_run_dtype,
+            )
+        )
+    return list(paths), rows
+
+
+def unpack_jobs(packed: PackedJobs) -> list[PairJob]:
+    """Return the jobs :func:`pack_jobs` gave (one ``Path`` object per file)."""
+    path_names, rows = packed
+    paths = [Path(name) for name in path_names]
+    return [
+        PairJob(
+            index,
+            TensorData(golden_dtype, golden_shape, paths[golden_path], golden_offset, golden_nbytes),
+            TensorData(my_dtype, my_shape, paths[my_path], my_offset, my_nbytes),
+            golden_needs_stats,
+            my_needs_stats,
+            golden_run_dtype,
+            my_run_dtype,
+        )
+        for (
+            index,
+            golden_path,
+            golden_offset,
+            golden_nbytes,
+            golden_dtype,
+            golden_shape,
+            my_path,
+            my_offset,
+            my_nbytes,
+            my_dtype,
+            my_shape,
+            golden_needs_stats,
+            my_needs_stats,
+            golden_run_dtype,
+            my_run_dtype,
+        ) in rows
+    ]
+
+
+def pack_measurements(measurements: Sequence[PairMeasurement], names: Sequence[str]) -> PackedMeasurements:
+    """Return measurements as arrays: metric values in the columns ``names``, statistics, counts.
+
+    A measurement whose metrics are not exactly ``names`` (a metric plugin that leaves one
+    out) travels as its own dict.
+    """
+    names = list(names)
+    count = len(measurements)
+    values = np.zeros((count, len(names)))
+    other_values: dict[int, dict[str, float]] = {}
+    stats = np.zeros((2, count, len(_FLOAT_STATS)))
+    stats_missing = np.zeros((2, count, len(_FLOAT_STATS)), dtype=np.bool_)
+    counts = np.zeros((2, count, len(_COUNT_STATS)), dtype=np.int64)
+    counts_missing = np.zeros((2, count, len(_COUNT_STATS)), dtype=np.bool_)
+    for row, measurement in enumerate(measurements):
+        if list(measurement.values) == names:
+            values[row] = list(measurement.values.values())
+        else:
+            other_values[row] = measurement.values
+        for side, side_stats in enumerate((measurement.golden_stats, measurement.my_stats)):
+            for column, name in enumerate(_FLOAT_STATS):
+                value = getattr(side_stats, name)
+                if value is None:
+                    stats_missing[side, row, column] = True
+                else:
+                    stats[side, row, column] = value
+            for column, name in enumerate(_COUNT_STATS):
+                value = getattr(side_stats, name)
+                if value is None:
+                    counts_missing[side, row, column] = True
+                else:
+                    counts[side, row, column] = value
+    return {
+        "names": names,
+        "index": [measurement.index for measurement in measurements],
+        "values": values,
+        "other_values": other_values,
+        "stats": stats,
+        "stats_missing": stats_missing,
+        "counts": counts,
+        "counts_missing": counts_missing,
+        "agreement": np.array(
+            [(m.nonfinite_mismatch, m.matching_nonfinite, m.masked, m.bytes_read) for m in measurements],
+            dtype=np.int64,
+        ).reshape(count, 4),
+        "notes": {row: m.notes for row, m in enumerate(measurements) if m.notes},
+    }
+
+
+def unpack_measurements(packed: PackedMeasurements) -> list[PairMeasurement]:
+    """Return the measurements :func:`pack_measurements` gave, value for value."""
+    names = packed["names"]
+    values = packed["values"].tolist()
+    other_values = packed["other_values"]
+    sides = [_side_stats(packed, side) for side in (0, 1)]
+    notes = packed["notes"]
+    measurements = []
+    for row, (index, agreement) in enumerate(zip(packed["index"], packed["agreement"].tolist())):
+        mismatch, matching, masked, bytes_read = agreement
+        measurements.append(
+            PairMeasurement(
+                index=index,
+                values=other_values[row] if row in other_values else dict(zip(names, values[row])),
+                golden_stats=sides[0][row],
+                my_stats=sides[1][row],
+                nonfinite_mismatch=mismatch,
+                matching_nonfinite=matching,
+                masked=masked,
+                bytes_read=bytes_read,
+                notes=notes.get(row, []),
+            )
+        )
+    return measurements
+
+
+def _side_stats(packed: PackedMeasurements, side: int) -> list[TensorStats]:
+    """Return one side's statistics of every measurement, ``None`` where :func:`pack_measurements` found it."""
+    stats = packed["stats"][side].tolist()
+    counts = packed["counts"][side].tolist()
+    stats_missing = packed["stats_missing"][side]
+    counts_missing = packed["counts_missing"][side]
+    incomplete = set(np.flatnonzero(stats_missing.any(axis=1) | counts_missing.any(axis=1)).tolist())
+    result = []
+    for row, (floats, integers) in enumerate(zip(stats, counts)):
+        if row in incomplete:
+            floats = [None if gone else value for value, gone in zip(floats, stats_missing[row].tolist())]
+            integers = [None if gone else value for value, gone in zip(integers, counts_missing[row].tolist())]
+        result.append(TensorStats(*floats, *integers))
+    return result
