@@ -14,6 +14,7 @@ more than it saves.
 
 from __future__ import annotations
 
+import gc
 import logging
 import math
 import os
@@ -354,8 +355,9 @@ def _measure_batch(packed_jobs: PackedJobs) -> PackedMeasurements:
     specs: list[MetricSpec] = _worker_state["specs"]  # type: ignore[assignment]
     workspace: Workspace = _worker_state["workspace"]  # type: ignore[assignment]
     chunk_values: int = _worker_state["chunk_values"]  # type: ignore[assignment]
-    measurements = measure_jobs(unpack_jobs(packed_jobs), specs, workspace, chunk_values)
-    return pack_measurements(measurements, [spec.name for spec in specs])
+    with _no_cycle_collection():
+        measurements = measure_jobs(unpack_jobs(packed_jobs), specs, workspace, chunk_values)
+        return pack_measurements(measurements, [spec.name for spec in specs])
 
 
 def measure_jobs(
@@ -453,13 +455,31 @@ def measure_pairs(
         if on_measured is not None:
             on_measured(measurement)
 
-    if remote:
-        _measure_in_workers(remote, list(specs), workers, chunk_values, done)
-    workspace = Workspace(chunk_values)
-    for start in range(0, len(local), LOCAL_BATCH_PAIRS):  # in batches, so progress advances while measuring
-        for measurement in measure_jobs(local[start : start + LOCAL_BATCH_PAIRS], specs, workspace, chunk_values):
-            done(measurement)
+    with _no_cycle_collection():
+        if remote:
+            _measure_in_workers(remote, list(specs), workers, chunk_values, done)
+        workspace = Workspace(chunk_values)
+        for start in range(0, len(local), LOCAL_BATCH_PAIRS):  # in batches, so progress advances while measuring
+            for measurement in measure_jobs(local[start : start + LOCAL_BATCH_PAIRS], specs, workspace, chunk_values):
+                done(measurement)
     return results
+
+
+@contextmanager
+def _no_cycle_collection() -> Iterator[None]:
+    """Pause Python's cyclic garbage collector while measurements pile up.
+
+    Measuring 10^5 pairs makes some 10^6 small objects (a measurement, its dict of values,
+    two statistics) and no reference cycles; the collector would walk all the survivors again
+    and again as they accumulate (two thirds of the time spent receiving them from the workers).
+    """
+    paused = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if paused:
+            gc.enable()
 
 
 def _picklable(specs: Sequence[MetricSpec]) -> bool:

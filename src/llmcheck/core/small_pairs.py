@@ -335,10 +335,13 @@ class _SharedValues:
             self.abs_diff = np.abs(self.diff, out=workspace.buffer("group_abs_diff", total))
             self.abs_golden = np.abs(golden, out=workspace.buffer("group_abs_golden", total))
             self.relative = np.divide(self.abs_diff, self.abs_golden, out=workspace.buffer("group_relative", total))
-            self.undefined = np.less_equal(
-                self.abs_golden, RELATIVE_FLOOR, out=workspace.buffer("group_undefined", total, np.bool_)
-            )
-            if self.undefined.any():
+            # rare: only then pay for the mask (no mask: every block's count is its size); a NaN
+            # minimum (a pair holding NaN) says nothing of the other pairs, so it builds the mask too
+            self.undefined: np.ndarray | None = None
+            if not float(self.abs_golden.min()) > RELATIVE_FLOOR:
+                self.undefined = np.less_equal(
+                    self.abs_golden, RELATIVE_FLOOR, out=workspace.buffer("group_undefined", total, np.bool_)
+                )
                 self.relative[self.undefined] = 0.0
         self.weights = workspace.buffer("group_weights", total)
         self.single = workspace.buffer("group_single", total, np.float32)
@@ -359,7 +362,11 @@ class _SharedValues:
             weights = block(self.weights)
             np.copyto(weights, single)
             relative = block(self.relative)
-            undefined = np.count_nonzero(block(self.undefined), axis=1)
+            defined_counts = (
+                [size] * rows
+                if self.undefined is None
+                else (size - np.count_nonzero(block(self.undefined), axis=1)).tolist()
+            )
             shared = {
                 "golden_min": golden.min(axis=1).tolist(),
                 "golden_max": golden_max.tolist(),
@@ -371,7 +378,7 @@ class _SharedValues:
                 "sum_abs_diff": block(self.abs_diff).sum(axis=1).tolist(),
                 "max_relative_error": relative.max(axis=1).tolist(),
                 "sum_relative_error": relative.sum(axis=1).tolist(),
-                "relative_defined_count": (size - undefined).tolist(),
+                "relative_defined_count": defined_counts,
                 "diff": block(self.diff),
                 "softmax_weights": weights,
                 "weight_sum": weights.sum(axis=1).tolist(),
