@@ -145,7 +145,7 @@ def test_pairs_and_measurements_cross_to_worker_processes_unchanged(tmp_path: Pa
     import dataclasses
     import pickle
 
-    from llmcheck.core.metric_engine import PairJob, measure_jobs
+    from llmcheck.core.metric_engine import PairJob, measure_pair
     from llmcheck.core.pair_chunk import Workspace
     from llmcheck.core.pair_transfer import pack_jobs, pack_measurements, unpack_jobs, unpack_measurements
 
@@ -156,12 +156,17 @@ def test_pairs_and_measurements_cross_to_worker_processes_unchanged(tmp_path: Pa
     ]
     assert unpack_jobs(pickle.loads(pickle.dumps(pack_jobs(jobs)))) == jobs
     specs = builtin_metric_specs()
-    measured = measure_jobs(jobs, specs, Workspace(1 << 16))
-    measured[0] = dataclasses.replace(measured[0], values={"rmse": -0.0}, notes=["a note"])  # not every metric
     names = [spec.name for spec in specs]
-    crossed = unpack_measurements(pickle.loads(pickle.dumps(pack_measurements(measured, names))))
-    assert repr(crossed) == repr(measured)  # repr: NaN equals NaN, -0.0 stays -0.0
+    workspace = Workspace(1 << 16)
+    folded, rows = small_pairs.measure_small_pairs_as_rows(jobs[:-1], specs, workspace, 1 << 16)
+    assert len(rows) == 41 and len(folded) == 5  # most pairs from their blocks, NaN/Inf/sentinel ones folded
+    folded.append(measure_pair(jobs[-1], specs, workspace))  # "large": streamed
+    folded[0] = dataclasses.replace(folded[0], values={"rmse": -0.0}, notes=["a note"])  # not every metric
+    crossed = unpack_measurements(pickle.loads(pickle.dumps(pack_measurements(folded, names, rows))))
+    expected = folded + [small_pairs.measurement_of_row(row, names) for row in rows]
+    assert repr(crossed) == repr(expected)  # repr: NaN equals NaN, -0.0 stays -0.0
     by_index = {m.index: m for m in crossed}
     by_name = {record.key.name: by_index[index] for index, record in enumerate(golden.records)}
     assert by_name["nan_one"].my_stats.nan_count == 1 and by_name["fp16_mask"].masked > 0
     assert by_index[1].golden_stats.min is None and by_index[2].golden_stats.min is not None
+    assert by_index[1].my_stats.min is not None

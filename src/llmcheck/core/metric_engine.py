@@ -37,6 +37,7 @@ from llmcheck.core.tensor_chunks import ChunkReader
 
 if TYPE_CHECKING:
     from llmcheck.core.pair_transfer import PackedJobs, PackedMeasurements
+    from llmcheck.core.small_pairs import BlockRow
 
 log = logging.getLogger("llmcheck.compare")
 
@@ -356,29 +357,43 @@ def _measure_batch(packed_jobs: PackedJobs) -> PackedMeasurements:
     workspace: Workspace = _worker_state["workspace"]  # type: ignore[assignment]
     chunk_values: int = _worker_state["chunk_values"]  # type: ignore[assignment]
     with _no_cycle_collection():
-        measurements = measure_jobs(unpack_jobs(packed_jobs), specs, workspace, chunk_values)
-        return pack_measurements(measurements, [spec.name for spec in specs])
+        measurements, rows = _measure_jobs_as_rows(unpack_jobs(packed_jobs), specs, workspace, chunk_values)
+        return pack_measurements(measurements, [spec.name for spec in specs], rows)
 
 
 def measure_jobs(
     jobs: Sequence[PairJob], specs: Sequence[MetricSpec], workspace: Workspace, chunk_values: int = DEFAULT_CHUNK_VALUES
 ) -> list[PairMeasurement]:
     """Return the measurement of each job: small pairs together in groups, the others streamed one by one."""
-    from llmcheck.core.small_pairs import measure_small_pairs, small_sizes
+    from llmcheck.core.small_pairs import measurement_of_row
+
+    measurements, rows = _measure_jobs_as_rows(jobs, specs, workspace, chunk_values)
+    names = [spec.name for spec in specs]
+    return measurements + [measurement_of_row(row, names) for row in rows]
+
+
+def _measure_jobs_as_rows(
+    jobs: Sequence[PairJob], specs: Sequence[MetricSpec], workspace: Workspace, chunk_values: int
+) -> tuple[list[PairMeasurement], list[BlockRow]]:
+    """Return :func:`measure_jobs` as measurements and the unwrapped rows of small pairs' blocks."""
+    from llmcheck.core.small_pairs import measure_small_pairs_as_rows, small_sizes
 
     sizes = small_sizes(jobs, chunk_values)
     with single_threaded_blas():
         if all(sizes):
-            return measure_small_pairs(jobs, specs, workspace, chunk_values, sizes)
+            return measure_small_pairs_as_rows(jobs, specs, workspace, chunk_values, sizes)
         small = [(job, size) for job, size in zip(jobs, sizes) if size]
-        results = (
-            measure_small_pairs([job for job, _ in small], specs, workspace, chunk_values, [size for _, size in small])
+        measurements, rows = (
+            measure_small_pairs_as_rows(
+                [job for job, _ in small], specs, workspace, chunk_values, [size for _, size in small]
+            )
             if small
-            else []
+            else ([], [])
         )
-        return results + [
+        measurements += [
             measure_pair(job, specs, workspace, chunk_values) for job, size in zip(jobs, sizes) if not size
         ]
+        return measurements, rows
 
 
 @contextmanager

@@ -97,9 +97,33 @@ def measure_small_pairs(
     ``pread``); within it, pairs of equal size are grouped, so a group is one block whose
     reductions are single numpy calls.
     """
+    measurements, rows = measure_small_pairs_as_rows(jobs, specs, workspace, chunk_values, sizes)
+    names = [spec.name for spec in specs]
+    return measurements + [measurement_of_row(row, names) for row in rows]
+
+
+#: One side's ``(min, max, mean, l2norm)`` of a pair measured from its block (all its values are finite).
+RowStats = tuple[float, float, float, float]
+#: A pair measured from its block: index, metric values (in the order of the specs), each side's
+#: statistics (None where not wanted), bytes read.
+BlockRow = tuple[int, tuple[float, ...], RowStats | None, RowStats | None, int]
+
+
+def measure_small_pairs_as_rows(
+    jobs: Sequence[PairJob],
+    specs: Sequence[MetricSpec],
+    workspace: Workspace,
+    chunk_values: int,
+    sizes: Sequence[int] | None = None,
+) -> tuple[list[PairMeasurement], list[BlockRow]]:
+    """Return :func:`measure_small_pairs` as the pairs folded one by one and the rows of blocks, unwrapped.
+
+    A worker process sends the rows on as arrays: it need not make three objects per pair.
+    """
     if sizes is None:
         sizes = small_sizes(jobs, chunk_values)
-    results: list[PairMeasurement] = []
+    measurements: list[PairMeasurement] = []
+    rows: list[BlockRow] = []
     for window_start in range(0, len(jobs), WINDOW_PAIRS):
         window = jobs[window_start : window_start + WINDOW_PAIRS]
         window_sizes = sizes[window_start : window_start + WINDOW_PAIRS]
@@ -107,20 +131,37 @@ def measure_small_pairs(
         my_items = _read_items([job.my for job in window], workspace, "window_my")
         if golden_items is None or my_items is None:
             # a missing or cut file: streaming each pair names the file and the problem
-            results.extend(measure_pair(job, specs, workspace, chunk_values) for job in window)
+            measurements.extend(measure_pair(job, specs, workspace, chunk_values) for job in window)
             continue
         group: list[int] = []
         group_values = 0
         for i in sorted(range(len(window)), key=window_sizes.__getitem__):
             values = window_sizes[i]
             if group and group_values + values > GROUP_VALUES:
-                results.extend(_measure_group(window, window_sizes, group, golden_items, my_items, specs, workspace))
+                _measure_group(
+                    window, window_sizes, group, (golden_items, my_items), specs, workspace, measurements, rows
+                )
                 group, group_values = [], 0
             group.append(i)
             group_values += values
         if group:
-            results.extend(_measure_group(window, window_sizes, group, golden_items, my_items, specs, workspace))
-    return results
+            _measure_group(window, window_sizes, group, (golden_items, my_items), specs, workspace, measurements, rows)
+    return measurements, rows
+
+
+_NOT_WANTED = TensorStats(nan_count=0, inf_count=0)
+
+
+def measurement_of_row(row: BlockRow, names: Sequence[str]) -> PairMeasurement:
+    """Return a block row as the measurement ``PairFold`` gives for that pair alone."""
+    index, values, golden, my, bytes_read = row
+    return PairMeasurement(
+        index=index,
+        values=dict(zip(names, values)),
+        golden_stats=_NOT_WANTED if golden is None else TensorStats(*golden, nan_count=0, inf_count=0),
+        my_stats=_NOT_WANTED if my is None else TensorStats(*my, nan_count=0, inf_count=0),
+        bytes_read=bytes_read,
+    )
 
 
 def _read_items(datas: Sequence[TensorData], workspace: Workspace, buffer_name: str) -> list[np.ndarray] | None:
@@ -182,12 +223,16 @@ def _measure_group(
     window: Sequence[PairJob],
     sizes: Sequence[int],
     group: Sequence[int],
-    golden_items: Sequence[np.ndarray],
-    my_items: Sequence[np.ndarray],
+    items: tuple[Sequence[np.ndarray], Sequence[np.ndarray]],
     specs: Sequence[MetricSpec],
     workspace: Workspace,
-) -> list[PairMeasurement]:
-    """Measure a group of small pairs (positions in ``window``) laid out by size, so equal-sized pairs form one 2-D block."""
+    measurements: list[PairMeasurement],
+    rows: list[BlockRow],
+) -> None:
+    """Measure a group of small pairs (positions in ``window``) laid out by size, so equal-sized pairs form one 2-D block.
+
+    Appends the pairs measured from their block to ``rows``, those folded one by one to ``measurements``.
+    """
     jobs = [window[i] for i in group]
     group_sizes = [sizes[i] for i in group]
     starts = [0] * len(group)
@@ -196,12 +241,12 @@ def _measure_group(
     total = starts[-1] + group_sizes[-1]
     golden = workspace.buffer("group_golden", total)
     my = workspace.buffer("group_my", total)
+    golden_items, my_items = items
     for i, start, size, job in zip(group, starts, group_sizes, jobs):
         _DECODERS[job.golden.dtype](golden_items[i], golden[start : start + size], workspace.buffer)
         _DECODERS[job.my.dtype](my_items[i], my[start : start + size], workspace.buffer)
     shared = _SharedValues(golden, my, total, workspace)
     block_metrics = [getattr(spec.make_accumulator, "results_of_block", None) for spec in specs]
-    results = []
     first = 0
     while first < len(group):  # one block of equal-sized pairs at a time
         size = group_sizes[first]
@@ -209,20 +254,21 @@ def _measure_group(
         while last < len(group) and group_sizes[last] == size:
             last += 1
         block = shared.block(starts[first], last - first, size)
-        folded = None if None in block_metrics else _block_measurements(jobs[first:last], block, specs, block_metrics)  # type: ignore[arg-type]
+        measured: list[BlockRow | None] = (
+            [None] * (last - first) if None in block_metrics else _block_rows(jobs[first:last], block, block_metrics)  # type: ignore[arg-type]
+        )
         for row, i in enumerate(range(first, last)):
-            measured = folded[row] if folded is not None else None
-            if measured is not None:
-                results.append(measured)
+            block_row = measured[row]
+            if block_row is not None:
+                rows.append(block_row)
                 continue
             begin, end = starts[i], starts[i] + size
             chunk = PairChunk(golden[begin:end], my[begin:end], workspace)
             shared.share_row(chunk, block, row, begin, end)
             fold = PairFold(jobs[i], specs)
             fold.fold(chunk, workspace)
-            results.append(fold.measurement(specs))
+            measurements.append(fold.measurement(specs))
         first = last
-    return results
 
 
 class _Decoders(dict[str, Decoder]):
@@ -236,12 +282,11 @@ class _Decoders(dict[str, Decoder]):
 _DECODERS = _Decoders()
 
 
-def _block_measurements(
+def _block_rows(
     jobs: Sequence[PairJob],
     block: PairBlock,
-    specs: Sequence[MetricSpec],
     block_metrics: Sequence[Callable[[PairBlock], list[float | None]]],
-) -> list[PairMeasurement | None]:
+) -> list[BlockRow | None]:
     """Return each row's measurement from the block's per-row values, None for a row to fold the ordinary way.
 
     A row is folded the ordinary way when it may hold NaN, Inf or mask sentinels (its sum of
@@ -254,54 +299,41 @@ def _block_measurements(
         for row, job in enumerate(jobs)
         if job.golden.dtype not in WIDE_INTEGER_DTYPES
         and job.my.dtype not in WIDE_INTEGER_DTYPES
-        and not may_hold_sentinels(golden_sq[row], _sentinel_limit(job.golden.dtype, job.golden_run_dtype))
-        and not may_hold_sentinels(my_sq[row], _sentinel_limit(job.my.dtype, job.my_run_dtype))
+        and not may_hold_sentinels(golden_sq[row], _SENTINEL_LIMITS[job.golden.dtype, job.golden_run_dtype])
+        and not may_hold_sentinels(my_sq[row], _SENTINEL_LIMITS[job.my.dtype, job.my_run_dtype])
     ]
-    measurements: list[PairMeasurement | None] = [None] * len(jobs)
+    measured: list[BlockRow | None] = [None] * len(jobs)
     if not ordinary:
-        return measurements
+        return measured
     # metrics see only the ordinary rows: a NaN or Inf row would reach math functions that refuse it
-    measured = block if len(ordinary) == len(jobs) else block.subset(ordinary)
-    per_metric = [results_of_block(measured) for results_of_block in block_metrics]
-    golden_min, golden_max, golden_sum = (
-        measured.reduction(name) for name in ("golden_min", "golden_max", "golden_sum")
-    )
-    my_min, my_max, my_sum = (measured.reduction(name) for name in ("my_min", "my_max", "my_sum"))
-    golden_sq, my_sq = measured.sum_sq_golden(), measured.sum_sq_my()
-    names = [spec.name for spec in specs]
-    count = block.size
+    block = block if len(ordinary) == len(jobs) else block.subset(ordinary)
+    per_metric = [results_of_block(block) for results_of_block in block_metrics]
+    golden_stats = _rows_stats(block, "golden", block.sum_sq_golden())
+    my_stats = _rows_stats(block, "my", block.sum_sq_my())
     rows_values = zip(*per_metric) if per_metric else [()] * len(ordinary)
     for row, (block_row, values) in enumerate(zip(ordinary, rows_values)):
         if None in values:
             continue
         job = jobs[block_row]
-        measurements[block_row] = PairMeasurement(
-            index=job.index,
-            values=dict(zip(names, map(float, values))),
-            golden_stats=_one_chunk_stats(
-                job.golden_needs_stats, golden_min[row], golden_max[row], golden_sum[row], count, golden_sq[row]
-            ),
-            my_stats=_one_chunk_stats(job.my_needs_stats, my_min[row], my_max[row], my_sum[row], count, my_sq[row]),
-            bytes_read=job.nbytes,
+        measured[block_row] = (
+            job.index,
+            tuple(map(float, values)),
+            golden_stats[row] if job.golden_needs_stats else None,
+            my_stats[row] if job.my_needs_stats else None,
+            job.nbytes,
         )
-    return measurements
+    return measured
 
 
-_NOT_WANTED = TensorStats(nan_count=0, inf_count=0)
-
-
-def _one_chunk_stats(wanted: bool, low: float, high: float, total: float, count: int, squares: float) -> TensorStats:
-    """Return what ``SideStats.of_one_chunk(...).result()`` gives for a row of finite values, without the objects."""
-    if not wanted:
-        return _NOT_WANTED
-    return TensorStats(
-        min=min(math.inf, low),
-        max=max(-math.inf, high),
-        mean=(0.0 + total) / count,
-        l2norm=math.sqrt(0.0 + squares),
-        nan_count=0,
-        inf_count=0,
-    )
+def _rows_stats(block: PairBlock, side: str, squares: list[float]) -> list[RowStats]:
+    """Return ``(min, max, mean, l2norm)`` of one side of every row: ``SideStats`` arithmetic after one finite chunk."""
+    count = block.size
+    return [
+        (min(math.inf, low), max(-math.inf, high), (0.0 + total) / count, math.sqrt(0.0 + sum_sq))
+        for low, high, total, sum_sq in zip(
+            block.reduction(side + "_min"), block.reduction(side + "_max"), block.reduction(side + "_sum"), squares
+        )
+    ]
 
 
 class _SentinelLimits(dict[tuple[str, str | None], float]):
@@ -313,10 +345,6 @@ class _SentinelLimits(dict[tuple[str, str | None], float]):
 
 
 _SENTINEL_LIMITS = _SentinelLimits()
-
-
-def _sentinel_limit(dtype: str, run_dtype: str | None) -> float:
-    return _SENTINEL_LIMITS[dtype, run_dtype]
 
 
 class _SharedValues:
