@@ -170,3 +170,20 @@ def test_pairs_and_measurements_cross_to_worker_processes_unchanged(tmp_path: Pa
     assert by_name["nan_one"].my_stats.nan_count == 1 and by_name["fp16_mask"].masked > 0
     assert by_index[1].golden_stats.min is None and by_index[2].golden_stats.min is not None
     assert by_index[1].my_stats.min is not None
+
+
+def test_softmax_weights_from_the_stored_float32_values_are_those_from_float64_bit_for_bit() -> None:
+    from llmcheck.core.pair_chunk import PairChunk, Workspace
+
+    generator = np.random.default_rng(0)
+    magnitudes = 10.0 ** generator.integers(-45, 39, 20000)  # float32 subnormals to near its largest value
+    stored = (generator.standard_normal(20000) * magnitudes).astype(np.float32)
+    stored = stored[np.isfinite(stored)]
+    golden = stored.astype(np.float64)
+    for shift in (float(golden.max()), float(golden[7]), 0.1):  # 0.1 is no float32: the float64 way is taken
+        plain = PairChunk(golden, golden, Workspace(golden.size))
+        from_stored = PairChunk(golden, golden, Workspace(golden.size), golden_float32=stored)
+        with np.errstate(all="ignore"):
+            weights, total = plain.softmax_weights(shift)
+            weights_stored, total_stored = from_stored.softmax_weights(shift)
+        assert weights.tobytes() == weights_stored.tobytes() and total == total_stored

@@ -250,7 +250,8 @@ def measure_pair(
             count = min(chunk_values, total - start)
             golden = golden_reader.read(start, workspace.buffer("golden", count), workspace.buffer)
             my = my_reader.read(start, workspace.buffer("my", count), workspace.buffer)
-            fold.fold(PairChunk(golden, my, workspace), workspace)
+            # no name keeps the float32 view of the mapped file: the reader could not unmap it
+            fold.fold(PairChunk(golden, my, workspace, golden_reader.float32_source(start, count)), workspace)
     return fold.measurement(specs)
 
 

@@ -80,14 +80,18 @@ class Workspace:
 class PairChunk:
     """Both sides of one chunk (flattened, float64, finite, equal length) and their shared derived values."""
 
-    __slots__ = ("_cache", "_workspace", "golden", "my", "size")
+    __slots__ = ("_cache", "_workspace", "golden", "golden_float32", "my", "size")
 
-    def __init__(self, golden: np.ndarray, my: np.ndarray, workspace: Workspace) -> None:
+    def __init__(
+        self, golden: np.ndarray, my: np.ndarray, workspace: Workspace, golden_float32: np.ndarray | None = None
+    ) -> None:
         self.golden = golden
         self.my = my
         self.size = int(golden.size)
         self._workspace = workspace
         self._cache: dict[str, Any] = {}
+        #: ``golden`` as the float32 values it was decoded from, when it was (the engine knows; None otherwise)
+        self.golden_float32 = golden_float32
 
     def _cached(self, name: str, compute: Callable[[], _Value]) -> _Value:
         value: _Value | None = self._cache.get(name)
@@ -181,7 +185,13 @@ class PairChunk:
         if held is not None and held[0] == shift:
             return held[1], held[2]
         single = self.scratch("_softmax_f32", np.float32)
-        np.subtract(self.golden, shift, out=single, casting="same_kind")
+        source = self.golden_float32
+        if source is not None and float(np.float32(shift)) == shift:
+            # float32 arithmetic on the stored values gives exactly float32(float64 difference):
+            # rounding to 53 bits then 24 is rounding to 24 once, as 53 >= 2 * 24 + 2 (Figueroa)
+            np.subtract(source, np.float32(shift), out=single)
+        else:
+            np.subtract(self.golden, shift, out=single, casting="same_kind")
         np.exp(single, out=single)
         weights = self.scratch("_softmax_weights")
         np.copyto(weights, single)

@@ -11,6 +11,7 @@ decoding) is loaded once and streamed from memory the same way.
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 import os
 from collections.abc import Callable
@@ -197,8 +198,16 @@ class ChunkReader:
         count = out.size
         self._decode(self._raw[start : start + count], out, scratch)
         if self._map is not None:
-            self._drop_pages_before(self._map_base + (start + count) * self._raw.itemsize)
+            # pages of the chunks before this one: :meth:`float32_source` may still read this one
+            self._drop_pages_before(self._map_base + start * self._raw.itemsize)
         return out
+
+    def float32_source(self, start: int, count: int) -> np.ndarray | None:
+        """Return values ``start .. start+count`` as the float32 array they are stored as, None for another dtype.
+
+        A view of the mapped file: read it before the next :meth:`read`, which may drop its pages.
+        """
+        return self._raw[start : start + count] if self.dtype == "float32" else None
 
     def _drop_pages_before(self, end_byte: int) -> None:
         """Drop already-read pages from this process's resident set (the page cache keeps them)."""
@@ -212,7 +221,9 @@ class ChunkReader:
         self._raw = np.empty(0)
         self._keep_alive = None
         if self._map is not None:
-            self._map.close()
+            # a view still alive (an error's traceback holds a chunk) keeps the map until it dies
+            with contextlib.suppress(BufferError):
+                self._map.close()
             self._map = None
 
     def __enter__(self) -> ChunkReader:
