@@ -14,7 +14,6 @@ more than it saves.
 
 from __future__ import annotations
 
-import gc
 import logging
 import math
 import os
@@ -30,6 +29,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from llmcheck.core.errors import LlmcheckError
+from llmcheck.core.gc_pause import paused_cyclic_gc
 from llmcheck.core.pair_chunk import PairChunk, Workspace, single_threaded_blas
 from llmcheck.core.records import DTYPE_ITEMSIZE, MetricSpec, TensorData, TensorStats
 from llmcheck.core.sentinels import classify, may_hold_sentinels, sentinel_limit_in_run
@@ -357,7 +357,7 @@ def _measure_batch(packed_jobs: PackedJobs) -> PackedMeasurements:
     specs: list[MetricSpec] = _worker_state["specs"]  # type: ignore[assignment]
     workspace: Workspace = _worker_state["workspace"]  # type: ignore[assignment]
     chunk_values: int = _worker_state["chunk_values"]  # type: ignore[assignment]
-    with _no_cycle_collection():
+    with paused_cyclic_gc():
         measurements, rows = _measure_jobs_as_rows(unpack_jobs(packed_jobs), specs, workspace, chunk_values)
         return pack_measurements(measurements, [spec.name for spec in specs], rows)
 
@@ -471,7 +471,7 @@ def measure_pairs(
         if on_measured is not None:
             on_measured(measurement)
 
-    with _no_cycle_collection():
+    with paused_cyclic_gc():
         if remote:
             _measure_in_workers(remote, list(specs), workers, chunk_values, done)
         workspace = Workspace(chunk_values)
@@ -479,23 +479,6 @@ def measure_pairs(
             for measurement in measure_jobs(local[start : start + LOCAL_BATCH_PAIRS], specs, workspace, chunk_values):
                 done(measurement)
     return results
-
-
-@contextmanager
-def _no_cycle_collection() -> Iterator[None]:
-    """Pause Python's cyclic garbage collector while measurements pile up.
-
-    Measuring 10^5 pairs makes some 10^6 small objects (a measurement, its dict of values,
-    two statistics) and no reference cycles; the collector would walk all the survivors again
-    and again as they accumulate (two thirds of the time spent receiving them from the workers).
-    """
-    paused = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if paused:
-            gc.enable()
 
 
 def _picklable(specs: Sequence[MetricSpec]) -> bool:
