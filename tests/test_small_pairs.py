@@ -158,7 +158,7 @@ def test_pairs_and_measurements_cross_to_worker_processes_unchanged(tmp_path: Pa
     specs = builtin_metric_specs()
     names = [spec.name for spec in specs]
     workspace = Workspace(1 << 16)
-    folded, rows = small_pairs.measure_small_pairs_as_rows(jobs[:-1], specs, workspace, 1 << 16)
+    folded, rows = small_pairs.measure_small_pairs(jobs[:-1], specs, workspace, 1 << 16)
     assert len(rows) == 41 and len(folded) == 5  # most pairs from their blocks, NaN/Inf/sentinel ones folded
     folded.append(measure_pair(jobs[-1], specs, workspace))  # "large": streamed
     folded[0] = dataclasses.replace(folded[0], values={"rmse": -0.0}, notes=["a note"])  # not every metric

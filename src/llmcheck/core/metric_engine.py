@@ -377,17 +377,15 @@ def _measure_jobs_as_rows(
     jobs: Sequence[PairJob], specs: Sequence[MetricSpec], workspace: Workspace, chunk_values: int
 ) -> tuple[list[PairMeasurement], list[BlockRow]]:
     """Return :func:`measure_jobs` as measurements and the unwrapped rows of small pairs' blocks."""
-    from llmcheck.core.small_pairs import measure_small_pairs_as_rows, small_sizes
+    from llmcheck.core.small_pairs import measure_small_pairs, small_sizes
 
     sizes = small_sizes(jobs, chunk_values)
     with single_threaded_blas():
         if all(sizes):
-            return measure_small_pairs_as_rows(jobs, specs, workspace, chunk_values, sizes)
+            return measure_small_pairs(jobs, specs, workspace, chunk_values, sizes)
         small = [(job, size) for job, size in zip(jobs, sizes) if size]
         measurements, rows = (
-            measure_small_pairs_as_rows(
-                [job for job, _ in small], specs, workspace, chunk_values, [size for _, size in small]
-            )
+            measure_small_pairs([job for job, _ in small], specs, workspace, chunk_values, [size for _, size in small])
             if small
             else ([], [])
         )

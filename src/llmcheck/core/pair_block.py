@@ -10,7 +10,7 @@ reductions into its value for every row at once.
 Every per-row value is the one the streaming path computes, bit for bit: numpy reduces each
 row of a C-ordered block in one inner loop, exactly as it reduces that row alone, and
 :func:`row_dots` takes each row's dot product with the BLAS function
-:data:`~llmcheck.core.pair_chunk.dot` is.
+:func:`~llmcheck.core.pair_chunk.dot` calls.
 """
 
 from __future__ import annotations
@@ -22,10 +22,10 @@ import numpy as np
 
 
 def row_dots(a: np.ndarray, b: np.ndarray) -> list[float]:
-    """Return ``dot(a[i], b[i])`` for every row, bit for bit what ``pair_chunk.dot`` gives for that row alone.
+    """Return ``dot(a[i], b[i])`` for every row, bit for bit what ``dot`` gives for that row alone.
 
     A stacked matmul of a row by a column calls BLAS ``ddot`` once per row, as
-    :data:`~llmcheck.core.pair_chunk.dot` does for one pair (on one thread:
+    :func:`~llmcheck.core.pair_chunk.dot` does for one pair (on one thread:
     :func:`~llmcheck.core.pair_chunk.single_threaded_blas`).
     """
     return cast(list[float], np.matmul(a[:, None, :], b[:, :, None]).reshape(-1).tolist())

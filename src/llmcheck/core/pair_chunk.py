@@ -23,12 +23,16 @@ RELATIVE_FLOOR = float(np.finfo(np.float32).eps)
 _Value = TypeVar("_Value")
 
 
-#: Every dot product of a metric: BLAS ``ddot``, always on one thread. A dot split over
-#: threads sums in another order (the last digits of a metric would depend on ``-j``), and
-#: waking threads for every chunk costs more than the arithmetic on a busy machine. Worker
-#: processes start with one BLAS thread (OPENBLAS_NUM_THREADS=1 before numpy is imported);
-#: any other process measures inside :func:`single_threaded_blas`.
-dot: Callable[[np.ndarray, np.ndarray], float] = np.dot
+def dot(a: np.ndarray, b: np.ndarray) -> float:
+    """Return the dot product of two flat float64 arrays: BLAS ``ddot``, on one thread while measuring.
+
+    A dot split over threads sums in another order (the last digits of a metric would depend
+    on ``-j``), and waking threads for every chunk costs more than the arithmetic on a busy
+    machine. Worker processes start with one BLAS thread (OPENBLAS_NUM_THREADS=1 before numpy
+    is imported); any other process measures inside :func:`single_threaded_blas`.
+    """
+    return float(np.dot(a, b))
+
 
 _blas_depth = 0
 _blas_controller: Any = None
@@ -36,7 +40,7 @@ _blas_controller: Any = None
 
 @contextmanager
 def single_threaded_blas() -> Iterator[None]:
-    """Run the block with numpy's BLAS on one thread, so :data:`dot` sums as in a worker process.
+    """Run the block with numpy's BLAS on one thread, so :func:`dot` sums as in a worker process.
 
     Re-entrant and cheap when nested: only the outermost entry sets and restores the thread count.
     """

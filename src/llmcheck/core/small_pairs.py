@@ -47,13 +47,11 @@ WINDOW_PAIRS = 256
 COALESCE_GAP_BYTES = 64 * 1024
 
 
-def is_small(job: PairJob, chunk_values: int) -> bool:
-    """Return whether a pair fits one chunk on both sides and is a plain byte range there."""
-    return small_sizes([job], chunk_values)[0] > 0
-
-
 def small_sizes(jobs: Sequence[PairJob], chunk_values: int) -> list[int]:
-    """Return the values per side of each pair measured in groups (:func:`is_small`), 0 for a pair to stream."""
+    """Return the values per side of each pair measured in groups, 0 for a pair to stream.
+
+    A pair is measured in a group when it fits one chunk on both sides and is a plain byte range there.
+    """
     limit = min(chunk_values, SMALL_PAIR_VALUES)
     sizes = []
     for job in jobs:
@@ -84,24 +82,6 @@ def _values(data: TensorData) -> int:
     return numel * element[0]
 
 
-def measure_small_pairs(
-    jobs: Sequence[PairJob],
-    specs: Sequence[MetricSpec],
-    workspace: Workspace,
-    chunk_values: int,
-    sizes: Sequence[int] | None = None,
-) -> list[PairMeasurement]:
-    """Return the measurements of small pairs (:func:`is_small`; ``sizes`` from :func:`small_sizes`), group by group.
-
-    A window of neighbouring pairs is read at once (nearby byte ranges of a shard in one
-    ``pread``); within it, pairs of equal size are grouped, so a group is one block whose
-    reductions are single numpy calls.
-    """
-    measurements, rows = measure_small_pairs_as_rows(jobs, specs, workspace, chunk_values, sizes)
-    names = [spec.name for spec in specs]
-    return measurements + [measurement_of_row(row, names) for row in rows]
-
-
 #: One side's ``(min, max, mean, l2norm)`` of a pair measured from its block (all its values are finite).
 RowStats = tuple[float, float, float, float]
 #: A pair measured from its block: index, metric values (in the order of the specs), each side's
@@ -109,16 +89,21 @@ RowStats = tuple[float, float, float, float]
 BlockRow = tuple[int, tuple[float, ...], RowStats | None, RowStats | None, int]
 
 
-def measure_small_pairs_as_rows(
+def measure_small_pairs(
     jobs: Sequence[PairJob],
     specs: Sequence[MetricSpec],
     workspace: Workspace,
     chunk_values: int,
     sizes: Sequence[int] | None = None,
 ) -> tuple[list[PairMeasurement], list[BlockRow]]:
-    """Return :func:`measure_small_pairs` as the pairs folded one by one and the rows of blocks, unwrapped.
+    """Return the measurements of small pairs (``sizes`` from :func:`small_sizes`), measured group by group.
 
-    A worker process sends the rows on as arrays: it need not make three objects per pair.
+    A window of neighbouring pairs is read at once (nearby byte ranges of a shard in one
+    ``pread``); within it, pairs of equal size are grouped, so a group is one block whose
+    reductions are single numpy calls. The pairs measured from their block come back as
+    plain rows (:func:`measurement_of_row` makes a measurement of one): a worker process
+    sends them on as arrays, without making three objects per pair. The pairs folded one by
+    one come back as measurements.
     """
     if sizes is None:
         sizes = small_sizes(jobs, chunk_values)
