@@ -17,6 +17,7 @@ reduction -- and so every metric value -- is the one streaming gives, bit for bi
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from collections.abc import Callable, Sequence
@@ -61,19 +62,16 @@ def small_sizes(jobs: Sequence[PairJob], chunk_values: int) -> list[int]:
     return sizes
 
 
-#: dtype name -> (float64 values per element, bytes per element), None where it cannot be streamed from bytes.
-_ELEMENTS: dict[str, tuple[int, int] | None] = {}
+@functools.cache
+def _element(dtype: str) -> tuple[int, int] | None:
+    """Return (float64 values, stored bytes) per element of a dtype, None where it cannot be streamed from bytes."""
+    described = layout(dtype, strict=False)
+    return None if described is None else (described[1], DTYPE_ITEMSIZE.get(dtype, 0))
 
 
 def _values(data: TensorData) -> int:
     """Return the float64 values a side streams as (-1 when it cannot be streamed from bytes)."""
-    try:
-        element = _ELEMENTS[data.dtype]
-    except KeyError:
-        described = layout(data.dtype, strict=False)
-        element = _ELEMENTS[data.dtype] = (
-            None if described is None else (described[1], DTYPE_ITEMSIZE.get(data.dtype, 0))
-        )
+    element = _element(data.dtype)
     if element is None or data.loader is not None:
         return -1
     numel = data.numel
@@ -188,20 +186,15 @@ def _read_items(datas: Sequence[TensorData], workspace: Workspace, buffer_name: 
         for i in order[position:end]:
             data = datas[i]
             begin = start + data.offset - offset
-            items[i] = raw[begin : begin + data.nbytes].view(_CARRIERS[data.dtype])
+            items[i] = raw[begin : begin + data.nbytes].view(_carrier(data.dtype))
         start += length
     return items
 
 
-class _Carriers(dict[str, np.dtype]):
-    """dtype name -> the numpy dtype its stored items are read as (looked up once per dtype)."""
-
-    def __missing__(self, dtype: str) -> np.dtype:
-        carrier = self[dtype] = layout(dtype)[0]  # type: ignore[index]
-        return carrier
-
-
-_CARRIERS = _Carriers()
+@functools.cache
+def _carrier(dtype: str) -> np.dtype:
+    """Return the numpy dtype a dtype's stored items are read as."""
+    return layout(dtype)[0]  # type: ignore[index]
 
 
 def _measure_group(
@@ -228,8 +221,8 @@ def _measure_group(
     my = workspace.buffer("group_my", total)
     golden_items, my_items = items
     for i, start, size, job in zip(group, starts, group_sizes, jobs):
-        _DECODERS[job.golden.dtype](golden_items[i], golden[start : start + size], workspace.buffer)
-        _DECODERS[job.my.dtype](my_items[i], my[start : start + size], workspace.buffer)
+        _decoder(job.golden.dtype)(golden_items[i], golden[start : start + size], workspace.buffer)
+        _decoder(job.my.dtype)(my_items[i], my[start : start + size], workspace.buffer)
     shared = _SharedValues(golden, my, total, workspace)
     block_metrics = [getattr(spec.make_accumulator, "results_of_block", None) for spec in specs]
     first = 0
@@ -256,15 +249,10 @@ def _measure_group(
         first = last
 
 
-class _Decoders(dict[str, Decoder]):
-    """dtype name -> the function decoding its stored items into float64 (looked up once per dtype)."""
-
-    def __missing__(self, dtype: str) -> Decoder:
-        decoder = self[dtype] = layout(dtype)[2]  # type: ignore[index]
-        return decoder
-
-
-_DECODERS = _Decoders()
+@functools.cache
+def _decoder(dtype: str) -> Decoder:
+    """Return the function decoding a dtype's stored items into float64."""
+    return layout(dtype)[2]  # type: ignore[index]
 
 
 def _block_rows(
@@ -284,8 +272,8 @@ def _block_rows(
         for row, job in enumerate(jobs)
         if job.golden.dtype not in WIDE_INTEGER_DTYPES
         and job.my.dtype not in WIDE_INTEGER_DTYPES
-        and not may_hold_sentinels(golden_sq[row], _SENTINEL_LIMITS[job.golden.dtype, job.golden_run_dtype])
-        and not may_hold_sentinels(my_sq[row], _SENTINEL_LIMITS[job.my.dtype, job.my_run_dtype])
+        and not may_hold_sentinels(golden_sq[row], _sentinel_limit(job.golden.dtype, job.golden_run_dtype))
+        and not may_hold_sentinels(my_sq[row], _sentinel_limit(job.my.dtype, job.my_run_dtype))
     ]
     measured: list[BlockRow | None] = [None] * len(jobs)
     if not ordinary:
@@ -321,15 +309,8 @@ def _rows_stats(block: PairBlock, side: str, squares: list[float]) -> list[RowSt
     ]
 
 
-class _SentinelLimits(dict[tuple[str, str | None], float]):
-    """(dtype, run dtype) -> :func:`sentinel_limit_in_run`, computed once per pair of names."""
-
-    def __missing__(self, key: tuple[str, str | None]) -> float:
-        limit = self[key] = sentinel_limit_in_run(*key)
-        return limit
-
-
-_SENTINEL_LIMITS = _SentinelLimits()
+#: :func:`sentinel_limit_in_run` computed once per (dtype, run dtype).
+_sentinel_limit = functools.cache(sentinel_limit_in_run)
 
 
 class _SharedValues:
