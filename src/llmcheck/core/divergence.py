@@ -273,7 +273,9 @@ class _Judge:
         if weight is not None:  # a leaf: whatever fed the op, these values were loaded wrong
             verdict, deciding, evidence = VERDICT_FAIL, WEIGHTS_METRIC, weight.evidence
             metrics[WEIGHTS_METRIC] = MetricResult(WEIGHTS_METRIC, weight.count, VERDICT_FAIL, None, 0.0)
-        changes.update(verdict=verdict, deciding_metric=deciding, metrics=metrics, evidence=evidence)
+        # most rows add no result: they share the measured ones rather than hold a copy each
+        judged_metrics = row.metrics if metrics == row.metrics else metrics
+        changes.update(verdict=verdict, deciding_metric=deciding, metrics=judged_metrics, evidence=evidence)
         if verdict == VERDICT_FAIL:
             attribution, why = self._attribution(row, error, feeding, failing_feeders, anomaly, weight, evidence)
             changes["attribution"] = attribution
