@@ -270,3 +270,27 @@ def test_a_report_of_two_tensor_files_without_layers_renders_too(
     )
     assert section(dom, "depth").count("<circle") == 1
     assert "no repeated layers found in the record names" in section(dom, "heat")
+
+
+def test_the_page_written_in_parts_is_the_data_encoded_at_once(compared, monkeypatch) -> None:
+    """The table rows go into the page a few thousand at a time (never 50 MB at once): the same bytes, the same data."""
+    import json
+
+    import msgspec
+
+    from llmcheck.plugins.reports import html_page
+
+    result, _ = compared
+    monkeypatch.setattr(html_page, "_ROWS_PER_PART", 7)  # many parts, a short last one
+    page = html_page.render_html(result)
+    data = html_page.report_data(result)
+    assert len(data["rows"]) > 3 * 7
+    head, _, tail = (
+        html_page.resources.files(html_page.__package__)
+        .joinpath(html_page.TEMPLATE_NAME)
+        .read_bytes()
+        .partition(html_page.DATA_PLACEHOLDER.encode())
+    )
+    assert page == head + html_page._script_safe(msgspec.json.encode(data)) + tail
+    embedded = page[len(head) : len(page) - len(tail)]
+    assert json.loads(embedded)["rows"] == json.loads(json.dumps(data["rows"]))

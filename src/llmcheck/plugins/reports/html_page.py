@@ -13,7 +13,9 @@ built-in ``reports`` plugin registers it as the ``html`` reporter.
 
 from __future__ import annotations
 
+import itertools
 import math
+from collections.abc import Iterator
 from importlib import resources
 from operator import attrgetter
 from pathlib import Path
@@ -178,6 +180,13 @@ def _depth_views(result: CompareResult, measure: MetricSpec | None) -> dict[str,
 
 def report_data(result: CompareResult) -> dict[str, Any]:
     """Return what the page shows, as JSON-safe data."""
+    data, rows = _page_data(result)
+    data["rows"] = list(rows)
+    return data
+
+
+def _page_data(result: CompareResult) -> tuple[dict[str, Any], Iterator[dict[str, Any]]]:
+    """Return the page's data but its table rows, and the rows (built as they are taken) in golden order."""
     from llmcheck.plugin_api import DECIDING_STAT
     from llmcheck.plugins.reports.story import story
 
@@ -202,24 +211,55 @@ def report_data(result: CompareResult) -> dict[str, Any]:
             ],
         }
     )
-    data["rows"] = list(map(_Rows(metric_names, measure).row, sorted(result.rows, key=lambda row: row.golden.order)))
-    return data
+    return data, map(_Rows(metric_names, measure).row, sorted(result.rows, key=lambda row: row.golden.order))
 
 
-def page_parts(result: CompareResult) -> tuple[bytes, ...]:
-    """Return the report page, UTF-8 encoded, as the parts to write one after the other: the data goes between two."""
+#: Stands for the table rows in the encoded page data until they are written in its place.
+_ROWS_STAND_IN = "\x00llmcheck table rows\x00"
+#: Table rows encoded at a time: the page of a 10**5-pair compare holds ~50 MB of rows, never all at once.
+_ROWS_PER_PART = 2048
+
+
+def page_parts(result: CompareResult) -> Iterator[bytes]:
+    """Yield the report page, UTF-8 encoded, in parts to write one after the other.
+
+    The table rows -- 50 MB of the page for 10**5 pairs -- are built and encoded a few
+    thousand at a time, so neither they nor their text are ever held whole; the parts join
+    into exactly the bytes one encoding of all the data gives (msgspec writes a list as
+    ``[a,b,...]``, without spaces).
+    """
     template = resources.files(__package__).joinpath(TEMPLATE_NAME).read_text(encoding="utf-8").encode("utf-8")
+    head, placeholder, tail = template.partition(DATA_PLACEHOLDER.encode("utf-8"))
+    if not placeholder:
+        yield template
+        return
+    data, rows = _page_data(result)
+    data["rows"] = _ROWS_STAND_IN
     # msgspec writes the ~10**5 table rows of a decode dump several times faster than json.dumps;
     # the data is JSON-safe already (non-finite numbers are strings), and the page is UTF-8: the
-    # encoded bytes go into the page as they are (a 50 MB text would be decoded, copied and encoded again).
-    payload = msgspec.json.encode(report_data(result))
+    # encoded bytes go into the page as they are.
+    before_rows, _, after_rows = msgspec.json.encode(data).partition(msgspec.json.encode(_ROWS_STAND_IN))
+    yield head
+    yield _script_safe(before_rows)
+    yield b"["
+    first = True
+    while part := list(itertools.islice(rows, _ROWS_PER_PART)):
+        encoded = msgspec.json.encode(part)[1:-1]
+        yield _script_safe(encoded if first else b"," + encoded)
+        first = False
+    yield b"]"
+    yield _script_safe(after_rows)
+    yield tail
+
+
+def _script_safe(payload: bytes) -> bytes:
+    """Return JSON text that cannot end the ``<script>`` element holding it, nor trip older JS parsers."""
     # Inside <script>, "</" could close the element early; U+2028/9 (UTF-8 E2 80 A8/A9) break older JS parsers.
     if b"</" in payload:
         payload = payload.replace(b"</", b"<\\/")
     if b"\xe2\x80" in payload:
         payload = payload.replace("\u2028".encode(), b"\\u2028").replace("\u2029".encode(), b"\\u2029")
-    head, placeholder, tail = template.partition(DATA_PLACEHOLDER.encode("utf-8"))
-    return (head, payload, tail) if placeholder else (template,)
+    return payload
 
 
 def render_html(result: CompareResult) -> bytes:
