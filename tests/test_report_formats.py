@@ -22,28 +22,11 @@ from llmcheck.core.cli import main
 from llmcheck.core.compare import compare_dumps
 from llmcheck.core.pairing import Pairing, Unmatched, key_json_text, key_to_json, write_pairs_json
 from llmcheck.core.plugins import get_plugins
-from llmcheck.core.records import ALL_RANKS, Pair, PairPriority, RecordKey, TensorRecord
-from llmcheck.core.statistics import tensor_stats
-from llmcheck.core.store import DumpWriter
-from llmcheck.core.tensor_io import dtype_name
+from llmcheck.core.records import ALL_RANKS, Pair, PairPriority, RecordKey
 from llmcheck.plugins.reports.csv_table import csv_header, csv_rows
+from llmcheck.testing import write_llmcheck_dump
 
 FORMULA_NAME = "=cmd|' /C calc'!A0"
-
-
-def write_dump(folder: Path, records: list[tuple[str, torch.Tensor, bool]]) -> Path:
-    """Write an llmcheck dump of ``(name, tensor, statistics_only)`` records, in that order."""
-    with DumpWriter(folder, "test") as writer:
-        for order, (name, tensor, statistics_only) in enumerate(records):
-            record = TensorRecord(
-                key=RecordKey(name=name),
-                dtype=dtype_name(tensor.dtype),
-                shape=tuple(tensor.shape),
-                order=order,
-                stats=tensor_stats(tensor),
-            )
-            writer.add(record, None if statistics_only else tensor.clone())
-    return writer.path
 
 
 @pytest.fixture(scope="module")
@@ -51,30 +34,32 @@ def mixed_dumps(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """Two runs giving every kind of row: pass, fail, error, NaN/Inf, statistics only, a formula name, unmatched."""
     folder = tmp_path_factory.mktemp("mixed")
     nan, inf = math.nan, math.inf
-    golden = write_dump(
+    golden = write_llmcheck_dump(
         folder / "golden",
-        [
-            ("model.embed", torch.tensor([0.5, -1.25, 2.0, 4.0]), False),
-            (FORMULA_NAME, torch.tensor([1.0, 2.0, 3.0]), False),
-            ("model.layers.0.mlp", torch.tensor([1.0, 2.0, 3.0, 4.0]), False),
-            ("model.layers.1.mlp", torch.tensor([1.0, nan, inf, 2.0]), False),
-            ("model.norm", torch.tensor([[1.0, 2.0], [3.0, 4.0]]), False),
-            ("model.stats", torch.tensor([1.0, 2.0, 3.0, 4.0]), True),
-            ("lm_head", torch.tensor([1.0, 2.0, 3.0]), False),
-            ("only.golden", torch.tensor([1.0]), False),
-        ],
+        {
+            "model.embed": torch.tensor([0.5, -1.25, 2.0, 4.0]),
+            FORMULA_NAME: torch.tensor([1.0, 2.0, 3.0]),
+            "model.layers.0.mlp": torch.tensor([1.0, 2.0, 3.0, 4.0]),
+            "model.layers.1.mlp": torch.tensor([1.0, nan, inf, 2.0]),
+            "model.norm": torch.tensor([[1.0, 2.0], [3.0, 4.0]]),
+            "model.stats": torch.tensor([1.0, 2.0, 3.0, 4.0]),
+            "lm_head": torch.tensor([1.0, 2.0, 3.0]),
+            "only.golden": torch.tensor([1.0]),
+        },
+        statistics_only={"model.stats"},
     )
-    my = write_dump(
+    my = write_llmcheck_dump(
         folder / "my",
-        [
-            ("model.embed", torch.tensor([0.5, -1.25, 2.0, 4.0]), False),
-            (FORMULA_NAME, torch.tensor([1.0, 2.0, 3.0]), False),
-            ("model.layers.0.mlp", torch.tensor([1.0, 2.0, 3.0, 5.0]), False),
-            ("model.layers.1.mlp", torch.tensor([1.0, inf, nan, 2.0]), False),  # NaN and Inf swapped
-            ("model.norm", torch.tensor([1.0, 2.0, 3.0, 4.0]), False),  # shape [4] against [2, 2]
-            ("model.stats", torch.tensor([1.0, 2.0, 3.0, 4.5]), True),
-            ("lm_head", torch.tensor([1.0, 2.0, 3.0]).to(torch.bfloat16), False),
-        ],
+        {
+            "model.embed": torch.tensor([0.5, -1.25, 2.0, 4.0]),
+            FORMULA_NAME: torch.tensor([1.0, 2.0, 3.0]),
+            "model.layers.0.mlp": torch.tensor([1.0, 2.0, 3.0, 5.0]),
+            "model.layers.1.mlp": torch.tensor([1.0, inf, nan, 2.0]),  # NaN and Inf swapped
+            "model.norm": torch.tensor([1.0, 2.0, 3.0, 4.0]),  # shape [4] against [2, 2]
+            "model.stats": torch.tensor([1.0, 2.0, 3.0, 4.5]),
+            "lm_head": torch.tensor([1.0, 2.0, 3.0]).to(torch.bfloat16),
+        },
+        statistics_only={"model.stats"},
     )
     return golden, my
 

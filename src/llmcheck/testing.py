@@ -11,7 +11,7 @@ fixtures:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -33,25 +33,31 @@ def llmcheck_plugins() -> Iterator[Callable[..., Plugins]]:
     reset_plugins()
 
 
-@pytest.fixture
-def make_llmcheck_dump() -> Callable[[Path, Mapping[str, Any]], Path]:
-    """Return ``make(folder, {name: tensor})`` writing a small llmcheck dump and returning its folder."""
+def write_llmcheck_dump(folder: Path, tensors: Mapping[str, Any], statistics_only: Collection[str] = ()) -> Path:
+    """Write a small llmcheck dump of ``{name: tensor}`` in that order and return its folder.
+
+    Records named in ``statistics_only`` keep their statistics and no data, as a
+    statistics-only capture writes them.
+    """
     from llmcheck.core.records import RecordKey, TensorRecord
     from llmcheck.core.statistics import tensor_stats
     from llmcheck.core.store import DumpWriter
     from llmcheck.core.tensor_io import dtype_name
 
-    def make(folder: Path, tensors: Mapping[str, Any]) -> Path:
-        with DumpWriter(Path(folder), "test") as writer:
-            for order, (name, tensor) in enumerate(tensors.items()):
-                record = TensorRecord(
-                    key=RecordKey(name=name),
-                    dtype=dtype_name(tensor.dtype),
-                    shape=tuple(tensor.shape),
-                    order=order,
-                    stats=tensor_stats(tensor),
-                )
-                writer.add(record, tensor.detach().cpu().clone())
-        return writer.path
+    with DumpWriter(Path(folder), "test") as writer:
+        for order, (name, tensor) in enumerate(tensors.items()):
+            record = TensorRecord(
+                key=RecordKey(name=name),
+                dtype=dtype_name(tensor.dtype),
+                shape=tuple(tensor.shape),
+                order=order,
+                stats=tensor_stats(tensor),
+            )
+            writer.add(record, None if name in statistics_only else tensor.detach().cpu().clone())
+    return writer.path
 
-    return make
+
+@pytest.fixture
+def make_llmcheck_dump() -> Callable[[Path, Mapping[str, Any]], Path]:
+    """Return ``make(folder, {name: tensor})`` writing a small llmcheck dump and returning its folder."""
+    return write_llmcheck_dump
