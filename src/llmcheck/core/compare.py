@@ -227,7 +227,7 @@ def incomparable_reason(golden: TensorRecord, my: TensorRecord) -> str | None:
             return f"{side} dtype {record.dtype} cannot be compared"
     if golden.dtype.startswith("complex") != my.dtype.startswith("complex"):
         return f"dtype mismatch: golden {golden.dtype} vs my {my.dtype} (complex against real)"
-    return None if golden.shape == my.shape else _shape_problem(golden, my)
+    return _shape_problem(golden, my)
 
 
 def _shape_problem(golden: TensorRecord, my: TensorRecord) -> str | None:

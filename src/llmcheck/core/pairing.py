@@ -182,7 +182,7 @@ def key_from_json(value: Any, where: Path, what: str) -> RecordKey:
         raise UsageError(f"{what}: step, call_index and rank must be integers", where=where) from exc
 
 
-#: What ``json.dumps`` writes for a text (quoted, non-ASCII as ``\\uXXXX``): the C encoder behind it.
+#: What ``json.dumps`` writes for a text -- quoted, non-ASCII characters escaped -- by the C encoder it uses.
 _json_text = json.encoder.encode_basestring_ascii
 #: The field types of a :class:`RecordKey` written without ``json.dumps`` (any other goes through it).
 _PLAIN_KEY_TYPES = (str, str, str, int, int, str, int)

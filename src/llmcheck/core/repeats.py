@@ -113,10 +113,11 @@ def _theil_sen(points: Sequence[tuple[float, float]], median_slope: float | None
     if median_slope is None:
         slopes = [(y2 - y1) / (x2 - x1) for i, (x1, y1) in enumerate(points) for x2, y2 in points[i + 1 :] if x2 != x1]
         median_slope = median(slopes) if slopes else None
-    slope = max(median_slope, 0.0) if median_slope is not None else 0.0
     if median_slope is None:  # every sibling received the same error: the growth is their ratio
         ratios = [y / x for x, y in points if x > 0]
         slope = median(ratios) if ratios else 0.0
+    else:
+        slope = max(median_slope, 0.0)
     intercept = median([y - slope * x for x, y in points])
     if intercept < 0:  # the line says this place adds nothing: keep the growth, through the origin
         intercept = 0.0
