@@ -15,9 +15,10 @@ import functools
 import logging
 import time
 from collections.abc import Callable, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from llmcheck.core.digests import digest_row, judged_on_digests
 from llmcheck.core.divergence import (
@@ -66,6 +67,9 @@ from llmcheck.core.verdicts import (
     run_precision,
 )
 from llmcheck.core.weights import check_weights
+
+if TYPE_CHECKING:  # pragma: no cover
+    from llmcheck.core.worker_pool import WorkerPool
 
 log = logging.getLogger("llmcheck.compare")
 
@@ -360,6 +364,7 @@ def compare_dumps(
     on_pairs_known: Callable[[int, int], None] | None = None,
     on_measured: Callable[[int], None] | None = None,
     executor: PairExecutor | None = None,
+    pool: WorkerPool | None = None,
 ) -> CompareResult:
     """Return the comparison of two loaded dumps: pairs, a judged row per pair, attribution.
 
@@ -376,7 +381,8 @@ def compare_dumps(
     tensor_bytes)`` is called once the work is known and ``on_measured(tensor_bytes)`` after
     each pair, for a progress bar. ``executor`` measures the pairs elsewhere instead (a Ray
     cluster, :class:`llmcheck.core.ray_executor.RayExecutor`); a pair it could not measure
-    becomes an ``error`` row with its reason.
+    becomes an ``error`` row with its reason. ``pool`` holds worker processes started ahead of
+    need (:func:`llmcheck.core.worker_pool.early_pool`), used if they measure with these metrics.
     """
     from llmcheck.core.plugins import get_plugins
 
@@ -388,7 +394,7 @@ def compare_dumps(
         run_dtype([record.dtype for record in my.records]),
     )
     measurements, problems, bytes_read = _measure(
-        pairing, specs, run_dtypes, workers, executor, on_pairs_known, on_measured
+        pairing, specs, run_dtypes, workers, executor, on_pairs_known, on_measured, pool
     )
     run_classes = (run_precision([record.dtype for record in dump.records]) for dump in (golden, my))
     run_floor = least_precise([name for name in run_classes if name])
@@ -435,6 +441,7 @@ def _measure(
     executor: PairExecutor | None,
     on_pairs_known: Callable[[int, int], None] | None,
     on_measured: Callable[[int], None] | None,
+    pool: WorkerPool | None = None,
 ) -> tuple[dict[int, Any], dict[int, str], int]:
     """Return every pair's measurement by index, why each pair that was not measured was not, and the bytes read.
 
@@ -478,7 +485,7 @@ def _measure(
         on_pairs_known(len(unique_jobs), sum(job.nbytes for job in unique_jobs))
     progress = (lambda m: on_measured(m.bytes_read)) if on_measured else None
     if executor is None:
-        measurements = measure_pairs(unique_jobs, specs, workers=workers, on_measured=progress)
+        measurements = measure_pairs(unique_jobs, specs, workers=workers, on_measured=progress, pool=pool)
     else:
         measurements, failures = executor(unique_jobs, specs, on_measured=progress)
         problems.update(failures)
@@ -612,6 +619,7 @@ def compare_command(
     from llmcheck.core.report_folder import prepare_report_folder
     from llmcheck.core.reporters import choose_reporters, write_reports
     from llmcheck.core.verdicts import load_threshold_overrides
+    from llmcheck.core.worker_pool import early_pool
 
     if jobs is not None and jobs < 1:
         raise UsageError(f"invalid value {jobs}", where="-j/--jobs", hint="give 1 or more worker processes")
@@ -635,19 +643,26 @@ def compare_command(
         )
     user_mapping = load_user_mapping(Path(mapping_path)) if mapping_path is not None else None
     plugins = get_plugins()
-    golden, my = plugins.load_runs(Path(golden_path), golden_source, Path(my_path), my_source)
-    noise = plugins.load_tensors(Path(noise_path), noise_source, "--noise-source") if noise_path is not None else None
-    result = compare_with_progress(
-        golden,
-        my,
-        console=console,
-        metric_names=list(metric_names) or None,
-        user_mapping=user_mapping,
-        threshold_overrides=overrides,
-        workers=jobs,
-        noise=noise,
-        executor=_executor(executor, ray_address),
-    )
+    pair_executor = _executor(executor, ray_address)
+    inputs = (Path(golden_path), Path(my_path))
+    pool = early_pool(jobs, specs, inputs) if pair_executor is None else None  # started while the dumps load
+    with pool or nullcontext():
+        golden, my = plugins.load_runs(Path(golden_path), golden_source, Path(my_path), my_source)
+        noise = (
+            plugins.load_tensors(Path(noise_path), noise_source, "--noise-source") if noise_path is not None else None
+        )
+        result = compare_with_progress(
+            golden,
+            my,
+            console=console,
+            metric_names=list(metric_names) or None,
+            user_mapping=user_mapping,
+            threshold_overrides=overrides,
+            workers=jobs,
+            noise=noise,
+            executor=pair_executor,
+            pool=pool,
+        )
     with reports_written_into(output_dir):
         written = write_reports(result, output_dir, report_names)
     print_summary(result, console, written)

@@ -38,6 +38,7 @@ from llmcheck.core.tensor_chunks import ChunkReader
 if TYPE_CHECKING:
     from llmcheck.core.pair_transfer import PackedJobs, PackedMeasurements
     from llmcheck.core.small_pairs import BlockRow
+    from llmcheck.core.worker_pool import WorkerPool
 
 log = logging.getLogger("llmcheck.compare")
 
@@ -448,13 +449,18 @@ def measure_pairs(
     workers: int | None = None,
     chunk_values: int = DEFAULT_CHUNK_VALUES,
     on_measured: Callable[[PairMeasurement], None] | None = None,
+    pool: WorkerPool | None = None,
 ) -> dict[int, PairMeasurement]:
-    """Return the measurement of every job by index, using worker processes when that pays off."""
+    """Return the measurement of every job by index, using worker processes when that pays off.
+
+    ``pool`` holds workers started ahead of need (:mod:`llmcheck.core.worker_pool`); they measure
+    here if they were set up with these specs, and are shut down afterwards.
+    """
     workers = workers or default_workers()
     remote = [job for job in jobs if job.crosses_processes]
     local = [job for job in jobs if not job.crosses_processes]
     remote_bytes = sum(job.nbytes for job in remote)
-    if workers > 1 and remote_bytes >= PARALLEL_MIN_BYTES and not _picklable(specs):
+    if workers > 1 and remote_bytes >= PARALLEL_MIN_BYTES and not picklable(specs):
         log.info(
             "a metric cannot be sent to worker processes (its accumulator is not importable by name); "
             "measuring in this process"
@@ -471,7 +477,8 @@ def measure_pairs(
 
     with paused_cyclic_gc():
         if remote:
-            _measure_in_workers(remote, list(specs), workers, chunk_values, done)
+            started = pool.take(specs, chunk_values) if pool is not None else None
+            _measure_in_workers(remote, list(specs), workers, chunk_values, done, started)
         workspace = Workspace(chunk_values)
         for start in range(0, len(local), LOCAL_BATCH_PAIRS):  # in batches, so progress advances while measuring
             for measurement in measure_jobs(local[start : start + LOCAL_BATCH_PAIRS], specs, workspace, chunk_values):
@@ -479,12 +486,28 @@ def measure_pairs(
     return results
 
 
-def _picklable(specs: Sequence[MetricSpec]) -> bool:
+def picklable(specs: Sequence[MetricSpec]) -> bool:
+    """Return whether the metric specs can be sent to worker processes (their accumulators importable by name)."""
     try:
         pickle.dumps(list(specs))
     except Exception:  # any pickling failure means: keep the work in this process
         return False
     return True
+
+
+def start_executor(workers: int, specs: Sequence[MetricSpec], chunk_values: int) -> ProcessPoolExecutor:
+    """Return a pool of ``workers`` spawned processes, each set up to measure with these metric specs.
+
+    The processes start with the first task submitted (:class:`~llmcheck.core.worker_pool.WorkerPool`
+    submits one each to start them early).
+    """
+    with _single_threaded_children():
+        return ProcessPoolExecutor(
+            max_workers=workers,
+            mp_context=get_context("spawn"),
+            initializer=_init_worker,
+            initargs=(list(specs), chunk_values),
+        )
 
 
 def _measure_in_workers(
@@ -493,18 +516,17 @@ def _measure_in_workers(
     workers: int,
     chunk_values: int,
     done: Callable[[PairMeasurement], None],
+    started: tuple[ProcessPoolExecutor, int] | None = None,
 ) -> None:
+    """Measure the jobs in worker processes: ``started`` (an executor already running and its worker count), else new ones."""
     from llmcheck.core.pair_transfer import pack_jobs, unpack_measurements
 
     batches = [pack_jobs(batch) for batch in _batches(jobs, workers)]
-    workers = min(workers, len(batches))
-    with _single_threaded_children():
-        executor = ProcessPoolExecutor(
-            max_workers=workers,
-            mp_context=get_context("spawn"),
-            initializer=_init_worker,
-            initargs=(specs, chunk_values),
-        )
+    if started is None:
+        workers = min(workers, len(batches))
+        executor = start_executor(workers, specs, chunk_values)
+    else:
+        executor, workers = started
     with executor:
         pending: set[Future[PackedMeasurements]] = set()
         queue = list(reversed(batches))

@@ -1,0 +1,72 @@
+"""Worker processes for a large compare start before the dumps load, and measure exactly as workers started later."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from llmcheck.core import metric_engine, worker_pool
+from llmcheck.core.cli import main
+from llmcheck.core.compare import select_metrics
+from llmcheck.core.worker_pool import WorkerPool, early_pool, files_reach
+
+
+def test_files_reach_counts_nested_folders_and_stops_at_the_limit(tmp_path: Path) -> None:
+    (tmp_path / "a" / "b").mkdir(parents=True)
+    (tmp_path / "a" / "one.bin").write_bytes(b"x" * 100)
+    (tmp_path / "a" / "b" / "two.bin").write_bytes(b"x" * 50)
+    (tmp_path / "loose.bin").write_bytes(b"x" * 10)
+    folder, loose, missing = tmp_path / "a", tmp_path / "loose.bin", tmp_path / "missing"
+    assert files_reach([folder], 150) and not files_reach([folder], 151)
+    assert files_reach([folder, loose, missing], 160) and not files_reach([folder, loose, missing], 161)
+    assert not files_reach([missing], 1) and files_reach([], 0)
+
+
+def test_a_pool_is_started_only_for_a_compare_that_will_measure_in_workers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "dump").mkdir()
+    (tmp_path / "dump" / "shard.bin").write_bytes(b"x" * 1000)
+    specs = select_metrics(None)
+    inputs = (tmp_path / "dump", tmp_path / "dump")
+    assert early_pool(4, specs, inputs) is None  # 2 KB is measured in this process
+    monkeypatch.setattr(metric_engine, "PARALLEL_MIN_BYTES", 2000)
+    assert early_pool(1, specs, inputs) is None  # -j 1
+    with early_pool(2, specs, inputs) as pool:
+        assert isinstance(pool, WorkerPool) and pool.workers == 2
+        assert pool.take(select_metrics(["cosine_similarity"]), pool.chunk_values) is None  # other metrics
+        executor, workers = pool.take(specs, pool.chunk_values)
+        assert workers == 2 and pool.take(specs, pool.chunk_values) is None  # handed over once
+        executor.shutdown()
+
+
+def test_a_pool_nobody_takes_is_shut_down() -> None:
+    pool = WorkerPool(2, select_metrics(None), metric_engine.DEFAULT_CHUNK_VALUES)
+    processes = pool._executor._processes  # the started processes, by pid
+    pool.close()
+    assert pool.take(select_metrics(None), metric_engine.DEFAULT_CHUNK_VALUES) is None
+    assert all(not process.is_alive() for process in processes.values())
+
+
+def test_a_compare_measures_in_the_workers_started_before_loading_with_the_same_digits(
+    make_llmcheck_dump, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    torch.manual_seed(0)
+    golden = {f"layer{i}": torch.randn(256, 64) for i in range(6)}
+    my = {name: value * (1 + 1e-3 * torch.randn(value.shape)) for name, value in golden.items()}
+    golden_dump, my_dump = make_llmcheck_dump(tmp_path / "g", golden), make_llmcheck_dump(tmp_path / "m", my)
+    monkeypatch.setattr(metric_engine, "PARALLEL_MIN_BYTES", 0)
+    taken: list[bool] = []
+    take = WorkerPool.take
+    monkeypatch.setattr(WorkerPool, "take", lambda self, *args: taken.append(True) or take(self, *args))
+    started: list[WorkerPool | None] = []
+    monkeypatch.setattr(worker_pool, "WorkerPool", lambda *args: started.append(WorkerPool(*args)) or started[-1])
+    arguments = ["compare", "-gp", str(golden_dump), "-mp", str(my_dump)]
+    assert main([*arguments, "-o", str(tmp_path / "early"), "-j", "2"]) == 3  # 1e-3 off: every tensor fails
+    assert len(started) == 1 and taken == [True] and started[0].take(select_metrics(None), 1 << 16) is None
+    assert main([*arguments, "-o", str(tmp_path / "one"), "-j", "1"]) == 3
+    assert len(started) == 1  # -j 1: no workers
+    early, one = ((tmp_path / out / "cmp_report.csv").read_text() for out in ("early", "one"))
+    assert early == one
