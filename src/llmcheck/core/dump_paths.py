@@ -12,6 +12,7 @@ Folders are walked without following folder links (:func:`walk_files`), so a lin
 can never make a walk endless; a file link that loops is a
 :class:`~llmcheck.core.errors.DumpFormatError`. Every source plugin calls these two
 functions; none has its own variant.
+:func:`plain_file_names` spares a reader of many files of one folder most of the resolving.
 """
 
 from __future__ import annotations
@@ -47,6 +48,21 @@ def inside_dump(path: Path, root: Path) -> Path:
             hint="llmcheck reads only files inside the dump; copy the file in instead of linking to it",
         )
     return path
+
+
+def plain_file_names(root: Path) -> frozenset[str]:
+    """Return the names of the regular files directly in ``root`` that are not symbolic links.
+
+    Such a file lies inside ``root`` without resolving anything: a reader opening hundreds
+    of files of one folder (a decode dump's shards) looks each up here and calls
+    :func:`inside_dump` only for the others, instead of resolving every path. An unreadable
+    folder gives no names (every file is then checked by :func:`inside_dump`).
+    """
+    try:
+        with os.scandir(root) as entries:
+            return frozenset(entry.name for entry in entries if entry.is_file(follow_symlinks=False))
+    except OSError:
+        return frozenset()
 
 
 def walk_files(root: Path) -> Iterator[tuple[Path, list[str]]]:

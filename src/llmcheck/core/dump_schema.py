@@ -15,7 +15,7 @@ naming the file, the line when there is one, and the field.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, Literal, TypeVar, cast
+from typing import Annotated, Any, Literal, TypeVar
 
 import msgspec
 
@@ -44,7 +44,7 @@ class IndexLine(msgspec.Struct):
 
     name: str
     dtype: str
-    shape: list[Count]
+    shape: tuple[Count, ...]  # a tuple as decoded: the record and its data handle share it as it is
     order: int
     io: Literal["input", "output"] = "output"
     position: str = "0"
@@ -104,12 +104,16 @@ def _where(path: Path | str, line: int | None) -> str:
 _decoders: dict[Any, msgspec.json.Decoder[Any]] = {}
 
 
-def _decoder(schema: Any) -> msgspec.json.Decoder[Any]:
-    """Return the reusable decoder of a schema (an index of 10**5 lines decodes each with it)."""
-    decoder = _decoders.get(schema)
-    if decoder is None:
-        decoder = _decoders[schema] = msgspec.json.Decoder(schema)
-    return decoder
+def decoder(schema: type[Schema]) -> msgspec.json.Decoder[Schema]:
+    """Return the reusable decoder of a schema.
+
+    An index of 10**5 lines decodes each with it, called directly in the reader's loop; a
+    line it refuses is passed to :func:`decode` again for the error naming line and field.
+    """
+    found = _decoders.get(schema)
+    if found is None:
+        found = _decoders[schema] = msgspec.json.Decoder(schema)
+    return found
 
 
 def decode(
@@ -126,7 +130,7 @@ def decode(
     ``offset`` is the byte where ``text`` starts in the file (named in the error).
     """
     try:
-        return cast(Schema, _decoder(schema).decode(text))
+        return decoder(schema).decode(text)
     except msgspec.ValidationError as exc:
         raise DumpFormatError(f"{what}{_field_message(exc)}", where=_where(path, line), offset=offset) from None
     except msgspec.DecodeError as exc:

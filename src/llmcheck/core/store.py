@@ -22,8 +22,10 @@ import os
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from math import prod
+from operator import attrgetter
 from pathlib import Path
 from sys import intern
 from typing import TYPE_CHECKING, Any
@@ -31,8 +33,17 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from llmcheck.core.atomic_files import TEMPORARY_SUFFIX, atomic_write_text, remove_quietly, write_failed
-from llmcheck.core.dump_paths import inside_dump
-from llmcheck.core.dump_schema import IndexLine, ManifestJson, ShardEntry, TopologyJson, convert, decode
+from llmcheck.core.dump_paths import inside_dump, plain_file_names
+from llmcheck.core.dump_schema import (
+    IndexLine,
+    ManifestJson,
+    ShardEntry,
+    StatsJson,
+    TopologyJson,
+    convert,
+    decode,
+    decoder,
+)
 from llmcheck.core.errors import DumpFormatError, DumpNotFoundError, LlmcheckError, UsageError, WriteFailedError
 from llmcheck.core.records import (
     DTYPE_ITEMSIZE,
@@ -153,32 +164,42 @@ def record_from_index_line(line: IndexLine, data: TensorData | None, source_path
 
     The text fields repeat across a dump's lines (every step repeats every name; io, dtype,
     device repeat throughout): they are interned, so 10**5 records hold one copy of each
-    (about a third of a decode dump's records in memory) -- and the shape tuple is shared
-    with the data handle.
+    (about a third of a decode dump's records in memory) -- and the shape tuple, as decoded,
+    is shared with the data handle.
     """
-    key = RecordKey(
-        name=intern(line.name),
-        io=intern(line.io),
-        position=intern(line.position),
-        step=line.step,
-        call_index=line.call_index,
-        moment=intern(line.moment),
-    )
-    stats = TensorStats.from_json(msgspec.structs.asdict(line.stats)) if line.stats is not None else None
+    stats = line.stats
     return TensorRecord(
-        key=key,
+        key=RecordKey(
+            intern(line.name), intern(line.io), intern(line.position), line.step, line.call_index, intern(line.moment)
+        ),
         dtype=intern(line.dtype),
-        shape=data.shape if data is not None else tuple(line.shape),
+        shape=line.shape,
         order=line.order,
         device=intern(line.device),
         rank=line.rank,
         op_type=intern(line.op_type) if line.op_type is not None else None,
         parent=intern(line.parent) if line.parent is not None else None,
-        stats=stats,
+        stats=None if stats is None else _stats_from_json(stats),
         data=data,
         source_path=source_path,
         attrs=line.attrs,
     )
+
+
+def _stats_from_json(stats: StatsJson) -> TensorStats:
+    """Return an index line's statistics as :meth:`TensorStats.from_json` reads them (a non-finite one's text as its float)."""
+    return TensorStats(
+        min=_statistic(stats.min),
+        max=_statistic(stats.max),
+        mean=_statistic(stats.mean),
+        l2norm=_statistic(stats.l2norm),
+        nan_count=stats.nan_count,
+        inf_count=stats.inf_count,
+    )
+
+
+def _statistic(value: float | str | None) -> float | None:
+    return float(value) if isinstance(value, str) else value
 
 
 def topology_to_json(node: TopologyNode) -> dict[str, Any]:
@@ -638,8 +659,8 @@ def find_dumps(path: Path) -> list[Path]:
     return sorted(child for child in path.iterdir() if child.is_dir() and is_dump_dir(child))
 
 
-def _read_shard_header(shard: Path) -> tuple[dict[str, Any], int]:
-    """Return a shard's safetensors header and the byte offset where its data starts."""
+def _read_shard_header(shard: Path) -> tuple[bytes, int]:
+    """Return a shard's safetensors header text and the byte offset where its data starts."""
     try:
         with open(shard, "rb") as handle:
             size_bytes = handle.read(8)
@@ -654,8 +675,7 @@ def _read_shard_header(shard: Path) -> tuple[dict[str, Any], int]:
         raise DumpFormatError("shard named by the index is missing", where=shard) from exc
     except OSError as exc:
         raise DumpFormatError(f"cannot read the shard: {exc.strerror}", where=shard) from exc
-    header = decode(header_bytes, dict[str, Any], shard, what="shard header: ")
-    return header, 8 + header_size
+    return header_bytes, 8 + header_size
 
 
 def _read_bytes(path: Path, when_missing: LlmcheckError) -> bytes:
@@ -684,31 +704,9 @@ def read_dump(path: Path) -> Dump:
             hint="upgrade llmcheck",
         )
     index_path = root / INDEX_NAME
-    records: list[TensorRecord] = []
     cuts: list[str] = []
-    headers: _ShardHeaders = {}
     raw = _read_bytes(index_path, DumpFormatError("index.jsonl is missing", where=index_path))
-    offset = 0
-    index_where, root_name = str(index_path), root.name  # per line below: no Path work there
-    for line_number, raw_line in enumerate(raw.splitlines(keepends=True), start=1):
-        line_start, offset = offset, offset + len(raw_line)
-        if not raw_line.endswith(b"\n"):
-            cuts.append(f"index.jsonl ends in a partial line at byte {line_start}")
-            break
-        line = decode(raw_line, IndexLine, index_where, line=line_number, offset=line_start)
-        if line.dtype not in DTYPE_ITEMSIZE:
-            raise DumpFormatError(f"field $.dtype: unknown dtype {line.dtype!r}", where=f"{index_where}:{line_number}")
-        data = None
-        if (line.shard is None) != (line.tensor is None):
-            raise DumpFormatError(
-                "fields $.shard and $.tensor: give both (the record has data) or neither",
-                where=f"{index_where}:{line_number}",
-            )
-        if line.shard is not None and line.tensor is not None:
-            data = _shard_data(root, line, headers, index_where, line_number)
-        records.append(
-            record_from_index_line(line, data, f"{root_name}/{line.shard or INDEX_NAME}:{line.tensor or line.name}")
-        )
+    records = _index_records(root, raw, str(index_path), cuts)
     expected_records = declared.records
     if isinstance(expected_records, int) and len(records) < expected_records and not cuts:
         cuts.append(
@@ -728,48 +726,125 @@ def read_dump(path: Path) -> Dump:
         except OSError as exc:
             raise DumpFormatError(f"cannot read: {exc.strerror}", where=root / TOPOLOGY_NAME) from exc
         topology = topology_from_json(decode(topology_bytes, TopologyJson, root / TOPOLOGY_NAME))
-    records.sort(key=lambda record: record.order)
     cut = None
     if cuts:
         cut = "; ".join(cuts) + f"; {len(records)} records were flushed before the cut"
     return Dump(source=NATIVE_SOURCE, root=root, records=records, topology=topology, manifest=manifest, cut=cut)
 
 
-#: shard name -> (its path, its safetensors header, where its data starts, its tensor entries already checked)
-_ShardHeaders = dict[str, tuple[Path, dict[str, Any], int, dict[str, ShardEntry]]]
+def _index_records(root: Path, raw: bytes, index_where: str, cuts: list[str]) -> list[TensorRecord]:
+    """Return the records of an index's complete lines in execution order; a partial last line is noted in ``cuts``.
+
+    A decode dump's index has 10**5 lines, so what one line costs is what loading costs:
+    the loop decodes each line with the bare decoder and checks it with a dictionary look-up
+    or two; a shard's header is read and checked once, however many lines name it; the
+    texts of an error (the line's number, its byte offset) are worked out only for the line
+    that has one, and the decoder's refusal is decoded again by :func:`decode` for its message.
+    """
+    decode_line = decoder(IndexLine).decode
+    shards = _Shards(root, index_where)
+    root_name = root.name
+    records: list[TensorRecord] = []
+    lines = raw.splitlines(keepends=True)
+    for line_number, raw_line in enumerate(lines, start=1):
+        if not raw_line.endswith(b"\n"):
+            cuts.append(f"index.jsonl ends in a partial line at byte {_line_start(lines, line_number)}")
+            break
+        try:
+            line = decode_line(raw_line)
+        except (msgspec.DecodeError, UnicodeDecodeError, RecursionError):
+            decode(raw_line, IndexLine, index_where, line=line_number, offset=_line_start(lines, line_number))
+            raise
+        itemsize = DTYPE_ITEMSIZE.get(line.dtype)
+        if itemsize is None:
+            raise DumpFormatError(f"field $.dtype: unknown dtype {line.dtype!r}", where=f"{index_where}:{line_number}")
+        shard_name, tensor_name = line.shard, line.tensor
+        if shard_name is None and tensor_name is None:
+            data = None
+        elif shard_name is None or tensor_name is None:
+            raise DumpFormatError(
+                "fields $.shard and $.tensor: give both (the record has data) or neither",
+                where=f"{index_where}:{line_number}",
+            )
+        else:
+            data = shards.data(line, shard_name, tensor_name, itemsize, line_number)
+        records.append(
+            record_from_index_line(line, data, f"{root_name}/{shard_name or INDEX_NAME}:{tensor_name or line.name}")
+        )
+    records.sort(key=_ORDER)  # a no-op pass when the writer's order is kept, as it is
+    return records
 
 
-def _shard_data(root: Path, line: IndexLine, headers: _ShardHeaders, index_where: str, line_number: int) -> TensorData:
-    """Return where an index line's tensor lies in its shard, checked against the shard's header."""
-    where = f"{index_where}:{line_number}"
-    shard_name, tensor_name = line.shard, line.tensor
-    assert shard_name is not None and tensor_name is not None
-    if shard_name not in headers:  # once per shard, however many index lines name it
+_ORDER = attrgetter("order")
+
+
+def _line_start(lines: list[bytes], line_number: int) -> int:
+    """Return the byte offset where line ``line_number`` (from 1) of ``lines`` starts."""
+    return sum(map(len, lines[: line_number - 1]))
+
+
+#: a shard opened: its path, where its data starts, its tensor entries already checked, its whole header
+_OpenShard = tuple[Path, int, dict[str, ShardEntry], dict[str, Any]]
+
+
+class _Shards:
+    """The shards an index names, each opened and its header checked once, however many lines name it."""
+
+    def __init__(self, root: Path, index_where: str) -> None:
+        self.root = root
+        self.index_where = index_where
+        self.opened: dict[str, _OpenShard] = {}
+        self.plain_names: frozenset[str] | None = None  # read when the first shard is opened
+
+    def data(self, line: IndexLine, shard_name: str, tensor_name: str, itemsize: int, line_number: int) -> TensorData:
+        """Return where an index line's tensor lies in its shard, checked against the shard's header."""
+        opened = self.opened.get(shard_name)
+        if opened is None:
+            opened = self.opened[shard_name] = self._open(shard_name, line_number)
+        shard, data_start, entries, header = opened
+        entry = entries.get(tensor_name)
+        if entry is None:
+            entry = _unchecked_entry(shard, header, tensor_name, f"{self.index_where}:{line_number}")
+        begin, end = entry.data_offsets
+        if begin > end:  # past the end of a cut file is found when the data is read
+            raise DumpFormatError(f"tensor {tensor_name!r} has data_offsets [{begin}, {end}]", where=shard, offset=8)
+        expected = itemsize * prod(line.shape)
+        if end - begin != expected:
+            raise DumpFormatError(
+                f"tensor {tensor_name!r} holds {end - begin} bytes, its dtype and shape need {expected}",
+                where=shard,
+                offset=data_start + begin,
+            )
+        return TensorData(line.dtype, line.shape, shard, data_start + begin, end - begin)
+
+    def _open(self, shard_name: str, line_number: int) -> _OpenShard:
+        """Return a shard's path, where its data starts, its well-formed tensor entries and its header."""
         # A plain file name, checked without touching the file system per line.
         if shard_name in ("", ".", "..") or Path(shard_name).name != shard_name or "\x00" in shard_name:
-            raise DumpFormatError(f"field $.shard: names a file outside the dump: {shard_name!r}", where=where)
-        shard = root / shard_name
-        header, data_start = _read_shard_header(inside_dump(shard, root))
-        headers[shard_name] = shard, header, data_start, _checked_entries(header)
-    shard, header, data_start, entries = headers[shard_name]
+            raise DumpFormatError(
+                f"field $.shard: names a file outside the dump: {shard_name!r}",
+                where=f"{self.index_where}:{line_number}",
+            )
+        if self.plain_names is None:
+            self.plain_names = plain_file_names(self.root)
+        shard = self.root / shard_name
+        header_bytes, data_start = _read_shard_header(
+            shard if shard_name in self.plain_names else inside_dump(shard, self.root)
+        )
+        try:  # one pass in C for a well-formed header, as llmcheck writes them
+            entries = decoder(dict[str, ShardEntry]).decode(header_bytes)
+        except (msgspec.DecodeError, UnicodeDecodeError, RecursionError):
+            header = decode(header_bytes, dict[str, Any], shard, what="shard header: ")
+            return shard, data_start, _checked_entries(header), header
+        entries.pop("__metadata__", None)  # never a tensor, whatever it holds
+        return shard, data_start, entries, entries
+
+
+def _unchecked_entry(shard: Path, header: dict[str, Any], tensor_name: str, where: str) -> ShardEntry:
+    """Return the header entry of a tensor that is not among its shard's checked entries, or raise why it is not."""
     if tensor_name == "__metadata__" or tensor_name not in header:
         raise DumpFormatError(f"tensor {tensor_name!r} named by {where} is not in the shard", where=shard)
-    entry = entries.get(tensor_name)
-    if entry is None:
-        entry = convert(header[tensor_name], ShardEntry, shard, what=f"tensor {tensor_name!r}: ")
-    begin, end = entry.data_offsets
-    if begin > end:  # past the end of a cut file is found when the data is read
-        raise DumpFormatError(f"tensor {tensor_name!r} has data_offsets [{begin}, {end}]", where=shard, offset=8)
-    expected = DTYPE_ITEMSIZE[line.dtype] * _numel(line.shape)
-    if end - begin != expected:
-        raise DumpFormatError(
-            f"tensor {tensor_name!r} holds {end - begin} bytes, its dtype and shape need {expected}",
-            where=shard,
-            offset=data_start + begin,
-        )
-    return TensorData(
-        dtype=line.dtype, shape=tuple(line.shape), path=shard, offset=data_start + begin, nbytes=end - begin
-    )
+    return convert(header[tensor_name], ShardEntry, shard, what=f"tensor {tensor_name!r}: ")
 
 
 def _checked_entries(header: dict[str, Any]) -> dict[str, ShardEntry]:
@@ -784,10 +859,3 @@ def _checked_entries(header: dict[str, Any]) -> dict[str, ShardEntry]:
         return msgspec.convert(tensors, dict[str, ShardEntry])
     except (msgspec.ValidationError, RecursionError):
         return {}
-
-
-def _numel(shape: Iterable[int]) -> int:
-    count = 1
-    for size in shape:
-        count *= int(size)
-    return count
