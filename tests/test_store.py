@@ -256,3 +256,70 @@ def test_shard_offsets_and_topology_children_of_the_wrong_kind_are_format_errors
     shard.write_bytes(content[:8] + encoded + content[8 + size :])
     with pytest.raises(DumpFormatError, match=r"tensor 't0': field \$.data_offsets: expected `array` of length 2"):
         read_dump(writer.path)
+
+
+def test_records_read_back_equal_the_records_built_by_their_constructors_field_for_field(tmp_path: Path) -> None:
+    """The reader builds records through their slots: every field must come back as the constructor would set it."""
+    stats = TensorStats(min=float("-inf"), max=2.5, mean=float("nan"), l2norm=3.0, nan_count=1, inf_count=2)
+    written = [
+        TensorRecord(
+            key=RecordKey("model.layers.0.mlp", io="input", position="1.0", step=3, call_index=1, moment="before"),
+            dtype="bfloat16",
+            shape=(2, 3),
+            order=1,
+            device="npu:0",
+            rank=2,
+            op_type="Linear",
+            parent="model.layers.0",
+            stats=stats,
+            attrs={"args": [1, {"a": "b"}]},
+        ),
+        TensorRecord(key=RecordKey("model.norm"), dtype="float32", shape=(4,), order=0),  # written out of order
+        TensorRecord(key=RecordKey("model.lm_head"), dtype="int8", shape=(0,), order=2, stats=stats),  # no data
+    ]
+    tensors = [torch.ones(2, 3, dtype=torch.bfloat16), torch.arange(4, dtype=torch.float32), None]
+    with DumpWriter(tmp_path, "test") as writer:
+        for record, tensor in zip(written, tensors):
+            writer.add(record, tensor)
+    read = read_dump(writer.path).records
+    assert [record.order for record in read] == [0, 1, 2]
+    by_order = {record.order: record for record in written}
+    (shard,) = writer.path.glob("shard_*.safetensors")
+    for record in read:
+        expected = by_order[record.order]
+        data = record.data
+        if data is not None:  # where the writer put the bytes; checked by the reader against the header
+            assert (data.path, data.dtype, data.shape, data.loader) == (shard, expected.dtype, expected.shape, None)
+            assert torch.equal(data.load(), tensors[written.index(expected)])
+        tensor_name = f"{shard.name}:t{written.index(expected)}" if data is not None else f"index.jsonl:{record.key.name}"
+        rebuilt = TensorRecord(
+            key=RecordKey(**{field: getattr(expected.key, field) for field in RecordKey.__slots__}),
+            dtype=expected.dtype,
+            shape=expected.shape,
+            order=expected.order,
+            device=expected.device,
+            rank=expected.rank,
+            op_type=expected.op_type,
+            parent=expected.parent,
+            stats=expected.stats,
+            data=data,
+            source_path=f"{writer.path.name}/{tensor_name}",
+            attrs=expected.attrs,
+        )
+        assert repr(record) == repr(rebuilt)  # NaN statistics compare unequal; their text does not
+        assert hash(record.key) == hash(rebuilt.key) and record.key == rebuilt.key
+        assert record.shape is (data.shape if data is not None else record.shape)  # one tuple for both
+        for text in (record.key.name, record.key.io, record.key.position, record.key.moment, record.dtype, record.device):
+            assert text is sys.intern(text)  # 10**5 records hold one copy of each repeated text
+
+
+def test_a_truncated_or_cr_ended_index_line_is_the_cut_and_the_lines_before_it_are_read(tmp_path: Path) -> None:
+    with DumpWriter(tmp_path, "test") as writer:
+        for order in range(3):
+            writer.add(_record(f"t{order}", torch.ones(2), order), torch.ones(2))
+    index = writer.path / "index.jsonl"
+    first, second, third = index.read_bytes().splitlines(keepends=True)
+    index.write_bytes(first + second[:-1] + b"\r" + third)  # a lone CR ends a line too
+    dump = read_dump(writer.path)
+    assert [record.key.name for record in dump.records] == ["t0"]
+    assert f"index.jsonl ends in a partial line at byte {len(first)}" in dump.cut
