@@ -291,7 +291,9 @@ def test_records_read_back_equal_the_records_built_by_their_constructors_field_f
         if data is not None:  # where the writer put the bytes; checked by the reader against the header
             assert (data.path, data.dtype, data.shape, data.loader) == (shard, expected.dtype, expected.shape, None)
             assert torch.equal(data.load(), tensors[written.index(expected)])
-        tensor_name = f"{shard.name}:t{written.index(expected)}" if data is not None else f"index.jsonl:{record.key.name}"
+        tensor_name = (
+            f"{shard.name}:t{written.index(expected)}" if data is not None else f"index.jsonl:{record.key.name}"
+        )
         rebuilt = TensorRecord(
             key=RecordKey(**{field: getattr(expected.key, field) for field in RecordKey.__slots__}),
             dtype=expected.dtype,
@@ -309,7 +311,14 @@ def test_records_read_back_equal_the_records_built_by_their_constructors_field_f
         assert repr(record) == repr(rebuilt)  # NaN statistics compare unequal; their text does not
         assert hash(record.key) == hash(rebuilt.key) and record.key == rebuilt.key
         assert record.shape is (data.shape if data is not None else record.shape)  # one tuple for both
-        for text in (record.key.name, record.key.io, record.key.position, record.key.moment, record.dtype, record.device):
+        for text in (
+            record.key.name,
+            record.key.io,
+            record.key.position,
+            record.key.moment,
+            record.dtype,
+            record.device,
+        ):
             assert text is sys.intern(text)  # 10**5 records hold one copy of each repeated text
 
 

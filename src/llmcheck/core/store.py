@@ -199,13 +199,14 @@ def _slot_setters(cls: type, *fields: str) -> tuple[Callable[[Any, Any], None], 
 
     Why: a frozen dataclass's ``__init__`` sets each field through ``object.__setattr__`` by
     name; for the three objects of each of a decode dump's 10**5 records that was half of
-    loading it. The reader sets the slots through their descriptors instead -- the same
-    object, field for field (no ``__post_init__`` is skipped: only ``TensorData`` has one,
-    which the reader's handles, all byte ranges in a shard, pass). A field added to the class
+    loading it. The reader sets the slots through their descriptors instead: the same object,
+    field for field. (``TensorData.__post_init__``, skipped so, refuses a handle with neither
+    a path nor a loader; the reader's handles all have a path.) A field added to the class
     must be added here, or this raises when llmcheck is imported.
     """
-    if fields != cls.__slots__:
-        raise TypeError(f"the reader builds {cls.__name__} with the fields {fields}, it has {cls.__slots__}")
+    slots = cls.__dict__["__slots__"]
+    if fields != slots:
+        raise TypeError(f"the reader builds {cls.__name__} with the fields {fields}, it has {slots}")
     return tuple(getattr(cls, name).__set__ for name in fields)
 
 
