@@ -332,3 +332,17 @@ def test_a_truncated_or_cr_ended_index_line_is_the_cut_and_the_lines_before_it_a
     dump = read_dump(writer.path)
     assert [record.key.name for record in dump.records] == ["t0"]
     assert f"index.jsonl ends in a partial line at byte {len(first)}" in dump.cut
+
+
+def test_index_lines_in_any_order_across_many_shards_give_the_same_records(tmp_path: Path) -> None:
+    with DumpWriter(tmp_path, "test", shard_bytes=8) as writer:  # a shard for every tensor or two
+        for order in range(24):
+            writer.add(_record(f"t{order}", torch.full((3,), float(order)), order), torch.full((3,), float(order)))
+    assert len(list(writer.path.glob("shard_*.safetensors"))) >= 12
+    in_order = read_dump(writer.path).records
+    index = writer.path / "index.jsonl"
+    lines = index.read_text().splitlines(keepends=True)
+    index.write_text("".join(lines[0::3] + lines[1::3] + lines[2::3]))  # lines go back to shards read before
+    shuffled = read_dump(writer.path).records
+    assert shuffled == in_order
+    assert [float(record.data.load()[0]) for record in shuffled] == [float(order) for order in range(24)]
