@@ -768,7 +768,7 @@ def read_dump(path: Path) -> Dump:
     """Return the records of one llmcheck dump folder, reporting (not failing on) a cut-short dump.
 
     The cyclic collector is paused while the records are built (a decode dump's 10**5 records
-    are 3 objects each, and no cycle among them): with it running, reading took half again as
+    are 3 objects each, and no cycle among them): with it running, reading took 1.7 times as
     long. ``compare`` pauses it already; other commands reading a dump get the same.
     """
     root = Path(path)
