@@ -10,11 +10,13 @@ and pairs.json's one-``json.dumps``-per-line layout.
 from __future__ import annotations
 
 import csv
+import dataclasses
 import io
 import json
 import math
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -22,8 +24,10 @@ from llmcheck.core.cli import main
 from llmcheck.core.compare import compare_dumps
 from llmcheck.core.pairing import Pairing, Unmatched, key_json_text, key_to_json, write_pairs_json
 from llmcheck.core.plugins import get_plugins
-from llmcheck.core.records import ALL_RANKS, Pair, PairPriority, RecordKey
+from llmcheck.core.records import ALL_RANKS, MetricResult, Pair, PairPriority, RecordKey, TensorStats
+from llmcheck.plugins.reports import csv_table as csv_module
 from llmcheck.plugins.reports.csv_table import csv_header, csv_rows
+from llmcheck.plugins.reports.number_texts import repr_texts
 from llmcheck.testing import write_llmcheck_dump
 
 FORMULA_NAME = "=cmd|' /C calc'!A0"
@@ -249,3 +253,111 @@ def test_notes_derived_pairs_and_expected_records_are_written_as_json_dumps_writ
     assert (
         json.loads(path.read_text(encoding="utf-8"))["unmatched_my"][0]["note"] == "no pairing rule found a counterpart"
     )
+
+
+def _repr_cell(value: object) -> str:
+    return "" if value is None else repr(value)
+
+
+def _doubles_of_every_kind(count: int) -> dict[str, list[float]]:
+    """Doubles a report may hold: any bit pattern, float32 values, every magnitude, the edges of each layout."""
+    rng = np.random.default_rng(17)
+    bits = rng.integers(0, 2**64, size=count, dtype=np.uint64)
+    any_bits = bits.view(np.float64)
+    with np.errstate(all="ignore"):  # NaN, infinities and overflows are left out below
+        float32 = bits.astype(np.uint32).view(np.float32).astype(np.float64)
+        magnitudes = rng.uniform(1, 10, count) * 10.0 ** rng.integers(-324, 309, count)
+    edges = [2.0**k for k in range(-1074, 1024)] + [10.0**k for k in range(-323, 309)] + [1e-5, 1e-4, 1e16, 5e-324]
+    edges += [math.nextafter(x, direction) for x in edges for direction in (0.0, math.inf)]
+    return {
+        "any bit pattern": any_bits[np.isfinite(any_bits)].tolist(),
+        "float32 values": float32[np.isfinite(float32)].tolist(),
+        "every magnitude": magnitudes[np.isfinite(magnitudes)].tolist(),
+        "around 1e-5, where the layouts differ": (rng.normal(size=count) * 3e-5).tolist(),
+        "edges of each layout, negated too": [*edges, *(-x for x in edges), 0.0, -0.0],
+    }
+
+
+@pytest.mark.parametrize("kind", list(_doubles_of_every_kind(1)))
+def test_number_texts_are_what_repr_writes_for_doubles_of_every_kind(kind: str) -> None:
+    values = _doubles_of_every_kind(100_000)[kind]
+    assert repr_texts([values], str) == [[repr(value) for value in values]]
+
+
+def test_number_texts_of_none_nan_infinities_ints_bools_and_other_types() -> None:
+    columns = [
+        [1.5, None, math.nan, -math.inf, math.inf, -0.0, 2.5e-7, 1.25e-5],  # nulls written one by one
+        [None, None],
+        [],
+        [0, -3, 2**70, None],  # ints of any size
+        [True, 1.0, None],  # a bool: repr of the list
+        [np.float32(1.5), "x", 2.0],  # other types: written by ``other``
+        [1e300, 1e300, 1e-300],  # a sum overflowing to infinity
+    ]
+    texts = repr_texts(columns, lambda value: f"<{value}>")
+    assert texts[:5] == [[_repr_cell(value) for value in column] for column in columns[:5]]
+    assert texts[5] == ["<1.5>", "<x>", "<2.0>"]
+    assert texts[6] == ["1e+300", "1e+300", "1e-300"]
+
+
+def test_csv_written_column_by_column_is_what_csv_writer_writes_row_by_row(
+    mixed_dumps: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """NaN, infinities, None, negative zero, formula-like and quoted text: the fast path's bytes are the general path's."""
+    golden, my = (get_plugins().load_tensors(path) for path in mixed_dumps)
+    result = compare_dumps(golden, my, workers=1)
+    nan, inf = math.nan, math.inf
+    row = result.rows[0]
+    awkward_names = ["=1+2", "-2", "+cmd|' /C calc'!A0", "@SUM(A1)", "a, b", 'say "hi"', "two\nlines", "\uff1dx", "\tx"]
+    extra = []
+    for index, name in enumerate(awkward_names):
+        golden_record = row.golden.with_changes(
+            key=RecordKey(name=name, step=index), source_path=f"{name}.bin", op_type=name or None, shape=(index, 2)
+        )
+        extra.append(
+            dataclasses.replace(
+                row,
+                index=100 + index,
+                golden=golden_record,
+                my=row.my.with_changes(key=RecordKey(name=name, step=index), dtype="bfloat16", shape=()),
+                metrics={
+                    **row.metrics,
+                    "cosine_similarity": MetricResult("cosine_similarity", [-0.0, nan, 1.5e-5, 1e17][index % 4]),
+                    "l2norm_stat_relative_error": MetricResult("l2norm_stat_relative_error", -inf),
+                },
+                golden_stats=TensorStats(min=-0.0, max=inf, mean=-1.25e-5, nan_count=3, inf_count=None),
+                my_stats=None,
+                reason=name,
+                fed_by=(name, "model.embed"),
+                error=[None, -0.0, nan, -inf][index % 4],
+                growth=[inf, 2.5e-7, None, 0][index % 4],
+                sibling_growth=[(-0.0, nan), (1.5e-5, 2.0), None, (-inf, 1e20)][index % 4],
+                evidence=name,
+                structure=name,
+            )
+        )
+    result = dataclasses.replace(result, rows=[*result.rows, *extra])
+    monkeypatch.setattr(csv_module, "_ROWS_PER_BLOCK", 4)  # blocks of all kinds of rows, a short last one
+    csv_module.write_csv(result, tmp_path / "cmp_report.csv")
+    expected = io.StringIO(newline="")
+    writer = csv.writer(expected)
+    header = csv_header(result)
+    writer.writerow(header)
+    writer.writerows(csv_rows(result, header))
+    written = (tmp_path / "cmp_report.csv").read_bytes().decode("utf-8")
+    assert written == expected.getvalue()
+    added = list(csv.DictReader(io.StringIO(written, newline="")))[-len(extra) :]
+    assert [cells["name"] for cells in added] == [
+        "'=1+2",
+        "-2",  # a number: left as it is
+        "'+cmd|' /C calc'!A0",
+        "'@SUM(A1)",
+        "a, b",
+        'say "hi"',
+        "two\nlines",
+        "'\uff1dx",
+        "'\tx",
+    ]
+    assert [cells["cosine_similarity"] for cells in added[:4]] == ["-0.0", "nan", "1.5e-05", "1e+17"]
+    assert [cells["error"] for cells in added[:4]] == ["", "-0.0", "nan", "-inf"]
+    assert [cells["sibling_growth"] for cells in added[:4]] == ["'-0-nan", "1.5e-05-2", "", "'-inf-1e+20"]
