@@ -153,6 +153,7 @@ def main() -> None:
         default=None,
         help="the pickled compare result to use, built first if missing (default: in the dumps' folder)",
     )
+    parser.add_argument("--only", default=None, help="the reporters to time, comma-separated (default: all)")
     parser.add_argument("--build", nargs=3, type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--serve", nargs=2, type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -183,7 +184,7 @@ def main() -> None:
             if done.returncode != 0:
                 raise SystemExit(f"the compare of {build_src} failed ({done.returncode}):\n{done.stderr}")
         servers = {label: Server(src, result_path, outputs / label) for label, src in versions.items()}
-        names = servers["current"].started["reporters"]
+        names = args.only.split(",") if args.only else servers["current"].started["reporters"]
         best: dict[str, dict[str, tuple[float, float]]] = {label: {} for label in servers}
         for _ in range(args.repeat):
             for name in names:
