@@ -24,9 +24,9 @@ import torch
 
 from llmcheck.core.cli import main
 from llmcheck.core.compare import CompareResult, compare_dumps
+from llmcheck.core.depth_profile import error_measure, placement, row_error
 from llmcheck.core.pairing import Pairing, Unmatched, key_json_text, key_to_json, write_pairs_json
 from llmcheck.core.plugins import get_plugins
-from llmcheck.core.depth_profile import error_measure, placement, row_error
 from llmcheck.core.records import (
     ALL_RANKS,
     ComparisonRow,
@@ -314,7 +314,18 @@ def test_number_texts_of_none_nan_infinities_ints_bools_and_other_types() -> Non
     assert texts[6] == ["1e+300", "1e+300", "1e-300"]
 
 
-AWKWARD_NAMES = ["=1+2", "-2", "+cmd|' /C calc'!A0", "@SUM(A1)", "a, b", 'say "hi"', "two\nlines", "\uff1dx", "\tx", "</script>\u2028"]
+AWKWARD_NAMES = [
+    "=1+2",
+    "-2",
+    "+cmd|' /C calc'!A0",
+    "@SUM(A1)",
+    "a, b",
+    'say "hi"',
+    "two\nlines",
+    "\uff1dx",
+    "\tx",
+    "</script>\u2028",
+]
 
 
 def with_awkward_rows(result: CompareResult) -> CompareResult:
