@@ -261,7 +261,7 @@ def _csv_field(text: str) -> str:
     return text
 
 
-#: Rows formatted together by :class:`_Columns`: a few MB of text, never the whole file at once.
+#: Rows formatted together by :class:`_Columns`: a few hundred, whose text stays in the processor's cache.
 _ROWS_PER_BLOCK = 256
 _KEY, _SOURCE, _DTYPE, _SHAPE = attrgetter("key"), attrgetter("source_path"), attrgetter("dtype"), attrgetter("shape")
 _STEP, _NAME, _IO, _POSITION, _CALL = map(attrgetter, ("step", "name", "io", "position", "call_index"))
