@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from importlib import resources
 from operator import attrgetter, methodcaller
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import msgspec
 
@@ -243,20 +243,21 @@ class _Rows:
                 None if result is None or result.fail_threshold is None else result.verdict for result in results
             ]
         else:
-            values, warn, fail = (list(map(read, results)) for read in (_VALUE, _WARN, _FAIL))
-            higher = set(map(_HIGHER, results))
+            measured = cast("list[MetricResult]", results)  # every row measured by this metric
+            values, warn, fail = (list(map(read, measured)) for read in (_VALUE, _WARN, _FAIL))
+            higher = set(map(_HIGHER, measured))
             comparisons = (
-                [("<" if higher.pop() else ">")] * len(results)
+                [("<" if higher.pop() else ">")] * len(measured)
                 if len(higher) == 1
-                else [result.comparison for result in results]
+                else [result.comparison for result in measured]
             )
             limits = set(map(type, fail))
             if limits == _NOTHING:  # a metric without thresholds gives no verdict
-                verdicts = [None] * len(results)
+                verdicts = [None] * len(measured)
             elif _NONE in limits:
-                verdicts = [None if limit is None else result.verdict for result, limit in zip(results, fail)]
+                verdicts = [None if limit is None else result.verdict for result, limit in zip(measured, fail)]
             else:
-                verdicts = list(map(_VERDICT, results))
+                verdicts = list(map(_VERDICT, measured))
         return _json_numbers(values), _json_numbers(warn), _json_numbers(fail), verdicts, comparisons
 
     def _shape_texts(self, shapes: list[tuple[int, ...]]) -> list[str]:
