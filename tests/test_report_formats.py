@@ -1,4 +1,4 @@
-"""The exact text of cmp_report.csv and pairs.json: the cells a user reads, as the csv and json modules write them.
+"""The exact text of cmp_report.csv, pairs.json and report.html's table: the cells a user reads, as written plainly.
 
 The reports write ~10**5 rows without calling ``csv.writer`` or ``json.dumps`` per row (see
 ``plugins/reports/csv_table.py`` and ``core/pairing.py``); these tests pin what that must
@@ -10,20 +10,38 @@ and pairs.json's one-``json.dumps``-per-line layout.
 from __future__ import annotations
 
 import csv
+import dataclasses
 import io
 import json
 import math
 from pathlib import Path
+from typing import Any
 
+import msgspec
+import numpy as np
 import pytest
 import torch
 
 from llmcheck.core.cli import main
-from llmcheck.core.compare import compare_dumps
+from llmcheck.core.compare import CompareResult, compare_dumps
+from llmcheck.core.depth_profile import error_measure, placement, row_error
 from llmcheck.core.pairing import Pairing, Unmatched, key_json_text, key_to_json, write_pairs_json
 from llmcheck.core.plugins import get_plugins
-from llmcheck.core.records import ALL_RANKS, Pair, PairPriority, RecordKey
+from llmcheck.core.records import (
+    ALL_RANKS,
+    ComparisonRow,
+    MetricResult,
+    MetricSpec,
+    Pair,
+    PairPriority,
+    RecordKey,
+    TensorStats,
+)
+from llmcheck.core.report import json_safe
+from llmcheck.plugins.reports import csv_table as csv_module
+from llmcheck.plugins.reports import html_page
 from llmcheck.plugins.reports.csv_table import csv_header, csv_rows
+from llmcheck.plugins.reports.number_texts import repr_texts
 from llmcheck.testing import write_llmcheck_dump
 
 FORMULA_NAME = "=cmd|' /C calc'!A0"
@@ -249,3 +267,193 @@ def test_notes_derived_pairs_and_expected_records_are_written_as_json_dumps_writ
     assert (
         json.loads(path.read_text(encoding="utf-8"))["unmatched_my"][0]["note"] == "no pairing rule found a counterpart"
     )
+
+
+def _repr_cell(value: object) -> str:
+    return "" if value is None else repr(value)
+
+
+def _doubles_of_every_kind(count: int) -> dict[str, list[float]]:
+    """Doubles a report may hold: any bit pattern, float32 values, every magnitude, the edges of each layout."""
+    rng = np.random.default_rng(17)
+    bits = rng.integers(0, 2**64, size=count, dtype=np.uint64)
+    any_bits = bits.view(np.float64)
+    with np.errstate(all="ignore"):  # NaN, infinities and overflows are left out below
+        float32 = bits.astype(np.uint32).view(np.float32).astype(np.float64)
+        magnitudes = rng.uniform(1, 10, count) * 10.0 ** rng.integers(-324, 309, count)
+    edges = [2.0**k for k in range(-1074, 1024)] + [10.0**k for k in range(-323, 309)] + [1e-5, 1e-4, 1e16, 5e-324]
+    edges += [math.nextafter(x, direction) for x in edges for direction in (0.0, math.inf)]
+    return {
+        "any bit pattern": any_bits[np.isfinite(any_bits)].tolist(),
+        "float32 values": float32[np.isfinite(float32)].tolist(),
+        "every magnitude": magnitudes[np.isfinite(magnitudes)].tolist(),
+        "around 1e-5, where the layouts differ": (rng.normal(size=count) * 3e-5).tolist(),
+        "edges of each layout, negated too": [*edges, *(-x for x in edges), 0.0, -0.0],
+    }
+
+
+@pytest.mark.parametrize("kind", list(_doubles_of_every_kind(1)))
+def test_number_texts_are_what_repr_writes_for_doubles_of_every_kind(kind: str) -> None:
+    values = _doubles_of_every_kind(100_000)[kind]
+    assert repr_texts([values], str) == [[repr(value) for value in values]]
+
+
+def test_number_texts_of_none_nan_infinities_ints_bools_and_other_types() -> None:
+    columns = [
+        [1.5, None, math.nan, -math.inf, math.inf, -0.0, 2.5e-7, 1.25e-5],  # nulls written one by one
+        [None, None],
+        [],
+        [0, -3, 2**70, None],  # ints of any size
+        [True, 1.0, None],  # a bool: repr of the list
+        [np.float32(1.5), "x", 2.0],  # other types: written by ``other``
+        [1e300, 1e300, 1e-300],  # a sum overflowing to infinity
+    ]
+    texts = repr_texts(columns, lambda value: f"<{value}>")
+    assert texts[:5] == [[_repr_cell(value) for value in column] for column in columns[:5]]
+    assert texts[5] == ["<1.5>", "<x>", "<2.0>"]
+    assert texts[6] == ["1e+300", "1e+300", "1e-300"]
+
+
+AWKWARD_NAMES = [
+    "=1+2",
+    "-2",
+    "+cmd|' /C calc'!A0",
+    "@SUM(A1)",
+    "a, b",
+    'say "hi"',
+    "two\nlines",
+    "\uff1dx",
+    "\tx",
+    "</script>\u2028",
+]
+
+
+def with_awkward_rows(result: CompareResult) -> CompareResult:
+    """Return ``result`` with rows holding NaN, infinities, None, negative zero, formula-like and quoted names."""
+    nan, inf = math.nan, math.inf
+    row = result.rows[0]
+    extra = []
+    for index, name in enumerate(AWKWARD_NAMES):
+        golden_record = row.golden.with_changes(
+            key=RecordKey(name=name, step=index), source_path=f"{name}.bin", op_type=name or None, shape=(index, 2)
+        )
+        extra.append(
+            dataclasses.replace(
+                row,
+                index=100 + index,
+                golden=golden_record,
+                my=row.my.with_changes(key=RecordKey(name=name, step=index), dtype="bfloat16", shape=()),
+                metrics={
+                    **row.metrics,
+                    "cosine_similarity": MetricResult("cosine_similarity", [-0.0, nan, 1.5e-5, 1e17][index % 4]),
+                    "l2norm_stat_relative_error": MetricResult("l2norm_stat_relative_error", -inf),
+                },
+                golden_stats=TensorStats(min=-0.0, max=inf, mean=-1.25e-5, nan_count=3, inf_count=None),
+                my_stats=None,
+                reason=name,
+                fed_by=(name, "model.embed"),
+                error=[None, -0.0, nan, -inf][index % 4],
+                growth=[inf, 2.5e-7, None, 0][index % 4],
+                sibling_growth=[(-0.0, nan), (1.5e-5, 2.0), None, (-inf, 1e20)][index % 4],
+                evidence=name,
+                structure=name if index % 2 else "",
+            )
+        )
+    return dataclasses.replace(result, rows=[*result.rows, *extra])
+
+
+def test_csv_written_column_by_column_is_what_csv_writer_writes_row_by_row(
+    mixed_dumps: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """NaN, infinities, None, negative zero, formula-like and quoted text: the fast path's bytes are the general path's."""
+    golden, my = (get_plugins().load_tensors(path) for path in mixed_dumps)
+    result = with_awkward_rows(compare_dumps(golden, my, workers=1))
+    monkeypatch.setattr(csv_module, "_ROWS_PER_BLOCK", 4)  # blocks of all kinds of rows, a short last one
+    csv_module.write_csv(result, tmp_path / "cmp_report.csv")
+    expected = io.StringIO(newline="")
+    writer = csv.writer(expected)
+    header = csv_header(result)
+    writer.writerow(header)
+    writer.writerows(csv_rows(result, header))
+    written = (tmp_path / "cmp_report.csv").read_bytes().decode("utf-8")
+    assert written == expected.getvalue()
+    added = list(csv.DictReader(io.StringIO(written, newline="")))[-len(AWKWARD_NAMES) :]
+    assert [cells["name"] for cells in added] == [
+        "'=1+2",
+        "-2",  # a number: left as it is
+        "'+cmd|' /C calc'!A0",
+        "'@SUM(A1)",
+        "a, b",
+        'say "hi"',
+        "two\nlines",
+        "'\uff1dx",
+        "'\tx",
+        "</script>\u2028",
+    ]
+    assert [cells["cosine_similarity"] for cells in added[:4]] == ["-0.0", "nan", "1.5e-05", "1e+17"]
+    assert [cells["error"] for cells in added[:4]] == ["", "-0.0", "nan", "-inf"]
+    assert [cells["sibling_growth"] for cells in added[:4]] == ["'-0-nan", "1.5e-05-2", "", "'-inf-1e+20"]
+
+
+def page_row(row: ComparisonRow, metric_names: list[str], measure: MetricSpec | None) -> dict[str, Any]:
+    """One row of report.html's table, field by field: what the page's script reads (non-finite numbers as words)."""
+    results = [row.metrics.get(name) for name in metric_names]
+    return json_safe(
+        {
+            "id": row.index,
+            "name": row.golden.key.name,
+            "call": row.golden.key.call_index,
+            "step": row.golden.key.step,
+            "io": row.golden.key.io,
+            "pos": row.golden.key.position,
+            "mn": row.my.key.name,
+            "op": row.golden.op_type,
+            "gd": row.golden.dtype,
+            "md": row.my.dtype,
+            "shape": str(list(row.golden.shape)),
+            "v": row.verdict,
+            "d": row.deciding_metric,
+            "a": row.attribution,
+            "rule": row.rule,
+            "why": row.reason,
+            "fb": list(row.fed_by),
+            "ja": row.judged_as,
+            "m": [None if result is None else result.value for result in results],
+            "wt": [None if result is None else result.warn_threshold for result in results],
+            "ft": [None if result is None else result.fail_threshold for result in results],
+            "mv": [None if result is None or result.fail_threshold is None else result.verdict for result in results],
+            "cmp": [None if result is None else result.comparison for result in results],
+            "e": row_error(row, measure),
+            "fe": row.feeder_error,
+            "g": row.growth,
+            "x": row.expected_error,
+            "ne": row.noise_error,
+            "st": row.structure or placement(row).structure,
+            "sg": list(row.sibling_growth) if row.sibling_growth else None,
+            "sc": row.sibling_count,
+            "ev": row.evidence,
+        }
+    )
+
+
+def test_page_rows_built_column_by_column_are_the_rows_built_field_by_field(
+    mixed_dumps: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """NaN, infinities, None, negative zero, formula-like and script-closing text: the page holds the same bytes."""
+    golden, my = (get_plugins().load_tensors(path) for path in mixed_dumps)
+    result = with_awkward_rows(compare_dumps(golden, my, workers=1))
+    monkeypatch.setattr(html_page, "_ROWS_PER_PART", 4)  # blocks of all kinds of rows, a short last one
+    data = html_page.report_data(result)
+    metric_names = [metric["name"] for metric in data["metrics"]]
+    measure = error_measure(result.metric_specs)
+    rows = sorted(result.rows, key=lambda row: row.golden.order)
+    expected = [page_row(row, metric_names, measure) for row in rows]
+    assert data["rows"] == expected
+    page = html_page.render_html(result)
+    encoded_rows = msgspec.json.encode(expected)
+    assert html_page._script_safe(encoded_rows) in page
+    assert b"<\\/script>\\u2028" in page and b"</script>\xe2\x80\xa8" not in page
+    awkward = {row["name"]: row for row in data["rows"]}
+    assert awkward["=1+2"]["m"][0] == -0.0 and math.copysign(1, awkward["=1+2"]["m"][0]) == -1
+    assert (awkward["-2"]["m"][0], awkward["-2"]["e"], awkward["-2"]["sg"]) == ("nan", -0.0, [1.5e-05, 2.0])
+    assert (awkward["=1+2"]["g"], awkward["=1+2"]["sg"]) == ("inf", [-0.0, "nan"])

@@ -9,13 +9,14 @@ added, then statistics columns. Cells a spreadsheet would run as a formula (star
 from __future__ import annotations
 
 import csv
-import io
+import itertools
 from collections.abc import Iterator, Sequence
-from operator import itemgetter
+from operator import attrgetter, itemgetter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from llmcheck.plugin_api import ComparisonRow, TensorStats, atomic_output, describe
+from llmcheck.plugins.reports.number_texts import repr_texts
 
 if TYPE_CHECKING:  # pragma: no cover
     from llmcheck.plugin_api import CompareResult
@@ -155,37 +156,20 @@ _NUMBER_COLUMNS = (
 )
 #: The other fixed columns hold text; :meth:`_Cells.row` lists them in header order.
 _TEXT_COLUMNS = tuple(column for column in (*SEED_COLUMNS, *OWN_COLUMNS) if column not in _NUMBER_COLUMNS)
-#: The types whose ``repr`` is their csv text (``None`` aside, which is an empty cell), NaN and infinities included.
-_REPR_TYPES = frozenset({float, int, bool, type(None)})
+_STR_TYPE, _FLOAT_TYPE = frozenset({str}), frozenset({float})
 
 
 class _Cells:
-    """Builds the cells of report rows in header order, as text (numbers as csv writes them).
+    """Builds the cells of one report row in header order, as text (numbers as csv writes them), cell by cell.
 
-    ~10**5 rows of 55+ cells make a decode dump's CSV. Each row is listed as its text
-    cells and its numbers; the numbers become text in one ``repr`` of their list (the
-    ``repr`` csv itself uses, without a call per cell), and one ``itemgetter`` puts all
-    cells in header order. Shapes and dtypes repeat and are formatted once.
+    The plain way, kept as what :class:`_Columns` must equal (``csv_rows`` gives these rows
+    to ``csv.writer``; ``tests/test_report_formats.py`` compares both files).
     """
 
     def __init__(self, header: Sequence[str]) -> None:
         self.extra_columns = tuple(header[len(SEED_COLUMNS) + len(OWN_COLUMNS) :])
         listed = {column: index for index, column in enumerate((*_TEXT_COLUMNS, *_NUMBER_COLUMNS, *self.extra_columns))}
         self._in_header_order = itemgetter(*(listed[column] for column in header))
-        self._shapes: dict[tuple[int, ...], str] = {}
-        self._dtypes: dict[str, str] = {}
-
-    def _shape(self, shape: tuple[int, ...]) -> str:
-        text = self._shapes.get(shape)
-        if text is None:
-            text = self._shapes[shape] = str(list(shape))
-        return text
-
-    def _dtype(self, dtype: str) -> str:
-        text = self._dtypes.get(dtype)
-        if text is None:
-            text = self._dtypes[dtype] = guard_cell(f"torch.{dtype}")
-        return text
 
     def row(self, row: ComparisonRow) -> tuple[str, ...]:
         """Return one report row's cells in header order, each the text csv writes for it."""
@@ -198,12 +182,12 @@ class _Cells:
             _cell(golden.attrs.get("data_id", row.index)),  # a manual mapping names it
             _cell(golden.source_path),
             _cell(golden.op_type or ""),
-            self._dtype(golden.dtype),
-            self._shape(golden.shape),
+            guard_cell(f"torch.{golden.dtype}"),
+            str(list(golden.shape)),
             _cell(my.source_path),
             _cell(my.op_type or ""),
-            self._dtype(my.dtype),
-            self._shape(my.shape),
+            guard_cell(f"torch.{my.dtype}"),
+            str(list(my.shape)),
             _cell(row.reason),
             _cell(key.name),
             _cell(key.step),
@@ -246,12 +230,7 @@ class _Cells:
             row.noise_error,
             *[None if (result := metrics.get(name)) is None else result.value for name in self.extra_columns],
         ]
-        if _REPR_TYPES.issuperset(map(type, numbers)):
-            # repr of a float is csv's text, and for NaN and infinities the words describe() gives;
-            # no number's repr holds ", " or "None"
-            texts += repr(numbers)[1:-1].replace("None", "").split(", ")
-        else:
-            texts += map(_number, numbers)
+        texts += map(_number, numbers)
         return self._in_header_order(texts)
 
 
@@ -272,8 +251,6 @@ def csv_rows(result: CompareResult, header: Sequence[str]) -> Iterator[tuple[str
     return map(_Cells(header).row, result.rows)
 
 
-#: The shape columns: the only fixed cells that hold a comma (``[1, 1, 1024]``), so csv quotes them.
-_GOLDEN_SHAPE, _MY_SHAPE = SEED_COLUMNS.index("golden_shape"), SEED_COLUMNS.index("my_shape")
 _CSV_SPECIAL = (",", '"', "\r", "\n")
 
 
@@ -284,52 +261,170 @@ def _csv_field(text: str) -> str:
     return text
 
 
-class _CsvLines:
-    """Turns rows of cells into the lines ``csv.writer`` writes for them, the common case without calling it.
+#: Rows formatted together by :class:`_Columns`: a few hundred, whose text stays in the processor's cache.
+_ROWS_PER_BLOCK = 256
+_KEY, _SOURCE, _DTYPE, _SHAPE = attrgetter("key"), attrgetter("source_path"), attrgetter("dtype"), attrgetter("shape")
+_STEP, _NAME, _IO, _POSITION, _CALL = map(attrgetter, ("step", "name", "io", "position", "call_index"))
+_REASON, _VERDICT, _JUDGED_AS, _RULE, _ATTRIBUTION, _STRUCTURE, _EVIDENCE = map(
+    attrgetter, ("reason", "verdict", "judged_as", "rule", "attribution", "structure", "evidence")
+)
+#: Readers of the number columns' values, in ``_NUMBER_COLUMNS`` order (with the fixed metrics' values between).
+_STATS = tuple(map(attrgetter, ("max", "min", "mean")))
+_DECIDING = tuple(map(attrgetter, ("value", "warn_threshold", "fail_threshold")))
+_COUNTS = tuple(map(attrgetter, ("nan_count", "inf_count")))
+_ROW_NUMBERS = tuple(
+    map(attrgetter, ("nonfinite_mismatch", "error", "feeder_error", "growth", "expected_error", "noise_error"))
+)
 
-    ``csv.writer`` looks at every character of every cell; for a row of text cells none
-    of which needs quoting but the shapes, ``",".join`` gives
-    the same line several times faster. Whether a row is plain is checked exactly on the
-    joined text (no quote, no line break, no comma beyond the separators and the shapes');
-    any other row goes through ``csv.writer`` itself.
+
+def _text_fields(values: list[Any]) -> list[str]:
+    """Return the csv fields of a text column: :func:`_cell` of each value, quoted as csv quotes it.
+
+    A column's distinct texts are looked at once for what needs care (most columns hold a
+    few distinct texts, none starting like a formula or holding , " CR or LF); a column
+    holding one has each of its cells guarded and quoted.
+    """
+    if set(map(type, values)) == _STR_TYPE:
+        distinct = set(values)
+        joined = "".join(distinct)
+        if _FORMULA_FIRST.isdisjoint({text[:1] for text in distinct}) and not any(
+            special in joined for special in _CSV_SPECIAL
+        ):
+            return values
+        return list(map(_text_field, values))
+    return repr_texts([values], _text_field)[0]
+
+
+def _text_field(value: Any) -> str:
+    """Return the csv field of a text cell's value: :func:`_cell`, quoted should it need it."""
+    return _csv_field(_cell(value))
+
+
+def _number_field(value: Any) -> str:
+    """Return the csv field of a number cell's value: :func:`_number`, quoted should its text need it."""
+    return _csv_field(_number(value))
+
+
+def _described(values: list[Any]) -> list[str]:
+    """Return :func:`describe` of each value: for floats ``format(value, ".6g")``, which gives the same words."""
+    if _FLOAT_TYPE.issuperset(map(type, values)):
+        return list(map(format, values, itertools.repeat(".6g")))
+    return list(map(describe, values))
+
+
+class _Columns:
+    """Builds the csv text of report rows a block at a time, column by column: the lines ``csv.writer`` writes
+    for the cells of :class:`_Cells`.
+
+    Per row, :meth:`_Cells.row` spends its time in the Python of ~55 cells, and ``repr``
+    in formatting ~25 floats. Here each column is read with C-level ``attrgetter`` and
+    ``map``; a text column's distinct texts are looked at once for formula starts and for
+    what csv quotes (:func:`_text_fields`); the numbers of the block are formatted at once
+    (:func:`~llmcheck.plugins.reports.number_texts.repr_texts`); shapes and dtypes are
+    formatted once each; the rows are joined in one pass. Blocks of a few hundred rows keep
+    the block's text in the processor's cache.
     """
 
-    def __init__(self) -> None:
-        self._buffer = io.StringIO()
-        self._writer = csv.writer(self._buffer)
-        self._fields: dict[str, str] = {}
+    def __init__(self, header: Sequence[str]) -> None:
+        self.extra_columns = tuple(header[len(SEED_COLUMNS) + len(OWN_COLUMNS) :])
+        listed = {column: index for index, column in enumerate((*_TEXT_COLUMNS, *_NUMBER_COLUMNS, *self.extra_columns))}
+        self._in_header_order = itemgetter(*(listed[column] for column in header))
+        self._dtypes: dict[str, str] = {}
+        self._shapes: dict[tuple[int, ...], str] = {}
 
-    def written_by_csv(self, cells: Sequence[Any]) -> str:
-        """Return the line ``csv.writer`` writes for ``cells``."""
-        self._buffer.seek(0)
-        self._buffer.truncate()
-        self._writer.writerow(cells)
-        return self._buffer.getvalue()
+    def text(self, rows: Sequence[ComparisonRow]) -> str:
+        """Return the csv lines of ``rows``, each ending in CRLF."""
+        if not rows:
+            return ""
+        columns = self._in_header_order([*self._text_columns(rows), *self._number_columns(rows)])
+        return "\r\n".join(map(",".join, zip(*columns))) + "\r\n"
 
-    def line(self, cells: Sequence[str]) -> str:
-        """Return the csv line of one report row: text cells (:meth:`_Cells.row`), shapes at their columns."""
-        golden_shape, my_shape = cells[_GOLDEN_SHAPE], cells[_MY_SHAPE]
-        head = ",".join(cells[:_GOLDEN_SHAPE])
-        middle = ",".join(cells[_GOLDEN_SHAPE + 1 : _MY_SHAPE])
-        tail = ",".join(cells[_MY_SHAPE + 1 :])
-        unquoted = head + middle + tail
-        if (
-            unquoted.count(",") == len(cells) - 5  # the separators within the three parts: no comma in a cell
-            and '"' not in unquoted
-            and "\r" not in unquoted
-            and "\n" not in unquoted
-        ):
-            fields = self._fields
-            golden_field = fields.get(golden_shape) or fields.setdefault(golden_shape, _csv_field(golden_shape))
-            my_field = fields.get(my_shape) or fields.setdefault(my_shape, _csv_field(my_shape))
-            return f"{head},{golden_field},{middle},{my_field},{tail}\r\n"
-        return self.written_by_csv(cells)
+    def _text_columns(self, rows: Sequence[ComparisonRow]) -> list[list[str]]:
+        """Return the fields of the text columns, in the order of ``_TEXT_COLUMNS``."""
+        goldens, mys = [row.golden for row in rows], [row.my for row in rows]
+        keys = list(map(_KEY, goldens))
+        steps = _text_fields(list(map(_STEP, keys)))
+        return [
+            steps,
+            _text_fields([golden.attrs.get("data_id", row.index) for golden, row in zip(goldens, rows)]),
+            _text_fields(list(map(_SOURCE, goldens))),
+            _text_fields([golden.op_type or "" for golden in goldens]),
+            self._dtype_fields(list(map(_DTYPE, goldens))),
+            self._shape_fields(list(map(_SHAPE, goldens))),
+            _text_fields(list(map(_SOURCE, mys))),
+            _text_fields([my.op_type or "" for my in mys]),
+            self._dtype_fields(list(map(_DTYPE, mys))),
+            self._shape_fields(list(map(_SHAPE, mys))),
+            _text_fields(list(map(_REASON, rows))),
+            _text_fields(list(map(_NAME, keys))),
+            steps,
+            _text_fields(list(map(_IO, keys))),
+            _text_fields(list(map(_POSITION, keys))),
+            _text_fields(list(map(_CALL, keys))),
+            _text_fields([my.key.name for my in mys]),
+            _text_fields(list(map(_VERDICT, rows))),
+            _text_fields([row.deciding_metric or "" for row in rows]),
+            _text_fields(list(map(_JUDGED_AS, rows))),
+            _text_fields(list(map(_RULE, rows))),
+            _text_fields(list(map(_ATTRIBUTION, rows))),
+            _text_fields([" | ".join(row.fed_by) for row in rows]),
+            _text_fields(list(map(_STRUCTURE, rows))),
+            _text_fields(_sibling_growth(rows)),
+            _text_fields(list(map(_EVIDENCE, rows))),
+        ]
+
+    def _number_columns(self, rows: Sequence[ComparisonRow]) -> list[list[str]]:
+        """Return the fields of the number columns, in the order of ``_NUMBER_COLUMNS`` and then the extra ones."""
+        golden_stats = [row.golden_stats or _NO_STATS for row in rows]
+        my_stats = [row.my_stats or _NO_STATS for row in rows]
+        metrics = [row.metrics for row in rows]
+        deciding = [metric.get(row.deciding_metric or "") or _NO_RESULT for metric, row in zip(metrics, rows)]
+        numbers = [
+            *(list(map(read, golden_stats)) for read in _STATS),
+            *(list(map(read, my_stats)) for read in _STATS),
+            *(
+                [None if (result := metric.get(name)) is None else result.value for metric in metrics]
+                for name in _FIXED_METRICS
+            ),
+            *(list(map(read, deciding)) for read in _DECIDING),
+            *(list(map(read, golden_stats)) for read in _COUNTS),
+            *(list(map(read, my_stats)) for read in _COUNTS),
+            *(list(map(read, rows)) for read in _ROW_NUMBERS),
+            *(
+                [None if (result := metric.get(name)) is None else result.value for metric in metrics]
+                for name in self.extra_columns
+            ),
+        ]
+        return repr_texts(numbers, _number_field)
+
+    def _dtype_fields(self, dtypes: list[str]) -> list[str]:
+        known = self._dtypes
+        for dtype in set(dtypes).difference(known):
+            known[dtype] = _csv_field(guard_cell(f"torch.{dtype}"))
+        return list(map(known.__getitem__, dtypes))
+
+    def _shape_fields(self, shapes: list[tuple[int, ...]]) -> list[str]:
+        known = self._shapes
+        for shape in set(shapes).difference(known):
+            known[shape] = _csv_field(str(list(shape)))
+        return list(map(known.__getitem__, shapes))
+
+
+def _sibling_growth(rows: Sequence[ComparisonRow]) -> list[str]:
+    """Return the ``lowest-highest`` growth texts (empty where the row has none)."""
+    growths = [row.sibling_growth for row in rows]
+    present = [growth for growth in growths if growth]
+    lowest, highest = _described([low for low, _ in present]), _described([high for _, high in present])
+    texts = iter(map("{}-{}".format, lowest, highest))
+    return [next(texts) if growth else "" for growth in growths]
 
 
 def write_csv(result: CompareResult, path: Path) -> None:
     """Write cmp_report.csv: one row per pair, in golden execution order."""
     header = csv_header(result)
-    lines = _CsvLines()
+    columns = _Columns(header)
+    rows = result.rows
     with atomic_output(path, "w", newline="", encoding="utf-8") as handle:
-        handle.write(lines.written_by_csv(header))
-        handle.writelines(map(lines.line, csv_rows(result, header)))
+        csv.writer(handle).writerow(header)
+        for start in range(0, len(rows), _ROWS_PER_BLOCK):
+            handle.write(columns.text(rows[start : start + _ROWS_PER_BLOCK]))

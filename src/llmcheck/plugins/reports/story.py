@@ -28,11 +28,8 @@ if TYPE_CHECKING:  # pragma: no cover
 
 def final_output(result: CompareResult) -> ComparisonRow | None:
     """Return the last output compared in the last step (the model's output: logits, or the last layer's)."""
-    outputs = [row for row in result.rows if row.golden.key.io == IO_OUTPUT]
-    if not outputs:
-        return None
-    last_step = max(row.golden.key.step for row in outputs)
-    return max((row for row in outputs if row.golden.key.step == last_step), key=lambda row: row.golden.order)
+    outputs = (row for row in result.rows if row.golden.key.io == IO_OUTPUT)
+    return max(outputs, key=lambda row: (row.golden.key.step, row.golden.order), default=None)  # one pass
 
 
 def next_tokens(row: ComparisonRow) -> tuple[int, int] | None:
