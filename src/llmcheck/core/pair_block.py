@@ -39,9 +39,19 @@ class PairBlock:
     """
 
     def __init__(
-        self, golden: np.ndarray, my: np.ndarray, shared: dict[str, Any], scratch: Callable[[str, int, Any], np.ndarray]
+        self,
+        golden: np.ndarray,
+        my: np.ndarray,
+        shared: dict[str, Any],
+        scratch: Callable[[str, int, Any], np.ndarray],
+        *,
+        golden_float32: np.ndarray | None = None,
+        my_float32: np.ndarray | None = None,
     ) -> None:
         self.golden, self.my = golden, my
+        #: ``golden`` / ``my`` as the float32 numbers every row was decoded from, when they all were (else None):
+        #: float32 arithmetic on them is float64 arithmetic rounded to float32, and half the bytes
+        self.golden_float32, self.my_float32 = golden_float32, my_float32
         self.rows, self.size = golden.shape
         self._cache = dict(shared)
         self._scratch = scratch
@@ -52,7 +62,14 @@ class PairBlock:
             name: (value[rows] if isinstance(value, np.ndarray) else [value[row] for row in rows])
             for name, value in self._cache.items()
         }
-        return PairBlock(self.golden[rows], self.my[rows], shared, self._scratch)
+        return PairBlock(
+            self.golden[rows],
+            self.my[rows],
+            shared,
+            self._scratch,
+            golden_float32=None if self.golden_float32 is None else self.golden_float32[rows],
+            my_float32=None if self.my_float32 is None else self.my_float32[rows],
+        )
 
     def _cached(self, name: str, compute: Callable[[], list[float]]) -> list[float]:
         value: list[float] | None = self._cache.get(name)

@@ -18,9 +18,11 @@ reduction -- and so every metric value -- is the one streaming gives, bit for bi
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 import os
 from collections.abc import Callable, Sequence
+from typing import cast
 
 import numpy as np
 
@@ -118,7 +120,7 @@ def measure_small_pairs(
             continue
         group: list[int] = []
         group_values = 0
-        for i in sorted(range(len(window)), key=window_sizes.__getitem__):
+        for i in sorted(range(len(window)), key=lambda i: _group_order(window[i], window_sizes[i])):
             values = window_sizes[i]
             if group and group_values + values > GROUP_VALUES:
                 _measure_group(
@@ -207,31 +209,36 @@ def _measure_group(
     measurements: list[PairMeasurement],
     rows: list[BlockRow],
 ) -> None:
-    """Measure a group of small pairs (positions in ``window``) laid out by size, so equal-sized pairs form one 2-D block.
+    """Measure a group of small pairs (positions in ``window``, in :func:`_group_order`), so alike pairs form 2-D blocks.
 
     Appends the pairs measured from their block to ``rows``, those folded one by one to ``measurements``.
     """
     jobs = [window[i] for i in group]
-    group_sizes = [sizes[i] for i in group]
-    starts = [0] * len(group)
-    for i in range(1, len(group)):
-        starts[i] = starts[i - 1] + group_sizes[i - 1]
-    total = starts[-1] + group_sizes[-1]
+    starts = list(itertools.accumulate((sizes[i] for i in group), initial=0))
+    total = starts[-1]
     golden = workspace.buffer("group_golden", total)
     my = workspace.buffer("group_my", total)
     golden_items, my_items = items
-    for i, start, size, job in zip(group, starts, group_sizes, jobs):
-        _decoder(job.golden.dtype)(golden_items[i], golden[start : start + size], workspace.buffer)
-        _decoder(job.my.dtype)(my_items[i], my[start : start + size], workspace.buffer)
+    golden_single = _decode_side(
+        [golden_items[i] for i in group], [job.golden.dtype for job in jobs], starts, golden, workspace, "golden"
+    )
+    my_single = _decode_side([my_items[i] for i in group], [job.my.dtype for job in jobs], starts, my, workspace, "my")
     shared = _SharedValues(golden, my, total, workspace)
     block_metrics = [getattr(spec.make_accumulator, "results_of_block", None) for spec in specs]
     first = 0
-    while first < len(group):  # one block of equal-sized pairs at a time
-        size = group_sizes[first]
-        last = first
-        while last < len(group) and group_sizes[last] == size:
+    while first < len(group):  # one block of alike pairs at a time
+        kind = _block_kind(jobs[first], starts[first + 1] - starts[first])
+        last = first + 1
+        while last < len(group) and _block_kind(jobs[last], starts[last + 1] - starts[last]) == kind:
             last += 1
-        block = shared.block(starts[first], last - first, size)
+        size = kind[0]
+        block = shared.block(
+            starts[first],
+            last - first,
+            size,
+            golden_single if kind[1] else None,
+            my_single if kind[2] else None,
+        )
         measured: list[BlockRow | None] = (
             [None] * (last - first) if None in block_metrics else _block_rows(jobs[first:last], block, block_metrics)  # type: ignore[arg-type]
         )
@@ -247,6 +254,64 @@ def _measure_group(
             fold.fold(chunk, workspace)
             measurements.append(fold.measurement(specs))
         first = last
+
+
+#: Stored dtypes whose items are float32 numbers: a group keeps them as float32 too, where float32
+#: arithmetic on them gives bit for bit what float64 arithmetic rounded to float32 gives.
+_FLOAT32_STORED = frozenset({"float32", "bfloat16", "complex64"})
+
+
+def _group_order(job: PairJob, size: int) -> tuple[int, bool, bool, str, str]:
+    """Return where a pair goes in its window's order: by size, then alike stored dtypes together.
+
+    Pairs of one size and dtype are decoded by one call, and a block's rows stored as float32
+    on a side can be reduced from those float32 values.
+    """
+    golden, my = job.golden.dtype, job.my.dtype
+    return size, golden in _FLOAT32_STORED, my in _FLOAT32_STORED, golden, my
+
+
+def _block_kind(job: PairJob, size: int) -> tuple[int, bool, bool]:
+    """Return what the pairs of one block share: the size, and on each side whether they are stored as float32."""
+    return size, job.golden.dtype in _FLOAT32_STORED, job.my.dtype in _FLOAT32_STORED
+
+
+def _decode_side(
+    items: Sequence[np.ndarray],
+    dtypes: Sequence[str],
+    starts: Sequence[int],
+    out: np.ndarray,
+    workspace: Workspace,
+    side: str,
+) -> np.ndarray:
+    """Decode one side of a group into ``out`` (float64) and return the float32 buffer beside it.
+
+    Pairs stored as float32 numbers (:data:`_FLOAT32_STORED`) are gathered into the float32
+    buffer (one call per run of one dtype) and widened from there; the float32 buffer holds
+    only their positions. Other pairs are decoded one by one straight into ``out``.
+    """
+    single = workspace.buffer("group_float32_" + side, len(out), np.float32)
+    first = 0
+    while first < len(items):
+        dtype = dtypes[first]
+        last = first + 1
+        while last < len(items) and dtypes[last] == dtype:
+            last += 1
+        begin, end = starts[first], starts[last]
+        if dtype in _FLOAT32_STORED:
+            if dtype == "bfloat16":  # a bfloat16 is the high half of its float32
+                bits = single[begin:end].view(np.uint32)
+                np.concatenate(items[first:last], out=bits)
+                np.left_shift(bits, 16, out=bits)
+            else:
+                np.concatenate(items[first:last], out=single[begin:end])
+            np.copyto(out[begin:end], single[begin:end])
+        else:
+            decode = _decoder(dtype)
+            for i in range(first, last):
+                decode(items[i], out[starts[i] : starts[i + 1]], workspace.buffer)
+        first = last
+    return single
 
 
 @functools.cache
@@ -340,18 +405,36 @@ class _SharedValues:
         self.weights = workspace.buffer("group_weights", total)
         self.single = workspace.buffer("group_single", total, np.float32)
 
-    def block(self, begin: int, rows: int, size: int) -> PairBlock:
-        """Return the ``rows`` pairs of ``size`` values starting at ``begin`` as a block with its reductions."""
+    def block(
+        self,
+        begin: int,
+        rows: int,
+        size: int,
+        golden_float32: np.ndarray | None = None,
+        my_float32: np.ndarray | None = None,
+    ) -> PairBlock:
+        """Return the ``rows`` pairs of ``size`` values starting at ``begin`` as a block with its reductions.
+
+        ``golden_float32`` / ``my_float32``: the group's float32 buffer of a side whose rows of this
+        block were all stored as float32 numbers (:func:`_decode_side`), else None.
+        """
         end = begin + rows * size
 
         def block(values: np.ndarray) -> np.ndarray:
             return values[begin:end].reshape(rows, size)
 
         golden, my = block(self.golden), block(self.my)
+        golden_single = None if golden_float32 is None else block(golden_float32)
+        my_single = None if my_float32 is None else block(my_float32)
         with np.errstate(all="ignore"):
-            golden_max = golden.max(axis=1)
+            golden_max = _row_extremes(np.maximum, golden, golden_single)
             single = block(self.single)
-            np.subtract(golden, golden_max[:, None], out=single, casting="same_kind")
+            if golden_single is not None:
+                # float32 arithmetic on float32 numbers is float64 arithmetic rounded to float32
+                # (53 >= 2 * 24 + 2, Figueroa): the float32 maxima are the float64 ones
+                np.subtract(golden_single, golden_max.astype(np.float32)[:, None], out=single)
+            else:
+                np.subtract(golden, golden_max[:, None], out=single, casting="same_kind")
             np.exp(single, out=single)
             weights = block(self.weights)
             np.copyto(weights, single)
@@ -362,11 +445,11 @@ class _SharedValues:
                 else (size - np.count_nonzero(block(self.undefined), axis=1)).tolist()
             )
             shared = {
-                "golden_min": golden.min(axis=1).tolist(),
+                "golden_min": _row_extremes(np.minimum, golden, golden_single).tolist(),
                 "golden_max": golden_max.tolist(),
                 "golden_sum": golden.sum(axis=1).tolist(),
-                "my_min": my.min(axis=1).tolist(),
-                "my_max": my.max(axis=1).tolist(),
+                "my_min": _row_extremes(np.minimum, my, my_single).tolist(),
+                "my_max": _row_extremes(np.maximum, my, my_single).tolist(),
                 "my_sum": my.sum(axis=1).tolist(),
                 "max_abs_diff": block(self.abs_diff).max(axis=1, initial=0.0).tolist(),
                 "sum_abs_diff": block(self.abs_diff).sum(axis=1).tolist(),
@@ -377,7 +460,7 @@ class _SharedValues:
                 "softmax_weights": weights,
                 "weight_sum": weights.sum(axis=1).tolist(),
             }
-        return PairBlock(golden, my, shared, self.workspace.buffer)
+        return PairBlock(golden, my, shared, self.workspace.buffer, golden_float32=golden_single, my_float32=my_single)
 
     def share_row(self, chunk: PairChunk, block: PairBlock, row: int, begin: int, end: int) -> None:
         """Give one pair's chunk its row of the block's reductions and its slices of the element-wise arrays."""
@@ -389,6 +472,21 @@ class _SharedValues:
         chunk.share("abs_diff", self.abs_diff[begin:end])
         chunk.share("abs_golden", self.abs_golden[begin:end])
         chunk.share("relative_error", self.relative[begin:end])
+
+
+def _row_extremes(extreme: np.ufunc, values: np.ndarray, single: np.ndarray | None) -> np.ndarray:
+    """Return the minimum or maximum (``extreme``) of each row of ``values``, from its float32 numbers where given.
+
+    The float64 of a row's float32 extreme is its float64 extreme, except for the sign of a
+    zero (which of -0.0 and 0.0 comes out depends on how the reduction visits them) and the
+    bits of a NaN: those rows are reduced again in float64.
+    """
+    if single is None:
+        return cast(np.ndarray, extreme.reduce(values, axis=1))
+    found = extreme.reduce(single, axis=1).astype(np.float64)
+    for row in np.flatnonzero((found == 0.0) | np.isnan(found)).tolist():
+        found[row] = extreme.reduce(values[row])
+    return found
 
 
 #: The per-row reductions of a block a pair's own chunk takes over when it is folded the ordinary way.

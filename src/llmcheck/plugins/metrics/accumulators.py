@@ -307,37 +307,79 @@ class KlDivergence(_ChunkAccumulator):
         return max(-mean_diff + math.log1p(mean_diff + weighted_series / weight_sum), 0.0)
 
     @classmethod
-    def _direct_row(cls, block: PairBlock, row: int, weight_sum: float, weighted_diff: float) -> float:
+    def _direct_row(
+        cls, golden_max: float, weight_sum: float, weighted_diff: float, my_max: float, my_sum: float
+    ) -> float:
         """Return KL of a block's row whose differences reach the series limit: what one direct chunk leaves."""
         state = cls()
-        state.golden_max = block.reduction("golden_max")[row]
+        state.golden_max = golden_max
         state.weight_sum, state.weighted_diff = 0.0 + weight_sum, 0.0 + weighted_diff
         state.direct_weight, state.direct_weighted_diff = 0.0 + weight_sum, 0.0 + weighted_diff
-        state.direct_my_max = block.reduction("my_max")[row]
-        single = block.scratch("kl_f32", np.float32)[row]
-        exponentials = state._exp_sum(block.my[row], state.direct_my_max, single)
-        state.direct_my_sum = 0.0 + float(exponentials.sum(dtype=np.float64))
+        state.direct_my_max = my_max
+        state.direct_my_sum = 0.0 + my_sum
         return state.result()
 
     @classmethod
     def results_of_block(cls, block: PairBlock) -> list[float | None]:
-        """Return KL of each row: by its series, or -- where a difference reaches the series limit -- directly."""
+        """Return KL of each row: by its series, or -- where a difference reaches the series limit -- directly.
+
+        Each row pays only for its own way: the series terms are taken over the runs of
+        consecutive series rows, the direct sums over the runs of direct rows.
+        """
         weights, weight_sums = block.softmax_weights()
         diff = block.diff()
         weighted_diffs = row_dots(weights, diff)
-        weighted = np.multiply(weights, diff, out=block.scratch("kl_weighted"))
-        quadratic = row_dots(weighted, diff)
         largest = block.reduction("max_abs_diff")
-        cubic: list[float] = []
-        if any(_QUADRATIC_LIMIT <= value < _SERIES_LIMIT for value in largest):
-            cubic = row_dots(np.multiply(weighted, diff, out=weighted), diff)
-        results: list[float | None] = []
-        for row, (weight_sum, weighted_diff, most) in enumerate(zip(weight_sums, weighted_diffs, largest)):
-            if most >= _SERIES_LIMIT:
-                results.append(cls._direct_row(block, row, weight_sum, weighted_diff))
-                continue
-            series = 0.5 * quadratic[row]
-            if most >= _QUADRATIC_LIMIT:
-                series += cubic[row] / 6.0
-            results.append(cls._series_value(0.0 + weight_sum, 0.0 + weighted_diff, 0.0 + series))
+        results: list[float | None] = [None] * block.rows
+        weighted = block.scratch("kl_weighted")
+        for first, last in _runs([most < _SERIES_LIMIT for most in largest]):
+            np.multiply(weights[first:last], diff[first:last], out=weighted[first:last])
+            series = [0.5 * quadratic for quadratic in row_dots(weighted[first:last], diff[first:last])]
+            for cubic_first, cubic_last in _runs([most >= _QUADRATIC_LIMIT for most in largest[first:last]]):
+                cubic_first, cubic_last = first + cubic_first, first + cubic_last
+                cubed = np.multiply(weighted[cubic_first:cubic_last], diff[cubic_first:cubic_last])
+                for row, cubic in enumerate(row_dots(cubed, diff[cubic_first:cubic_last]), cubic_first - first):
+                    series[row] += cubic / 6.0
+            for row in range(first, last):
+                results[row] = cls._series_value(
+                    0.0 + weight_sums[row], 0.0 + weighted_diffs[row], 0.0 + series[row - first]
+                )
+        golden_max, my_max = block.reduction("golden_max"), block.reduction("my_max")
+        single = block.scratch("kl_f32", np.float32)
+        for first, last in _runs([most >= _SERIES_LIMIT for most in largest]):
+            # exp(my - max my) in float32, as a direct chunk takes it (from the stored float32 numbers when there are)
+            if block.my_float32 is not None:
+                np.subtract(
+                    block.my_float32[first:last],
+                    np.array(my_max[first:last], np.float32)[:, None],
+                    out=single[first:last],
+                )
+            else:
+                np.subtract(
+                    block.my[first:last],
+                    np.array(my_max[first:last])[:, None],
+                    out=single[first:last],
+                    casting="same_kind",
+                )
+            np.exp(single[first:last], out=single[first:last])
+            for row in range(first, last):
+                my_sum = float(single[row].sum(dtype=np.float64))
+                results[row] = cls._direct_row(
+                    golden_max[row], weight_sums[row], weighted_diffs[row], my_max[row], my_sum
+                )
         return results
+
+
+def _runs(chosen: list[bool]) -> list[tuple[int, int]]:
+    """Return the ``(first, last)`` bounds of each run of consecutive chosen rows."""
+    runs: list[tuple[int, int]] = []
+    first = None
+    for row, wanted in enumerate(chosen):
+        if wanted and first is None:
+            first = row
+        elif not wanted and first is not None:
+            runs.append((first, row))
+            first = None
+    if first is not None:
+        runs.append((first, len(chosen)))
+    return runs
