@@ -37,7 +37,7 @@ from llmcheck.core.tensor_chunks import ChunkReader
 
 if TYPE_CHECKING:
     from llmcheck.core.pair_transfer import PackedJobs, PackedMeasurements
-    from llmcheck.core.small_pairs import BlockRow
+    from llmcheck.core.small_pairs import BlockRows
     from llmcheck.core.worker_pool import WorkerPool
 
 log = logging.getLogger("llmcheck.compare")
@@ -367,18 +367,15 @@ def measure_jobs(
     jobs: Sequence[PairJob], specs: Sequence[MetricSpec], workspace: Workspace, chunk_values: int = DEFAULT_CHUNK_VALUES
 ) -> list[PairMeasurement]:
     """Return the measurement of each job: small pairs together in groups, the others streamed one by one."""
-    from llmcheck.core.small_pairs import measurement_of_row
-
     measurements, rows = _measure_jobs_as_rows(jobs, specs, workspace, chunk_values)
-    names = [spec.name for spec in specs]
-    return measurements + [measurement_of_row(row, names) for row in rows]
+    return measurements + rows.measurements([spec.name for spec in specs])
 
 
 def _measure_jobs_as_rows(
     jobs: Sequence[PairJob], specs: Sequence[MetricSpec], workspace: Workspace, chunk_values: int
-) -> tuple[list[PairMeasurement], list[BlockRow]]:
+) -> tuple[list[PairMeasurement], BlockRows]:
     """Return :func:`measure_jobs` as measurements and the unwrapped rows of small pairs' blocks."""
-    from llmcheck.core.small_pairs import measure_small_pairs, small_sizes
+    from llmcheck.core.small_pairs import BlockRows, measure_small_pairs, small_sizes
 
     sizes = small_sizes(jobs, chunk_values)
     with single_threaded_blas():
@@ -388,7 +385,7 @@ def _measure_jobs_as_rows(
         measurements, rows = (
             measure_small_pairs([job for job, _ in small], specs, workspace, chunk_values, [size for _, size in small])
             if small
-            else ([], [])
+            else ([], BlockRows(len(specs)))
         )
         measurements += [
             measure_pair(job, specs, workspace, chunk_values) for job, size in zip(jobs, sizes) if not size

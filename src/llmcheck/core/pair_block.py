@@ -28,7 +28,16 @@ def row_dots(a: np.ndarray, b: np.ndarray) -> list[float]:
     :func:`~llmcheck.core.pair_chunk.dot` does for one pair (on one thread:
     :func:`~llmcheck.core.pair_chunk.single_threaded_blas`).
     """
-    return cast(list[float], np.matmul(a[:, None, :], b[:, :, None]).reshape(-1).tolist())
+    return cast(list[float], stacked_row_dots(a, b).tolist())
+
+
+def stacked_row_dots(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Return ``dot(a[..., i, :], b[..., i, :])`` for every row of stacked blocks, shaped ``a.shape[:-1]``.
+
+    As :func:`row_dots`: one BLAS ``ddot`` per row, so a stack of blocks gives each row what
+    that row alone gives (``b`` may be broadcast against ``a``).
+    """
+    return cast(np.ndarray, np.matmul(a[..., None, :], b[..., :, None])[..., 0, 0])
 
 
 class PairBlock:

@@ -23,7 +23,7 @@ from llmcheck.core.metric_engine import PairJob, PairMeasurement
 from llmcheck.core.records import TensorData, TensorStats
 
 if TYPE_CHECKING:
-    from llmcheck.core.small_pairs import BlockRow
+    from llmcheck.core.small_pairs import BlockRows
 
 #: A batch of pairs as plain data: the file paths, then one tuple per pair.
 PackedJobs = tuple[list[str], list[tuple[Any, ...]]]
@@ -97,7 +97,7 @@ def unpack_jobs(packed: PackedJobs) -> list[PairJob]:
 
 
 def pack_measurements(
-    measurements: Sequence[PairMeasurement], names: Sequence[str], rows: Sequence[BlockRow] = ()
+    measurements: Sequence[PairMeasurement], names: Sequence[str], rows: BlockRows | None = None
 ) -> PackedMeasurements:
     """Return measurements, then the rows of small pairs' blocks, as arrays: metric values in the columns ``names``.
 
@@ -106,7 +106,7 @@ def pack_measurements(
     """
     names = list(names)
     folded = len(measurements)
-    count = folded + len(rows)
+    count = folded + (len(rows) if rows is not None else 0)
     values = np.zeros((count, len(names)))
     other_values: dict[int, dict[str, float]] = {}
     stats = np.zeros((2, count, len(_FLOAT_STATS)))
@@ -131,28 +131,27 @@ def pack_measurements(
                     counts_missing[side, row, column] = True
                 else:
                     counts[side, row, column] = value
-    if rows:  # a block row's values are in the order of ``names``; its NaN/Inf counts are 0
-        values[folded:] = [row[1] for row in rows]
-        for side in (0, 1):
-            found_stats = [row[2 + side] for row in rows]
-            stats[side, folded:] = [_NO_STATS if found is None else found for found in found_stats]
-            stats_missing[side, folded:] = np.array([found is None for found in found_stats])[:, None]
     agreement = [(m.nonfinite_mismatch, m.matching_nonfinite, m.masked, m.bytes_read) for m in measurements]
+    index = [measurement.index for measurement in measurements]
+    if rows:  # a block row's values are in the order of ``names``; its NaN/Inf counts are 0
+        values[folded:] = rows.value_matrix()
+        wanted = np.array(rows.wanted, dtype=np.bool_)
+        stats[:, folded:] = np.where(wanted[:, :, None], rows.stats(), 0.0)
+        stats_missing[:, folded:] = ~wanted[:, :, None]
+        agreement += [(0, 0, 0, bytes_read) for bytes_read in rows.bytes_read]
+        index += rows.index
     return {
         "names": names,
-        "index": [measurement.index for measurement in measurements] + [row[0] for row in rows],
+        "index": index,
         "values": values,
         "other_values": other_values,
         "stats": stats,
         "stats_missing": stats_missing,
         "counts": counts,
         "counts_missing": counts_missing,
-        "agreement": np.array(agreement + [(0, 0, 0, row[4]) for row in rows], dtype=np.int64).reshape(count, 4),
+        "agreement": np.array(agreement, dtype=np.int64).reshape(count, 4),
         "notes": {row: m.notes for row, m in enumerate(measurements) if m.notes},
     }
-
-
-_NO_STATS = (0.0, 0.0, 0.0, 0.0)
 
 
 def unpack_measurements(packed: PackedMeasurements) -> list[PairMeasurement]:

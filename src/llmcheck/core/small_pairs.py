@@ -22,7 +22,7 @@ import itertools
 import math
 import os
 from collections.abc import Callable, Sequence
-from typing import cast
+from typing import NamedTuple, cast
 
 import numpy as np
 
@@ -33,10 +33,10 @@ from llmcheck.core.metric_engine import (
     PairMeasurement,
     measure_pair,
 )
-from llmcheck.core.pair_block import PairBlock
+from llmcheck.core.pair_block import PairBlock, stacked_row_dots
 from llmcheck.core.pair_chunk import RELATIVE_FLOOR, PairChunk, Workspace
 from llmcheck.core.records import DTYPE_ITEMSIZE, MetricSpec, TensorData, TensorStats
-from llmcheck.core.sentinels import may_hold_sentinels, sentinel_limit_in_run
+from llmcheck.core.sentinels import sentinel_limit_in_run
 from llmcheck.core.tensor_chunks import Decoder, layout
 
 #: Pairs of at most this many values per side (and within one chunk) are measured in groups;
@@ -82,11 +82,67 @@ def _values(data: TensorData) -> int:
     return numel * element[0]
 
 
-#: One side's ``(min, max, mean, l2norm)`` of a pair measured from its block (all its values are finite).
-RowStats = tuple[float, float, float, float]
-#: A pair measured from its block: index, metric values (in the order of the specs), each side's
-#: statistics (None where not wanted), bytes read.
-BlockRow = tuple[int, tuple[float, ...], RowStats | None, RowStats | None, int]
+class BlockRows:
+    """The pairs measured from their blocks, as columns (a row per pair): a worker process sends them on as arrays.
+
+    :meth:`measurements` makes the measurements ``PairFold`` gives for those pairs alone.
+    """
+
+    def __init__(self, metrics: int) -> None:
+        self.index: list[int] = []
+        #: a column per metric, in the order of the specs
+        self.values: list[list[float]] = [[] for _ in range(metrics)]
+        #: per side (golden, my): each pair's minimum, maximum, sum and sum of squares (all its values are finite)
+        self.reductions: list[list[list[float]]] = [[[] for _ in range(4)] for _ in range(2)]
+        #: each pair's values per side: the count of its means
+        self.sizes: list[int] = []
+        #: per side: whether each pair's statistics were asked for
+        self.wanted: list[list[bool]] = [[], []]
+        self.bytes_read: list[int] = []
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    def add(self, jobs: Sequence[PairJob], values: Sequence[list[float]], columns: _BlockColumns, size: int) -> None:
+        """Add the pairs of one block: their metric values (a list per metric) and per-row reductions."""
+        self.index += [job.index for job in jobs]
+        for column, metric_values in zip(self.values, values):
+            column += metric_values
+        for side in (0, 1):
+            for column, found in zip(self.reductions[side], columns):
+                column += found[side]
+        self.sizes += [size] * len(jobs)
+        self.wanted[0] += [job.golden_needs_stats for job in jobs]
+        self.wanted[1] += [job.my_needs_stats for job in jobs]
+        self.bytes_read += [job.nbytes for job in jobs]
+
+    def value_matrix(self) -> np.ndarray:
+        """Return the metric values, (pairs, metrics)."""
+        return np.array(self.values, dtype=np.float64).reshape(len(self.values), len(self)).T
+
+    def stats(self) -> np.ndarray:
+        """Return each side's ``(min, max, mean, l2norm)`` per pair, (2, pairs, 4): ``SideStats`` after one finite chunk."""
+        reductions = np.array(self.reductions, dtype=np.float64).reshape(2, 4, len(self))
+        stats = np.empty((2, len(self), 4))
+        stats[:, :, 0], stats[:, :, 1] = reductions[:, 0], reductions[:, 1]
+        stats[:, :, 2] = (0.0 + reductions[:, 2]) / np.array(self.sizes, dtype=np.float64)
+        stats[:, :, 3] = np.sqrt(0.0 + reductions[:, 3])
+        return stats
+
+    def measurements(self, names: Sequence[str]) -> list[PairMeasurement]:
+        """Return the pairs as the measurements ``PairFold`` gives for each alone."""
+        sides = [
+            [_finite_stats(*stats) if wanted else _NOT_WANTED for stats, wanted in zip(*side)]
+            for side in zip(self.stats().tolist(), self.wanted)
+        ]
+        return [
+            PairMeasurement(
+                index=index, values=dict(zip(names, values)), golden_stats=golden, my_stats=my, bytes_read=bytes_read
+            )
+            for index, values, golden, my, bytes_read in zip(
+                self.index, self.value_matrix().tolist(), *sides, self.bytes_read
+            )
+        ]
 
 
 def measure_small_pairs(
@@ -95,20 +151,19 @@ def measure_small_pairs(
     workspace: Workspace,
     chunk_values: int,
     sizes: Sequence[int] | None = None,
-) -> tuple[list[PairMeasurement], list[BlockRow]]:
+) -> tuple[list[PairMeasurement], BlockRows]:
     """Return the measurements of small pairs (``sizes`` from :func:`small_sizes`), measured group by group.
 
     A window of neighbouring pairs is read at once (nearby byte ranges of a shard in one
     ``pread``); within it, pairs of equal size are grouped, so a group is one block whose
     reductions are single numpy calls. The pairs measured from their block come back as
-    plain rows (:func:`measurement_of_row` makes a measurement of one): a worker process
-    sends them on as arrays, without making three objects per pair. The pairs folded one by
-    one come back as measurements.
+    columns (:class:`BlockRows`): a worker process sends them on as arrays, without making
+    three objects per pair. The pairs folded one by one come back as measurements.
     """
     if sizes is None:
         sizes = small_sizes(jobs, chunk_values)
     measurements: list[PairMeasurement] = []
-    rows: list[BlockRow] = []
+    rows = BlockRows(len(specs))
     for window_start in range(0, len(jobs), WINDOW_PAIRS):
         window = jobs[window_start : window_start + WINDOW_PAIRS]
         window_sizes = sizes[window_start : window_start + WINDOW_PAIRS]
@@ -137,16 +192,8 @@ def measure_small_pairs(
 _NOT_WANTED = TensorStats(nan_count=0, inf_count=0)
 
 
-def measurement_of_row(row: BlockRow, names: Sequence[str]) -> PairMeasurement:
-    """Return a block row as the measurement ``PairFold`` gives for that pair alone."""
-    index, values, golden, my, bytes_read = row
-    return PairMeasurement(
-        index=index,
-        values=dict(zip(names, values)),
-        golden_stats=_NOT_WANTED if golden is None else TensorStats(*golden, nan_count=0, inf_count=0),
-        my_stats=_NOT_WANTED if my is None else TensorStats(*my, nan_count=0, inf_count=0),
-        bytes_read=bytes_read,
-    )
+def _finite_stats(low: float, high: float, mean: float, l2norm: float) -> TensorStats:
+    return TensorStats(low, high, mean, l2norm, nan_count=0, inf_count=0)
 
 
 def _read_items(datas: Sequence[TensorData], workspace: Workspace, buffer_name: str) -> list[np.ndarray] | None:
@@ -207,7 +254,7 @@ def _measure_group(
     specs: Sequence[MetricSpec],
     workspace: Workspace,
     measurements: list[PairMeasurement],
-    rows: list[BlockRow],
+    rows: BlockRows,
 ) -> None:
     """Measure a group of small pairs (positions in ``window``, in :func:`_group_order`), so alike pairs form 2-D blocks.
 
@@ -215,15 +262,16 @@ def _measure_group(
     """
     jobs = [window[i] for i in group]
     starts = list(itertools.accumulate((sizes[i] for i in group), initial=0))
-    total = starts[-1]
-    golden = workspace.buffer("group_golden", total)
-    my = workspace.buffer("group_my", total)
+    shared = _SharedValues(starts[-1], workspace)
     golden_items, my_items = items
-    golden_single = _decode_side(
-        [golden_items[i] for i in group], [job.golden.dtype for job in jobs], starts, golden, workspace, "golden"
-    )
-    my_single = _decode_side([my_items[i] for i in group], [job.my.dtype for job in jobs], starts, my, workspace, "my")
-    shared = _SharedValues(golden, my, total, workspace)
+    for side, side_items, dtypes in (
+        (0, golden_items, [job.golden.dtype for job in jobs]),
+        (1, my_items, [job.my.dtype for job in jobs]),
+    ):
+        _decode_side(
+            [side_items[i] for i in group], dtypes, starts, shared.planes[side], shared.singles[side], workspace
+        )
+    shared.compute()
     block_metrics = [getattr(spec.make_accumulator, "results_of_block", None) for spec in specs]
     first = 0
     while first < len(group):  # one block of alike pairs at a time
@@ -231,26 +279,18 @@ def _measure_group(
         last = first + 1
         while last < len(group) and _block_kind(jobs[last], starts[last + 1] - starts[last]) == kind:
             last += 1
-        size = kind[0]
-        block = shared.block(
-            starts[first],
-            last - first,
-            size,
-            golden_single if kind[1] else None,
-            my_single if kind[2] else None,
+        size, golden_stored, my_stored = kind
+        block, columns = shared.block(starts[first], last - first, size, (golden_stored, my_stored))
+        folded = (
+            list(range(last - first))
+            if None in block_metrics
+            else _block_rows(jobs[first:last], block, columns, block_metrics, rows)  # type: ignore[arg-type]
         )
-        measured: list[BlockRow | None] = (
-            [None] * (last - first) if None in block_metrics else _block_rows(jobs[first:last], block, block_metrics)  # type: ignore[arg-type]
-        )
-        for row, i in enumerate(range(first, last)):
-            block_row = measured[row]
-            if block_row is not None:
-                rows.append(block_row)
-                continue
-            begin, end = starts[i], starts[i] + size
-            chunk = PairChunk(golden[begin:end], my[begin:end], workspace)
-            shared.share_row(chunk, block, row, begin, end)
-            fold = PairFold(jobs[i], specs)
+        for row in folded:
+            begin = starts[first + row]
+            chunk = PairChunk(shared.golden[begin : begin + size], shared.my[begin : begin + size], workspace)
+            shared.share_row(chunk, block, row, begin, begin + size)
+            fold = PairFold(jobs[first + row], specs)
             fold.fold(chunk, workspace)
             measurements.append(fold.measurement(specs))
         first = last
@@ -281,16 +321,15 @@ def _decode_side(
     dtypes: Sequence[str],
     starts: Sequence[int],
     out: np.ndarray,
+    single: np.ndarray,
     workspace: Workspace,
-    side: str,
-) -> np.ndarray:
-    """Decode one side of a group into ``out`` (float64) and return the float32 buffer beside it.
+) -> None:
+    """Decode one side of a group into ``out`` (float64), the pairs stored as float32 numbers also into ``single``.
 
-    Pairs stored as float32 numbers (:data:`_FLOAT32_STORED`) are gathered into the float32
-    buffer (one call per run of one dtype) and widened from there; the float32 buffer holds
-    only their positions. Other pairs are decoded one by one straight into ``out``.
+    Pairs stored as float32 numbers (:data:`_FLOAT32_STORED`) are gathered into ``single``
+    (one call per run of one dtype) and widened from there; ``single`` holds only their
+    positions. Other pairs are decoded one by one straight into ``out``.
     """
-    single = workspace.buffer("group_float32_" + side, len(out), np.float32)
     first = 0
     while first < len(items):
         dtype = dtypes[first]
@@ -311,7 +350,6 @@ def _decode_side(
             for i in range(first, last):
                 decode(items[i], out[starts[i] : starts[i + 1]], workspace.buffer)
         first = last
-    return single
 
 
 @functools.cache
@@ -323,144 +361,174 @@ def _decoder(dtype: str) -> Decoder:
 def _block_rows(
     jobs: Sequence[PairJob],
     block: PairBlock,
+    columns: _BlockColumns,
     block_metrics: Sequence[Callable[[PairBlock], list[float | None]]],
-) -> list[BlockRow | None]:
-    """Return each row's measurement from the block's per-row values, None for a row to fold the ordinary way.
+    rows: BlockRows,
+) -> list[int]:
+    """Add the rows measured from the block to ``rows``; return the rows to fold the ordinary way.
 
     A row is folded the ordinary way when it may hold NaN, Inf or mask sentinels (its sum of
-    squares says so), holds 64-bit integers (measured exactly as integers), or a metric
-    cannot give its value from the block.
+    squares says so, :func:`~llmcheck.core.sentinels.may_hold_sentinels`), holds 64-bit
+    integers (measured exactly as integers), or a metric cannot give its value from the block.
     """
-    golden_sq, my_sq = block.sum_sq_golden(), block.sum_sq_my()
+    golden_squares, my_squares = columns.squares
     ordinary = [
         row
-        for row, job in enumerate(jobs)
-        if job.golden.dtype not in WIDE_INTEGER_DTYPES
-        and job.my.dtype not in WIDE_INTEGER_DTYPES
-        and not may_hold_sentinels(golden_sq[row], _sentinel_limit(job.golden.dtype, job.golden_run_dtype))
-        and not may_hold_sentinels(my_sq[row], _sentinel_limit(job.my.dtype, job.my_run_dtype))
+        for row, (job, golden, my) in enumerate(zip(jobs, golden_squares, my_squares))
+        if golden < _ordinary_bound(job.golden.dtype, job.golden_run_dtype)
+        and my < _ordinary_bound(job.my.dtype, job.my_run_dtype)
     ]
-    measured: list[BlockRow | None] = [None] * len(jobs)
+    folded = [] if len(ordinary) == len(jobs) else sorted(set(range(len(jobs))).difference(ordinary))
     if not ordinary:
-        return measured
-    # metrics see only the ordinary rows: a NaN or Inf row would reach math functions that refuse it
-    block = block if len(ordinary) == len(jobs) else block.subset(ordinary)
+        return folded
+    if folded:  # metrics see only the ordinary rows: a NaN or Inf row would reach math functions that refuse it
+        block = block.subset(ordinary)
+        columns = columns.subset(ordinary)
+        jobs = [jobs[row] for row in ordinary]
     per_metric = [results_of_block(block) for results_of_block in block_metrics]
-    golden_stats = _rows_stats(block, "golden", block.sum_sq_golden())
-    my_stats = _rows_stats(block, "my", block.sum_sq_my())
-    rows_values = zip(*per_metric) if per_metric else [()] * len(ordinary)
-    for row, (block_row, values) in enumerate(zip(ordinary, rows_values)):
-        if None in values:
-            continue
-        job = jobs[block_row]
-        measured[block_row] = (
-            job.index,
-            tuple(map(float, values)),
-            golden_stats[row] if job.golden_needs_stats else None,
-            my_stats[row] if job.my_needs_stats else None,
-            job.nbytes,
-        )
-    return measured
+    if any(None in values for values in per_metric):  # a metric cannot give some rows' values
+        unknown = {row for values in per_metric for row, value in enumerate(values) if value is None}
+        folded = sorted(folded + [ordinary[row] for row in unknown])
+        kept = [row for row in range(len(ordinary)) if row not in unknown]
+        if not kept:
+            return folded
+        per_metric = [[values[row] for row in kept] for values in per_metric]
+        columns = columns.subset(kept)
+        jobs = [jobs[row] for row in kept]
+    rows.add(jobs, per_metric, columns, block.size)  # type: ignore[arg-type]
+    return folded
 
 
-def _rows_stats(block: PairBlock, side: str, squares: list[float]) -> list[RowStats]:
-    """Return ``(min, max, mean, l2norm)`` of one side of every row: ``SideStats`` arithmetic after one finite chunk."""
-    count = block.size
-    return [
-        (min(math.inf, low), max(-math.inf, high), (0.0 + total) / count, math.sqrt(0.0 + sum_sq))
-        for low, high, total, sum_sq in zip(
-            block.reduction(side + "_min"), block.reduction(side + "_max"), block.reduction(side + "_sum"), squares
-        )
-    ]
+@functools.cache
+def _ordinary_bound(dtype: str, run_dtype: str | None) -> float:
+    """Return what a row's sum of squares stays below when its pair is measured from the block; NaN: never.
+
+    The square of :func:`sentinel_limit_in_run` (``may_hold_sentinels`` says no below it) for
+    floats; 64-bit integers are measured exactly as integers, pair by pair.
+    """
+    if dtype in WIDE_INTEGER_DTYPES:
+        return math.nan
+    limit = sentinel_limit_in_run(dtype, run_dtype)
+    return limit * limit
 
 
-#: :func:`sentinel_limit_in_run` computed once per (dtype, run dtype).
-_sentinel_limit = functools.cache(sentinel_limit_in_run)
+#: The float64 planes of a group, one row of its planes buffer each. The first :data:`_SUMMED`
+#: are summed pair by pair, all by one reduction over the block's planes.
+_GOLDEN, _MY, _ABS_DIFF, _RELATIVE, _WEIGHTS, _DIFF, _ABS_GOLDEN = range(7)
+_SUMMED = 5
+
+
+class _BlockColumns(NamedTuple):
+    """A block's per-row reductions the engine itself uses: each a list per side (golden, my) of a value per row."""
+
+    minima: list[list[float]]
+    maxima: list[list[float]]
+    sums: list[list[float]]
+    squares: list[list[float]]
+
+    def subset(self, rows: list[int]) -> _BlockColumns:
+        return _BlockColumns(*([[side[row] for row in rows] for side in found] for found in self))
 
 
 class _SharedValues:
     """The element-wise values of a whole group, and their per-pair reductions block by block.
 
-    Every reduction is one numpy reduction along the rows of an equal-sized block, which gives
-    each row exactly what the same reduction of that pair alone gives (numpy reduces each row
-    of a C-ordered block in one inner loop).
+    Every element-wise array is a plane of one buffer (``planes[_DIFF]``, ...), so the
+    reductions several planes share are one numpy call over the block's planes. Every
+    reduction is one numpy reduction along the rows of an equal-sized block, which gives
+    each row exactly what the same reduction of that pair alone gives (numpy reduces each
+    row of a C-ordered block in one inner loop).
     """
 
-    def __init__(self, golden: np.ndarray, my: np.ndarray, total: int, workspace: Workspace) -> None:
-        self.golden, self.my = golden, my
+    def __init__(self, total: int, workspace: Workspace) -> None:
+        self.total = total
         self.workspace = workspace
+        self.planes = workspace.buffer("group_planes", 7 * total).reshape(7, total)
+        #: golden and my as float32, at the positions of the pairs stored as float32 numbers
+        self.singles = workspace.buffer("group_float32", 2 * total, np.float32).reshape(2, total)
+        self.golden, self.my = self.planes[_GOLDEN], self.planes[_MY]
+        self.diff, self.abs_diff = self.planes[_DIFF], self.planes[_ABS_DIFF]
+        self.abs_golden, self.relative = self.planes[_ABS_GOLDEN], self.planes[_RELATIVE]
+        self.exponentials = workspace.buffer("group_exponentials", total, np.float32)
+        self.undefined: np.ndarray | None = None
+
+    def compute(self) -> None:
+        """Compute the element-wise values of the decoded golden and my planes."""
         with np.errstate(all="ignore"):  # NaN and Inf are found and handled pair by pair
-            self.diff = np.subtract(my, golden, out=workspace.buffer("group_diff", total))
-            self.abs_diff = np.abs(self.diff, out=workspace.buffer("group_abs_diff", total))
-            self.abs_golden = np.abs(golden, out=workspace.buffer("group_abs_golden", total))
-            self.relative = np.divide(self.abs_diff, self.abs_golden, out=workspace.buffer("group_relative", total))
+            np.subtract(self.my, self.golden, out=self.diff)
+            np.abs(self.diff, out=self.abs_diff)
+            np.abs(self.golden, out=self.abs_golden)
+            np.divide(self.abs_diff, self.abs_golden, out=self.relative)
             # rare: only then pay for the mask (no mask: every block's count is its size); a NaN
             # minimum (a pair holding NaN) says nothing of the other pairs, so it builds the mask too
-            self.undefined: np.ndarray | None = None
             if not float(self.abs_golden.min()) > RELATIVE_FLOOR:
                 self.undefined = np.less_equal(
-                    self.abs_golden, RELATIVE_FLOOR, out=workspace.buffer("group_undefined", total, np.bool_)
+                    self.abs_golden,
+                    RELATIVE_FLOOR,
+                    out=self.workspace.buffer("group_undefined", self.total, np.bool_),
                 )
                 self.relative[self.undefined] = 0.0
-        self.weights = workspace.buffer("group_weights", total)
-        self.single = workspace.buffer("group_single", total, np.float32)
 
-    def block(
-        self,
-        begin: int,
-        rows: int,
-        size: int,
-        golden_float32: np.ndarray | None = None,
-        my_float32: np.ndarray | None = None,
-    ) -> PairBlock:
+    def block(self, begin: int, rows: int, size: int, stored32: tuple[bool, bool]) -> tuple[PairBlock, _BlockColumns]:
         """Return the ``rows`` pairs of ``size`` values starting at ``begin`` as a block with its reductions.
 
-        ``golden_float32`` / ``my_float32``: the group's float32 buffer of a side whose rows of this
-        block were all stored as float32 numbers (:func:`_decode_side`), else None.
+        ``stored32``: whether the block's rows of each side are all stored as float32 numbers
+        (:func:`_decode_side` put them in ``singles`` too).
         """
         end = begin + rows * size
-
-        def block(values: np.ndarray) -> np.ndarray:
-            return values[begin:end].reshape(rows, size)
-
-        golden, my = block(self.golden), block(self.my)
-        golden_single = None if golden_float32 is None else block(golden_float32)
-        my_single = None if my_float32 is None else block(my_float32)
+        planes = self.planes[:, begin:end].reshape(len(self.planes), rows, size)
+        singles = self.singles[:, begin:end].reshape(2, rows, size)
+        golden, my = planes[_GOLDEN], planes[_MY]
         with np.errstate(all="ignore"):
-            golden_max = _row_extremes(np.maximum, golden, golden_single)
-            single = block(self.single)
-            if golden_single is not None:
+            maxima = _row_extremes(np.maximum, planes[:2], singles, stored32)
+            exponentials = self.exponentials[begin:end].reshape(rows, size)
+            if stored32[0]:
                 # float32 arithmetic on float32 numbers is float64 arithmetic rounded to float32
                 # (53 >= 2 * 24 + 2, Figueroa): the float32 maxima are the float64 ones
-                np.subtract(golden_single, golden_max.astype(np.float32)[:, None], out=single)
+                np.subtract(singles[0], np.array(maxima[0], np.float32)[:, None], out=exponentials)
             else:
-                np.subtract(golden, golden_max[:, None], out=single, casting="same_kind")
-            np.exp(single, out=single)
-            weights = block(self.weights)
-            np.copyto(weights, single)
-            relative = block(self.relative)
-            defined_counts = (
-                [size] * rows
-                if self.undefined is None
-                else (size - np.count_nonzero(block(self.undefined), axis=1)).tolist()
+                np.subtract(golden, np.array(maxima[0])[:, None], out=exponentials, casting="same_kind")
+            np.exp(exponentials, out=exponentials)
+            weights = planes[_WEIGHTS]
+            np.copyto(weights, exponentials)
+            sums = planes[:_SUMMED].sum(axis=2).tolist()
+            columns = _BlockColumns(
+                minima=_row_extremes(np.minimum, planes[:2], singles, stored32),
+                maxima=maxima,
+                sums=sums[:2],
+                squares=stacked_row_dots(planes[:2], planes[:2]).tolist(),
             )
             shared = {
-                "golden_min": _row_extremes(np.minimum, golden, golden_single).tolist(),
-                "golden_max": golden_max.tolist(),
-                "golden_sum": golden.sum(axis=1).tolist(),
-                "my_min": _row_extremes(np.minimum, my, my_single).tolist(),
-                "my_max": _row_extremes(np.maximum, my, my_single).tolist(),
-                "my_sum": my.sum(axis=1).tolist(),
-                "max_abs_diff": block(self.abs_diff).max(axis=1, initial=0.0).tolist(),
-                "sum_abs_diff": block(self.abs_diff).sum(axis=1).tolist(),
-                "max_relative_error": relative.max(axis=1).tolist(),
-                "sum_relative_error": relative.sum(axis=1).tolist(),
-                "relative_defined_count": defined_counts,
-                "diff": block(self.diff),
+                "golden_min": columns.minima[0],
+                "golden_max": maxima[0],
+                "golden_sum": sums[_GOLDEN],
+                "my_min": columns.minima[1],
+                "my_max": maxima[1],
+                "my_sum": sums[_MY],
+                "max_abs_diff": planes[_ABS_DIFF].max(axis=1, initial=0.0).tolist(),
+                "sum_abs_diff": sums[_ABS_DIFF],
+                "max_relative_error": planes[_RELATIVE].max(axis=1).tolist(),
+                "sum_relative_error": sums[_RELATIVE],
+                "relative_defined_count": (
+                    [size] * rows
+                    if self.undefined is None
+                    else (size - np.count_nonzero(self.undefined[begin:end].reshape(rows, size), axis=1)).tolist()
+                ),
+                "weight_sum": sums[_WEIGHTS],
+                "sum_sq_golden": columns.squares[0],
+                "sum_sq_my": columns.squares[1],
+                "diff": planes[_DIFF],
                 "softmax_weights": weights,
-                "weight_sum": weights.sum(axis=1).tolist(),
             }
-        return PairBlock(golden, my, shared, self.workspace.buffer, golden_float32=golden_single, my_float32=my_single)
+        block = PairBlock(
+            golden,
+            my,
+            shared,
+            self.workspace.buffer,
+            golden_float32=singles[0] if stored32[0] else None,
+            my_float32=singles[1] if stored32[1] else None,
+        )
+        return block, columns
 
     def share_row(self, chunk: PairChunk, block: PairBlock, row: int, begin: int, end: int) -> None:
         """Give one pair's chunk its row of the block's reductions and its slices of the element-wise arrays."""
@@ -474,18 +542,27 @@ class _SharedValues:
         chunk.share("relative_error", self.relative[begin:end])
 
 
-def _row_extremes(extreme: np.ufunc, values: np.ndarray, single: np.ndarray | None) -> np.ndarray:
-    """Return the minimum or maximum (``extreme``) of each row of ``values``, from its float32 numbers where given.
+def _row_extremes(
+    extreme: np.ufunc, values: np.ndarray, singles: np.ndarray, stored32: tuple[bool, bool]
+) -> list[list[float]]:
+    """Return the minimum or maximum (``extreme``) of each row of both sides, from float32 where stored so.
 
+    ``values`` and ``singles`` are both sides' block, (2, rows, size), in float64 and float32.
     The float64 of a row's float32 extreme is its float64 extreme, except for the sign of a
     zero (which of -0.0 and 0.0 comes out depends on how the reduction visits them) and the
     bits of a NaN: those rows are reduced again in float64.
     """
-    if single is None:
-        return cast(np.ndarray, extreme.reduce(values, axis=1))
-    found = extreme.reduce(single, axis=1).astype(np.float64)
-    for row in np.flatnonzero((found == 0.0) | np.isnan(found)).tolist():
-        found[row] = extreme.reduce(values[row])
+    if stored32 == (True, True):
+        found: list[list[float]] = extreme.reduce(singles, axis=2).tolist()
+    elif stored32 == (False, False):
+        return cast(list[list[float]], extreme.reduce(values, axis=2).tolist())
+    else:
+        found = [extreme.reduce(singles[side] if stored32[side] else values[side], axis=1).tolist() for side in (0, 1)]
+    for side, side_found in enumerate(found):
+        if 0.0 in side_found or math.isnan(sum(side_found)):  # rare: a zero or a NaN (or +Inf and -Inf)
+            for row, value in enumerate(side_found):
+                if value == 0.0 or math.isnan(value):
+                    side_found[row] = float(extreme.reduce(values[side, row]))
     return found
 
 
