@@ -114,7 +114,7 @@ class BlockRows:
         self.sizes += [size] * len(jobs)
         self.wanted[0] += [job.golden_needs_stats for job in jobs]
         self.wanted[1] += [job.my_needs_stats for job in jobs]
-        self.bytes_read += [job.nbytes for job in jobs]
+        self.bytes_read += [job.golden.nbytes + job.my.nbytes for job in jobs]  # byte ranges: no loader
 
     def value_matrix(self) -> np.ndarray:
         """Return the metric values, (pairs, metrics)."""
@@ -173,19 +173,19 @@ def measure_small_pairs(
             # a missing or cut file: streaming each pair names the file and the problem
             measurements.extend(measure_pair(job, specs, workspace, chunk_values) for job in window)
             continue
+        kinds = [_group_order(job, size) for job, size in zip(window, window_sizes)]
         group: list[int] = []
         group_values = 0
-        for i in sorted(range(len(window)), key=lambda i: _group_order(window[i], window_sizes[i])):
-            values = window_sizes[i]
-            if group and group_values + values > GROUP_VALUES:
-                _measure_group(
-                    window, window_sizes, group, (golden_items, my_items), specs, workspace, measurements, rows
-                )
-                group, group_values = [], 0
-            group.append(i)
-            group_values += values
-        if group:
-            _measure_group(window, window_sizes, group, (golden_items, my_items), specs, workspace, measurements, rows)
+        with np.errstate(all="ignore"):  # NaN and Inf are found and handled pair by pair
+            for i in sorted(range(len(window)), key=kinds.__getitem__):
+                values = window_sizes[i]
+                if group and group_values + values > GROUP_VALUES:
+                    _measure_group(window, kinds, group, (golden_items, my_items), specs, workspace, measurements, rows)
+                    group, group_values = [], 0
+                group.append(i)
+                group_values += values
+            if group:
+                _measure_group(window, kinds, group, (golden_items, my_items), specs, workspace, measurements, rows)
     return measurements, rows
 
 
@@ -202,16 +202,18 @@ def _read_items(datas: Sequence[TensorData], workspace: Workspace, buffer_name: 
     Ranges of one file at most :data:`COALESCE_GAP_BYTES` apart are read by one ``pread``, into
     a buffer the workspace keeps (a fresh one per window would be mapped and faulted in anew).
     """
-    order = sorted(range(len(datas)), key=lambda i: (str(datas[i].path), datas[i].offset))
+    keys = [(str(data.path), data.offset) for data in datas]
+    order = sorted(range(len(datas)), key=keys.__getitem__)
     spans: list[tuple[int, int, int, int]] = []  # (first position in order, end position, file offset, bytes)
     position = 0
     while position < len(order):
         first = datas[order[position]]
+        name = keys[order[position]][0]
         end = position + 1
         span_end = first.offset + first.nbytes
         while end < len(order):
             following = datas[order[end]]
-            if following.path != first.path or not 0 <= following.offset - span_end <= COALESCE_GAP_BYTES:
+            if keys[order[end]][0] != name or not 0 <= following.offset - span_end <= COALESCE_GAP_BYTES:
                 break
             span_end = max(span_end, following.offset + following.nbytes)
             end += 1
@@ -248,7 +250,7 @@ def _carrier(dtype: str) -> np.dtype:
 
 def _measure_group(
     window: Sequence[PairJob],
-    sizes: Sequence[int],
+    kinds: Sequence[tuple[int, bool, bool, str, str]],
     group: Sequence[int],
     items: tuple[Sequence[np.ndarray], Sequence[np.ndarray]],
     specs: Sequence[MetricSpec],
@@ -256,17 +258,20 @@ def _measure_group(
     measurements: list[PairMeasurement],
     rows: BlockRows,
 ) -> None:
-    """Measure a group of small pairs (positions in ``window``, in :func:`_group_order`), so alike pairs form 2-D blocks.
+    """Measure a group of small pairs (positions in ``window``, in the order of their ``kinds``: :func:`_group_order`).
+
+    Pairs of one size, stored as float32 numbers on the same sides, form one 2-D block.
 
     Appends the pairs measured from their block to ``rows``, those folded one by one to ``measurements``.
     """
     jobs = [window[i] for i in group]
-    starts = list(itertools.accumulate((sizes[i] for i in group), initial=0))
+    group_kinds = [kinds[i][:3] for i in group]  # a block: the pairs of one size and float32 storedness
+    starts = list(itertools.accumulate((kind[0] for kind in group_kinds), initial=0))
     shared = _SharedValues(starts[-1], workspace)
     golden_items, my_items = items
     for side, side_items, dtypes in (
-        (0, golden_items, [job.golden.dtype for job in jobs]),
-        (1, my_items, [job.my.dtype for job in jobs]),
+        (0, golden_items, [kinds[i][3] for i in group]),
+        (1, my_items, [kinds[i][4] for i in group]),
     ):
         _decode_side(
             [side_items[i] for i in group], dtypes, starts, shared.planes[side], shared.singles[side], workspace
@@ -275,9 +280,9 @@ def _measure_group(
     block_metrics = [getattr(spec.make_accumulator, "results_of_block", None) for spec in specs]
     first = 0
     while first < len(group):  # one block of alike pairs at a time
-        kind = _block_kind(jobs[first], starts[first + 1] - starts[first])
+        kind = group_kinds[first]
         last = first + 1
-        while last < len(group) and _block_kind(jobs[last], starts[last + 1] - starts[last]) == kind:
+        while last < len(group) and group_kinds[last] == kind:
             last += 1
         size, golden_stored, my_stored = kind
         block, columns = shared.block(starts[first], last - first, size, (golden_stored, my_stored))
@@ -305,15 +310,10 @@ def _group_order(job: PairJob, size: int) -> tuple[int, bool, bool, str, str]:
     """Return where a pair goes in its window's order: by size, then alike stored dtypes together.
 
     Pairs of one size and dtype are decoded by one call, and a block's rows stored as float32
-    on a side can be reduced from those float32 values.
+    on a side (the second and third items) can be reduced from those float32 values.
     """
     golden, my = job.golden.dtype, job.my.dtype
     return size, golden in _FLOAT32_STORED, my in _FLOAT32_STORED, golden, my
-
-
-def _block_kind(job: PairJob, size: int) -> tuple[int, bool, bool]:
-    """Return what the pairs of one block share: the size, and on each side whether they are stored as float32."""
-    return size, job.golden.dtype in _FLOAT32_STORED, job.my.dtype in _FLOAT32_STORED
 
 
 def _decode_side(
@@ -414,7 +414,7 @@ def _ordinary_bound(dtype: str, run_dtype: str | None) -> float:
 
 #: The float64 planes of a group, one row of its planes buffer each. The first :data:`_SUMMED`
 #: are summed pair by pair, all by one reduction over the block's planes.
-_GOLDEN, _MY, _ABS_DIFF, _RELATIVE, _WEIGHTS, _DIFF, _ABS_GOLDEN = range(7)
+_GOLDEN, _MY, _ABS_DIFF, _RELATIVE, _WEIGHTS, _DIFF = range(6)
 _SUMMED = 5
 
 
@@ -443,34 +443,34 @@ class _SharedValues:
     def __init__(self, total: int, workspace: Workspace) -> None:
         self.total = total
         self.workspace = workspace
-        self.planes = workspace.buffer("group_planes", 7 * total).reshape(7, total)
+        self.planes = workspace.buffer("group_planes", 6 * total).reshape(6, total)
         #: golden and my as float32, at the positions of the pairs stored as float32 numbers
         self.singles = workspace.buffer("group_float32", 2 * total, np.float32).reshape(2, total)
         self.golden, self.my = self.planes[_GOLDEN], self.planes[_MY]
         self.diff, self.abs_diff = self.planes[_DIFF], self.planes[_ABS_DIFF]
-        self.abs_golden, self.relative = self.planes[_ABS_GOLDEN], self.planes[_RELATIVE]
+        self.relative = self.planes[_RELATIVE]
         self.exponentials = workspace.buffer("group_exponentials", total, np.float32)
         self.undefined: np.ndarray | None = None
 
     def compute(self) -> None:
-        """Compute the element-wise values of the decoded golden and my planes."""
-        with np.errstate(all="ignore"):  # NaN and Inf are found and handled pair by pair
-            np.subtract(self.my, self.golden, out=self.diff)
-            np.abs(self.diff, out=self.abs_diff)
-            np.abs(self.golden, out=self.abs_golden)
-            np.divide(self.abs_diff, self.abs_golden, out=self.relative)
-            # rare: only then pay for the mask (no mask: every block's count is its size); a NaN
-            # minimum (a pair holding NaN) says nothing of the other pairs, so it builds the mask too
-            if not float(self.abs_golden.min()) > RELATIVE_FLOOR:
-                self.undefined = np.less_equal(
-                    self.abs_golden,
-                    RELATIVE_FLOOR,
-                    out=self.workspace.buffer("group_undefined", self.total, np.bool_),
-                )
-                self.relative[self.undefined] = 0.0
+        """Compute the element-wise values of the decoded golden and my planes (NaN and Inf warnings silenced)."""
+        np.subtract(self.my, self.golden, out=self.diff)
+        np.abs(self.diff, out=self.abs_diff)
+        magnitude = np.abs(self.golden, out=self.relative)  # |golden|, divided in place below
+        # rare: only then pay for the mask (no mask: every block's count is its size); a NaN
+        # minimum (a pair holding NaN) says nothing of the other pairs, so it builds the mask too
+        if not float(magnitude.min()) > RELATIVE_FLOOR:
+            self.undefined = np.less_equal(
+                magnitude, RELATIVE_FLOOR, out=self.workspace.buffer("group_undefined", self.total, np.bool_)
+            )
+        np.divide(self.abs_diff, magnitude, out=self.relative)
+        if self.undefined is not None:
+            self.relative[self.undefined] = 0.0
 
     def block(self, begin: int, rows: int, size: int, stored32: tuple[bool, bool]) -> tuple[PairBlock, _BlockColumns]:
         """Return the ``rows`` pairs of ``size`` values starting at ``begin`` as a block with its reductions.
+
+        NaN and Inf warnings are silenced by the caller (``np.errstate``): such pairs are handled one by one.
 
         ``stored32``: whether the block's rows of each side are all stored as float32 numbers
         (:func:`_decode_side` put them in ``singles`` too).
@@ -479,47 +479,46 @@ class _SharedValues:
         planes = self.planes[:, begin:end].reshape(len(self.planes), rows, size)
         singles = self.singles[:, begin:end].reshape(2, rows, size)
         golden, my = planes[_GOLDEN], planes[_MY]
-        with np.errstate(all="ignore"):
-            maxima = _row_extremes(np.maximum, planes[:2], singles, stored32)
-            exponentials = self.exponentials[begin:end].reshape(rows, size)
-            if stored32[0]:
-                # float32 arithmetic on float32 numbers is float64 arithmetic rounded to float32
-                # (53 >= 2 * 24 + 2, Figueroa): the float32 maxima are the float64 ones
-                np.subtract(singles[0], np.array(maxima[0], np.float32)[:, None], out=exponentials)
-            else:
-                np.subtract(golden, np.array(maxima[0])[:, None], out=exponentials, casting="same_kind")
-            np.exp(exponentials, out=exponentials)
-            weights = planes[_WEIGHTS]
-            np.copyto(weights, exponentials)
-            sums = planes[:_SUMMED].sum(axis=2).tolist()
-            columns = _BlockColumns(
-                minima=_row_extremes(np.minimum, planes[:2], singles, stored32),
-                maxima=maxima,
-                sums=sums[:2],
-                squares=stacked_row_dots(planes[:2], planes[:2]).tolist(),
-            )
-            shared = {
-                "golden_min": columns.minima[0],
-                "golden_max": maxima[0],
-                "golden_sum": sums[_GOLDEN],
-                "my_min": columns.minima[1],
-                "my_max": maxima[1],
-                "my_sum": sums[_MY],
-                "max_abs_diff": planes[_ABS_DIFF].max(axis=1, initial=0.0).tolist(),
-                "sum_abs_diff": sums[_ABS_DIFF],
-                "max_relative_error": planes[_RELATIVE].max(axis=1).tolist(),
-                "sum_relative_error": sums[_RELATIVE],
-                "relative_defined_count": (
-                    [size] * rows
-                    if self.undefined is None
-                    else (size - np.count_nonzero(self.undefined[begin:end].reshape(rows, size), axis=1)).tolist()
-                ),
-                "weight_sum": sums[_WEIGHTS],
-                "sum_sq_golden": columns.squares[0],
-                "sum_sq_my": columns.squares[1],
-                "diff": planes[_DIFF],
-                "softmax_weights": weights,
-            }
+        maxima = _row_extremes(np.maximum, planes[:2], singles, stored32)
+        exponentials = self.exponentials[begin:end].reshape(rows, size)
+        if stored32[0]:
+            # float32 arithmetic on float32 numbers is float64 arithmetic rounded to float32
+            # (53 >= 2 * 24 + 2, Figueroa): the float32 maxima are the float64 ones
+            np.subtract(singles[0], np.array(maxima[0], np.float32)[:, None], out=exponentials)
+        else:
+            np.subtract(golden, np.array(maxima[0])[:, None], out=exponentials, casting="same_kind")
+        np.exp(exponentials, out=exponentials)
+        weights = planes[_WEIGHTS]
+        np.copyto(weights, exponentials)
+        sums = planes[:_SUMMED].sum(axis=2).tolist()
+        columns = _BlockColumns(
+            minima=_row_extremes(np.minimum, planes[:2], singles, stored32),
+            maxima=maxima,
+            sums=sums[:2],
+            squares=stacked_row_dots(planes[:2], planes[:2]).tolist(),
+        )
+        shared = {
+            "golden_min": columns.minima[0],
+            "golden_max": maxima[0],
+            "golden_sum": sums[_GOLDEN],
+            "my_min": columns.minima[1],
+            "my_max": maxima[1],
+            "my_sum": sums[_MY],
+            "max_abs_diff": planes[_ABS_DIFF].max(axis=1, initial=0.0).tolist(),
+            "sum_abs_diff": sums[_ABS_DIFF],
+            "max_relative_error": planes[_RELATIVE].max(axis=1).tolist(),
+            "sum_relative_error": sums[_RELATIVE],
+            "relative_defined_count": (
+                [size] * rows
+                if self.undefined is None
+                else (size - np.count_nonzero(self.undefined[begin:end].reshape(rows, size), axis=1)).tolist()
+            ),
+            "weight_sum": sums[_WEIGHTS],
+            "sum_sq_golden": columns.squares[0],
+            "sum_sq_my": columns.squares[1],
+            "diff": planes[_DIFF],
+            "softmax_weights": weights,
+        }
         block = PairBlock(
             golden,
             my,
@@ -538,7 +537,6 @@ class _SharedValues:
         chunk.share("softmax_weights", (block.reduction("golden_max")[row], weights[row], weight_sums[row]))
         chunk.share("diff", self.diff[begin:end])
         chunk.share("abs_diff", self.abs_diff[begin:end])
-        chunk.share("abs_golden", self.abs_golden[begin:end])
         chunk.share("relative_error", self.relative[begin:end])
 
 
