@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import math
 from pathlib import Path
 
 import numpy as np
@@ -127,6 +128,25 @@ def test_row_dots_give_each_rows_dot_bit_for_bit() -> None:
             assert row_dots(golden, my) == [float(pair_chunk.dot(g, m)) for g, m in zip(golden, my)]
 
 
+def test_stacked_blocks_give_each_rows_dot_and_sum_bit_for_bit() -> None:
+    """A group's planes are reduced all at once, (planes, rows, size): each row as alone."""
+    from llmcheck.core.pair_block import stacked_row_dots
+
+    generator = np.random.default_rng(1)
+    with pair_chunk.single_threaded_blas():
+        for size in (1, 7, 129, np.getbufsize() + 3, 20000):
+            buffer = generator.standard_normal((3, 5 * size + 11))  # planes of a group, a block in the middle
+            planes = buffer[:, 11:].reshape(3, 5, size)
+            squares = stacked_row_dots(planes[:2], planes[:2]).tolist()
+            weighted = stacked_row_dots(planes[1:3], planes[2:3]).tolist()  # broadcast: (1, 2) . 2
+            sums = planes.sum(axis=2).tolist()
+            for row in range(5):
+                golden, my, third = (np.array(plane[row]) for plane in planes)  # each row alone, elsewhere
+                assert [squares[0][row], squares[1][row]] == [pair_chunk.dot(golden, golden), pair_chunk.dot(my, my)]
+                assert [weighted[0][row], weighted[1][row]] == [pair_chunk.dot(my, third), pair_chunk.dot(third, third)]
+                assert [sums[plane][row] for plane in range(3)] == [float(v.sum()) for v in (golden, my, third)]
+
+
 @pytest.mark.slow
 def test_one_process_and_worker_processes_give_the_same_csv_metric_columns(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -187,3 +207,80 @@ def test_softmax_weights_from_the_stored_float32_values_are_those_from_float64_b
             weights, total = plain.softmax_weights(shift)
             weights_stored, total_stored = from_stored.softmax_weights(shift)
         assert weights.tobytes() == weights_stored.tobytes() and total == total_stored
+
+
+def _block_runs(tmp_path: Path) -> tuple[Path, Path]:
+    """Pairs of one size that share blocks but each take their own way through them.
+
+    KL's series (quadratic and cubic) and direct rows alternate and come in runs, float32 and
+    bfloat16 rows share blocks, float16/float64/complex64 rows and a float64 golden against a
+    float32 my are blocks of their own kind, zeros of both signs make minima and maxima whose
+    sign only the float64 reduction decides, and NaN/Inf rows sit among ordinary ones.
+    """
+    generator = torch.Generator().manual_seed(1)
+
+    def randn(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=generator)
+
+    golden: dict[str, torch.Tensor] = {}
+    my: dict[str, torch.Tensor] = {}
+    size = 2048
+    noises = [1e-7, 3e-3, 3e-5, 3e-3, 1e-7, 1e-7, 3e-3, 3e-3, 3e-3, 3e-5, 3e-5, 0.5]
+    for row, noise in enumerate(noises):  # alternating, then in runs
+        g = randn(size)
+        golden[f"kl_{row}"], my[f"kl_{row}"] = g, g + noise * randn(size)
+        golden[f"kl_bf16_{row}"], my[f"kl_bf16_{row}"] = g.bfloat16(), (g + noise * randn(size)).bfloat16()
+    signed_zeros = _signed_zeros_the_float32_minimum_decides_otherwise(size)
+    golden["zeros_signed_min"], my["zeros_signed_min"] = signed_zeros, signed_zeros * (1 + 1e-6 * randn(size))
+    golden["zeros_signed_max"], my["zeros_signed_max"] = -signed_zeros, -signed_zeros.bfloat16().float()
+    golden["zeros_only"], my["zeros_only"] = torch.zeros(size), torch.where(torch.arange(size) % 2 == 0, -0.0, 0.0)
+    nan_row = randn(size)
+    nan_row[3] = float("nan")
+    golden["nan_row"], my["nan_row"] = nan_row, nan_row.clone()
+    golden["inf_row"], my["inf_row"] = randn(size), torch.full((size,), float("inf"))
+    g = randn(size)
+    golden["fp16"], my["fp16"] = g.half(), (g * 1.001).half()
+    golden["fp64"], my["fp64"] = g.double(), g.double() * (1 + 1e-12)
+    golden["fp64_fp32"], my["fp64_fp32"] = g.double(), g * (1 + 1e-6)
+    golden["complex64"], my["complex64"] = torch.complex(g[:1024], g[1024:]), torch.complex(g[1024:], g[:1024])
+    return _write(tmp_path / "golden", golden), _write(tmp_path / "my", my)
+
+
+def _signed_zeros_the_float32_minimum_decides_otherwise(size: int) -> torch.Tensor:
+    """Return non-negative values with zeros of both signs whose float32 minimum is a zero of the other sign than float64's.
+
+    Which zero a reduction returns depends on how it visits the values (float32 and float64
+    are reduced in lanes of different widths), so the block takes such rows' minima again in float64.
+    """
+    generator = np.random.default_rng(0)
+    for _ in range(100):
+        values = np.abs(generator.standard_normal(size)).astype(np.float32)
+        zeros = generator.choice(size, 40, replace=False)
+        values[zeros] = np.where(generator.random(40) < 0.5, -0.0, 0.0)
+        single, double = float(values.min()), float(values.astype(np.float64).min())
+        if math.copysign(1.0, single) != math.copysign(1.0, double):
+            return torch.from_numpy(values)
+    raise AssertionError("no row found whose float32 and float64 minima are zeros of different signs")
+
+
+def test_pairs_measured_in_blocks_are_measured_as_streaming_each_alone_bit_for_bit(tmp_path: Path) -> None:
+    from llmcheck.core.metric_engine import PairJob, measure_jobs, measure_pair
+    from llmcheck.core.pair_chunk import Workspace
+
+    golden, my = (read_dump(path) for path in _block_runs(tmp_path))
+    jobs = [
+        PairJob(index, g.data, m.data, golden_needs_stats=not g.key.name.startswith("kl_bf16"))  # type: ignore[arg-type]
+        for index, (g, m) in enumerate(zip(golden.records, my.records))
+    ]
+    specs = builtin_metric_specs()
+    workspace = Workspace(1 << 16)
+    measured = {m.index: m for m in measure_jobs(jobs, specs, workspace)}
+    streamed = {job.index: measure_pair(job, specs, workspace) for job in jobs}
+    assert len(measured) == len(jobs)
+    names = [record.key.name for record in golden.records]
+    for index, name in enumerate(names):  # repr: NaN equals NaN, -0.0 stays -0.0
+        assert repr(measured[index]) == repr(streamed[index]), name
+    by_name = dict(zip(names, (measured[index] for index in range(len(names)))))
+    assert by_name["kl_11"].values["kl_divergence"] > 0.01  # a direct row
+    assert by_name["zeros_signed_min"].golden_stats.min == 0.0 and by_name["zeros_signed_max"].golden_stats.max == 0.0
+    assert by_name["nan_row"].golden_stats.nan_count == 1 and by_name["inf_row"].my_stats.inf_count == 2048
