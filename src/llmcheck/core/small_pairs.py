@@ -220,6 +220,7 @@ def _read_items(datas: Sequence[TensorData], workspace: Workspace, buffer_name: 
         spans.append((position, end, first.offset, span_end - first.offset))
         position = end
     raw = workspace.buffer(buffer_name, sum(span[3] for span in spans), np.uint8)
+    typed: dict[np.dtype, np.ndarray] = {}  # the whole buffer viewed as each carrier: an aligned item is one slice
     items: list[np.ndarray] = [None] * len(datas)  # type: ignore[list-item]
     start = 0
     for position, end, offset, length in spans:
@@ -237,7 +238,15 @@ def _read_items(datas: Sequence[TensorData], workspace: Workspace, buffer_name: 
         for i in order[position:end]:
             data = datas[i]
             begin = start + data.offset - offset
-            items[i] = raw[begin : begin + data.nbytes].view(_carrier(data.dtype))
+            carrier = _carrier(data.dtype)
+            if begin % carrier.itemsize:
+                items[i] = raw[begin : begin + data.nbytes].view(carrier)
+                continue
+            whole = typed.get(carrier)
+            if whole is None:
+                whole = typed[carrier] = raw[: raw.size - raw.size % carrier.itemsize].view(carrier)
+            first = begin // carrier.itemsize
+            items[i] = whole[first : first + data.nbytes // carrier.itemsize]
         start += length
     return items
 
