@@ -13,6 +13,12 @@ row from it at once, so no per-pair objects are made. A pair that may hold NaN, 
 sentinels, or that a metric cannot measure from the block, folds its own slice through the same
 :class:`~llmcheck.core.metric_engine.PairFold` the streaming path uses. Either way every
 reduction -- and so every metric value -- is the one streaming gives, bit for bit.
+
+What is left is arithmetic streaming must do too, so the per-block bookkeeping is kept to a
+few calls: a group's element-wise values are planes of one buffer (the five per-pair sums are
+one reduction), pairs stored as float32 numbers (float32, bfloat16) are also kept as float32,
+where the softmax shift, minima and maxima cost half the bytes and are provably the float64
+ones, and the pairs measured from their blocks are gathered as columns for the whole batch.
 """
 
 from __future__ import annotations
