@@ -251,8 +251,8 @@ def _read_items(datas: Sequence[TensorData], workspace: Workspace, buffer_name: 
             whole = typed.get(carrier)
             if whole is None:
                 whole = typed[carrier] = raw[: raw.size - raw.size % carrier.itemsize].view(carrier)
-            first = begin // carrier.itemsize
-            items[i] = whole[first : first + data.nbytes // carrier.itemsize]
+            item_start = begin // carrier.itemsize
+            items[i] = whole[item_start : item_start + data.nbytes // carrier.itemsize]
         start += length
     return items
 
