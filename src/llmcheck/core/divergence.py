@@ -145,18 +145,19 @@ class _Judge:
         self.ordered = sorted(rows, key=lambda row: row.golden.order)
         self.measure = measure
         self.twin = twin
-        self.errors = {id(row): measure.of(row) for row in self.ordered}
+        # what each row holds, by its position in golden order (a feeder's, by id(row))
+        self.error_at = [measure.of(row) for row in self.ordered]
+        self.errors = dict(zip(map(id, self.ordered), self.error_at))
         self.feeders = FeederIndex(self.ordered, unmatched_my)
-        self.feeding = {id(row): self.feeders.feeding(row) for row in self.ordered}
+        self.feeding = [self.feeders.feeding(row) for row in self.ordered]
         slots = [_slot(row) for row in self.ordered]
-        places = structure_keys([(row.golden.key.name, slot) for row, slot in zip(self.ordered, slots)])
-        self.places = {id(row): place for row, place in zip(self.ordered, places)}
-        self.feeder_errors = {id(row): self._feeder_error(self.feeding[id(row)]) for row in self.ordered}
+        self.places = structure_keys([(row.golden.key.name, slot) for row, slot in zip(self.ordered, slots)])
+        self.feeder_errors = [self._feeder_error(feeding) for feeding in self.feeding]
         self.sibling_group: dict[int, tuple[SiblingGroup, int]] = {}  # position -> its group, its member number
-        for positions in sibling_groups(places, slots):
+        for positions in sibling_groups(self.places, slots):
             group = SiblingGroup(
-                [places[position].index for position in positions],  # type: ignore[union-attr]
-                [self._point(self.ordered[position]) for position in positions],
+                [self.places[position].index for position in positions],  # type: ignore[union-attr]
+                [self._point(position) for position in positions],
             )
             self.sibling_group.update({position: (group, member) for member, position in enumerate(positions)})
         self.judged: dict[int, ComparisonRow] = {}
@@ -164,13 +165,12 @@ class _Judge:
         self.weights_named: dict[str, ComparisonRow] = {}  # parameter -> the row that named it
 
     def _feeder_error(self, feeding: Feeding) -> float | None:
-        errors = [self.errors[id(row)] for row in feeding.rows]
-        known = [error for error in errors if error is not None]
+        known = [error for row in feeding.rows if (error := self.errors[id(row)]) is not None]
         return max(known) if known else None
 
-    def _point(self, row: ComparisonRow) -> tuple[float, float] | None:
+    def _point(self, position: int) -> tuple[float, float] | None:
         """Return the row's (feeder error, error) as its siblings' baselines see it, None where one is unknown."""
-        error, feeder_error = self.errors[id(row)], self.feeder_errors[id(row)]
+        error, feeder_error = self.error_at[position], self.feeder_errors[position]
         return (feeder_error, error) if error is not None and feeder_error is not None else None
 
     def baseline(self, position: int) -> Baseline | None:
@@ -187,10 +187,10 @@ class _Judge:
         return self.judged
 
     def _judge(self, position: int, row: ComparisonRow) -> ComparisonRow:
-        error = self.errors[id(row)]
-        feeding = self.feeding[id(row)]
-        feeder_error = self.feeder_errors[id(row)]
-        place = self.places[id(row)]
+        error = self.error_at[position]
+        feeding = self.feeding[position]
+        feeder_error = self.feeder_errors[position]
+        place = self.places[position]
         baseline = self.baseline(position) if place is not None else None
         growth = None
         if error is not None and feeder_error is not None:
@@ -202,24 +202,11 @@ class _Judge:
             if twin is not None
             else (baseline.expected(feeder_error) if baseline is not None and feeder_error is not None else None)
         )
-        changes: dict[str, Any] = {
-            "error": error,
-            "feeder_error": feeder_error,
-            "growth": growth,
-            "noise_error": twin,
-            "expected_error": expected,
-            "structure": place.structure if place is not None else "",
-            "layer_index": place.index if place is not None else None,
-            "sibling_count": baseline.sibling_count if baseline is not None else 0,
-            "sibling_growth": (
-                (baseline.growth_low, baseline.growth_high)
-                if baseline is not None and math.isfinite(baseline.growth_low)
-                else None
-            ),
-            "fed_by": tuple(_label_text(r.golden) for r in feeding.rows)
-            + tuple(_label_text(record) + MY_ONLY_SUFFIX for record in feeding.unmatched),
-        }
-        verdict, deciding, metrics = row.verdict, row.deciding_metric, dict(row.metrics)
+        fed_by = tuple(_label_text(r.golden) for r in feeding.rows)
+        if feeding.unmatched:
+            fed_by += tuple(_label_text(record) + MY_ONLY_SUFFIX for record in feeding.unmatched)
+        # most rows add no result: they share the measured ones rather than hold a copy each
+        verdict, deciding, metrics = row.verdict, row.deciding_metric, row.metrics
         evidence = ""
         judgeable = (
             error is not None
@@ -242,7 +229,7 @@ class _Judge:
             if anomaly is not None and verdict != VERDICT_FAIL and not failing_feeders:
                 name, value, limit, evidence = anomaly
                 verdict, deciding = VERDICT_FAIL, name
-                metrics[name] = MetricResult(name, value, VERDICT_FAIL, None, limit)
+                metrics = {**metrics, name: MetricResult(name, value, VERDICT_FAIL, None, limit)}
             elif anomaly is not None and not evidence:
                 evidence = anomaly[3]
             if (
@@ -254,17 +241,15 @@ class _Judge:
             ):
                 # Downstream of a defect, the my-run departs from its twin: the error is carried on.
                 verdict, deciding = VERDICT_FAIL, TWIN_DIFFERENCE_METRIC
-                metrics[TWIN_DIFFERENCE_METRIC] = MetricResult(
-                    TWIN_DIFFERENCE_METRIC, twin_row.error or 0.0, VERDICT_FAIL, None, 0.0
-                )
+                departs = MetricResult(TWIN_DIFFERENCE_METRIC, twin_row.error or 0.0, VERDICT_FAIL, None, 0.0)
+                metrics = {**metrics, TWIN_DIFFERENCE_METRIC: departs}
                 evidence = f"departs from the noise twin by {twin_row.error or 0.0:.3g}, as its inputs do"
             elif self.twin is None and failing_feeders and verdict != VERDICT_FAIL and not feeding.guessed:
                 carried = max((self.errors[id(r)] or 0.0) for r in failing_feeders)
                 if carried > 0 and error >= CARRY_FRACTION * carried and error > _floor(row):
                     verdict, deciding = VERDICT_FAIL, CARRIED_METRIC
-                    metrics[CARRIED_METRIC] = MetricResult(
-                        CARRIED_METRIC, error / carried, VERDICT_FAIL, None, CARRY_FRACTION
-                    )
+                    carries = MetricResult(CARRIED_METRIC, error / carried, VERDICT_FAIL, None, CARRY_FRACTION)
+                    metrics = {**metrics, CARRIED_METRIC: carries}
                     evidence = (
                         f"carries the error of {failing_feeders[0].golden.key.label()} "
                         f"({carried:.3g} there, {error:.3g} here)"
@@ -272,18 +257,37 @@ class _Judge:
         weight = self.weights.get(id(row))
         if weight is not None:  # a leaf: whatever fed the op, these values were loaded wrong
             verdict, deciding, evidence = VERDICT_FAIL, WEIGHTS_METRIC, weight.evidence
-            metrics[WEIGHTS_METRIC] = MetricResult(WEIGHTS_METRIC, weight.count, VERDICT_FAIL, None, 0.0)
-        # most rows add no result: they share the measured ones rather than hold a copy each
-        judged_metrics = row.metrics if metrics == row.metrics else metrics
-        changes.update(verdict=verdict, deciding_metric=deciding, metrics=judged_metrics, evidence=evidence)
+            metrics = {**metrics, WEIGHTS_METRIC: MetricResult(WEIGHTS_METRIC, weight.count, VERDICT_FAIL, None, 0.0)}
+        if metrics is not row.metrics and metrics == row.metrics:
+            metrics = row.metrics
+        attribution = row.attribution
         if verdict == VERDICT_FAIL:
             attribution, why = self._attribution(row, error, feeding, failing_feeders, anomaly, weight, evidence)
-            changes["attribution"] = attribution
             if why:
-                changes["evidence"] = why
+                evidence = why
             if attribution == INTRODUCED:
                 self.introduced_in_step.setdefault(row.golden.key.step, []).append(row)
-        return row.with_changes(**changes)
+        return row.with_changes(
+            error=error,
+            feeder_error=feeder_error,
+            growth=growth,
+            noise_error=twin,
+            expected_error=expected,
+            structure=place.structure if place is not None else "",
+            layer_index=place.index if place is not None else None,
+            sibling_count=baseline.sibling_count if baseline is not None else 0,
+            sibling_growth=(
+                (baseline.growth_low, baseline.growth_high)
+                if baseline is not None and math.isfinite(baseline.growth_low)
+                else None
+            ),
+            fed_by=fed_by,
+            verdict=verdict,
+            deciding_metric=deciding,
+            metrics=metrics,
+            evidence=evidence,
+            attribution=attribution,
+        )
 
     def _attribution(
         self,
@@ -387,9 +391,11 @@ class _Judge:
             return None  # siblings that all received exact inputs say nothing about growing an error
         expected = baseline.expected(feeder_error)
         grows_most = growth is not None and (math.isnan(baseline.growth_high) or growth > baseline.growth_high)
-        factor = max(OUTLIER_FACTOR, math.exp(SPREAD_Z * baseline.log_spread))
         added = math.sqrt(max(error * error - expected * expected, 0.0))
-        if not (error + floor > factor * (expected + floor) and added > GROWTH_FLOOR_FACTOR * floor and grows_most):
+        if not (grows_most and added > GROWTH_FLOOR_FACTOR * floor):
+            return None  # the common case: the siblings' scatter is then not needed
+        factor = max(OUTLIER_FACTOR, math.exp(SPREAD_Z * baseline.log_spread))
+        if not error + floor > factor * (expected + floor):
             return None
         ratio = error / expected if expected > 0 else math.inf
         low, high = baseline.growth_low, baseline.growth_high

@@ -216,21 +216,31 @@ class TableJudge:
     """Judges the pairs of one compare against one set of metrics and overrides (:func:`judge`, many times).
 
     A decode dump asks for a verdict 10**5 times: without overrides each metric's limits
-    depend on the dtype class alone, so they are looked up once per class, not per pair.
+    depend on the dtype class alone, so they are looked up once per class, not per pair, and
+    with overrides once per (record name, class) -- a decode dump repeats each name once per step.
     """
 
     def __init__(self, specs: Sequence[MetricSpec], overrides: Sequence[ThresholdOverride] = ()) -> None:
         self.specs = list(specs)
         self.overrides = list(overrides)
-        self._table: dict[str, list[tuple[MetricSpec, tuple[float, float] | None]]] = {}
+        # (record name or None without overrides, class) -> each metric's (name, higher is better, limits)
+        self._table: dict[tuple[str | None, str], list[tuple[str, bool, tuple[float, float] | None]]] = {}
 
-    def _limits(self, name: str, judged_class: str) -> list[tuple[MetricSpec, tuple[float, float] | None]]:
-        if self.overrides:
-            return [(spec, thresholds_for(spec, name, judged_class, self.overrides)) for spec in self.specs]
-        table = self._table.get(judged_class)
+    def _limits(self, name: str, judged_class: str) -> list[tuple[str, bool, tuple[float, float] | None]]:
+        key = (name if self.overrides else None, judged_class)
+        table = self._table.get(key)
         if table is None:
             table_dtype = _CLASS_DTYPE.get(judged_class, "float32")
-            table = self._table[judged_class] = [(spec, spec.thresholds_for(table_dtype)) for spec in self.specs]
+            table = self._table[key] = [
+                (
+                    spec.name,
+                    spec.higher_is_better,
+                    thresholds_for(spec, name, judged_class, self.overrides)
+                    if self.overrides
+                    else spec.thresholds_for(table_dtype),
+                )
+                for spec in self.specs
+            ]
         return table
 
     def judge(
@@ -239,17 +249,17 @@ class TableJudge:
         """Return each metric's result, the row's verdict and the deciding metric (first with the worst verdict)."""
         results: dict[str, MetricResult] = {}
         verdict, deciding, first_judged = VERDICT_PASS, None, None
-        for spec, limits in self._limits(name, judged_class):
-            if spec.name not in values:
+        for metric, higher_is_better, limits in self._limits(name, judged_class):
+            if metric not in values:
                 continue
-            value = values[spec.name]
+            value = values[metric]
             if limits is None:
-                results[spec.name] = MetricResult(spec.name, value, higher_is_better=spec.higher_is_better)
+                results[metric] = MetricResult(metric, value, VERDICT_PASS, None, None, higher_is_better)
                 continue
             warn, fail = limits
-            metric_verdict = _metric_verdict(value, spec.higher_is_better, warn, fail)
-            results[spec.name] = MetricResult(spec.name, value, metric_verdict, warn, fail, spec.higher_is_better)
-            first_judged = first_judged or spec.name
-            if _SEVERITY[metric_verdict] > _SEVERITY[verdict]:
-                verdict, deciding = metric_verdict, spec.name
+            metric_verdict = _metric_verdict(value, higher_is_better, warn, fail)
+            results[metric] = MetricResult(metric, value, metric_verdict, warn, fail, higher_is_better)
+            first_judged = first_judged or metric
+            if metric_verdict != VERDICT_PASS and _SEVERITY[metric_verdict] > _SEVERITY[verdict]:
+                verdict, deciding = metric_verdict, metric
         return results, verdict, deciding or first_judged
