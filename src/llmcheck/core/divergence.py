@@ -150,16 +150,20 @@ class _Judge:
         self.errors = dict(zip(map(id, self.ordered), self.error_at))
         self.feeders = FeederIndex(self.ordered, unmatched_my)
         self.feeding = [self.feeders.feeding(row) for row in self.ordered]
-        slots = [_slot(row) for row in self.ordered]
+        # each row's slot by a number (equal slots, equal numbers): hashed once here, not in every lookup after
+        numbers: dict[Hashable, int] = {}
+        slots = [numbers.setdefault(_slot(row), len(numbers)) for row in self.ordered]
         self.places = structure_keys([(row.golden.key.name, slot) for row, slot in zip(self.ordered, slots)])
         self.feeder_errors = [self._feeder_error(feeding) for feeding in self.feeding]
-        self.sibling_group: dict[int, tuple[SiblingGroup, int]] = {}  # position -> its group, its member number
+        # by position: the row's sibling group and its member number there, None without siblings
+        self.sibling_group: list[tuple[SiblingGroup, int] | None] = [None] * len(self.ordered)
         for positions in sibling_groups(self.places, slots):
             group = SiblingGroup(
                 [self.places[position].index for position in positions],  # type: ignore[union-attr]
                 [self._point(position) for position in positions],
             )
-            self.sibling_group.update({position: (group, member) for member, position in enumerate(positions)})
+            for member, position in enumerate(positions):
+                self.sibling_group[position] = (group, member)
         self.judged: dict[int, ComparisonRow] = {}
         self.introduced_in_step: dict[int, list[ComparisonRow]] = {}  # step -> its introduced rows, in order
         self.weights_named: dict[str, ComparisonRow] = {}  # parameter -> the row that named it
@@ -175,9 +179,10 @@ class _Judge:
 
     def baseline(self, position: int) -> Baseline | None:
         """Return what the row's repeats in the other layers say, or None where it has none."""
-        if position not in self.sibling_group:
+        siblings = self.sibling_group[position]
+        if siblings is None:
             return None
-        group, member = self.sibling_group[position]
+        group, member = siblings
         return group.baseline(member, _floor(self.ordered[position]))
 
     def run(self) -> dict[int, ComparisonRow]:
@@ -202,7 +207,7 @@ class _Judge:
             if twin is not None
             else (baseline.expected(feeder_error) if baseline is not None and feeder_error is not None else None)
         )
-        fed_by = tuple(_label_text(r.golden) for r in feeding.rows)
+        fed_by = tuple([_label_text(r.golden) for r in feeding.rows])
         if feeding.unmatched:
             fed_by += tuple(_label_text(record) + MY_ONLY_SUFFIX for record in feeding.unmatched)
         # most rows add no result: they share the measured ones rather than hold a copy each
@@ -267,26 +272,35 @@ class _Judge:
                 evidence = why
             if attribution == INTRODUCED:
                 self.introduced_in_step.setdefault(row.golden.key.step, []).append(row)
-        return row.with_changes(
+        return ComparisonRow(
+            index=row.index,
+            golden=row.golden,
+            my=row.my,
+            rule=row.rule,
+            metrics=metrics,
+            verdict=verdict,
+            deciding_metric=deciding,
+            reason=row.reason,
+            golden_stats=row.golden_stats,
+            my_stats=row.my_stats,
+            nonfinite_mismatch=row.nonfinite_mismatch,
+            attribution=attribution,
+            fed_by=fed_by,
+            judged_as=row.judged_as,
             error=error,
             feeder_error=feeder_error,
             growth=growth,
-            noise_error=twin,
-            expected_error=expected,
             structure=place.structure if place is not None else "",
             layer_index=place.index if place is not None else None,
-            sibling_count=baseline.sibling_count if baseline is not None else 0,
             sibling_growth=(
                 (baseline.growth_low, baseline.growth_high)
                 if baseline is not None and math.isfinite(baseline.growth_low)
                 else None
             ),
-            fed_by=fed_by,
-            verdict=verdict,
-            deciding_metric=deciding,
-            metrics=metrics,
+            sibling_count=baseline.sibling_count if baseline is not None else 0,
+            noise_error=twin,
+            expected_error=expected,
             evidence=evidence,
-            attribution=attribution,
         )
 
     def _attribution(
@@ -428,7 +442,7 @@ class _Judge:
                 return UNKNOWN
             step = row.golden.key.step
             earlier = self.introduced_in_step.get(step, [])
-            encloses = any(inside(r.golden.key.name, row.golden.key.name, self.feeders.parents) for r in earlier)
+            encloses = any(self.feeders.inside(r.golden.key.name, row.golden.key.name) for r in earlier)
             if earlier and not encloses and (anomaly is None or row.golden.data is None or row.my.data is None):
                 # An earlier row of this step already differs, and nothing says this one adds more
                 # than it should (it fails the dtype table alone), or statistics only judged it:
@@ -447,9 +461,8 @@ class _Judge:
 
     def _mark_enclosing(self) -> None:
         """Relabel an introduced module output that only encloses an earlier introduced row of its call."""
-        introduced = [
-            (id(row), self.judged[id(row)]) for row in self.ordered if self.judged[id(row)].attribution == INTRODUCED
-        ]
+        # judged holds the rows in golden order (run() judges them so)
+        introduced = [(original_id, row) for original_id, row in self.judged.items() if row.attribution == INTRODUCED]
         parents = self.feeders.parents
         for position, (original_id, row) in enumerate(introduced):
             name, step = row.golden.key.name, row.golden.key.step

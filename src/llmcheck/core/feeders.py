@@ -23,18 +23,18 @@ row fed by one is reported as *inherited from an unmatched op*.
 from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from llmcheck.core.op_calls import CallId
 from llmcheck.core.records import IO_INPUT, IO_OUTPUT, ComparisonRow, TensorRecord, TensorStats, lies_inside
 
 
-@dataclass(frozen=True)
-class Feeding:
+class Feeding(NamedTuple):
     """The rows that fed one row, and the unmatched records (either run) that fed it, if any.
 
     ``guessed`` is set when the nearest earlier record stands in for feeders the dump does
     not name: good enough to say where an error starts, not to make a row fail with it.
+    A named tuple, not a dataclass: one is made per row of a compare (10**5 in a decode dump).
     """
 
     rows: tuple[ComparisonRow, ...] = ()
@@ -103,11 +103,19 @@ class FeederIndex:
             if row.golden.parent:
                 self.parents.setdefault(row.golden.key.name, row.golden.parent)
         self._producers: dict[tuple[Hashable, ...], list[ComparisonRow]] | None = None
+        self._inside: dict[tuple[str, str], bool] = {}  # a decode dump asks about the same names every step
         self.unmatched_producers: dict[tuple[Hashable, ...], TensorRecord] = {}
         for record in unmatched_my:
             if record.key.io == IO_OUTPUT:
                 for identity in tensor_identities(record, record.stats):
                     self.unmatched_producers[identity] = record
+
+    def inside(self, name: str, module: str) -> bool:
+        """Return :func:`inside` of a record name and a module by this compare's parent links, once per pair of names."""
+        known = self._inside.get((name, module))
+        if known is None:
+            known = self._inside[(name, module)] = inside(name, module, self.parents)
+        return known
 
     def feeding(self, row: ComparisonRow) -> Feeding:
         """Return the rows (and unmatched records) that fed ``row``."""
@@ -150,7 +158,7 @@ class FeederIndex:
         children = [
             r
             for r in self.ordered[start : self.position[id(row)]]
-            if r.golden.key.io == IO_OUTPUT and inside(r.golden.key.name, parent, self.parents)
+            if r.golden.key.io == IO_OUTPUT and self.inside(r.golden.key.name, parent)
         ]
         return inputs + children
 
@@ -198,7 +206,7 @@ class FeederIndex:
             earlier = self.ordered[earlier_position]
             if earlier.golden.key.step != step:
                 break
-            if self.call_ids[earlier_position] == call_id or inside(earlier.golden.key.name, name, self.parents):
+            if self.call_ids[earlier_position] == call_id or self.inside(earlier.golden.key.name, name):
                 continue
             return earlier
         return None

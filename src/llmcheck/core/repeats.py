@@ -218,7 +218,7 @@ def _line_baseline(
 ) -> Baseline:
     """Return the baseline of two or more siblings, given their squared points, growths and whether one received error."""
     slope, added_squared = _theil_sen(squared, median_slope)
-    low, high = min(growths, default=math.nan), max(growths, default=math.nan)
+    low, high = (min(growths), max(growths)) if growths else (math.nan, math.nan)
     return Baseline(len(siblings), low, high, slope, added_squared, saw, siblings, floor)
 
 
