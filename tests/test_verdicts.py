@@ -45,7 +45,7 @@ def test_judged_results_equal_constructed_ones_field_for_field() -> None:
     for judge, case_overrides in ((TableJudge(specs), ()), (TableJudge(specs, overrides), overrides)):
         for _ in range(2):  # the second time from the limits kept per key
             for values, name, judged_class in cases:
-                results, verdict, _ = judge.judge(values, name, judged_class)
+                results, _, _ = judge.judge(values, name, judged_class)
                 expected = _constructed(specs, values, name, judged_class, case_overrides)
                 assert list(results) == list(expected)
                 for result, constructed in zip(results.values(), expected.values()):

@@ -211,7 +211,8 @@ class _Judge:
         if feeding.unmatched:
             fed_by += tuple(_label_text(record) + MY_ONLY_SUFFIX for record in feeding.unmatched)
         # most rows add no result: they share the measured ones rather than hold a copy each
-        verdict, deciding, metrics = row.verdict, row.deciding_metric, row.metrics
+        verdict, deciding = row.verdict, row.deciding_metric
+        metrics: Mapping[str, MetricResult] = row.metrics
         evidence = ""
         judgeable = (
             error is not None
@@ -338,7 +339,7 @@ class _Judge:
         return label, ""
 
     def _twin_verdict(
-        self, row: ComparisonRow, error: float, twin: float, metrics: dict[str, MetricResult]
+        self, row: ComparisonRow, error: float, twin: float, metrics: Mapping[str, MetricResult]
     ) -> tuple[str, str | None, dict[str, MetricResult], str]:
         """Return the verdict from the noise twin alone: error against the twin's error at this tensor."""
         floor = _floor(row)

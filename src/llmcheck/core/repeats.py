@@ -22,8 +22,8 @@ import math
 import re
 from collections import defaultdict
 from collections.abc import Hashable, Sequence
-from operator import itemgetter
 from dataclasses import dataclass
+from operator import itemgetter
 from typing import NamedTuple
 
 #: A digit run standing alone between separators (``.3.``, ``_12``, ``/0/``): a candidate repeat index.
@@ -249,15 +249,14 @@ class SiblingGroup:
         self.indexes = list(indexes)
         self.points = list(points)
         valid = [member for member, point in enumerate(points) if point is not None]
+        # what each valid member holds, in group order: the other members' are a slice either side of it
+        self._number = {member: number for number, member in enumerate(valid)}
+        self._valid_points = [point for point in self.points if point is not None]
         self._fast = len(set(self.indexes)) == len(self.indexes) and all(
-            math.isfinite(feeder) and math.isfinite(error)
-            for feeder, error in map(self.points.__getitem__, valid)  # type: ignore[misc]
+            math.isfinite(feeder) and math.isfinite(error) for feeder, error in self._valid_points
         )
         self._slopes: list[float] = []
         self._skipped: dict[int, list[int]] = {member: [] for member in valid}
-        # what each valid member holds, in group order: the other members' are a slice either side of it
-        self._number = {member: number for number, member in enumerate(valid)}
-        self._valid_points: list[tuple[float, float]] = [self.points[member] for member in valid]  # type: ignore[misc]
         if not self._fast:
             return
         self._squared = [(feeder * feeder, error * error) for feeder, error in self._valid_points]
