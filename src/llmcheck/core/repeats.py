@@ -23,6 +23,7 @@ import re
 from collections import defaultdict
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
+from itertools import combinations
 from operator import itemgetter
 from typing import NamedTuple
 
@@ -262,12 +263,11 @@ class SiblingGroup:
         self._squared = [(feeder * feeder, error * error) for feeder, error in self._valid_points]
         self._growths = [_growth(feeder, error) for feeder, error in self._valid_points]
         self._received = [feeder > 0 for feeder, _ in self._valid_points]
-        slopes = []
-        for i, (x1, y1) in enumerate(self._squared):
-            for j in range(i + 1, len(valid)):
-                x2, y2 = self._squared[j]
-                if x2 != x1:
-                    slopes.append(((y2 - y1) / (x2 - x1), valid[i], valid[j]))
+        slopes = [
+            ((y2 - y1) / (x2 - x1), first, second)
+            for (first, (x1, y1)), (second, (x2, y2)) in combinations(zip(valid, self._squared), 2)
+            if x2 != x1
+        ]
         slopes.sort(key=itemgetter(0))
         self._slopes = [slope for slope, _, _ in slopes]
         for position, (_, first, second) in enumerate(slopes):
