@@ -145,39 +145,44 @@ class _Judge:
         self.ordered = sorted(rows, key=lambda row: row.golden.order)
         self.measure = measure
         self.twin = twin
-        self.errors = {id(row): measure.of(row) for row in self.ordered}
+        # what each row holds, by its position in golden order (a feeder's, by id(row))
+        self.error_at = [measure.of(row) for row in self.ordered]
+        self.errors = dict(zip(map(id, self.ordered), self.error_at))
         self.feeders = FeederIndex(self.ordered, unmatched_my)
-        self.feeding = {id(row): self.feeders.feeding(row) for row in self.ordered}
-        slots = [_slot(row) for row in self.ordered]
-        places = structure_keys([(row.golden.key.name, slot) for row, slot in zip(self.ordered, slots)])
-        self.places = {id(row): place for row, place in zip(self.ordered, places)}
-        self.feeder_errors = {id(row): self._feeder_error(self.feeding[id(row)]) for row in self.ordered}
-        self.sibling_group: dict[int, tuple[SiblingGroup, int]] = {}  # position -> its group, its member number
-        for positions in sibling_groups(places, slots):
+        self.feeding = [self.feeders.feeding(row) for row in self.ordered]
+        # each row's slot by a number (equal slots, equal numbers): hashed once here, not in every lookup after
+        numbers: dict[Hashable, int] = {}
+        slots = [numbers.setdefault(_slot(row), len(numbers)) for row in self.ordered]
+        self.places = structure_keys([(row.golden.key.name, slot) for row, slot in zip(self.ordered, slots)])
+        self.feeder_errors = [self._feeder_error(feeding) for feeding in self.feeding]
+        # by position: the row's sibling group and its member number there, None without siblings
+        self.sibling_group: list[tuple[SiblingGroup, int] | None] = [None] * len(self.ordered)
+        for positions in sibling_groups(self.places, slots):
             group = SiblingGroup(
-                [places[position].index for position in positions],  # type: ignore[union-attr]
-                [self._point(self.ordered[position]) for position in positions],
+                [self.places[position].index for position in positions],  # type: ignore[union-attr]
+                [self._point(position) for position in positions],
             )
-            self.sibling_group.update({position: (group, member) for member, position in enumerate(positions)})
+            for member, position in enumerate(positions):
+                self.sibling_group[position] = (group, member)
         self.judged: dict[int, ComparisonRow] = {}
         self.introduced_in_step: dict[int, list[ComparisonRow]] = {}  # step -> its introduced rows, in order
         self.weights_named: dict[str, ComparisonRow] = {}  # parameter -> the row that named it
 
     def _feeder_error(self, feeding: Feeding) -> float | None:
-        errors = [self.errors[id(row)] for row in feeding.rows]
-        known = [error for error in errors if error is not None]
+        known = [error for row in feeding.rows if (error := self.errors[id(row)]) is not None]
         return max(known) if known else None
 
-    def _point(self, row: ComparisonRow) -> tuple[float, float] | None:
+    def _point(self, position: int) -> tuple[float, float] | None:
         """Return the row's (feeder error, error) as its siblings' baselines see it, None where one is unknown."""
-        error, feeder_error = self.errors[id(row)], self.feeder_errors[id(row)]
+        error, feeder_error = self.error_at[position], self.feeder_errors[position]
         return (feeder_error, error) if error is not None and feeder_error is not None else None
 
     def baseline(self, position: int) -> Baseline | None:
         """Return what the row's repeats in the other layers say, or None where it has none."""
-        if position not in self.sibling_group:
+        siblings = self.sibling_group[position]
+        if siblings is None:
             return None
-        group, member = self.sibling_group[position]
+        group, member = siblings
         return group.baseline(member, _floor(self.ordered[position]))
 
     def run(self) -> dict[int, ComparisonRow]:
@@ -187,10 +192,10 @@ class _Judge:
         return self.judged
 
     def _judge(self, position: int, row: ComparisonRow) -> ComparisonRow:
-        error = self.errors[id(row)]
-        feeding = self.feeding[id(row)]
-        feeder_error = self.feeder_errors[id(row)]
-        place = self.places[id(row)]
+        error = self.error_at[position]
+        feeding = self.feeding[position]
+        feeder_error = self.feeder_errors[position]
+        place = self.places[position]
         baseline = self.baseline(position) if place is not None else None
         growth = None
         if error is not None and feeder_error is not None:
@@ -202,24 +207,12 @@ class _Judge:
             if twin is not None
             else (baseline.expected(feeder_error) if baseline is not None and feeder_error is not None else None)
         )
-        changes: dict[str, Any] = {
-            "error": error,
-            "feeder_error": feeder_error,
-            "growth": growth,
-            "noise_error": twin,
-            "expected_error": expected,
-            "structure": place.structure if place is not None else "",
-            "layer_index": place.index if place is not None else None,
-            "sibling_count": baseline.sibling_count if baseline is not None else 0,
-            "sibling_growth": (
-                (baseline.growth_low, baseline.growth_high)
-                if baseline is not None and math.isfinite(baseline.growth_low)
-                else None
-            ),
-            "fed_by": tuple(_label_text(r.golden) for r in feeding.rows)
-            + tuple(_label_text(record) + MY_ONLY_SUFFIX for record in feeding.unmatched),
-        }
-        verdict, deciding, metrics = row.verdict, row.deciding_metric, dict(row.metrics)
+        fed_by = tuple([_label_text(r.golden) for r in feeding.rows])
+        if feeding.unmatched:
+            fed_by += tuple(_label_text(record) + MY_ONLY_SUFFIX for record in feeding.unmatched)
+        # most rows add no result: they share the measured ones rather than hold a copy each
+        verdict, deciding = row.verdict, row.deciding_metric
+        metrics: Mapping[str, MetricResult] = row.metrics
         evidence = ""
         judgeable = (
             error is not None
@@ -242,7 +235,7 @@ class _Judge:
             if anomaly is not None and verdict != VERDICT_FAIL and not failing_feeders:
                 name, value, limit, evidence = anomaly
                 verdict, deciding = VERDICT_FAIL, name
-                metrics[name] = MetricResult(name, value, VERDICT_FAIL, None, limit)
+                metrics = {**metrics, name: MetricResult(name, value, VERDICT_FAIL, None, limit)}
             elif anomaly is not None and not evidence:
                 evidence = anomaly[3]
             if (
@@ -254,17 +247,15 @@ class _Judge:
             ):
                 # Downstream of a defect, the my-run departs from its twin: the error is carried on.
                 verdict, deciding = VERDICT_FAIL, TWIN_DIFFERENCE_METRIC
-                metrics[TWIN_DIFFERENCE_METRIC] = MetricResult(
-                    TWIN_DIFFERENCE_METRIC, twin_row.error or 0.0, VERDICT_FAIL, None, 0.0
-                )
+                departs = MetricResult(TWIN_DIFFERENCE_METRIC, twin_row.error or 0.0, VERDICT_FAIL, None, 0.0)
+                metrics = {**metrics, TWIN_DIFFERENCE_METRIC: departs}
                 evidence = f"departs from the noise twin by {twin_row.error or 0.0:.3g}, as its inputs do"
             elif self.twin is None and failing_feeders and verdict != VERDICT_FAIL and not feeding.guessed:
                 carried = max((self.errors[id(r)] or 0.0) for r in failing_feeders)
                 if carried > 0 and error >= CARRY_FRACTION * carried and error > _floor(row):
                     verdict, deciding = VERDICT_FAIL, CARRIED_METRIC
-                    metrics[CARRIED_METRIC] = MetricResult(
-                        CARRIED_METRIC, error / carried, VERDICT_FAIL, None, CARRY_FRACTION
-                    )
+                    carries = MetricResult(CARRIED_METRIC, error / carried, VERDICT_FAIL, None, CARRY_FRACTION)
+                    metrics = {**metrics, CARRIED_METRIC: carries}
                     evidence = (
                         f"carries the error of {failing_feeders[0].golden.key.label()} "
                         f"({carried:.3g} there, {error:.3g} here)"
@@ -272,18 +263,47 @@ class _Judge:
         weight = self.weights.get(id(row))
         if weight is not None:  # a leaf: whatever fed the op, these values were loaded wrong
             verdict, deciding, evidence = VERDICT_FAIL, WEIGHTS_METRIC, weight.evidence
-            metrics[WEIGHTS_METRIC] = MetricResult(WEIGHTS_METRIC, weight.count, VERDICT_FAIL, None, 0.0)
-        # most rows add no result: they share the measured ones rather than hold a copy each
-        judged_metrics = row.metrics if metrics == row.metrics else metrics
-        changes.update(verdict=verdict, deciding_metric=deciding, metrics=judged_metrics, evidence=evidence)
+            metrics = {**metrics, WEIGHTS_METRIC: MetricResult(WEIGHTS_METRIC, weight.count, VERDICT_FAIL, None, 0.0)}
+        if metrics is not row.metrics and metrics == row.metrics:
+            metrics = row.metrics
+        attribution = row.attribution
         if verdict == VERDICT_FAIL:
             attribution, why = self._attribution(row, error, feeding, failing_feeders, anomaly, weight, evidence)
-            changes["attribution"] = attribution
             if why:
-                changes["evidence"] = why
+                evidence = why
             if attribution == INTRODUCED:
                 self.introduced_in_step.setdefault(row.golden.key.step, []).append(row)
-        return row.with_changes(**changes)
+        # every field named, cheaper than with_changes once per row: a field ComparisonRow gains is carried here too
+        return ComparisonRow(
+            index=row.index,
+            golden=row.golden,
+            my=row.my,
+            rule=row.rule,
+            metrics=metrics,
+            verdict=verdict,
+            deciding_metric=deciding,
+            reason=row.reason,
+            golden_stats=row.golden_stats,
+            my_stats=row.my_stats,
+            nonfinite_mismatch=row.nonfinite_mismatch,
+            attribution=attribution,
+            fed_by=fed_by,
+            judged_as=row.judged_as,
+            error=error,
+            feeder_error=feeder_error,
+            growth=growth,
+            structure=place.structure if place is not None else "",
+            layer_index=place.index if place is not None else None,
+            sibling_growth=(
+                (baseline.growth_low, baseline.growth_high)
+                if baseline is not None and math.isfinite(baseline.growth_low)
+                else None
+            ),
+            sibling_count=baseline.sibling_count if baseline is not None else 0,
+            noise_error=twin,
+            expected_error=expected,
+            evidence=evidence,
+        )
 
     def _attribution(
         self,
@@ -320,7 +340,7 @@ class _Judge:
         return label, ""
 
     def _twin_verdict(
-        self, row: ComparisonRow, error: float, twin: float, metrics: dict[str, MetricResult]
+        self, row: ComparisonRow, error: float, twin: float, metrics: Mapping[str, MetricResult]
     ) -> tuple[str, str | None, dict[str, MetricResult], str]:
         """Return the verdict from the noise twin alone: error against the twin's error at this tensor."""
         floor = _floor(row)
@@ -387,9 +407,11 @@ class _Judge:
             return None  # siblings that all received exact inputs say nothing about growing an error
         expected = baseline.expected(feeder_error)
         grows_most = growth is not None and (math.isnan(baseline.growth_high) or growth > baseline.growth_high)
-        factor = max(OUTLIER_FACTOR, math.exp(SPREAD_Z * baseline.log_spread))
         added = math.sqrt(max(error * error - expected * expected, 0.0))
-        if not (error + floor > factor * (expected + floor) and added > GROWTH_FLOOR_FACTOR * floor and grows_most):
+        if not (grows_most and added > GROWTH_FLOOR_FACTOR * floor):
+            return None  # the common case: the siblings' scatter is then not needed
+        factor = max(OUTLIER_FACTOR, math.exp(SPREAD_Z * baseline.log_spread))
+        if not error + floor > factor * (expected + floor):
             return None
         ratio = error / expected if expected > 0 else math.inf
         low, high = baseline.growth_low, baseline.growth_high
@@ -422,7 +444,7 @@ class _Judge:
                 return UNKNOWN
             step = row.golden.key.step
             earlier = self.introduced_in_step.get(step, [])
-            encloses = any(inside(r.golden.key.name, row.golden.key.name, self.feeders.parents) for r in earlier)
+            encloses = any(self.feeders.inside(r.golden.key.name, row.golden.key.name) for r in earlier)
             if earlier and not encloses and (anomaly is None or row.golden.data is None or row.my.data is None):
                 # An earlier row of this step already differs, and nothing says this one adds more
                 # than it should (it fails the dtype table alone), or statistics only judged it:
@@ -441,9 +463,8 @@ class _Judge:
 
     def _mark_enclosing(self) -> None:
         """Relabel an introduced module output that only encloses an earlier introduced row of its call."""
-        introduced = [
-            (id(row), self.judged[id(row)]) for row in self.ordered if self.judged[id(row)].attribution == INTRODUCED
-        ]
+        # judged holds the rows in golden order (run() judges them so)
+        introduced = [(original_id, row) for original_id, row in self.judged.items() if row.attribution == INTRODUCED]
         parents = self.feeders.parents
         for position, (original_id, row) in enumerate(introduced):
             name, step = row.golden.key.name, row.golden.key.step

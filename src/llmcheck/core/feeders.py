@@ -23,18 +23,18 @@ row fed by one is reported as *inherited from an unmatched op*.
 from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from llmcheck.core.op_calls import CallId
 from llmcheck.core.records import IO_INPUT, IO_OUTPUT, ComparisonRow, TensorRecord, TensorStats, lies_inside
 
 
-@dataclass(frozen=True)
-class Feeding:
+class Feeding(NamedTuple):
     """The rows that fed one row, and the unmatched records (either run) that fed it, if any.
 
     ``guessed`` is set when the nearest earlier record stands in for feeders the dump does
     not name: good enough to say where an error starts, not to make a row fail with it.
+    A named tuple, not a dataclass: one is made per row of a compare (10**5 in a decode dump).
     """
 
     rows: tuple[ComparisonRow, ...] = ()
@@ -91,30 +91,37 @@ class FeederIndex:
     def __init__(self, ordered_rows: Sequence[ComparisonRow], unmatched_my: Sequence[TensorRecord] = ()) -> None:
         self.ordered = list(ordered_rows)
         self.position = {id(row): index for index, row in enumerate(self.ordered)}
+        # the call of each row, by position: compared for every row and its earlier neighbours
+        self.call_ids = [CallId.of(row.golden) for row in self.ordered]
         self.inputs_of: dict[CallId, list[ComparisonRow]] = {}
         self.inputs_by_name: dict[tuple[str, int], list[ComparisonRow]] = {}
         self.parents: dict[str, str] = {}
-        # identity -> [(golden order, row)] of the outputs that hold it, in golden order
-        self.producers: dict[tuple[Hashable, ...], list[ComparisonRow]] = {}
-        for row in self.ordered:
+        for row, call_id in zip(self.ordered, self.call_ids):
             if row.golden.key.io == IO_INPUT:
-                self.inputs_of.setdefault(CallId.of(row.golden), []).append(row)
+                self.inputs_of.setdefault(call_id, []).append(row)
                 self.inputs_by_name.setdefault((row.golden.key.name, row.golden.key.step), []).append(row)
             if row.golden.parent:
                 self.parents.setdefault(row.golden.key.name, row.golden.parent)
-            if row.golden.key.io == IO_OUTPUT:
-                for identity in tensor_identities(row.golden, row.golden_stats):
-                    self.producers.setdefault(identity, []).append(row)
+        self._producers: dict[tuple[Hashable, ...], list[ComparisonRow]] | None = None
+        self._inside: dict[tuple[str, str], bool] = {}  # a decode dump asks about the same names every step
         self.unmatched_producers: dict[tuple[Hashable, ...], TensorRecord] = {}
         for record in unmatched_my:
             if record.key.io == IO_OUTPUT:
                 for identity in tensor_identities(record, record.stats):
                     self.unmatched_producers[identity] = record
 
+    def inside(self, name: str, module: str) -> bool:
+        """Return :func:`inside` of a record name and a module by this compare's parent links, once per pair of names."""
+        known = self._inside.get((name, module))
+        if known is None:
+            known = self._inside[(name, module)] = inside(name, module, self.parents)
+        return known
+
     def feeding(self, row: ComparisonRow) -> Feeding:
         """Return the rows (and unmatched records) that fed ``row``."""
         if row.golden.key.io == IO_OUTPUT:
-            own_inputs = [r for r in self.inputs_of.get(CallId.of(row.golden), []) if r.golden.order < row.golden.order]
+            call_inputs = self.inputs_of.get(self.call_ids[self.position[id(row)]], ()) if self.inputs_of else ()
+            own_inputs = [r for r in call_inputs if r.golden.order < row.golden.order]
             if own_inputs:
                 return Feeding(rows=tuple(own_inputs))
         else:
@@ -151,16 +158,32 @@ class FeederIndex:
         children = [
             r
             for r in self.ordered[start : self.position[id(row)]]
-            if r.golden.key.io == IO_OUTPUT and inside(r.golden.key.name, parent, self.parents)
+            if r.golden.key.io == IO_OUTPUT and self.inside(r.golden.key.name, parent)
         ]
         return inputs + children
 
+    @property
+    def producers(self) -> dict[tuple[Hashable, ...], list[ComparisonRow]]:
+        """Return identity -> the output rows that hold it, in golden order.
+
+        Built when an input row first asks: a dump of outputs only (a decode dump of module
+        outputs) never needs it.
+        """
+        if self._producers is None:
+            self._producers = {}
+            for row in self.ordered:
+                if row.golden.key.io == IO_OUTPUT:
+                    for identity in tensor_identities(row.golden, row.golden_stats):
+                        self._producers.setdefault(identity, []).append(row)
+        return self._producers
+
     def _producer(self, row: ComparisonRow) -> ComparisonRow | None:
+        producers, call_id = self.producers, self.call_ids[self.position[id(row)]]
         for identity in tensor_identities(row.golden, row.golden_stats):
             candidates = [
                 r
-                for r in self.producers.get(identity, ())
-                if r.golden.order < row.golden.order and CallId.of(r.golden) != CallId.of(row.golden)
+                for r in producers.get(identity, ())
+                if r.golden.order < row.golden.order and self.call_ids[self.position[id(r)]] != call_id
             ]
             if candidates:
                 return candidates[-1]
@@ -177,13 +200,13 @@ class FeederIndex:
 
     def _nearest_earlier(self, row: ComparisonRow) -> ComparisonRow | None:
         name, step = row.golden.key.name, row.golden.key.step
-        for earlier_position in range(self.position[id(row)] - 1, -1, -1):
+        position = self.position[id(row)]
+        call_id = self.call_ids[position]
+        for earlier_position in range(position - 1, -1, -1):
             earlier = self.ordered[earlier_position]
             if earlier.golden.key.step != step:
                 break
-            if CallId.of(earlier.golden) == CallId.of(row.golden) or inside(
-                earlier.golden.key.name, name, self.parents
-            ):
+            if self.call_ids[earlier_position] == call_id or self.inside(earlier.golden.key.name, name):
                 continue
             return earlier
         return None
