@@ -46,6 +46,7 @@ from llmcheck.core.records import (
     TensorData,
     TensorRecord,
     UserMapping,
+    build_row,
     is_float_dtype,
 )
 from llmcheck.core.sentinels import sentinel_limit_in_run
@@ -280,7 +281,7 @@ def _statistics_row(
             f"statistics only (no tensor data on the {sides} side): both sides hold their dtype's infinity "
             "sentinel (a mask), which dominates min, max, mean and L2 norm; not judged on them"
         )
-    return ComparisonRow(
+    return build_row(
         index=index,
         golden=golden,
         my=my,
@@ -572,7 +573,7 @@ def _row(
                 NONFINITE_METRIC, float(measurement.nonfinite_mismatch), VERDICT_FAIL, 0.0, 0.0
             ),
         }
-    return ComparisonRow(
+    return build_row(
         index=index,
         golden=golden,
         my=my,

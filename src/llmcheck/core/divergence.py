@@ -46,6 +46,7 @@ from llmcheck.core.records import (
     ComparisonRow,
     MetricResult,
     TensorRecord,
+    build_row,
     is_float_dtype,
 )
 from llmcheck.core.repeats import Baseline, SiblingGroup, sibling_groups, structure_keys
@@ -274,7 +275,7 @@ class _Judge:
             if attribution == INTRODUCED:
                 self.introduced_in_step.setdefault(row.golden.key.step, []).append(row)
         # every field named, cheaper than with_changes once per row: a field ComparisonRow gains is carried here too
-        return ComparisonRow(
+        return build_row(
             index=row.index,
             golden=row.golden,
             my=row.my,

@@ -55,6 +55,7 @@ from llmcheck.core.records import (
     TensorRecord,
     TensorStats,
     TopologyNode,
+    slot_builder,
 )
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -168,97 +169,39 @@ def record_from_index_line(line: IndexLine, data: TensorData | None, source_path
     device repeat throughout): they are interned, so 10**5 records hold one copy of each
     (about a third of a decode dump's records in memory) -- and the shape tuple, as decoded,
     is shared with the data handle. io and moment are already: msgspec gives a ``Literal``
-    field's own string. The key and the record are built field by field (see :func:`_slot_setters`).
+    field's own string.
     """
-    key = _new_instance(RecordKey)
-    _set_key_name(key, intern(line.name))
-    _set_key_io(key, line.io)
-    _set_key_position(key, intern(line.position))
-    _set_key_step(key, line.step)
-    _set_key_call_index(key, line.call_index)
-    _set_key_moment(key, line.moment)
-    _set_key_rank(key, 0)  # a rank's dumps read as one run get it from merge_rank_dumps
-    record = _new_instance(TensorRecord)
-    _set_key(record, key)
-    _set_dtype(record, intern(line.dtype))
-    _set_shape(record, line.shape)
-    _set_order(record, line.order)
-    _set_device(record, intern(line.device))
-    _set_rank(record, line.rank)
-    _set_op_type(record, None if line.op_type is None else intern(line.op_type))
-    _set_parent(record, None if line.parent is None else intern(line.parent))
-    _set_stats(record, None if line.stats is None else _stats_from_json(line.stats))
-    _set_data(record, data)
-    _set_source_path(record, source_path)
-    _set_attrs(record, line.attrs)
-    _set_digest(record, None)
-    return record
+    key = _build_key(
+        name=intern(line.name),
+        io=line.io,
+        position=intern(line.position),
+        step=line.step,
+        call_index=line.call_index,
+        moment=line.moment,
+    )
+    return _build_record(
+        key=key,
+        dtype=intern(line.dtype),
+        shape=line.shape,
+        order=line.order,
+        device=intern(line.device),
+        rank=line.rank,
+        op_type=None if line.op_type is None else intern(line.op_type),
+        parent=None if line.parent is None else intern(line.parent),
+        stats=None if line.stats is None else _stats_from_json(line.stats),
+        data=data,
+        source_path=source_path,
+        attrs=line.attrs,
+    )
 
 
-def _slot_setters(cls: type, *fields: str) -> tuple[Callable[[Any, Any], None], ...]:
-    """Return the functions that set each of a frozen slots dataclass's fields, given all of them in order.
-
-    Why: a frozen dataclass's ``__init__`` sets each field through ``object.__setattr__`` by
-    name; for the three objects of each of a decode dump's 10**5 records that was half of
-    loading it. The reader sets the slots through their descriptors instead: the same object,
-    field for field. (``TensorData.__post_init__``, skipped so, refuses a handle with neither
-    a path nor a loader; the reader's handles all have a path.) A field added to the class
-    must be added here, or this raises when llmcheck is imported.
-    """
-    slots = cls.__dict__["__slots__"]
-    if fields != slots:
-        raise TypeError(f"the reader builds {cls.__name__} with the fields {fields}, it has {slots}")
-    return tuple(getattr(cls, name).__set__ for name in fields)
-
-
-_new_instance = object.__new__
-(
-    _set_key_name,
-    _set_key_io,
-    _set_key_position,
-    _set_key_step,
-    _set_key_call_index,
-    _set_key_moment,
-    _set_key_rank,
-) = _slot_setters(RecordKey, "name", "io", "position", "step", "call_index", "moment", "rank")
-(
-    _set_key,
-    _set_dtype,
-    _set_shape,
-    _set_order,
-    _set_device,
-    _set_rank,
-    _set_op_type,
-    _set_parent,
-    _set_stats,
-    _set_data,
-    _set_source_path,
-    _set_attrs,
-    _set_digest,
-) = _slot_setters(
-    TensorRecord,
-    "key",
-    "dtype",
-    "shape",
-    "order",
-    "device",
-    "rank",
-    "op_type",
-    "parent",
-    "stats",
-    "data",
-    "source_path",
-    "attrs",
-    "digest",
-)
-(
-    _set_data_dtype,
-    _set_data_shape,
-    _set_data_path,
-    _set_data_offset,
-    _set_data_nbytes,
-    _set_data_loader,
-) = _slot_setters(TensorData, "dtype", "shape", "path", "offset", "nbytes", "loader")
+# The three objects of each of a decode dump's 10**5 records, built through their slots
+# (:func:`~llmcheck.core.records.slot_builder`): their frozen __init__ was half of loading a
+# dump. TensorData's __post_init__, skipped so, refuses a handle with neither a path nor a
+# loader; every handle the reader makes has a path.
+_build_key = slot_builder(RecordKey)
+_build_record = slot_builder(TensorRecord)
+_build_data = slot_builder(TensorData, skip_post_init=True)
 
 
 def _stats_from_json(stats: StatsJson) -> TensorStats:
@@ -905,14 +848,9 @@ class _Shards:
                 where=shard,
                 offset=data_start + begin,
             )
-        data = _new_instance(TensorData)  # built field by field, see _slot_setters
-        _set_data_dtype(data, line.dtype)
-        _set_data_shape(data, line.shape)
-        _set_data_path(data, shard)
-        _set_data_offset(data, data_start + begin)
-        _set_data_nbytes(data, end - begin)
-        _set_data_loader(data, None)
-        return data
+        return _build_data(
+            dtype=line.dtype, shape=line.shape, path=shard, offset=data_start + begin, nbytes=end - begin
+        )
 
     def _open(self, shard_name: str, line_number: int) -> _OpenShard:
         """Return a shard's path, where its data starts, its well-formed tensor entries and its header."""
