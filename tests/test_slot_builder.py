@@ -13,8 +13,10 @@ from llmcheck.core.records import (
     RecordKey,
     TensorData,
     TensorRecord,
+    TensorStats,
     build_metric_result,
     build_row,
+    build_stats,
     slot_builder,
 )
 
@@ -38,6 +40,8 @@ def test_built_objects_equal_constructed_ones_defaults_included() -> None:
         build_metric_result("cosine_similarity", 0.5, higher_is_better=True),
         MetricResult("cosine_similarity", 0.5, higher_is_better=True),
     )
+    _same(build_stats(-1.0, 2.0, 0.5, 3.0, 0, 0), TensorStats(-1.0, 2.0, 0.5, 3.0, nan_count=0, inf_count=0))
+    _same(build_stats(nan_count=1), TensorStats(nan_count=1))
     row = build_row(0, record, record, "exact_key", {}, "pass", reason="a note")
     _same(row, ComparisonRow(0, record, record, "exact_key", {}, "pass", reason="a note"), hashable=False)
     _same(row.with_changes(verdict="fail"), dataclasses.replace(row, verdict="fail"), hashable=False)

@@ -21,6 +21,7 @@ import numpy as np
 
 from llmcheck.core.metric_engine import PairJob, PairMeasurement
 from llmcheck.core.records import TensorData, TensorStats
+from llmcheck.core.records import build_stats as _build_stats
 
 if TYPE_CHECKING:
     from llmcheck.core.small_pairs import BlockRows
@@ -192,5 +193,5 @@ def _side_stats(packed: PackedMeasurements, side: int) -> list[TensorStats]:
         if row in incomplete:
             floats = [None if gone else value for value, gone in zip(floats, stats_missing[row].tolist())]
             integers = [None if gone else value for value, gone in zip(integers, counts_missing[row].tolist())]
-        result.append(TensorStats(*floats, *integers))
+        result.append(_build_stats(*floats, *integers))
     return result

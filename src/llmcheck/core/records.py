@@ -647,6 +647,8 @@ def slot_builder(cls: type[_Built], *, skip_post_init: bool = False) -> Callable
 build_row = _build_row = slot_builder(ComparisonRow)
 #: ``MetricResult(...)``, built faster: the judge builds one per metric per pair.
 build_metric_result = slot_builder(MetricResult)
+#: ``TensorStats(...)``, built faster: two per measured pair, one per record of a statistics dump.
+build_stats = slot_builder(TensorStats)
 
 
 @dataclass(frozen=True, slots=True)

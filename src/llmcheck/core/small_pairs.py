@@ -41,7 +41,7 @@ from llmcheck.core.metric_engine import (
 )
 from llmcheck.core.pair_block import PairBlock, stacked_row_dots
 from llmcheck.core.pair_chunk import RELATIVE_FLOOR, PairChunk, Workspace
-from llmcheck.core.records import DTYPE_ITEMSIZE, MetricSpec, TensorData, TensorStats
+from llmcheck.core.records import DTYPE_ITEMSIZE, MetricSpec, TensorData, TensorStats, build_stats
 from llmcheck.core.sentinels import sentinel_limit_in_run
 from llmcheck.core.tensor_chunks import Decoder, layout
 
@@ -199,7 +199,7 @@ _NOT_WANTED = TensorStats(nan_count=0, inf_count=0)
 
 
 def _finite_stats(low: float, high: float, mean: float, l2norm: float) -> TensorStats:
-    return TensorStats(low, high, mean, l2norm, nan_count=0, inf_count=0)
+    return build_stats(low, high, mean, l2norm, 0, 0)
 
 
 def _read_items(datas: Sequence[TensorData], workspace: Workspace, buffer_name: str) -> list[np.ndarray] | None:

@@ -55,6 +55,7 @@ from llmcheck.core.records import (
     TensorRecord,
     TensorStats,
     TopologyNode,
+    build_stats,
     slot_builder,
 )
 
@@ -206,7 +207,7 @@ _build_data = slot_builder(TensorData, skip_post_init=True)
 
 def _stats_from_json(stats: StatsJson) -> TensorStats:
     """Return an index line's statistics as :meth:`TensorStats.from_json` reads them (a non-finite one's text as its float)."""
-    return TensorStats(
+    return build_stats(
         min=_statistic(stats.min),
         max=_statistic(stats.max),
         mean=_statistic(stats.mean),
