@@ -208,6 +208,24 @@ def test_pairs_json_lists_one_json_dumps_entry_per_line(mixed_report: Path) -> N
     assert lines[-2:] == [' "unmatched_my": []', "}"]
 
 
+def test_pairs_json_written_block_by_block_is_the_file_written_in_one_block(
+    mixed_dumps: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A decode dump's 10**5 pairs are written a block at a time: blocks of 2 and 3 entries give the same bytes."""
+    from llmcheck.core import pairing
+
+    golden, my = (get_plugins().load_tensors(path) for path in mixed_dumps)
+    result = compare_dumps(golden, my, workers=1)
+    texts = []
+    for block in (1 << 20, 3, 2, 1):
+        monkeypatch.setattr(pairing, "_ENTRIES_PER_WRITE", block)
+        pairing.write_pairs_json(tmp_path / f"pairs_{block}.json", result.pairing, result.golden, result.my)
+        texts.append((tmp_path / f"pairs_{block}.json").read_bytes())
+    assert len(result.pairing.pairs) > 3 and texts[1:] == texts[:1] * 3
+    document = json.loads(texts[0])
+    assert len(document["pairs"]) == len(result.pairing.pairs) and document["unmatched_my"] == []
+
+
 @pytest.mark.parametrize(
     "key",
     [

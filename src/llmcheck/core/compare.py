@@ -407,7 +407,7 @@ def compare_dumps(
             pair,
             specs,
             problems.get(index),
-            measurements.get(index),
+            measurements.pop(index, None),  # freed as its row is made: the two never all live at once
             threshold_overrides,
             run_floor,
             table,
@@ -415,7 +415,6 @@ def compare_dumps(
         )
         for index, pair in enumerate(pairing.pairs)
     ]
-    del measurements  # 10**5 of them in a decode dump: not held through judging and the reports
     measure_spec = error_measure_spec(specs)
     measure = ErrorMeasure(measure_spec.name, DECIDING_STAT) if measure_spec is not None else None
     twin = _noise_twin(golden, my, noise, measure, workers) if noise is not None and measure is not None else None

@@ -29,13 +29,14 @@ per listed value.
 
 from __future__ import annotations
 
+import itertools
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
-from llmcheck.core.atomic_files import atomic_write_text
+from llmcheck.core.atomic_files import atomic_output
 from llmcheck.core.errors import PluginError, UsageError
 from llmcheck.core.records import Dump, Pair, RecordKey, TensorRecord, UserMapping
 
@@ -260,31 +261,47 @@ def write_pairs_json(path: Path, pairing: Pairing, golden: Dump, my: Dump) -> No
         "my_root": str(my.root),
         "how_to_edit": "fix or add pairs, then rerun: llmcheck compare ... --mapping pairs.json",
     }
-    entries = {
-        "pairs": [
+    entries: dict[str, Iterator[str]] = {
+        "pairs": (
             _pair_json_text(pair, not (id(pair.golden) in loaded and id(pair.my) in loaded)) for pair in pairing.pairs
-        ],
-        "unmatched_golden": [_unmatched_json_text(item) for item in pairing.unmatched_golden],
-        "unmatched_my": [_unmatched_json_text(item) for item in pairing.unmatched_my],
+        ),
+        "unmatched_golden": map(_unmatched_json_text, pairing.unmatched_golden),
+        "unmatched_my": map(_unmatched_json_text, pairing.unmatched_my),
     }
-    atomic_write_text(path, _one_entry_per_line(document, entries))
+    with atomic_output(path, "w", encoding="utf-8", newline="") as handle:
+        _write_one_entry_per_line(handle, document, entries)
 
 
 def _unmatched_json(item: Unmatched) -> dict[str, Any]:
     return {**key_to_json(item.record.key), "note": item.note, **({"expected": True} if item.expected else {})}
 
 
-def _one_entry_per_line(document: Mapping[str, Any], lists: Mapping[str, list[str]]) -> str:
-    """Return a JSON object, ``document``'s fields and then ``lists`` of JSON texts, each list entry on a line of its own.
+#: Entries of pairs.json joined and written together: the text of 10**5 pairs is never held whole.
+_ENTRIES_PER_WRITE = 2048
+
+
+def _write_one_entry_per_line(handle: IO[str], document: Mapping[str, Any], lists: Mapping[str, Iterator[str]]) -> None:
+    """Write a JSON object, ``document``'s fields and then ``lists`` of JSON texts, each list entry on a line of its own.
 
     One entry per line is easy to edit and to diff; ``indent`` would send 10**5 pairs through
-    the pure-Python encoder.
+    the pure-Python encoder. The entries are written a block at a time, so a decode dump's
+    pairs (15 MB of text) are not held as one string -- nor as one list, one joined text and
+    one whole document, 50 MB at once.
     """
-    fields = [f" {json.dumps(key)}: {json.dumps(value)}" for key, value in document.items()]
+    handle.write("{\n" + ",\n".join(f" {json.dumps(key)}: {json.dumps(value)}" for key, value in document.items()))
     for key, entries in lists.items():
-        joined = ",\n  ".join(entries)
-        fields.append(f" {json.dumps(key)}: [\n  {joined}\n ]" if entries else f" {json.dumps(key)}: []")
-    return "{\n" + ",\n".join(fields) + "\n}\n"
+        block = list(itertools.islice(entries, _ENTRIES_PER_WRITE))
+        if not block:
+            handle.write(f",\n {json.dumps(key)}: []")
+            continue
+        handle.write(f",\n {json.dumps(key)}: [\n  ")
+        separator = ""
+        while block:
+            handle.write(separator + ",\n  ".join(block))
+            separator = ",\n  "
+            block = list(itertools.islice(entries, _ENTRIES_PER_WRITE))
+        handle.write("\n ]")
+    handle.write("\n}\n")
 
 
 # --- the user's mapping file ----------------------------------------------------------------
