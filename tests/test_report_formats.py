@@ -14,6 +14,8 @@ import dataclasses
 import io
 import json
 import math
+from collections.abc import Iterator, Sequence
+from operator import itemgetter
 from pathlib import Path
 from typing import Any
 
@@ -38,13 +40,106 @@ from llmcheck.core.records import (
     TensorStats,
 )
 from llmcheck.core.report import json_safe
+from llmcheck.plugin_api import describe
 from llmcheck.plugins.reports import csv_table as csv_module
 from llmcheck.plugins.reports import html_page
-from llmcheck.plugins.reports.csv_table import csv_header, csv_rows
+from llmcheck.plugins.reports.csv_table import (
+    _FIXED_METRICS,
+    _NO_RESULT,
+    _NO_STATS,
+    _NUMBER_COLUMNS,
+    _TEXT_COLUMNS,
+    OWN_COLUMNS,
+    SEED_COLUMNS,
+    _cell,
+    _number,
+    csv_header,
+    guard_cell,
+)
 from llmcheck.plugins.reports.number_texts import repr_texts
 from llmcheck.testing import write_llmcheck_dump
 
 FORMULA_NAME = "=cmd|' /C calc'!A0"
+
+
+class RowByRowCells:
+    """Builds the cells of one report row in header order, as text (numbers as csv writes them), cell by cell.
+
+    The plain way, kept here as what ``cmp_report.csv``'s column-by-column writer must equal:
+    :func:`csv_rows` gives these rows to ``csv.writer``, and the tests compare both files.
+    """
+
+    def __init__(self, header: Sequence[str]) -> None:
+        self.extra_columns = tuple(header[len(SEED_COLUMNS) + len(OWN_COLUMNS) :])
+        listed = {column: index for index, column in enumerate((*_TEXT_COLUMNS, *_NUMBER_COLUMNS, *self.extra_columns))}
+        self._in_header_order = itemgetter(*(listed[column] for column in header))
+
+    def row(self, row: ComparisonRow) -> tuple[str, ...]:
+        """Return one report row's cells in header order, each the text csv writes for it."""
+        golden, my = row.golden, row.my
+        key = golden.key
+        metrics = row.metrics
+        sibling_growth = row.sibling_growth
+        texts = [
+            _cell(key.step),
+            _cell(golden.attrs.get("data_id", row.index)),  # a manual mapping names it
+            _cell(golden.source_path),
+            _cell(golden.op_type or ""),
+            guard_cell(f"torch.{golden.dtype}"),
+            str(list(golden.shape)),
+            _cell(my.source_path),
+            _cell(my.op_type or ""),
+            guard_cell(f"torch.{my.dtype}"),
+            str(list(my.shape)),
+            _cell(row.reason),
+            _cell(key.name),
+            _cell(key.step),
+            _cell(key.io),
+            _cell(key.position),
+            _cell(key.call_index),
+            _cell(my.key.name),
+            _cell(row.verdict),
+            _cell(row.deciding_metric or ""),
+            _cell(row.judged_as),
+            _cell(row.rule),
+            _cell(row.attribution),
+            _cell(" | ".join(row.fed_by)),
+            _cell(row.structure),
+            _cell(f"{describe(sibling_growth[0])}-{describe(sibling_growth[1])}") if sibling_growth else "",
+            _cell(row.evidence),
+        ]
+        golden_stats, my_stats = row.golden_stats or _NO_STATS, row.my_stats or _NO_STATS
+        deciding = metrics.get(row.deciding_metric or "") or _NO_RESULT
+        numbers = [
+            golden_stats.max,
+            golden_stats.min,
+            golden_stats.mean,
+            my_stats.max,
+            my_stats.min,
+            my_stats.mean,
+            *[None if (result := metrics.get(name)) is None else result.value for name in _FIXED_METRICS],
+            deciding.value,
+            deciding.warn_threshold,
+            deciding.fail_threshold,
+            golden_stats.nan_count,
+            golden_stats.inf_count,
+            my_stats.nan_count,
+            my_stats.inf_count,
+            row.nonfinite_mismatch,
+            row.error,
+            row.feeder_error,
+            row.growth,
+            row.expected_error,
+            row.noise_error,
+            *[None if (result := metrics.get(name)) is None else result.value for name in self.extra_columns],
+        ]
+        texts += map(_number, numbers)
+        return self._in_header_order(texts)
+
+
+def csv_rows(result: CompareResult, header: Sequence[str]) -> Iterator[tuple[str, ...]]:
+    """Yield each report row's cells in ``header`` order (a header from :func:`csv_header`)."""
+    return map(RowByRowCells(header).row, result.rows)
 
 
 @pytest.fixture(scope="module")

@@ -120,18 +120,16 @@ def pack_measurements(
         else:
             other_values[row] = measurement.values
         for side, side_stats in enumerate((measurement.golden_stats, measurement.my_stats)):
-            for column, name in enumerate(_FLOAT_STATS):
-                value = getattr(side_stats, name)
-                if value is None:
-                    stats_missing[side, row, column] = True
-                else:
-                    stats[side, row, column] = value
-            for column, name in enumerate(_COUNT_STATS):
-                value = getattr(side_stats, name)
-                if value is None:
-                    counts_missing[side, row, column] = True
-                else:
-                    counts[side, row, column] = value
+            for names_of, held, missing in (
+                (_FLOAT_STATS, stats, stats_missing),
+                (_COUNT_STATS, counts, counts_missing),
+            ):
+                for column, name in enumerate(names_of):
+                    value = getattr(side_stats, name)
+                    if value is None:
+                        missing[side, row, column] = True
+                    else:
+                        held[side, row, column] = value
     agreement = [(m.nonfinite_mismatch, m.matching_nonfinite, m.masked, m.bytes_read) for m in measurements]
     index = [measurement.index for measurement in measurements]
     if rows:  # a block row's values are in the order of ``names``; its NaN/Inf counts are 0

@@ -200,7 +200,7 @@ class TensorStats:
     def from_json(cls, values: Mapping[str, Any]) -> TensorStats:
         """Build statistics from :meth:`as_json` output (unknown keys ignored)."""
         # by field name, so mypy cannot pair each value with its field; as_json wrote each with its type
-        numbers: dict[str, Any] = {k: _number_from_json(values.get(k)) for k in cls.__slots__}
+        numbers: dict[str, Any] = {k: number_from_json(values.get(k)) for k in cls.__slots__}
         return cls(**numbers)
 
 
@@ -210,7 +210,8 @@ def _json_number(value: float | int | None) -> float | int | str | None:
     return value
 
 
-def _number_from_json(value: Any) -> float | int | None:
+def number_from_json(value: Any) -> float | int | None:
+    """Return a statistic as :meth:`TensorStats.as_json` wrote it, read back: ``'nan'``/``'inf'``/``'-inf'`` as floats."""
     if isinstance(value, str):
         return float(value)
     number: float | int | None = value  # JSON numbers or null, as as_json wrote them

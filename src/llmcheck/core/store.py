@@ -56,6 +56,7 @@ from llmcheck.core.records import (
     TensorStats,
     TopologyNode,
     build_stats,
+    number_from_json,
     slot_builder,
 )
 
@@ -208,17 +209,13 @@ _build_data = slot_builder(TensorData, skip_post_init=True)
 def _stats_from_json(stats: StatsJson) -> TensorStats:
     """Return an index line's statistics as :meth:`TensorStats.from_json` reads them (a non-finite one's text as its float)."""
     return build_stats(
-        min=_statistic(stats.min),
-        max=_statistic(stats.max),
-        mean=_statistic(stats.mean),
-        l2norm=_statistic(stats.l2norm),
+        min=number_from_json(stats.min),
+        max=number_from_json(stats.max),
+        mean=number_from_json(stats.mean),
+        l2norm=number_from_json(stats.l2norm),
         nan_count=stats.nan_count,
         inf_count=stats.inf_count,
     )
-
-
-def _statistic(value: float | str | None) -> float | None:
-    return float(value) if isinstance(value, str) else value
 
 
 def topology_to_json(node: TopologyNode) -> dict[str, Any]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import csv
 import itertools
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from operator import attrgetter, itemgetter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -136,7 +136,7 @@ def csv_header(result: CompareResult) -> list[str]:
 
 #: The metric columns among the fixed ones, in header order: the seed's seven, then llmcheck's rmse and sqnr.
 _FIXED_METRICS = (*SEED_METRICS, "rmse", "sqnr")
-#: The columns that hold numbers, in the order :meth:`_Cells.row` lists them (the extra metric columns follow).
+#: The columns that hold numbers, in the order :meth:`_Columns._number_columns` lists them (the extra metric columns follow).
 _NUMBER_COLUMNS = (
     *(f"{side}_{stat}_value" for side in ("golden", "my") for stat in ("max", "min", "mean")),
     *_FIXED_METRICS,
@@ -154,84 +154,9 @@ _NUMBER_COLUMNS = (
     "expected_error",
     "noise_error",
 )
-#: The other fixed columns hold text; :meth:`_Cells.row` lists them in header order.
+#: The other fixed columns hold text; :meth:`_Columns._text_columns` lists them in header order.
 _TEXT_COLUMNS = tuple(column for column in (*SEED_COLUMNS, *OWN_COLUMNS) if column not in _NUMBER_COLUMNS)
 _STR_TYPE, _FLOAT_TYPE = frozenset({str}), frozenset({float})
-
-
-class _Cells:
-    """Builds the cells of one report row in header order, as text (numbers as csv writes them), cell by cell.
-
-    The plain way, kept as what :class:`_Columns` must equal (``csv_rows`` gives these rows
-    to ``csv.writer``; ``tests/test_report_formats.py`` compares both files).
-    """
-
-    def __init__(self, header: Sequence[str]) -> None:
-        self.extra_columns = tuple(header[len(SEED_COLUMNS) + len(OWN_COLUMNS) :])
-        listed = {column: index for index, column in enumerate((*_TEXT_COLUMNS, *_NUMBER_COLUMNS, *self.extra_columns))}
-        self._in_header_order = itemgetter(*(listed[column] for column in header))
-
-    def row(self, row: ComparisonRow) -> tuple[str, ...]:
-        """Return one report row's cells in header order, each the text csv writes for it."""
-        golden, my = row.golden, row.my
-        key = golden.key
-        metrics = row.metrics
-        sibling_growth = row.sibling_growth
-        texts = [
-            _cell(key.step),
-            _cell(golden.attrs.get("data_id", row.index)),  # a manual mapping names it
-            _cell(golden.source_path),
-            _cell(golden.op_type or ""),
-            guard_cell(f"torch.{golden.dtype}"),
-            str(list(golden.shape)),
-            _cell(my.source_path),
-            _cell(my.op_type or ""),
-            guard_cell(f"torch.{my.dtype}"),
-            str(list(my.shape)),
-            _cell(row.reason),
-            _cell(key.name),
-            _cell(key.step),
-            _cell(key.io),
-            _cell(key.position),
-            _cell(key.call_index),
-            _cell(my.key.name),
-            _cell(row.verdict),
-            _cell(row.deciding_metric or ""),
-            _cell(row.judged_as),
-            _cell(row.rule),
-            _cell(row.attribution),
-            _cell(" | ".join(row.fed_by)),
-            _cell(row.structure),
-            _cell(f"{describe(sibling_growth[0])}-{describe(sibling_growth[1])}") if sibling_growth else "",
-            _cell(row.evidence),
-        ]
-        golden_stats, my_stats = row.golden_stats or _NO_STATS, row.my_stats or _NO_STATS
-        deciding = metrics.get(row.deciding_metric or "") or _NO_RESULT
-        numbers = [
-            golden_stats.max,
-            golden_stats.min,
-            golden_stats.mean,
-            my_stats.max,
-            my_stats.min,
-            my_stats.mean,
-            *[None if (result := metrics.get(name)) is None else result.value for name in _FIXED_METRICS],
-            deciding.value,
-            deciding.warn_threshold,
-            deciding.fail_threshold,
-            golden_stats.nan_count,
-            golden_stats.inf_count,
-            my_stats.nan_count,
-            my_stats.inf_count,
-            row.nonfinite_mismatch,
-            row.error,
-            row.feeder_error,
-            row.growth,
-            row.expected_error,
-            row.noise_error,
-            *[None if (result := metrics.get(name)) is None else result.value for name in self.extra_columns],
-        ]
-        texts += map(_number, numbers)
-        return self._in_header_order(texts)
 
 
 _NO_STATS = TensorStats()
@@ -244,11 +169,6 @@ class _NoResult:
 
 
 _NO_RESULT = _NoResult()
-
-
-def csv_rows(result: CompareResult, header: Sequence[str]) -> Iterator[tuple[str, ...]]:
-    """Yield each report row's cells in ``header`` order (a header from :func:`csv_header`)."""
-    return map(_Cells(header).row, result.rows)
 
 
 _CSV_SPECIAL = (",", '"', "\r", "\n")
@@ -313,11 +233,11 @@ def _described(values: list[Any]) -> list[str]:
 
 
 class _Columns:
-    """Builds the csv text of report rows a block at a time, column by column: the lines ``csv.writer`` writes
-    for the cells of :class:`_Cells`.
+    """Builds the csv text of report rows a block at a time, column by column: the lines ``csv.writer`` writes.
 
-    Per row, :meth:`_Cells.row` spends its time in the Python of ~55 cells, and ``repr``
-    in formatting ~25 floats. Here each column is read with C-level ``attrgetter`` and
+    Built row by row, a row spends its time in the Python of ~55 cells, and ``repr`` in
+    formatting ~25 floats (``tests/test_report_formats.py`` keeps that plain way, as what
+    this must equal). Here each column is read with C-level ``attrgetter`` and
     ``map``; a text column's distinct texts are looked at once for formula starts and for
     what csv quotes (:func:`_text_fields`); the numbers of the block are formatted at once
     (:func:`~llmcheck.plugins.reports.number_texts.repr_texts`); shapes and dtypes are
