@@ -50,13 +50,20 @@ def test_a_pool_nobody_takes_is_shut_down() -> None:
     assert all(not process.is_alive() for process in processes.values())
 
 
+def _dumps_a_thousandth_apart(
+    make_llmcheck_dump, tmp_path: Path, tensors: int, shape: tuple[int, ...]
+) -> tuple[Path, Path]:
+    """Return a golden dump of random tensors and a my-dump 1e-3 off everywhere (every pair fails)."""
+    torch.manual_seed(tensors)
+    golden = {f"layer{i}": torch.randn(*shape) for i in range(tensors)}
+    my = {name: value * (1 + 1e-3 * torch.randn(value.shape)) for name, value in golden.items()}
+    return make_llmcheck_dump(tmp_path / "g", golden), make_llmcheck_dump(tmp_path / "m", my)
+
+
 def test_a_compare_measures_in_the_workers_started_before_loading_with_the_same_digits(
     make_llmcheck_dump, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    torch.manual_seed(0)
-    golden = {f"layer{i}": torch.randn(256, 64) for i in range(6)}
-    my = {name: value * (1 + 1e-3 * torch.randn(value.shape)) for name, value in golden.items()}
-    golden_dump, my_dump = make_llmcheck_dump(tmp_path / "g", golden), make_llmcheck_dump(tmp_path / "m", my)
+    golden_dump, my_dump = _dumps_a_thousandth_apart(make_llmcheck_dump, tmp_path, 6, (256, 64))
     monkeypatch.setattr(metric_engine, "PARALLEL_MIN_BYTES", 0)
     taken: list[bool] = []
     take = WorkerPool.take
@@ -70,3 +77,38 @@ def test_a_compare_measures_in_the_workers_started_before_loading_with_the_same_
     assert len(started) == 1  # -j 1: no workers
     early, one = ((tmp_path / out / "cmp_report.csv").read_text() for out in ("early", "one"))
     assert early == one
+
+
+def test_this_process_measures_beside_the_workers_with_the_same_digits(
+    make_llmcheck_dump, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``-j 3`` is three measuring processes: two spawned, taking batches from the front, and this one from the back."""
+    golden_dump, my_dump = _dumps_a_thousandth_apart(make_llmcheck_dump, tmp_path, 12, (64, 64))
+    from llmcheck.core.compare import compare_dumps
+    from llmcheck.core.plugins import get_plugins
+
+    runs = [get_plugins().load_tensors(path) for path in (golden_dump, my_dump)]
+    in_process = compare_dumps(*runs, workers=1)
+    monkeypatch.setattr(metric_engine, "PARALLEL_MIN_BYTES", 0)
+    monkeypatch.setattr(metric_engine, "BATCH_TARGET_BYTES", 1)  # a batch per pair: 12 batches
+    spawned: list[int] = []
+    start_executor = metric_engine.start_executor
+    monkeypatch.setattr(
+        metric_engine,
+        "start_executor",
+        lambda workers, *args: spawned.append(workers) or start_executor(workers, *args),
+    )
+    here: list[int] = []
+    measure_jobs = metric_engine.measure_jobs
+    monkeypatch.setattr(
+        metric_engine,
+        "measure_jobs",
+        lambda jobs, *args: here.extend(job.index for job in jobs) or measure_jobs(jobs, *args),
+    )
+    beside = compare_dumps(*runs, workers=3)
+    assert spawned == [2]
+    # the first four batches went to the two workers before this process took any: both measured
+    assert here and len(here) <= len(in_process.rows) - 4 and here[0] == len(in_process.rows) - 1
+    for one, three in zip(in_process.rows, beside.rows, strict=True):
+        assert one.verdict == three.verdict
+        assert {k: v.value for k, v in one.metrics.items()} == {k: v.value for k, v in three.metrics.items()}

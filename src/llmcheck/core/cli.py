@@ -230,7 +230,9 @@ def dump(
     type=click.Path(path_type=Path),
     help="User mapping (JSON or YAML: golden name pattern -> my name pattern), or an edited pairs.json.",
 )
-@click.option("-j", "--jobs", default=None, type=int, help="Worker processes (default: CPU count).")
+@click.option(
+    "-j", "--jobs", default=None, type=int, help="Processes measuring pairs, this one included (default: CPU count)."
+)
 @click.option(
     "--thresholds",
     "thresholds",

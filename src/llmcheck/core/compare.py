@@ -377,8 +377,8 @@ def compare_dumps(
     are one program at one precision (the my-run against its twin): any difference behind
     bit-exact inputs is then introduced, however small.
 
-    ``workers`` worker processes (default: one per CPU) measure large compares; they are
-    started with ``spawn``, so a script calling this needs the usual
+    ``workers`` processes (default: one per CPU) measure large compares: this one and
+    ``workers - 1`` workers started with ``spawn``, so a script calling this needs the usual
     ``if __name__ == "__main__":`` guard (or ``workers=1``). ``on_pairs_known(pairs,
     tensor_bytes)`` is called once the work is known and ``on_measured(tensor_bytes)`` after
     each pair, for a progress bar. ``executor`` measures the pairs elsewhere instead (a Ray

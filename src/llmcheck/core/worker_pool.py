@@ -23,14 +23,14 @@ from llmcheck.core.records import MetricSpec
 
 
 class WorkerPool:
-    """``workers`` measuring processes being started now for these metric specs; measured with once, then shut down."""
+    """Processes for ``workers``-way measuring (this one and ``workers - 1`` spawned now); measured with once, then shut down."""
 
     def __init__(self, workers: int, specs: Sequence[MetricSpec], chunk_values: int) -> None:
-        from llmcheck.core.metric_engine import start_executor
+        from llmcheck.core.metric_engine import spawned_workers, start_executor
 
         self.workers, self.specs, self.chunk_values = workers, list(specs), chunk_values
-        self._executor: ProcessPoolExecutor | None = start_executor(workers, self.specs, chunk_values)
-        for _ in range(workers):  # a task each starts the processes now, not at the first batch
+        self._executor: ProcessPoolExecutor | None = start_executor(spawned_workers(workers), self.specs, chunk_values)
+        for _ in range(spawned_workers(workers)):  # a task each starts the processes now, not at the first batch
             self._executor.submit(os.getpid)
 
     def take(self, specs: Sequence[MetricSpec], chunk_values: int) -> tuple[ProcessPoolExecutor, int] | None:
