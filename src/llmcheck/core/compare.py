@@ -223,21 +223,28 @@ def _shape_text(shape: Sequence[int]) -> str:
 
 def incomparable_reason(golden: TensorRecord, my: TensorRecord) -> str | None:
     """Return why two paired records cannot be measured element by element, or None when they can."""
-    from llmcheck.core.tensor_chunks import streamable
-
     for side, record in (("golden", golden), ("my", my)):
         if record.data is None:
             return f"{side} has no tensor data (a statistics-only dump)"
-        if not streamable(record.dtype):
-            return f"{side} dtype {record.dtype} cannot be compared"
-    if golden.dtype.startswith("complex") != my.dtype.startswith("complex"):
-        return f"dtype mismatch: golden {golden.dtype} vs my {my.dtype} (complex against real)"
-    return _shape_problem(golden, my)
+    return _dtype_problem(golden.dtype, my.dtype) or _shape_problem(golden, my)
+
+
+@functools.cache
+def _dtype_problem(golden_dtype: str, my_dtype: str) -> str | None:
+    """Return why tensors of these two dtypes cannot be measured together, or None (asked once per pair of dtypes)."""
+    from llmcheck.core.tensor_chunks import streamable
+
+    for side, dtype in (("golden", golden_dtype), ("my", my_dtype)):
+        if not streamable(dtype):
+            return f"{side} dtype {dtype} cannot be compared"
+    if golden_dtype.startswith("complex") != my_dtype.startswith("complex"):
+        return f"dtype mismatch: golden {golden_dtype} vs my {my_dtype} (complex against real)"
+    return None
 
 
 def _shape_problem(golden: TensorRecord, my: TensorRecord) -> str | None:
     """Return why two shapes cannot be compared element by element (size-1 dims aside), or None."""
-    if tuple(golden.shape) != tuple(my.shape):
+    if golden.shape != my.shape and tuple(golden.shape) != tuple(my.shape):
         squeezed = [tuple(size for size in shape if size != 1) for shape in (golden.shape, my.shape)]
         if squeezed[0] != squeezed[1]:
             return f"shape mismatch: golden {_shape_text(golden.shape)} vs my {_shape_text(my.shape)}"
@@ -448,7 +455,7 @@ def _measure(
 
     The jobs (one per distinct pair of byte ranges) live only here, not through the judging.
     """
-    from llmcheck.core.metric_engine import PairJob, measure_pairs
+    from llmcheck.core.metric_engine import PairJob, build_job, measure_pairs
 
     jobs: dict[tuple[Any, ...], PairJob] = {}
     same_data_as: dict[int, int] = {}
@@ -459,10 +466,10 @@ def _measure(
         if problem is not None:
             problems[index] = problem
             continue
-        job = PairJob(
+        job = build_job(
             index=index,
-            golden=pair.golden.data,  # type: ignore[arg-type]  # pairs without data were set aside above
-            my=pair.my.data,  # type: ignore[arg-type]
+            golden=pair.golden.data,  # pairs without data were set aside above
+            my=pair.my.data,
             golden_needs_stats=not _has_stats(pair.golden),
             my_needs_stats=not _has_stats(pair.my),
             golden_run_dtype=run_dtypes[0],

@@ -33,7 +33,7 @@ from llmcheck.core.errors import LlmcheckError
 from llmcheck.core.gc_pause import paused_cyclic_gc
 from llmcheck.core.heap import return_free_memory
 from llmcheck.core.pair_chunk import PairChunk, Workspace, single_threaded_blas
-from llmcheck.core.records import DTYPE_ITEMSIZE, MetricSpec, TensorData, TensorStats
+from llmcheck.core.records import DTYPE_ITEMSIZE, MetricSpec, TensorData, TensorStats, slot_builder
 from llmcheck.core.sentinels import classify, may_hold_sentinels, sentinel_limit_in_run
 from llmcheck.core.tensor_chunks import ChunkReader
 
@@ -54,7 +54,7 @@ BATCH_TARGET_BYTES = 64 * 1024 * 1024
 LOCAL_BATCH_PAIRS = 4096
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class PairJob:
     """One pair to measure: both data handles, and whether each side's statistics must be computed.
 
@@ -80,6 +80,10 @@ class PairJob:
     def crosses_processes(self) -> bool:
         """Return whether both sides are byte ranges, which a worker process can open by path."""
         return self.golden.loader is None and self.my.loader is None
+
+
+#: Builds a :class:`PairJob` as the class does, faster (a compare makes one per pair: 10^5 for a decode dump).
+build_job = slot_builder(PairJob)
 
 
 def _data_bytes(data: TensorData) -> int:

@@ -79,9 +79,9 @@ def exact_key_pairs(golden: Dump, my: Dump) -> list[Pair]:
     }
     mine = my.by_key()
     pairs = [
-        Pair(record, mine[record.key], RULE_EXACT, PairPriority.EXACT_KEY)
+        Pair(record, counterpart, RULE_EXACT, PairPriority.EXACT_KEY)
         for record in golden.records
-        if record.key in mine and (not diverged or _op_scope(record) not in diverged)
+        if (counterpart := mine.get(record.key)) is not None and (not diverged or _op_scope(record) not in diverged)
     ]
     for group in sorted(diverged, key=str):
         golden_calls, my_calls = group_op_calls(golden_ops[group]), group_op_calls(my_ops[group])
