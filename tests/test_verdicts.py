@@ -54,3 +54,40 @@ def test_judged_results_equal_constructed_ones_field_for_field() -> None:
     # an override on lm_head moves its limits: 5e-4 passes there, and fails an fp32 module
     assert TableJudge(specs, overrides).judge({"relative_euclidean_distance": 5e-4}, "lm_head", "fp32")[1] == "pass"
     assert TableJudge(specs, overrides).judge({"relative_euclidean_distance": 5e-4}, "model.mlp", "fp32")[1] == "fail"
+
+
+def test_a_rows_metrics_read_as_the_dict_of_results_they_stand_for() -> None:
+    import pickle
+
+    from llmcheck.core.records import JudgedMetrics, metric_columns, metric_value
+
+    specs = list(get_plugins().metrics().values())
+    judge = TableJudge(specs)
+    full = {spec.name: 1e-7 * (number + 1) for number, spec in enumerate(specs)}
+    full["cosine_similarity"] = 0.5  # fails
+    partial = {"relative_euclidean_distance": 3e-2, "rmse": 1.0}
+    rows = [judge.judge(values, "model.layers.0.mlp", "fp32")[0] for values in (full, partial, full)]
+    for metrics, values in zip(rows, (full, partial, full)):
+        expected = _constructed(specs, values, "model.layers.0.mlp", "fp32")
+        assert type(metrics) is JudgedMetrics
+        assert metrics == expected and expected == metrics and dict(metrics) == expected
+        assert list(metrics) == list(expected) and len(metrics) == len(expected)
+        assert "cosine_similarity" in metrics if "cosine_similarity" in values else "cosine_similarity" not in metrics
+        assert metrics.get("no_such_metric") is None and metrics.get("no_such_metric", 7) == 7
+        assert pickle.loads(pickle.dumps(metrics)) == expected
+        assert repr(metrics) == f"JudgedMetrics({expected!r})"
+        for name, result in expected.items():
+            assert metrics[name] == result and metric_value(metrics, name) == result.value
+    # rows judged alike share a layout and, when their verdicts agree, one verdict tuple
+    assert rows[0]._layout is rows[2]._layout and rows[0]._verdicts is rows[2]._verdicts
+    # columns across rows of two layouts, a plain dict and a row without metrics: as the results read
+    plain = {"rmse": MetricResult("rmse", 2.0, VERDICT_WARN, 1.0, 3.0)}
+    mixed = [*rows, plain, {}]
+    for name in ("cosine_similarity", "rmse", "no_such_metric"):
+        results = [metrics.get(name) for metrics in mixed]
+        assert metric_columns(mixed, name) == tuple(
+            [None if result is None else getattr(result, field) for result in results]
+            for field in ("value", "verdict", "warn_threshold", "fail_threshold", "higher_is_better")
+        )
+        assert [metric_value(metrics, name) for metrics in mixed] == metric_columns(mixed, name)[0]
+    assert metric_columns([], "rmse") == ([], [], [], [], [])

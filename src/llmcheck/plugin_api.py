@@ -9,7 +9,8 @@ What is here, by the question a plugin author asks:
   :class:`TensorStats`, :class:`TensorData`, :class:`TopologyNode`, :class:`Dump`,
   :class:`Pair` and :class:`PairPriority`, :class:`UserMapping`, :class:`SourceInfo`,
   :class:`CaptureBackend` / :class:`CaptureRequest`, :class:`MetricSpec` /
-  :class:`MetricAccumulator` / :class:`MetricResult`, :class:`OpReference`; the constants
+  :class:`MetricAccumulator` / :class:`MetricResult` (a row's metrics: :class:`JudgedMetrics`,
+  read without making results by :func:`metric_value` and :func:`metric_columns`), :class:`OpReference`; the constants
   of a record key (``IO_*``, ``MOMENT_*``, :data:`ALL_RANKS`), dtype names and classes, the
   attrs compare reads of parameters (:data:`PARAMETER_ATTR`, :data:`PARAMETER_DIGESTS_ATTR`),
   and the module-tree naming convention (:data:`ROOT_MODULE`, :func:`module_parent`, ...).
@@ -92,6 +93,7 @@ from llmcheck.core.records import (
     ChunkMetricAccumulator,
     ComparisonRow,
     Dump,
+    JudgedMetrics,
     MetricAccumulator,
     MetricResult,
     MetricSpec,
@@ -110,6 +112,8 @@ from llmcheck.core.records import (
     is_op_record_name,
     lies_inside,
     merge_rank_dumps,
+    metric_columns,
+    metric_value,
     module_ancestors,
     module_parent,
     op_record_module,
@@ -190,6 +194,7 @@ __all__ = [  # noqa: RUF022 -- grouped by the question a plugin author asks, not
     "ChunkMetricAccumulator",
     "Dump",
     "MetricAccumulator",
+    "JudgedMetrics",
     "MetricResult",
     "MetricSpec",
     "OpReference",
@@ -205,6 +210,8 @@ __all__ = [  # noqa: RUF022 -- grouped by the question a plugin author asks, not
     "dtype_class",
     "is_float_dtype",
     "merge_rank_dumps",
+    "metric_value",
+    "metric_columns",
     # module-tree record names
     "ROOT_MODULE",
     "MODULE_SEPARATOR",

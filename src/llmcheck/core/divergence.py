@@ -48,6 +48,7 @@ from llmcheck.core.records import (
     TensorRecord,
     build_row,
     is_float_dtype,
+    metric_value,
 )
 from llmcheck.core.repeats import Baseline, SiblingGroup, sibling_groups, structure_keys
 from llmcheck.core.suspects import INHERITED_FROM_UNMATCHED, MY_ONLY_SUFFIX
@@ -110,9 +111,9 @@ class ErrorMeasure:
     def of(self, row: ComparisonRow) -> float | None:
         """Return the row's error, or None where it has none (an error row, an int tensor)."""
         for name in (self.metric, self.statistics_bound):
-            result = row.metrics.get(name) if name else None
-            if result is not None and math.isfinite(result.value):
-                return result.value
+            value = metric_value(row.metrics, name) if name else None
+            if value is not None and math.isfinite(value):
+                return value
         return None
 
 

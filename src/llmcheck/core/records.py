@@ -652,6 +652,130 @@ build_metric_result = slot_builder(MetricResult)
 build_stats = slot_builder(TensorStats)
 
 
+class MetricLayout:
+    """The metrics some rows hold, in order, with the thresholds they were judged against: one, shared by those rows.
+
+    The rows of one compare judged in one dtype class (and, with threshold overrides, under
+    one record name) hold the same metrics with the same thresholds; only the values and
+    verdicts differ (:class:`JudgedMetrics`).
+    """
+
+    __slots__ = ("fail", "higher_is_better", "names", "positions", "warn")
+
+    def __init__(
+        self,
+        names: Sequence[str],
+        warn: Sequence[float | None],
+        fail: Sequence[float | None],
+        higher_is_better: Sequence[bool],
+    ) -> None:
+        self.names = tuple(names)
+        self.positions = {name: position for position, name in enumerate(self.names)}
+        self.warn, self.fail, self.higher_is_better = tuple(warn), tuple(fail), tuple(higher_is_better)
+
+
+class JudgedMetrics(Mapping[str, MetricResult]):
+    """A row's metric results as a read-only mapping, held as a value and a verdict per metric of a :class:`MetricLayout`.
+
+    Why: held as a dict of :class:`MetricResult`, the nine metrics of a row cost 1.3 KB --
+    64 MB for a 50 000-pair decode dump, the largest part of its rows, and a fifth of the
+    compare's peak memory. Held here they cost the values and a tuple. Asked for a metric, it
+    makes the :class:`MetricResult` a dict would hold (equal field for field); it keeps none.
+    A reader that wants only values asks :func:`metric_value`, which makes nothing. The
+    mapping equals a dict holding the same results.
+    """
+
+    __slots__ = ("_layout", "_values", "_verdicts")
+
+    def __init__(self, layout: MetricLayout, values: tuple[float, ...], verdicts: tuple[str, ...]) -> None:
+        self._layout, self._values, self._verdicts = layout, values, verdicts
+
+    def _result(self, position: int) -> MetricResult:
+        layout = self._layout
+        return build_metric_result(
+            layout.names[position],
+            self._values[position],
+            self._verdicts[position],
+            layout.warn[position],
+            layout.fail[position],
+            layout.higher_is_better[position],
+        )
+
+    def __getitem__(self, name: str) -> MetricResult:
+        return self._result(self._layout.positions[name])
+
+    def get(self, name: str, default: Any = None) -> Any:
+        position = self._layout.positions.get(name)
+        return default if position is None else self._result(position)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._layout.positions
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._layout.names)
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+    def value(self, name: str) -> float | None:
+        """Return the named metric's value, None where the row holds no such metric."""
+        position = self._layout.positions.get(name)
+        return None if position is None else self._values[position]
+
+    def __repr__(self) -> str:
+        return f"JudgedMetrics({dict(self)!r})"
+
+
+def metric_value(metrics: Mapping[str, MetricResult], name: str) -> float | None:
+    """Return a metric's value in a row's ``metrics``, None where it is not there, without making a result."""
+    if type(metrics) is JudgedMetrics:
+        return metrics.value(name)
+    result = metrics.get(name)
+    return None if result is None else result.value
+
+
+#: One metric across rows (:func:`metric_columns`): values, verdicts, warn and fail thresholds, directions.
+MetricColumns = tuple[list[float | None], list[str | None], list[float | None], list[float | None], list[bool | None]]
+
+
+def metric_columns(rows_metrics: Sequence[Mapping[str, MetricResult]], name: str) -> MetricColumns:
+    """Return one metric's fields across the rows' ``metrics`` (None where a row lacks it), without making results.
+
+    A report reads every metric of every row: 10**6 :class:`MetricResult` made only to be read.
+    """
+    absent = (None, None, None, None, None)
+    fields_per_row: list[tuple[Any, ...]] = []
+    positions: dict[int, int | None] = {}  # a layout's id -> the metric's place in it
+    for metrics in rows_metrics:
+        if type(metrics) is JudgedMetrics:
+            layout = metrics._layout
+            position = positions.get(id(layout), -1)
+            if position == -1:
+                position = positions[id(layout)] = layout.positions.get(name)
+            fields_per_row.append(
+                absent
+                if position is None
+                else (
+                    metrics._values[position],
+                    metrics._verdicts[position],
+                    layout.warn[position],
+                    layout.fail[position],
+                    layout.higher_is_better[position],
+                )
+            )
+            continue
+        result = metrics.get(name)
+        fields_per_row.append(
+            absent
+            if result is None
+            else (result.value, result.verdict, result.warn_threshold, result.fail_threshold, result.higher_is_better)
+        )
+    if not fields_per_row:
+        return [], [], [], [], []
+    values, verdicts, warn, fail, higher = map(list, zip(*fields_per_row))
+    return values, verdicts, warn, fail, higher
+
+
 @dataclass(frozen=True, slots=True)
 class OpReference:
     """A reference implementation of one operator type, registered for ``llmcheck opcheck``.

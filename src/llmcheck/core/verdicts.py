@@ -29,9 +29,10 @@ from llmcheck.core.records import (
     VERDICT_FAIL,
     VERDICT_PASS,
     VERDICT_WARN,
+    JudgedMetrics,
+    MetricLayout,
     MetricResult,
     MetricSpec,
-    build_metric_result,
     dtype_class,
 )
 
@@ -208,7 +209,7 @@ def judge(
     name: str,
     judged_class: str,
     overrides: Sequence[ThresholdOverride] = (),
-) -> tuple[dict[str, MetricResult], str, str | None]:
+) -> tuple[Mapping[str, MetricResult], str, str | None]:
     """Return each metric's result, the row's verdict and the deciding metric (first with the worst verdict)."""
     return TableJudge(specs, overrides).judge(values, name, judged_class)
 
@@ -226,6 +227,9 @@ class TableJudge:
         self.overrides = list(overrides)
         # (record name or None without overrides, class) -> each metric's (name, higher is better, limits)
         self._table: dict[tuple[str | None, str], list[tuple[str, bool, tuple[float, float] | None]]] = {}
+        # (id of a table above, the metrics present where some are missing) -> the rows' shared layout
+        self._layouts: dict[tuple[int, tuple[str, ...] | None], MetricLayout] = {}
+        self._verdict_tuples: dict[tuple[str, ...], tuple[str, ...]] = {}
 
     def _limits(self, name: str, judged_class: str) -> list[tuple[str, bool, tuple[float, float] | None]]:
         key = (name if self.overrides else None, judged_class)
@@ -246,21 +250,40 @@ class TableJudge:
 
     def judge(
         self, values: Mapping[str, float], name: str, judged_class: str
-    ) -> tuple[dict[str, MetricResult], str, str | None]:
-        """Return each metric's result, the row's verdict and the deciding metric (first with the worst verdict)."""
-        results: dict[str, MetricResult] = {}
+    ) -> tuple[Mapping[str, MetricResult], str, str | None]:
+        """Return each metric's result, the row's verdict and the deciding metric (first with the worst verdict).
+
+        The results are a :class:`~llmcheck.core.records.JudgedMetrics` over a layout shared
+        by the rows judged alike: 10**5 rows hold their values and verdicts, not 10**6 results.
+        """
+        table = self._limits(name, judged_class)
+        judged: list[float] = []
+        verdicts: list[str] = []
         verdict, deciding, first_judged = VERDICT_PASS, None, None
-        for metric, higher_is_better, limits in self._limits(name, judged_class):
+        for metric, higher_is_better, limits in table:
             if metric not in values:
                 continue
             value = values[metric]
+            judged.append(value)
             if limits is None:
-                results[metric] = build_metric_result(metric, value, VERDICT_PASS, None, None, higher_is_better)
+                verdicts.append(VERDICT_PASS)
                 continue
             warn, fail = limits
             metric_verdict = _metric_verdict(value, higher_is_better, warn, fail)
-            results[metric] = build_metric_result(metric, value, metric_verdict, warn, fail, higher_is_better)
+            verdicts.append(metric_verdict)
             first_judged = first_judged or metric
             if metric_verdict != VERDICT_PASS and _SEVERITY[metric_verdict] > _SEVERITY[verdict]:
                 verdict, deciding = metric_verdict, metric
-        return results, verdict, deciding or first_judged
+        present = None if len(judged) == len(table) else tuple(metric for metric, _, _ in table if metric in values)
+        layout = self._layouts.get((id(table), present))
+        if layout is None:
+            kept = [entry for entry in table if present is None or entry[0] in present]
+            layout = self._layouts[(id(table), present)] = MetricLayout(
+                [metric for metric, _, _ in kept],
+                [None if limits is None else limits[0] for _, _, limits in kept],
+                [None if limits is None else limits[1] for _, _, limits in kept],
+                [higher_is_better for _, higher_is_better, _ in kept],
+            )
+        shared = tuple(verdicts)
+        shared = self._verdict_tuples.setdefault(shared, shared)  # most rows: all pass, one tuple for them all
+        return JudgedMetrics(layout, tuple(judged), shared), verdict, deciding or first_judged

@@ -17,15 +17,14 @@ import itertools
 import math
 from collections.abc import Iterator
 from importlib import resources
-from operator import attrgetter, methodcaller
+from operator import attrgetter
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
 from llmcheck.plugin_api import (
     ComparisonRow,
-    MetricResult,
     MetricSpec,
     atomic_output,
     depth_points,
@@ -34,6 +33,7 @@ from llmcheck.plugin_api import (
     heatmap,
     introduced_point,
     json_safe,
+    metric_columns,
     placement,
     row_error,
 )
@@ -112,9 +112,6 @@ _NOTHING, _PLAIN_NUMBERS = frozenset({_NONE}), frozenset({float, int, _NONE})
 _GOLDEN, _MY, _KEY, _METRICS = attrgetter("golden"), attrgetter("my"), attrgetter("key"), attrgetter("metrics")
 _INDEX, _NAME, _CALL, _STEP, _IO, _POSITION = map(attrgetter, ("index", "name", "call_index", "step", "io", "position"))
 _OP, _DTYPE, _SHAPE = map(attrgetter, ("op_type", "dtype", "shape"))
-_VALUE, _WARN, _FAIL, _VERDICT, _HIGHER = map(
-    attrgetter, ("value", "warn_threshold", "fail_threshold", "verdict", "higher_is_better")
-)
 _ROW_FIELDS = tuple(
     map(
         attrgetter,
@@ -180,7 +177,7 @@ class _Rows:
             evidence,
         ) = ([*map(read, rows)] for read in _ROW_FIELDS)
         metrics = list(map(_METRICS, rows))
-        by_metric = [self._metric_column(list(map(methodcaller("get", name), metrics))) for name in self.metric_names]
+        by_metric = [self._metric_column(metric_columns(metrics, name)) for name in self.metric_names]
         if by_metric:  # each of the five fields: the metrics' columns turned into one tuple per row
             values, warn, fail, metric_verdicts, comparisons = ([*zip(*field)] for field in zip(*by_metric))
         else:
@@ -232,32 +229,21 @@ class _Rows:
         )
 
     @staticmethod
-    def _metric_column(results: list[MetricResult | None]) -> tuple[list[Any], ...]:
+    def _metric_column(columns: tuple[list[Any], ...]) -> tuple[list[Any], ...]:
         """Return one metric's values, warn and fail thresholds, verdicts (where it has thresholds) and comparison signs."""
-        if _NONE in set(map(type, results)):  # a row this metric did not measure
-            values = [None if result is None else result.value for result in results]
-            warn = [None if result is None else result.warn_threshold for result in results]
-            fail = [None if result is None else result.fail_threshold for result in results]
-            comparisons = [None if result is None else result.comparison for result in results]
-            verdicts = [
-                None if result is None or result.fail_threshold is None else result.verdict for result in results
-            ]
+        values, metric_verdicts, warn, fail, higher = columns
+        directions = set(higher)
+        if len(directions) == 1 and None not in directions:  # every row measured, one direction
+            comparisons: list[str | None] = [("<" if directions.pop() else ">")] * len(values)
         else:
-            measured = cast("list[MetricResult]", results)  # every row measured by this metric
-            values, warn, fail = (list(map(read, measured)) for read in (_VALUE, _WARN, _FAIL))
-            higher = set(map(_HIGHER, measured))
-            comparisons = (
-                [("<" if higher.pop() else ">")] * len(measured)
-                if len(higher) == 1
-                else [result.comparison for result in measured]
-            )
-            limits = set(map(type, fail))
-            if limits == _NOTHING:  # a metric without thresholds gives no verdict
-                verdicts = [None] * len(measured)
-            elif _NONE in limits:
-                verdicts = [None if limit is None else result.verdict for result, limit in zip(measured, fail)]
-            else:
-                verdicts = list(map(_VERDICT, measured))
+            comparisons = [None if up is None else ("<" if up else ">") for up in higher]
+        limits = set(map(type, fail))
+        if limits == _NOTHING:  # a metric without thresholds (or measured nowhere) gives no verdict
+            verdicts: list[str | None] = [None] * len(values)
+        elif _NONE in limits:
+            verdicts = [None if limit is None else verdict for verdict, limit in zip(metric_verdicts, fail)]
+        else:
+            verdicts = metric_verdicts
         return _json_numbers(values), _json_numbers(warn), _json_numbers(fail), verdicts, comparisons
 
     def _shape_texts(self, shapes: list[tuple[int, ...]]) -> list[str]:
