@@ -112,3 +112,33 @@ def test_this_process_measures_beside_the_workers_with_the_same_digits(
     for one, three in zip(in_process.rows, beside.rows, strict=True):
         assert one.verdict == three.verdict
         assert {k: v.value for k, v in one.metrics.items()} == {k: v.value for k, v in three.metrics.items()}
+
+
+def test_measurements_handed_on_as_they_arrive_are_not_kept(
+    make_llmcheck_dump, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A compare makes each row as its measurement arrives: the 10^5 measurements are never all held."""
+    from llmcheck.core.compare import compare_dumps
+    from llmcheck.core.plugins import get_plugins
+
+    golden_dump, my_dump = _dumps_a_thousandth_apart(make_llmcheck_dump, tmp_path, 8, (32, 32))
+    runs = [get_plugins().load_tensors(path) for path in (golden_dump, my_dump)]
+    monkeypatch.setattr(metric_engine, "PARALLEL_MIN_BYTES", 0)
+    kept: list[bool] = []
+    measure_pairs = metric_engine.measure_pairs
+
+    def measure(*args, keep=True, **options):
+        kept.append(keep)
+        handed: list[int] = []
+        on_measured = options.pop("on_measured")
+        found = measure_pairs(
+            *args, keep=keep, on_measured=lambda m: handed.append(m.index) or on_measured(m), **options
+        )
+        assert found == {} and sorted(handed) == list(range(len(runs[0].records)))
+        return found
+
+    monkeypatch.setattr(metric_engine, "measure_pairs", measure)
+    for workers in (1, 2):
+        result = compare_dumps(*runs, workers=workers)
+        assert [row.verdict for row in result.rows] == ["fail"] * len(runs[0].records)
+    assert kept == [False, False]

@@ -402,26 +402,23 @@ def compare_dumps(
         run_dtype([record.dtype for record in golden.records]),
         run_dtype([record.dtype for record in my.records]),
     )
-    measurements, problems, bytes_read = _measure(
-        pairing, specs, run_dtypes, workers, executor, on_pairs_known, on_measured, pool
-    )
     run_classes = (run_precision([record.dtype for record in dump.records]) for dump in (golden, my))
     run_floor = least_precise([name for name in run_classes if name])
     table = TableJudge(judging_specs(specs, metric_names), threshold_overrides)
-    rows = [
-        _row(
-            index,
-            pair,
-            specs,
-            problems.get(index),
-            measurements.pop(index, None),  # freed as its row is made: the two never all live at once
-            threshold_overrides,
-            run_floor,
-            table,
-            run_dtypes,
-        )
-        for index, pair in enumerate(pairing.pairs)
-    ]
+    made: list[ComparisonRow | None] = [None] * len(pairing.pairs)
+
+    def row_of(index: int, problem: str | None, measurement: Any) -> ComparisonRow:
+        pair = pairing.pairs[index]
+        return _row(index, pair, specs, problem, measurement, threshold_overrides, run_floor, table, run_dtypes)
+
+    def measured(index: int, measurement: Any) -> None:  # the row is made as the measurement arrives
+        made[index] = row_of(index, None, measurement)
+
+    problems, bytes_read = _measure(
+        pairing, specs, run_dtypes, workers, executor, on_pairs_known, on_measured, pool, measured
+    )
+    rows = [row or row_of(index, problems.get(index), None) for index, row in enumerate(made)]
+    made.clear()  # the rows live in one list, which the judging replaces
     measure_spec = error_measure_spec(specs)
     measure = ErrorMeasure(measure_spec.name, DECIDING_STAT) if measure_spec is not None else None
     twin = _noise_twin(golden, my, noise, measure, workers) if noise is not None and measure is not None else None
@@ -449,16 +446,21 @@ def _measure(
     executor: PairExecutor | None,
     on_pairs_known: Callable[[int, int], None] | None,
     on_measured: Callable[[int], None] | None,
-    pool: WorkerPool | None = None,
-) -> tuple[dict[int, Any], dict[int, str], int]:
-    """Return every pair's measurement by index, why each pair that was not measured was not, and the bytes read.
+    pool: WorkerPool | None,
+    measured: Callable[[int, Any], None],
+) -> tuple[dict[int, str], int]:
+    """Measure every pair, handing each measurement to ``measured(index, measurement)`` as it arrives.
 
-    The jobs (one per distinct pair of byte ranges) live only here, not through the judging.
+    Return why each pair that was not measured was not, and the tensor bytes read. A pair
+    over the same bytes as an earlier one is handed that pair's measurement. Nothing keeps
+    the measurements here: the caller makes each one's row (a third of a measurement's
+    memory) as it arrives, so 10^5 of them are never held at once, and the rows cost no
+    time after the last one. The jobs (one per distinct pair of byte ranges) live only here.
     """
     from llmcheck.core.metric_engine import PairJob, build_job, measure_pairs
 
     jobs: dict[tuple[Any, ...], PairJob] = {}
-    same_data_as: dict[int, int] = {}
+    same_data: dict[int, list[int]] = {}  # a measured pair's index -> the later pairs over its bytes
     problems: dict[int, str] = {}
     for index, pair in enumerate(pairing.pairs):
         assert pair.golden is not None and pair.my is not None
@@ -482,27 +484,34 @@ def _measure(
         if first is None:
             jobs[identity] = job
         else:
-            same_data_as[index] = first.index
+            same_data.setdefault(first.index, []).append(index)
             jobs[identity] = dataclasses.replace(
                 first,
                 golden_needs_stats=first.golden_needs_stats or job.golden_needs_stats,
                 my_needs_stats=first.my_needs_stats or job.my_needs_stats,
             )
     unique_jobs = sorted(jobs.values(), key=lambda job: job.index)
+    jobs.clear()  # its keys, a tuple and a path per pair, are not held through the measuring
     if on_pairs_known is not None:
         on_pairs_known(len(unique_jobs), sum(job.nbytes for job in unique_jobs))
-    progress = (lambda m: on_measured(m.bytes_read)) if on_measured else None
+    bytes_read = 0
+
+    def arrived(measurement: Any) -> None:
+        nonlocal bytes_read
+        bytes_read += measurement.bytes_read
+        for index in (measurement.index, *same_data.get(measurement.index, ())):
+            measured(index, measurement)
+        if on_measured is not None:
+            on_measured(measurement.bytes_read)
+
     if executor is None:
-        measurements = measure_pairs(unique_jobs, specs, workers=workers, on_measured=progress, pool=pool)
+        measure_pairs(unique_jobs, specs, workers=workers, on_measured=arrived, pool=pool, keep=False)
     else:
-        measurements, failures = executor(unique_jobs, specs, on_measured=progress)
+        _, failures = executor(unique_jobs, specs, on_measured=arrived)
         problems.update(failures)
-        problems.update({index: failures[first] for index, first in same_data_as.items() if first in failures})
-    bytes_read = sum(m.bytes_read for m in measurements.values())
-    for index, first_index in same_data_as.items():
-        if first_index in measurements:
-            measurements[index] = dataclasses.replace(measurements[first_index], index=index, bytes_read=0)
-    return measurements, problems, bytes_read
+        later = ((first, index) for first, indices in same_data.items() for index in indices)
+        problems.update({index: failures[first] for first, index in later if first in failures})
+    return problems, bytes_read
 
 
 def _noise_twin(golden: Dump, my: Dump, noise: Dump, measure: ErrorMeasure, workers: int | None) -> NoiseTwin:

@@ -453,11 +453,15 @@ def measure_pairs(
     chunk_values: int = DEFAULT_CHUNK_VALUES,
     on_measured: Callable[[PairMeasurement], None] | None = None,
     pool: WorkerPool | None = None,
+    keep: bool = True,
 ) -> dict[int, PairMeasurement]:
     """Return the measurement of every job by index, using worker processes when that pays off.
 
-    ``pool`` holds workers started ahead of need (:mod:`llmcheck.core.worker_pool`); they measure
-    here if they were set up with these specs, and are shut down afterwards.
+    ``on_measured`` is handed each measurement as it arrives; with ``keep=False`` that is the
+    only place it goes (the dict returned is empty), so a caller that consumes them one by one
+    never holds them all. ``pool`` holds workers started ahead of need
+    (:mod:`llmcheck.core.worker_pool`); they measure here if they were set up with these
+    specs, and are shut down afterwards.
     """
     workers = workers or default_workers()
     remote = [job for job in jobs if job.crosses_processes]
@@ -474,7 +478,8 @@ def measure_pairs(
     results: dict[int, PairMeasurement] = {}
 
     def done(measurement: PairMeasurement) -> None:
-        results[measurement.index] = measurement
+        if keep:
+            results[measurement.index] = measurement
         if on_measured is not None:
             on_measured(measurement)
 
@@ -568,6 +573,9 @@ def _measure_in_workers(
             if queue:  # this process's share: the last batch not yet handed out
                 for measurement in measure_jobs(queue.pop(), specs, workspace, chunk_values):
                     done(measurement)
+                if not queue:  # its read windows are not held while the workers finish: the compare's peak
+                    workspace.release()
+                    return_free_memory()
                 finished = {future for future in pending if future.done()}
             else:
                 finished, _ = wait(pending, return_when=FIRST_COMPLETED)

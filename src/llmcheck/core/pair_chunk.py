@@ -71,6 +71,10 @@ class Workspace:
         self.capacity = capacity
         self._buffers: dict[str, np.ndarray] = {}
 
+    def release(self) -> None:
+        """Free every buffer (a later :meth:`buffer` call allocates again)."""
+        self._buffers.clear()
+
     def buffer(self, name: str, size: int, dtype: Any = np.float64) -> np.ndarray:
         """Return the first ``size`` elements of the named buffer (grown if a chunk is larger)."""
         dtype = np.dtype(dtype)
