@@ -366,7 +366,10 @@ def _measure_batch(packed_jobs: PackedJobs) -> PackedMeasurements:
     chunk_values: int = _worker_state["chunk_values"]  # type: ignore[assignment]
     with paused_cyclic_gc():
         measurements, rows = _measure_jobs_as_rows(unpack_jobs(packed_jobs), specs, workspace, chunk_values)
-        return pack_measurements(measurements, [spec.name for spec in specs], rows)
+        packed = pack_measurements(measurements, [spec.name for spec in specs], rows)
+    del measurements, rows
+    return_free_memory()  # the batch's objects and temporaries: the worker holds only its workspace between batches
+    return packed
 
 
 def measure_jobs(
