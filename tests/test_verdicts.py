@@ -80,14 +80,17 @@ def test_a_rows_metrics_read_as_the_dict_of_results_they_stand_for() -> None:
             assert metrics[name] == result and metric_value(metrics, name) == result.value
     # rows judged alike share a layout and, when their verdicts agree, one verdict tuple
     assert rows[0]._layout is rows[2]._layout and rows[0]._verdicts is rows[2]._verdicts
-    # columns across rows of two layouts, a plain dict and a row without metrics: as the results read
+    # columns as the results read: rows of one layout; of two classes' layouts naming the same
+    # metrics; of two layouts naming different ones, with a plain dict and a row without metrics
+    bf16 = judge.judge(full, "model.layers.1.mlp", "bf16")[0]
     plain = {"rmse": MetricResult("rmse", 2.0, VERDICT_WARN, 1.0, 3.0)}
-    mixed = [*rows, plain, {}]
-    for name in ("cosine_similarity", "rmse", "no_such_metric"):
-        results = [metrics.get(name) for metrics in mixed]
-        assert metric_columns(mixed, name) == tuple(
-            [None if result is None else getattr(result, field) for result in results]
-            for field in ("value", "verdict", "warn_threshold", "fail_threshold", "higher_is_better")
-        )
-        assert [metric_value(metrics, name) for metrics in mixed] == metric_columns(mixed, name)[0]
-    assert metric_columns([], "rmse") == ([], [], [], [], [])
+    for block in ([rows[0], rows[2]], [rows[0], bf16, rows[2]], [*rows, plain, {}]):
+        names = ("cosine_similarity", "rmse", "no_such_metric")
+        for name, columns in zip(names, metric_columns(block, names), strict=True):
+            results = [metrics.get(name) for metrics in block]
+            assert columns == tuple(
+                [None if result is None else getattr(result, field) for result in results]
+                for field in ("value", "verdict", "warn_threshold", "fail_threshold", "higher_is_better")
+            )
+            assert [metric_value(metrics, name) for metrics in block] == columns[0]
+    assert metric_columns([], ["rmse"]) == [([], [], [], [], [])]

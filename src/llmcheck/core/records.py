@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import MISSING, dataclass, field, fields, replace
 from enum import IntEnum
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast
 
 if TYPE_CHECKING:  # pragma: no cover
     import numpy as np
@@ -734,36 +734,60 @@ def metric_value(metrics: Mapping[str, MetricResult], name: str) -> float | None
     return None if result is None else result.value
 
 
+def _alike_layouts(rows_metrics: Sequence[Mapping[str, MetricResult]]) -> set[MetricLayout] | None:
+    """Return the layouts of the rows' metrics when all are :class:`JudgedMetrics` over layouts naming the same metrics in the same order.
+
+    The usual case for a block of rows: one layout per dtype class, all of one compare's metrics.
+    """
+    if not rows_metrics or any(type(metrics) is not JudgedMetrics for metrics in rows_metrics):
+        return None
+    layouts = {metrics._layout for metrics in cast("Sequence[JudgedMetrics]", rows_metrics)}
+    names = next(iter(layouts)).names
+    return layouts if all(layout.names == names for layout in layouts) else None
+
+
 #: One metric across rows (:func:`metric_columns`): values, verdicts, warn and fail thresholds, directions.
 MetricColumns = tuple[list[float | None], list[str | None], list[float | None], list[float | None], list[bool | None]]
 
 
-def metric_columns(rows_metrics: Sequence[Mapping[str, MetricResult]], name: str) -> MetricColumns:
-    """Return one metric's fields across the rows' ``metrics`` (None where a row lacks it), without making results.
+def metric_columns(rows_metrics: Sequence[Mapping[str, MetricResult]], names: Sequence[str]) -> list[MetricColumns]:
+    """Return each named metric's fields across the rows' ``metrics`` (None where a row lacks it), making no results.
 
     A report reads every metric of every row: 10**6 :class:`MetricResult` made only to be read.
     """
+    layouts = _alike_layouts(rows_metrics)
+    if layouts is None:
+        return [_mixed_metric_columns(rows_metrics, name) for name in names]
+    # the usual case: each metric has the same place in every row
+    judged = cast("Sequence[JudgedMetrics]", rows_metrics)
+    count = len(judged)
+    row_layouts = [next(iter(layouts))] * count if len(layouts) == 1 else [metrics._layout for metrics in judged]
+    columns: list[MetricColumns] = []
+    for name in names:
+        position = row_layouts[0].positions.get(name) if count else None
+        if position is None:
+            columns.append(([None] * count, [None] * count, [None] * count, [None] * count, [None] * count))
+            continue
+        values: list[float | None] = [metrics._values[position] for metrics in judged]
+        verdicts: list[str | None] = [metrics._verdicts[position] for metrics in judged]
+        if len(layouts) == 1:
+            layout = row_layouts[0]
+            warn: list[float | None] = [layout.warn[position]] * count
+            fail: list[float | None] = [layout.fail[position]] * count
+            higher: list[bool | None] = [layout.higher_is_better[position]] * count
+        else:
+            warn = [layout.warn[position] for layout in row_layouts]
+            fail = [layout.fail[position] for layout in row_layouts]
+            higher = [layout.higher_is_better[position] for layout in row_layouts]
+        columns.append((values, verdicts, warn, fail, higher))
+    return columns
+
+
+def _mixed_metric_columns(rows_metrics: Sequence[Mapping[str, MetricResult]], name: str) -> MetricColumns:
+    """Return :func:`metric_columns` of one metric for rows not all alike (plain dicts among them)."""
     absent = (None, None, None, None, None)
     fields_per_row: list[tuple[Any, ...]] = []
-    positions: dict[int, int | None] = {}  # a layout's id -> the metric's place in it
     for metrics in rows_metrics:
-        if type(metrics) is JudgedMetrics:
-            layout = metrics._layout
-            position = positions.get(id(layout), -1)
-            if position == -1:
-                position = positions[id(layout)] = layout.positions.get(name)
-            fields_per_row.append(
-                absent
-                if position is None
-                else (
-                    metrics._values[position],
-                    metrics._verdicts[position],
-                    layout.warn[position],
-                    layout.fail[position],
-                    layout.higher_is_better[position],
-                )
-            )
-            continue
         result = metrics.get(name)
         fields_per_row.append(
             absent
@@ -772,8 +796,8 @@ def metric_columns(rows_metrics: Sequence[Mapping[str, MetricResult]], name: str
         )
     if not fields_per_row:
         return [], [], [], [], []
-    values, verdicts, warn, fail, higher = map(list, zip(*fields_per_row))
-    return values, verdicts, warn, fail, higher
+    columns = [list(column) for column in zip(*fields_per_row)]
+    return columns[0], columns[1], columns[2], columns[3], columns[4]
 
 
 @dataclass(frozen=True, slots=True)

@@ -177,7 +177,7 @@ class _Rows:
             evidence,
         ) = ([*map(read, rows)] for read in _ROW_FIELDS)
         metrics = list(map(_METRICS, rows))
-        by_metric = [self._metric_column(metric_columns(metrics, name)) for name in self.metric_names]
+        by_metric = [self._metric_column(columns) for columns in metric_columns(metrics, self.metric_names)]
         if by_metric:  # each of the five fields: the metrics' columns turned into one tuple per row
             values, warn, fail, metric_verdicts, comparisons = ([*zip(*field)] for field in zip(*by_metric))
         else:
