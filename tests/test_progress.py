@@ -141,3 +141,28 @@ def test_compare_logs_progress_lines_when_its_output_is_piped(
         if (match := re.fullmatch(r"comparing: (\d+)% \([\d.]+ of [\d.]+ GB, [\d.]+ GB/s\)", record.getMessage()))
     ]
     assert percents[0] == 0 and percents[-1] == 100 and percents == sorted(set(percents)) and len(percents) >= 5
+
+
+def test_a_large_compare_says_when_it_judges_and_writes_its_reports(
+    tiny_llama, tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After the last byte is measured, a 10^5-row compare judges and writes for a while: the log says so."""
+    from llmcheck.core import compare
+    from llmcheck.core.cli import main
+
+    golden = capture_run(tiny_llama, PROMPT, tmp_path / "golden")
+    arguments = ["compare", "-gp", str(golden), "-mp", str(golden), "-j", "1"]
+    with caplog.at_level(logging.INFO, logger="llmcheck"):
+        assert main([*arguments, "-o", str(tmp_path / "small")]) == 0
+        small = [record.getMessage() for record in caplog.records]
+        caplog.clear()
+        monkeypatch.setattr(compare, "PROGRESS_ROWS", 1)  # this compare's rows count as many
+        assert main([*arguments, "-o", str(tmp_path / "large")]) == 0
+        large = [record.getMessage() for record in caplog.records]
+    assert not any(message.startswith(("judging", "writing the reports")) for message in small)
+    rows = len((tmp_path / "large" / "cmp_report.csv").read_text().splitlines()) - 1
+    last = max(index for index, message in enumerate(large) if message.startswith("comparing: 100%"))
+    assert large[last + 1 : last + 3] == [
+        f"judging {rows} rows against their feeders and repeats",
+        f"writing the reports of {rows} rows",
+    ]

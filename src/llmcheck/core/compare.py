@@ -14,8 +14,8 @@ import dataclasses
 import functools
 import logging
 import time
-from collections.abc import Callable, Sequence
-from contextlib import nullcontext
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -374,6 +374,7 @@ def compare_dumps(
     on_measured: Callable[[int], None] | None = None,
     executor: PairExecutor | None = None,
     pool: WorkerPool | None = None,
+    on_judging: Callable[[int], None] | None = None,
 ) -> CompareResult:
     """Return the comparison of two loaded dumps: pairs, a judged row per pair, attribution.
 
@@ -387,8 +388,8 @@ def compare_dumps(
     ``workers`` processes (default: one per CPU) measure large compares: this one and
     ``workers - 1`` workers started with ``spawn``, so a script calling this needs the usual
     ``if __name__ == "__main__":`` guard (or ``workers=1``). ``on_pairs_known(pairs,
-    tensor_bytes)`` is called once the work is known and ``on_measured(tensor_bytes)`` after
-    each pair, for a progress bar. ``executor`` measures the pairs elsewhere instead (a Ray
+    tensor_bytes)`` is called once the work is known, ``on_measured(tensor_bytes)`` after
+    each pair and ``on_judging(rows)`` when the last is measured, for a progress bar. ``executor`` measures the pairs elsewhere instead (a Ray
     cluster, :class:`llmcheck.core.ray_executor.RayExecutor`); a pair it could not measure
     becomes an ``error`` row with its reason. ``pool`` holds worker processes started ahead of
     need (:func:`llmcheck.core.worker_pool.early_pool`), used if they measure with these metrics.
@@ -418,6 +419,8 @@ def compare_dumps(
         pairing, specs, run_dtypes, workers, executor, on_pairs_known, on_measured, pool, measured
     )
     rows = [row or row_of(index, problems.get(index), None) for index, row in enumerate(made)]
+    if on_judging is not None:
+        on_judging(len(rows))
     made.clear()  # the rows live in one list, which the judging replaces
     measure_spec = error_measure_spec(specs)
     measure = ErrorMeasure(measure_spec.name, DECIDING_STAT) if measure_spec is not None else None
@@ -680,7 +683,7 @@ def compare_command(
             executor=pair_executor,
             pool=pool,
         )
-    with reports_written_into(output_dir):
+    with reports_written_into(output_dir), _writing_reports(console, len(result.rows)):
         written = write_reports(result, output_dir, report_names)
     print_summary(result, console, written)
     if not result.rows:
@@ -712,6 +715,23 @@ def _executor(name: str, ray_address: str | None) -> PairExecutor | None:
     return None
 
 
+#: From this many rows on, judging and writing the reports take a second or more: the CLI says it is doing them.
+PROGRESS_ROWS = 10_000
+
+
+@contextmanager
+def _writing_reports(console: Any, rows: int) -> Iterator[None]:
+    """Show that the reports are being written (a spinner on a terminal, a log line in a pipe), for a large compare."""
+    if rows < PROGRESS_ROWS:
+        yield
+    elif console.is_terminal:
+        with console.status(f"writing the reports of {rows} rows"):
+            yield
+    else:
+        log.info("writing the reports of %d rows", rows)
+        yield
+
+
 def compare_with_progress(
     golden: Dump, my: Dump, *, console: Any, progress_interval_s: float = 2.0, **options: Any
 ) -> CompareResult:
@@ -722,15 +742,21 @@ def compare_with_progress(
 
     if not console.is_terminal:  # a CI log or a pipe: a bar would draw nothing there
         lines = ProgressLog("comparing", log, min_interval_s=progress_interval_s)
+
+        def judging_line(rows: int) -> None:
+            if rows >= PROGRESS_ROWS:
+                log.info("judging %d rows against their feeders and repeats", rows)
+
         return compare_dumps(
             golden,
             my,
             on_pairs_known=lambda pairs, tensor_bytes: lines.start(tensor_bytes),
             on_measured=lines.advance,
+            on_judging=judging_line,
             **options,
         )
     with Progress(
-        TextColumn("comparing"),
+        TextColumn("{task.description}"),
         BarColumn(),
         DownloadColumn(binary_units=False),
         TransferSpeedColumn(),
@@ -738,7 +764,7 @@ def compare_with_progress(
         console=console,
         transient=True,
     ) as progress:
-        task = progress.add_task("compare", total=None)
+        task = progress.add_task("comparing", total=None)
 
         def known(pairs: int, tensor_bytes: int) -> None:
             progress.update(task, total=tensor_bytes)
@@ -746,4 +772,7 @@ def compare_with_progress(
         def measured(tensor_bytes: int) -> None:
             progress.advance(task, tensor_bytes)
 
-        return compare_dumps(golden, my, on_pairs_known=known, on_measured=measured, **options)
+        def judging(rows: int) -> None:
+            progress.update(task, description=f"judging {rows} rows")
+
+        return compare_dumps(golden, my, on_pairs_known=known, on_measured=measured, on_judging=judging, **options)
