@@ -478,3 +478,25 @@ def test_int64_values_that_differ_only_above_two_to_the_53_fail_exactly(make_llm
     rows = {row.golden.key.name: row for row in _compare(golden, my).rows}
     assert rows["ids"].verdict == "fail" and rows["ids"].metrics["max_absolute_error"].value == 1.0
     assert rows["same"].verdict == "pass" and rows["same"].metrics["max_absolute_error"].value == 0.0
+
+
+def test_an_executor_that_only_returns_its_measurements_gives_the_rows_of_local_measuring(
+    tiny_llama, golden_dump: Path, tmp_path: Path
+) -> None:
+    """A third-party executor may return the measurements without handing each to ``on_measured``."""
+    from llmcheck.core.metric_engine import measure_jobs
+    from llmcheck.core.pair_chunk import Workspace
+
+    def returning_executor(jobs, specs, on_measured):  # never calls on_measured
+        measured = measure_jobs(jobs, specs, Workspace(1 << 16))
+        return {measurement.index: measurement for measurement in measured}, {}
+
+    with scaled_weight(tiny_llama, "model.layers.1.mlp.up_proj", 1.1):
+        my_dump = capture_run(tiny_llama, INPUT_IDS, tmp_path / "my")
+    golden, my = _load(golden_dump), _load(my_dump)
+    local = compare_dumps(golden, my, workers=1)
+    elsewhere = compare_dumps(golden, my, executor=returning_executor)
+    assert [(row.verdict, row.deciding_metric, dict(row.metrics)) for row in elsewhere.rows] == [
+        (row.verdict, row.deciding_metric, dict(row.metrics)) for row in local.rows
+    ]
+    assert elsewhere.tensor_bytes_read == local.tensor_bytes_read

@@ -389,7 +389,8 @@ def compare_dumps(
     ``workers - 1`` workers started with ``spawn``, so a script calling this needs the usual
     ``if __name__ == "__main__":`` guard (or ``workers=1``). ``on_pairs_known(pairs,
     tensor_bytes)`` is called once the work is known, ``on_measured(tensor_bytes)`` after
-    each pair and ``on_judging(rows)`` when the last is measured, for a progress bar. ``executor`` measures the pairs elsewhere instead (a Ray
+    each pair and ``on_judging(rows)`` when the last is measured, for a progress bar.
+    ``executor`` measures the pairs elsewhere instead (a Ray
     cluster, :class:`llmcheck.core.ray_executor.RayExecutor`); a pair it could not measure
     becomes an ``error`` row with its reason. ``pool`` holds worker processes started ahead of
     need (:func:`llmcheck.core.worker_pool.early_pool`), used if they measure with these metrics.
@@ -510,7 +511,16 @@ def _measure(
     if executor is None:
         measure_pairs(unique_jobs, specs, workers=workers, on_measured=arrived, pool=pool, keep=False)
     else:
-        _, failures = executor(unique_jobs, specs, on_measured=arrived)
+        handed: set[int] = set()
+
+        def handed_on(measurement: Any) -> None:
+            handed.add(measurement.index)
+            arrived(measurement)
+
+        found, failures = executor(unique_jobs, specs, on_measured=handed_on)
+        for measurement in found.values():  # an executor that returned some without handing them on
+            if measurement.index not in handed:
+                arrived(measurement)
         problems.update(failures)
         later = ((first, index) for first, indices in same_data.items() for index in indices)
         problems.update({index: failures[first] for first, index in later if first in failures})
