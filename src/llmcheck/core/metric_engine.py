@@ -367,8 +367,9 @@ def _measure_batch(packed_jobs: PackedJobs) -> PackedMeasurements:
     with paused_cyclic_gc():
         measurements, rows = _measure_jobs_as_rows(unpack_jobs(packed_jobs), specs, workspace, chunk_values)
         packed = pack_measurements(measurements, [spec.name for spec in specs], rows)
-    del measurements, rows
-    return_free_memory()  # the batch's objects and temporaries: the worker holds only its workspace between batches
+    if len(rows):  # a batch of many small pairs: its objects' freed memory, kept by the heap, goes back
+        del measurements, rows
+        return_free_memory()  # a few ms, which a batch of large tensors (few objects) would pay for nothing
     return packed
 
 
