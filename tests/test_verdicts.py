@@ -59,7 +59,7 @@ def test_judged_results_equal_constructed_ones_field_for_field() -> None:
 def test_a_rows_metrics_read_as_the_dict_of_results_they_stand_for() -> None:
     import pickle
 
-    from llmcheck.core.records import JudgedMetrics, metric_columns, metric_value
+    from llmcheck.core.records import JudgedMetrics, metric_columns, metric_value, metric_values
 
     specs = list(get_plugins().metrics().values())
     judge = TableJudge(specs)
@@ -93,4 +93,5 @@ def test_a_rows_metrics_read_as_the_dict_of_results_they_stand_for() -> None:
                 for field in ("value", "verdict", "warn_threshold", "fail_threshold", "higher_is_better")
             )
             assert [metric_value(metrics, name) for metrics in block] == columns[0]
-    assert metric_columns([], ["rmse"]) == [([], [], [], [], [])]
+        assert metric_values(block, names) == [columns[0] for columns in metric_columns(block, names)]
+    assert metric_columns([], ["rmse"]) == [([], [], [], [], [])] and metric_values([], ["rmse"]) == [[]]

@@ -10,7 +10,8 @@ What is here, by the question a plugin author asks:
   :class:`Pair` and :class:`PairPriority`, :class:`UserMapping`, :class:`SourceInfo`,
   :class:`CaptureBackend` / :class:`CaptureRequest`, :class:`MetricSpec` /
   :class:`MetricAccumulator` / :class:`MetricResult` (a row's metrics: :class:`JudgedMetrics`,
-  read without making results by :func:`metric_value` and :func:`metric_columns`), :class:`OpReference`; the constants
+  read without making results by :func:`metric_value`, :func:`metric_values` and
+  :func:`metric_columns`), :class:`OpReference`; the constants
   of a record key (``IO_*``, ``MOMENT_*``, :data:`ALL_RANKS`), dtype names and classes, the
   attrs compare reads of parameters (:data:`PARAMETER_ATTR`, :data:`PARAMETER_DIGESTS_ATTR`),
   and the module-tree naming convention (:data:`ROOT_MODULE`, :func:`module_parent`, ...).
@@ -114,6 +115,7 @@ from llmcheck.core.records import (
     merge_rank_dumps,
     metric_columns,
     metric_value,
+    metric_values,
     module_ancestors,
     module_parent,
     op_record_module,
@@ -212,6 +214,7 @@ __all__ = [  # noqa: RUF022 -- grouped by the question a plugin author asks, not
     "merge_rank_dumps",
     "metric_value",
     "metric_columns",
+    "metric_values",
     # module-tree record names
     "ROOT_MODULE",
     "MODULE_SEPARATOR",

@@ -783,6 +783,21 @@ def metric_columns(rows_metrics: Sequence[Mapping[str, MetricResult]], names: Se
     return columns
 
 
+def metric_values(rows_metrics: Sequence[Mapping[str, MetricResult]], names: Sequence[str]) -> list[list[float | None]]:
+    """Return each named metric's values across the rows' ``metrics`` (None where a row lacks it): :func:`metric_columns`' first field, alone."""
+    layouts = _alike_layouts(rows_metrics)
+    if layouts is None:
+        return [[metric_value(metrics, name) for metrics in rows_metrics] for name in names]
+    judged = cast("Sequence[JudgedMetrics]", rows_metrics)
+    positions = next(iter(layouts)).positions
+    return [
+        [None] * len(judged)
+        if (position := positions.get(name)) is None
+        else [metrics._values[position] for metrics in judged]
+        for name in names
+    ]
+
+
 def _mixed_metric_columns(rows_metrics: Sequence[Mapping[str, MetricResult]], name: str) -> MetricColumns:
     """Return :func:`metric_columns` of one metric for rows not all alike (plain dicts among them)."""
     absent = (None, None, None, None, None)

@@ -15,7 +15,7 @@ from operator import attrgetter, itemgetter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from llmcheck.plugin_api import ComparisonRow, TensorStats, atomic_output, describe, metric_columns
+from llmcheck.plugin_api import ComparisonRow, TensorStats, atomic_output, describe, metric_values
 from llmcheck.plugins.reports.number_texts import repr_texts
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -302,12 +302,12 @@ class _Columns:
         numbers = [
             *(list(map(read, golden_stats)) for read in _STATS),
             *(list(map(read, my_stats)) for read in _STATS),
-            *(columns[0] for columns in metric_columns(metrics, _FIXED_METRICS)),
+            *metric_values(metrics, _FIXED_METRICS),
             *(list(map(read, deciding)) for read in _DECIDING),
             *(list(map(read, golden_stats)) for read in _COUNTS),
             *(list(map(read, my_stats)) for read in _COUNTS),
             *(list(map(read, rows)) for read in _ROW_NUMBERS),
-            *(columns[0] for columns in metric_columns(metrics, self.extra_columns)),
+            *metric_values(metrics, self.extra_columns),
         ]
         return repr_texts(numbers, _number_field)
 
