@@ -367,8 +367,9 @@ def _measure_batch(packed_jobs: PackedJobs) -> PackedMeasurements:
     with paused_cyclic_gc():
         measurements, rows = _measure_jobs_as_rows(unpack_jobs(packed_jobs), specs, workspace, chunk_values)
         packed = pack_measurements(measurements, [spec.name for spec in specs], rows)
-    if len(rows):  # a batch of many small pairs: its objects' freed memory, kept by the heap, goes back
-        del measurements, rows
+    many_objects = len(rows) > 0  # small pairs measured by block: their freed memory, kept by the heap, goes back
+    del measurements, rows
+    if many_objects:
         return_free_memory()  # a few ms, which a batch of large tensors (few objects) would pay for nothing
     return packed
 
@@ -544,7 +545,8 @@ def _measure_in_workers(
 
     queue = collections.deque(_batches(jobs, workers))
     if started is None:
-        executor = start_executor(spawned_workers(min(workers, len(queue))), specs, chunk_values)
+        workers = min(workers, len(queue))
+        executor = start_executor(spawned_workers(workers), specs, chunk_values)
     else:
         executor, workers = started
     spawned = spawned_workers(workers)

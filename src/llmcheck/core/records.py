@@ -764,7 +764,7 @@ def metric_columns(rows_metrics: Sequence[Mapping[str, MetricResult]], names: Se
     row_layouts = [next(iter(layouts))] * count if len(layouts) == 1 else [metrics._layout for metrics in judged]
     columns: list[MetricColumns] = []
     for name in names:
-        position = row_layouts[0].positions.get(name) if count else None
+        position = row_layouts[0].positions.get(name)
         if position is None:
             columns.append(([None] * count, [None] * count, [None] * count, [None] * count, [None] * count))
             continue
