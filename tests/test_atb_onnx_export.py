@@ -169,3 +169,54 @@ def test_export_onnx_of_a_broken_topology_is_one_error_line(tmp_path, capsys):
     other.write_text('{"hello": 1}')
     assert main(["export", "onnx", str(other)]) == 1
     assert "no plugin recognises this topology file" in capsys.readouterr().err
+
+
+LAYER = DATA / "msit_dump_20240131_120000" / "layer" / "4242" / "Decoder_layer_0.json"
+
+
+def test_export_onnx_keeps_a_file_that_is_not_an_onnx_model_and_says_what_it_holds(tmp_path, capsys):
+    notes = tmp_path / "precious.onnx"
+    notes.write_text("my notes, not an onnx model\n")
+    assert main(["export", "onnx", str(LAYER), "-o", str(notes)]) == 2
+    captured = capsys.readouterr()
+    assert captured.err.strip() == (
+        f"llmcheck: error: {notes}: exists and holds text (28 bytes, starting 'my notes, not an onnx model'), "
+        "not an ONNX model; it is kept (pass another path with -o, or move the file away)"
+    )
+    assert notes.read_text() == "my notes, not an onnx model\n" and "wrote" not in captured.out
+    data = tmp_path / "weights.onnx"
+    data.write_bytes(bytes(range(256)) * 4)
+    assert main(["export", "onnx", str(LAYER), "-o", str(data)]) == 2
+    assert f"{data}: exists and holds 1024 bytes of data, not an ONNX model; it is kept" in capsys.readouterr().err
+    assert data.read_bytes() == bytes(range(256)) * 4
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["precious.onnx", "weights.onnx"]  # no leftovers
+
+
+def test_export_onnx_keeps_a_non_model_at_the_default_path_beside_the_topology(tmp_path, capsys):
+    topology = tmp_path / "Decoder_layer_0.json"
+    shutil.copy(LAYER, topology)
+    beside = tmp_path / "Decoder_layer_0.onnx"
+    beside.write_text("hand-drawn graph notes\n")
+    assert main(["export", "onnx", str(topology)]) == 2
+    assert capsys.readouterr().err.startswith(f"llmcheck: error: {beside}: exists and holds text")
+    assert beside.read_text() == "hand-drawn graph notes\n"
+
+
+def test_export_onnx_replacing_an_earlier_export_says_so(tmp_path, capsys, caplog):
+    out = tmp_path / "layer.onnx"
+    assert main(["export", "onnx", str(LAYER), "--level", "0", "-o", str(out)]) == 0
+    assert "replacing" not in caplog.text  # a new file: nothing to say
+    assert len(onnx.load(out).graph.node) == 1
+    assert main(["export", "onnx", str(LAYER), "-o", str(out)]) == 0
+    (notice,) = [record for record in caplog.records if "replacing" in record.getMessage()]
+    assert notice.levelname == "WARNING" and notice.getMessage() == f"{out}: replacing the previous ONNX model"
+    assert f"llmcheck: wrote {out}" in capsys.readouterr().out
+    assert len(onnx.load(out).graph.node) == 2  # the new export, every leaf
+
+
+def test_export_onnx_of_a_folder_says_it_is_one_and_names_the_topology_file_in_it(capsys):
+    dump = DATA / "msit_dump_20240131_120000"
+    assert main(["export", "onnx", str(dump)]) == 1
+    assert capsys.readouterr().err.strip() == (
+        f"llmcheck: error: {dump}: is a folder, not a topology file (give its topology file {LAYER})"
+    )

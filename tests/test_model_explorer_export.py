@@ -8,6 +8,7 @@ server test starts the real Model Explorer (when installed) and loads it in head
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import shutil
@@ -108,9 +109,11 @@ def test_bad_inputs_are_one_clean_error_line(tmp_path: Path, capsys: pytest.Capt
         "(give the folder `llmcheck compare -o` wrote)"
     )
     (tmp_path / "summary.json").write_text(
-        json.dumps({"format": "llmcheck-compare-summary", "golden": {"path": str(tmp_path / "dump")}})
+        json.dumps(
+            {"format": "llmcheck-compare-summary", "golden": {"path": str(tmp_path / "dump")}, "counts": {"pairs": 1}}
+        )
     )
-    (tmp_path / "cmp_report.csv").write_text("name,io,verdict\nlm_head,output,pass\n")
+    (tmp_path / "cmp_report.csv").write_text("name,io,call_index,verdict\nlm_head,output,0,pass\n")
     (tmp_path / "dump").mkdir()
     no_graph = error_of(tmp_path)
     assert no_graph.startswith(f"llmcheck: error: {tmp_path / 'dump'}: no ONNX graph in the compared dumps")
@@ -118,6 +121,9 @@ def test_bad_inputs_are_one_clean_error_line(tmp_path: Path, capsys: pytest.Capt
     (tmp_path / "graph.onnx").write_text("not a model")
     assert error_of(tmp_path, "--graph", str(tmp_path / "graph.onnx")).startswith(
         f"llmcheck: error: {tmp_path / 'graph.onnx'}: cannot be read as ONNX"
+    )
+    assert error_of(tmp_path, "--graph", str(tmp_path / "absent.onnx")) == (
+        f"llmcheck: error: {tmp_path / 'absent.onnx'}: no such ONNX graph (check the --graph path)"
     )
 
 
@@ -274,3 +280,119 @@ def test_an_annotated_copy_given_as_graph_is_annotated_afresh_never_overwritten(
     node = next(node for node in onnx.load(str(tmp_path / "model.onnx")).graph.node if node.name == CULPRIT)
     keys = [prop.key for prop in node.metadata_props]
     assert keys.count("llmcheck.verdict") == 1 and node.doc_string.count("llmcheck: ") == 1
+
+
+# --- a compare folder that is damaged, or moved away from its dumps ------------------------------
+
+ATB_DUMP = Path(__file__).parent / "data" / "atb" / "msit_dump_20240131_120000"
+AGAIN = "(copy the compare folder again, or rerun `llmcheck compare`)"
+
+
+@pytest.fixture(scope="module")
+def atb_compare(tmp_path_factory) -> Path:
+    """An ATB compare run as users run it, from its folder with relative paths: ``golden``, ``my``, ``cmp``.
+
+    The my-run's LinearOperation 0_1 wrote one wrong element; the golden dump holds the topology ONNX.
+    """
+    root = tmp_path_factory.mktemp("atb_compare")
+    shutil.copytree(ATB_DUMP, root / "golden")
+    shutil.copytree(ATB_DUMP, root / "my")
+    output = root / "my/tensors/0_4242/0/0_Decoder_layer/1_LinearOperation/after/outtensor0.bin"
+    data = bytearray(output.read_bytes())
+    data[-2:] = b"\x00\x3c"
+    output.write_bytes(bytes(data))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(root)
+        assert main(["export", "onnx", "golden/layer/4242/Decoder_layer_0.json", "-l", "error"]) == 0
+        assert main(["compare", "-gp", "golden", "-mp", "my", "-o", "cmp", "-l", "error"]) == 3
+    return root / "cmp"
+
+
+def _copy_of(compare_dir: Path, target: Path) -> Path:
+    shutil.copytree(compare_dir, target, ignore=shutil.ignore_patterns("model_explorer"))
+    return target
+
+
+def _one_error_line(capsys: pytest.CaptureFixture[str], *args: str) -> str:
+    assert main(["export", "model-explorer", *args]) == 1
+    captured = capsys.readouterr()
+    assert "Traceback" not in captured.err and len(captured.err.strip().splitlines()) == 1, captured.err
+    assert "graph nodes have pairs" not in captured.out  # nothing is drawn from a damaged report
+    return captured.err.strip()
+
+
+def test_the_atb_compare_is_drawn_whole(atb_compare: Path, tmp_path: Path, capsys) -> None:
+    assert main(["export", "model-explorer", str(atb_compare), "-o", str(tmp_path / "me")]) == 0
+    assert "2 of 2 graph nodes have pairs, 1 not passing" in capsys.readouterr().out
+
+
+def test_a_report_cut_short_is_refused_naming_its_last_line(atb_compare: Path, tmp_path: Path, capsys) -> None:
+    cut = _copy_of(atb_compare, tmp_path / "cmp")
+    report = cut / "cmp_report.csv"
+    lines = report.read_bytes().splitlines(keepends=True)
+    assert len(lines) == 11  # the header and the 10 pairs summary.json counts
+    report.write_bytes(b"".join(lines[:3]) + lines[3][:40])  # an interrupted copy: line 4 stops mid-row
+    assert _one_error_line(capsys, str(cut)) == (
+        f"llmcheck: error: {report}: is cut short: line 4, its last, ends mid-row; "
+        f"it holds 2 whole rows of the 10 pairs summary.json counts {AGAIN}"
+    )
+
+
+def test_a_report_with_fewer_rows_than_the_summary_counts_is_refused(atb_compare: Path, tmp_path: Path, capsys) -> None:
+    short = _copy_of(atb_compare, tmp_path / "cmp")
+    report = short / "cmp_report.csv"
+    report.write_bytes(b"".join(report.read_bytes().splitlines(keepends=True)[:-1]))  # cut at a line end
+    assert _one_error_line(capsys, str(short)) == (
+        f"llmcheck: error: {report}: holds 9 rows, but summary.json counts 10 pairs {AGAIN}"
+    )
+
+
+def test_a_file_that_is_no_compare_report_is_refused_naming_the_missing_columns(
+    atb_compare: Path, tmp_path: Path, capsys
+) -> None:
+    garbage = _copy_of(atb_compare, tmp_path / "cmp")
+    report = garbage / "cmp_report.csv"
+    report.write_text("garbage\n")
+    assert _one_error_line(capsys, str(garbage)) == (
+        f"llmcheck: error: {report}: lacks the columns name, io, call_index, verdict: not an llmcheck "
+        "compare report (give the folder `llmcheck compare -o` wrote)"
+    )
+    report.write_text("")
+    assert _one_error_line(capsys, str(garbage)) == f"llmcheck: error: {report}: is empty {AGAIN}"
+
+
+def test_an_unknown_verdict_is_refused_naming_its_line(atb_compare: Path, tmp_path: Path, capsys) -> None:
+    edited = _copy_of(atb_compare, tmp_path / "cmp")
+    report = edited / "cmp_report.csv"
+    with report.open(newline="") as handle:
+        table = list(csv.reader(handle))
+    table[3][table[0].index("verdict")] = "bogus"  # line 4 of the file
+    with report.open("w", newline="") as handle:
+        csv.writer(handle).writerows(table)
+    assert _one_error_line(capsys, str(edited)) == (
+        f"llmcheck: error: {report}: line 4 has the verdict 'bogus', which is none of pass, warn, fail, error {AGAIN}"
+    )
+
+
+def test_a_compare_folder_moved_away_from_its_dumps_names_the_dump_paths_not_found(
+    atb_compare: Path, tmp_path: Path, monkeypatch, capsys
+) -> None:
+    moved = _copy_of(atb_compare, tmp_path / "elsewhere" / "cmp")
+    summary = json.loads((moved / "summary.json").read_text())
+    # summary.json keeps a dump path as compare was given it (torch: relative to where compare ran)
+    summary["golden"]["path"], summary["my"]["path"] = "golden", "my"
+    (moved / "summary.json").write_text(json.dumps(summary))
+    monkeypatch.chdir(tmp_path)
+    assert _one_error_line(capsys, "elsewhere/cmp") == (
+        "llmcheck: error: elsewhere/cmp/summary.json: the golden dump golden and the my dump my it names are not "
+        f"found relative to {tmp_path}, {moved.parent}, {moved} "
+        "(run from the folder `llmcheck compare` ran in, or give the graph with --graph)"
+    )
+    # what the hint says works: run from where compare ran, or give the graph explicitly
+    monkeypatch.chdir(atb_compare.parent)
+    assert main(["export", "model-explorer", str(moved), "-o", str(tmp_path / "me")]) == 0
+    assert "2 of 2 graph nodes have pairs, 1 not passing" in capsys.readouterr().out
+    monkeypatch.chdir(tmp_path)
+    graph = atb_compare.parent / "golden/layer/4242/Decoder_layer_0.onnx"
+    assert main(["export", "model-explorer", "elsewhere/cmp", "--graph", str(graph)]) == 0
+    assert "2 of 2 graph nodes have pairs, 1 not passing" in capsys.readouterr().out

@@ -37,6 +37,8 @@ NODE_DATA_FILES = {
     "verdict": "node_data_verdict.json",
     "growth": "node_data_growth.json",
 }
+#: The cmp_report.csv columns the overlay needs: a row's record (name, call), side and verdict.
+REPORT_COLUMNS = ("name", "io", "call_index", "verdict")
 META_PREFIX = "llmcheck."
 #: Node metadata property naming the records a node stands for, where that is not the node's name
 #: (ATB: nodes are named by opName, records by op id). Exporters that know it write it.
@@ -90,7 +92,7 @@ def _number(cell: str | None) -> float | None:
 
 
 def read_compare_folder(compare_dir: Path) -> tuple[dict[str, Any], list[dict[str, str]]]:
-    """Return summary.json and the rows of cmp_report.csv of an ``llmcheck compare -o`` folder."""
+    """Return summary.json and the checked rows of cmp_report.csv of an ``llmcheck compare -o`` folder."""
     if not compare_dir.is_dir():
         raise DumpNotFoundError(
             "is not a folder", where=compare_dir, hint="give the folder `llmcheck compare -o` wrote"
@@ -111,17 +113,81 @@ def read_compare_folder(compare_dir: Path) -> tuple[dict[str, Any], list[dict[st
         raise DumpFormatError(
             "is not an llmcheck compare summary", where=summary_path, hint="give the folder `llmcheck compare -o` wrote"
         )
-    with csv_path.open(newline="", encoding="utf-8") as handle:
-        rows = list(csv.DictReader(handle))
-    if rows and not {"name", "io", "verdict"} <= set(rows[0]):
-        raise DumpFormatError("has no name, io and verdict columns", where=csv_path)
-    return summary, rows
+    counts = summary.get("counts")
+    pairs = counts.get("pairs") if isinstance(counts, dict) else None
+    if not isinstance(pairs, int) or isinstance(pairs, bool):
+        raise DumpFormatError(
+            "has no pair count (counts.pairs)",
+            where=summary_path,
+            hint="copy the compare folder again, or rerun `llmcheck compare`",
+        )
+    return summary, read_report_rows(csv_path, pairs)
 
 
-def _dump_path(summary: dict[str, Any], side: str, compare_dir: Path) -> Path | None:
-    recorded = (summary.get(side) or {}).get("path")
-    if not recorded:
-        return None
+def read_report_rows(csv_path: Path, pairs: int) -> list[dict[str, str]]:
+    """Return the rows of cmp_report.csv, checked whole against the ``pairs`` that summary.json counts.
+
+    Why so strict: a report cut short (an interrupted copy) or edited by hand would otherwise
+    draw a graph with nodes silently missing, or coloured pass where the report says nothing.
+    A report the compare wrote has the overlay's columns, one row per pair, a known verdict
+    in every row and a line end after its last row.
+    """
+    again = "copy the compare folder again, or rerun `llmcheck compare`"
+    try:
+        with csv_path.open("rb") as raw:
+            size_bytes = raw.seek(0, 2)
+            raw.seek(max(size_bytes - 1, 0))
+            ends_with_line_end = raw.read(1) == b"\n"
+        with csv_path.open(newline="", encoding="utf-8") as handle:
+            reader = csv.reader(handle)
+            header = next(reader, [])
+            numbered_rows = [(reader.line_num, fields) for fields in reader]
+            last_line = reader.line_num
+    except UnicodeDecodeError as exc:
+        raise DumpFormatError(
+            "is not UTF-8 text", where=csv_path, offset=exc.start, hint="give the folder `llmcheck compare -o` wrote"
+        ) from None
+    except (OSError, csv.Error) as exc:
+        raise DumpFormatError(f"cannot be read as CSV: {exc}", where=csv_path, hint=again) from None
+    if size_bytes == 0:
+        raise DumpFormatError("is empty", where=csv_path, hint=again)
+    if not ends_with_line_end:
+        raise DumpFormatError(
+            f"is cut short: line {last_line}, its last, ends mid-row; it holds "
+            f"{max(len(numbered_rows) - 1, 0)} whole rows of the {pairs} pairs summary.json counts",
+            where=csv_path,
+            hint=again,
+        )
+    missing = [column for column in REPORT_COLUMNS if column not in header]
+    if missing:
+        raise DumpFormatError(
+            f"lacks the column{'s' if len(missing) > 1 else ''} {', '.join(missing)}: not an llmcheck compare report",
+            where=csv_path,
+            hint="give the folder `llmcheck compare -o` wrote",
+        )
+    verdict_column = header.index("verdict")
+    for line, fields in numbered_rows:
+        if len(fields) != len(header):
+            raise DumpFormatError(
+                f"line {line} has {len(fields)} fields, the header {len(header)}", where=csv_path, hint=again
+            )
+        if fields[verdict_column] not in VERDICT_CODES:
+            raise DumpFormatError(
+                f"line {line} has the verdict {fields[verdict_column]!r}, which is none of {', '.join(VERDICT_CODES)}",
+                where=csv_path,
+                hint=again,
+            )
+    if len(numbered_rows) != pairs:
+        raise DumpFormatError(
+            f"holds {len(numbered_rows)} rows, but summary.json counts {pairs} pairs",
+            where=csv_path,
+            hint=again,
+        )
+    return [dict(zip(header, fields)) for _, fields in numbered_rows]
+
+
+def _dump_path(recorded: str, compare_dir: Path) -> Path | None:
+    """Return where a dump path summary.json records is found, or ``None`` when it is nowhere."""
     path = Path(recorded)
     # compare records the path as given: relative to where it ran, usually beside or above the folder
     for candidate in (path, compare_dir.parent / path, compare_dir / path):
@@ -132,10 +198,15 @@ def _dump_path(summary: dict[str, Any], side: str, compare_dir: Path) -> Path | 
 
 def find_graph(summary: dict[str, Any], compare_dir: Path) -> Path:
     """Return the ONNX graph of the compared dumps: the golden dump's, else the my-dump's."""
-    searched = []
+    searched: list[str] = []
+    not_found: list[str] = []
     for side in ("golden", "my"):
-        dump = _dump_path(summary, side, compare_dir)
+        recorded = (summary.get(side) or {}).get("path")
+        if not recorded:
+            continue
+        dump = _dump_path(str(recorded), compare_dir)
         if dump is None:
+            not_found.append(f"the {side} dump {recorded}")
             continue
         searched.append(str(dump))
         if dump.is_file() and dump.suffix == ".onnx":
@@ -150,6 +221,18 @@ def find_graph(summary: dict[str, Any], compare_dir: Path) -> Path:
             raise DumpNotFoundError(
                 f"holds {len(found)} ONNX graphs", where=root, hint="name the one to draw with --graph"
             )
+    if not_found:
+        # the paths are as compare was given them: a folder copied elsewhere, or a run from another folder
+        held = f"; {', '.join(searched)} holds no ONNX graph" if searched else ""
+        looked_from = dict.fromkeys(
+            str(folder) for folder in (Path.cwd(), compare_dir.parent.resolve(), compare_dir.resolve())
+        )
+        raise DumpNotFoundError(
+            f"{' and '.join(not_found)} it names {'are' if len(not_found) > 1 else 'is'} not found "
+            f"relative to {', '.join(looked_from)}{held}",
+            where=compare_dir / SUMMARY_NAME,
+            hint="run from the folder `llmcheck compare` ran in, or give the graph with --graph",
+        )
     where = ", ".join(searched) or compare_dir / SUMMARY_NAME
     raise DumpNotFoundError(
         "no ONNX graph in the compared dumps",
@@ -216,6 +299,8 @@ def export_graph_overlay(compare_dir: Path, output_dir: Path | None = None, grap
     import onnx
 
     summary, rows = read_compare_folder(compare_dir)
+    if graph is not None and not graph.is_file():
+        raise DumpNotFoundError("no such ONNX graph", where=graph, hint="check the --graph path")
     graph = graph if graph is not None else find_graph(summary, compare_dir)
     try:
         model = onnx.load(str(graph))

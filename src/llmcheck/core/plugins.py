@@ -332,6 +332,16 @@ class Plugins:
     def export_onnx(self, topology_path: Path, level: int, output_path: Path | None) -> Path:
         """Return the ONNX file written from a topology file by the first plugin that claims it."""
         topology_path = Path(topology_path)
+        if topology_path.is_dir():
+            # the documented layout of a dump's topologies (docs/commands/export.md): name them, do not guess one
+            found = sorted([*topology_path.glob("layer/*/*.json"), *topology_path.glob("model/*/*.json")])
+            if len(found) == 1:
+                hint = f"give its topology file {found[0]}"
+            elif found:
+                hint = f"give one of its {len(found)} topology files, e.g. {found[0]}"
+            else:
+                hint = "give a topology file, such as a dump's layer/{pid}/NAME.json or model/{pid}/NAME.json"
+            raise DumpNotFoundError("is a folder, not a topology file", where=topology_path, hint=hint)
         if not topology_path.is_file():
             raise DumpNotFoundError(
                 "no such topology file",

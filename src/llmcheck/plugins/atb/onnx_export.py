@@ -13,13 +13,12 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from llmcheck.plugin_api import RECORD_NAME_KEY, LlmcheckError
+from llmcheck.plugin_api import RECORD_NAME_KEY, LlmcheckError, UsageError, atomic_output
 from llmcheck.plugins.atb.op_csv import CsvTensor, read_op_csv, rows_by_op_name
 from llmcheck.plugins.atb.topology import AtbGraphNode, flatten_to_level, read_topology
 
@@ -255,6 +254,46 @@ def build_onnx_model(
     return model
 
 
+def check_replaceable(target: Path) -> str:
+    """Return what the existing ``target`` holds (``"an ONNX model"``, ``"nothing"``); raise unless it is one of those.
+
+    Why: the output path is often typed by hand; notes or a folder that happen to carry the
+    name must never be lost to an export. A model (an earlier export) or an empty file is replaced.
+    """
+    hint = "pass another path with -o, or move the file away"
+    if target.is_dir():
+        raise UsageError("is a folder; the ONNX file cannot be written there", where=target, hint=hint)
+    held = _contents(target)
+    if held not in ("an ONNX model", "nothing"):
+        raise UsageError(f"exists and holds {held}, not an ONNX model; it is kept", where=target, hint=hint)
+    return held
+
+
+def _contents(path: Path) -> str:
+    """Return what a file holds, in words: ``an ONNX model``, ``nothing``, ``text (N bytes, starting '...')``."""
+    import onnx
+
+    size_bytes = path.stat().st_size
+    if size_bytes == 0:
+        return "nothing"
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+    except Exception:  # onnx raises DecodeError, OSError, ... for a file that is not a model
+        model = None
+    if model is not None and model.ir_version > 0 and model.HasField("graph"):
+        return "an ONNX model"
+    with path.open("rb") as handle:
+        start = handle.read(64)
+    try:
+        text: str | None = start.decode("utf-8")
+    except UnicodeDecodeError as exc:  # a character cut by the 64 bytes read is still text
+        text = start[: exc.start].decode("utf-8") if exc.start >= len(start) - 3 else None
+    if text is None or not all(char.isprintable() or char.isspace() for char in text):
+        return f"{size_bytes} bytes of data"
+    first_line = (text.strip().splitlines() or [""])[0]
+    return f"text ({size_bytes} bytes, starting {first_line[:40]!r})" if first_line else f"{size_bytes} blank bytes"
+
+
 def atb_json_to_onnx(
     atb_json_path: str | Path,
     model_level: int = -1,
@@ -266,12 +305,12 @@ def atb_json_to_onnx(
     ``model_level`` is the depth shown (``-1``: every leaf operation; ``0``: the whole
     graph as one node; ``N``: nodes ``N`` levels below the root). ``output_path`` defaults
     to the JSON's path with ``.onnx``; ``op_csv_path`` to the op CSV found beside the dump
-    (see :func:`find_op_csv`), which gives tensor element types and shapes.
+    (see :func:`find_op_csv`), which gives tensor element types and shapes. An ONNX model (or
+    an empty file) already at the output is replaced with a warning; anything else there is
+    kept and a :class:`UsageError` names what it holds (:func:`check_replaceable`).
     """
     json_path = Path(atb_json_path)
     if model_level < -1:
-        from llmcheck.plugin_api import UsageError
-
         raise UsageError(f"invalid level {model_level}", where="--level", hint="use -1 (all leaves), 0 or more")
     root = read_topology(json_path)
     csv_path = Path(op_csv_path) if op_csv_path is not None else find_op_csv(json_path)
@@ -288,11 +327,10 @@ def atb_json_to_onnx(
             hint="please report it with the JSON file",
         ) from exc
     target = Path(output_path) if output_path is not None else json_path.with_suffix(".onnx")
-    temporary = target.with_name(target.name + ".tmp")
-    try:
-        temporary.write_bytes(model.SerializeToString())
-        os.replace(temporary, target)
-    except OSError as exc:
-        raise LlmcheckError(f"cannot write the ONNX file: {exc.strerror}", where=target) from exc
+    if target.exists():
+        replaced = "the previous ONNX model" if check_replaceable(target) == "an ONNX model" else "an empty file"
+        log.warning("%s: replacing %s", target, replaced)
+    with atomic_output(target, "wb") as handle:
+        handle.write(model.SerializeToString())
     log.debug("wrote %s (%d nodes)", target, len(model.graph.node))
     return target
