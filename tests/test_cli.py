@@ -89,3 +89,16 @@ def test_dump_into_an_existing_dump_is_refused_before_the_program_runs(
     assert main(["dump", "--backend", "torch", "-o", str(dump), "--", "touch", str(marker)]) == 2
     assert "new dumps are never written into a dump" in capsys.readouterr().err
     assert not marker.exists() and [p.name for p in dump.iterdir() if p.is_dir()] == []
+
+
+def test_one_broken_path_given_as_both_runs_is_one_error_said_once(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    missing = tmp_path / "run"
+    assert main(["compare", "-gp", str(missing), "-mp", str(missing), "-o", str(tmp_path / "out")]) == 1
+    err = capsys.readouterr().err
+    assert err == (
+        f"llmcheck: error: {missing}: no such file or directory "
+        "(check the path: give a dump folder, a folder holding one dump, or a tensor file)\n"
+    )
+    assert not (tmp_path / "out").exists()

@@ -320,3 +320,101 @@ def test_the_my_path_may_be_the_folder_holding_the_files_the_mapping_names(tmp_p
         ("0", "manual_mapping", "outtensor0.bin"),
         ("1", "manual_mapping", "outtensor1.bin"),
     ]
+
+
+# --- rule and name-pattern entries of a --mapping file ----------------------------------------
+
+
+@pytest.fixture(scope="module")
+def llama_runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """Return two dumps of one seeded tiny Llama on the same tokens (every record pairs by its key)."""
+    from llmcheck import DumpConfig, register_hook
+    from llmcheck.bundled_model import random_llama
+
+    torch.set_num_threads(1)
+    root = tmp_path_factory.mktemp("llama_runs")
+    model = random_llama(seed=0)
+    paths = []
+    for run in ("golden", "my"):
+        with register_hook(model, DumpConfig(dump_path=root / run)) as session, torch.no_grad():
+            model(torch.tensor([[1, 7, 42, 9]]))
+        paths.append(Path(session.path))
+    return paths[0], paths[1]
+
+
+def test_a_mapping_rule_no_plugin_reads_is_a_usage_error_naming_the_file_the_entries_and_the_known_rules(
+    llama_runs: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    golden, my = llama_runs
+    mapping = tmp_path / "mapping.json"
+    mapping.write_text(
+        json.dumps(
+            [
+                {"golden": "*.mlp.down_proj:output.*", "rule": "tp_unshrd(sum)"},
+                {"golden": "*.self_attn", "rule": "frobnicate"},
+                {"golden": "*.input_layernorm", "rule": "tp_replicated"},
+            ]
+        )
+    )
+    out = tmp_path / "out"
+    assert main(["compare", "-gp", str(golden), "-mp", str(my), "-o", str(out), "--mapping", str(mapping)]) == 2
+    err = capsys.readouterr().err
+    assert err == (
+        f"llmcheck: error: {mapping}: entry 1: unknown rule 'tp_unshrd(sum)' (did you mean tp_unshard?); "
+        "entry 2: unknown rule 'frobnicate' "
+        '(known rules: tp_unshard, tp_replicated; pair by name with {"golden": pattern, "my": pattern})\n'
+    )
+    assert not out.exists()
+
+
+def test_a_name_pattern_entry_that_pairs_nothing_is_a_warning_naming_it(
+    llama_runs: tuple[Path, Path], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    golden, my = llama_runs
+    mapping = tmp_path / "mapping.json"
+    mapping.write_text(
+        json.dumps(
+            {
+                "*.mlp.down_proj": "*.mlp.down_proj",
+                "model.decoder.*.ffn": "model.decoder.*.ffn",
+                "lm_head": "output_layer",
+            }
+        )
+    )
+    out = tmp_path / "out"
+    assert main(["compare", "-gp", str(golden), "-mp", str(my), "-o", str(out), "--mapping", str(mapping)]) == 0
+    assert (
+        f"{mapping}: 2 of the 3 name-pattern entries pair nothing: "
+        "'model.decoder.*.ffn' -> 'model.decoder.*.ffn' (no record of either run has a name like it); "
+        "'lm_head' -> 'output_layer' (no my record has a name like it)"
+    ) in caplog.text
+    pairs = json.loads((out / "pairs.json").read_text())["pairs"]
+    assert {pair["rule"] for pair in pairs if pair["golden"]["name"].endswith("mlp.down_proj")} == {"user_mapping"}
+
+
+def test_hook_llmcheck_register_mapping_rules(llmcheck_plugins, tmp_path: Path) -> None:
+    """A plugin's registered rule is accepted in a mapping file; a name two plugins register names both."""
+    from llmcheck.core.errors import PluginError
+    from llmcheck.core.pairing import load_user_mapping
+    from llmcheck.plugin_api import hookimpl
+
+    class TransposedRule:
+        @staticmethod
+        @hookimpl
+        def llmcheck_register_mapping_rules(register):
+            register("npy_transposed")
+
+    mapping = tmp_path / "mapping.json"
+    mapping.write_text(json.dumps([{"golden": "*.attn.qk", "rule": "npy_transposed(1, 0)"}]))
+    plugins = llmcheck_plugins(TransposedRule())
+    assert set(plugins.mapping_rules()) == {"tp_unshard", "tp_replicated", "npy_transposed"}
+    assert load_user_mapping(mapping).rules == (("*.attn.qk", "npy_transposed(1, 0)"),)
+
+    class ClashingRule:
+        @staticmethod
+        @hookimpl
+        def llmcheck_register_mapping_rules(register):
+            register("tp_unshard")
+
+    with pytest.raises(PluginError, match=r"mapping rule 'tp_unshard' is registered by both .*'tensor_parallel'"):
+        llmcheck_plugins(ClashingRule()).mapping_rules()

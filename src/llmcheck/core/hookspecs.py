@@ -204,7 +204,8 @@ def llmcheck_map_pairs(golden: Dump, my: Dump, user_mapping: UserMapping | None)
     ``--mapping`` (the built-in ``native`` plugin turns both into ``user_mapping`` pairs),
     and ``user_mapping.rules`` the file's ``{"golden": pattern, "rule": text}`` entries as
     (pattern, rule) tuples: a plugin reads the rules it owns (``tensor_parallel`` reads
-    ``tp_*``) and ignores the others.
+    ``tp_*``), declares their names with :func:`llmcheck_register_mapping_rules`, and
+    ignores the others.
 
     Records of a multi-rank run read as one run carry their rank in ``key.rank``; a record
     a plugin gathers from every rank's shard has ``key.rank == ALL_RANKS`` (-1). A record
@@ -225,6 +226,29 @@ def llmcheck_map_pairs(golden: Dump, my: Dump, user_mapping: UserMapping | None)
             # the loaded records themselves, never copies: the core matches pairs to records by identity
             return [Pair(record, mine[record.key.name.lower()], "npyfolder: same name, any case", PairPriority.SOURCE_RULE)
                     for record in golden.records if record.key.name.lower() in mine]
+    """
+
+
+@hookspec
+def llmcheck_register_mapping_rules(register: Callable[[str], None]) -> None:
+    """Declare the rules this plugin reads from a ``--mapping`` file's rule entries.
+
+    Called when a ``--mapping`` file holding ``{"golden": pattern, "rule": text}`` entries is
+    read, before anything is loaded. Call ``register(name)`` once per rule name: the text of
+    an entry's rule before its first ``(`` (``tp_unshard`` for ``tp_unshard(dim=-1, ranks=0..3)``).
+    A rule entry whose name no plugin registers is a usage error naming the entry and the
+    known rules: a typo would otherwise pair nothing without a word. Two plugins registering
+    one name is an error naming both. The entries themselves reach the plugin in
+    :func:`llmcheck_map_pairs` (``user_mapping.rules``).
+
+    Example::
+
+        from llmcheck.plugin_api import hookimpl
+
+
+        @hookimpl
+        def llmcheck_register_mapping_rules(register):
+            register("npy_transposed")  # {"golden": "*.attn.qk", "rule": "npy_transposed(1, 0)"}
     """
 
 

@@ -29,6 +29,7 @@ per listed value.
 
 from __future__ import annotations
 
+import difflib
 import itertools
 import json
 from collections.abc import Iterator, Mapping, Sequence
@@ -316,6 +317,7 @@ def load_user_mapping(path: Path) -> UserMapping:
         path = path / SEED_MAPPING_NAME
     content = read_structured_file(path)
     rules: list[tuple[str, str]] = []
+    rule_positions: list[int] = []
     if isinstance(content, Mapping) and content.get("format") == PAIRS_FORMAT:
         pairs = content.get("pairs")
         if not isinstance(pairs, list):
@@ -342,6 +344,7 @@ def load_user_mapping(path: Path) -> UserMapping:
         for position, entry in enumerate(content, start=1):
             if isinstance(entry, Mapping) and "rule" in entry and "my" not in entry:
                 rules.append(_rule_entry(entry, position, path))
+                rule_positions.append(position)
                 continue
             if not isinstance(entry, Mapping) or "golden" not in entry or "my" not in entry:
                 raise UsageError(
@@ -364,6 +367,7 @@ def load_user_mapping(path: Path) -> UserMapping:
             raise UsageError(
                 f"mapping {golden_pattern!r} -> {my_pattern!r}: both sides need the same number of '*'", where=path
             )
+    _check_rules(list(zip(rule_positions, rules)), path)
     return UserMapping(path=path, entries=tuple((str(g), str(m)) for g, m in items), rules=tuple(rules))
 
 
@@ -373,3 +377,30 @@ def _rule_entry(entry: Mapping[str, Any], position: int, path: Path) -> tuple[st
     if not isinstance(pattern, str) or not pattern or not isinstance(rule, str) or not rule:
         raise UsageError(f"entry {position}: a rule entry needs a 'golden' name pattern and a 'rule' text", where=path)
     return pattern, rule
+
+
+def rule_name(rule: str) -> str:
+    """Return the name of a rule text: ``tp_unshard`` of ``tp_unshard(dim=-1, ranks=0..3)``."""
+    return rule.split("(", 1)[0].strip()
+
+
+def _check_rules(rules: Sequence[tuple[int, tuple[str, str]]], path: Path) -> None:
+    """Raise a usage error naming the rule entries whose rule no plugin registers (a typo would pair nothing)."""
+    if not rules:
+        return
+    from llmcheck.core.plugins import get_plugins
+
+    known = list(get_plugins().mapping_rules())
+    unknown = [(position, rule) for position, (_, rule) in rules if rule_name(rule) not in known]
+    if not unknown:
+        return
+    problems = []
+    for position, rule in unknown:
+        close = difflib.get_close_matches(rule_name(rule), known, n=1)
+        problems.append(f"entry {position}: unknown rule {rule!r}" + (f" (did you mean {close[0]}?)" if close else ""))
+    raise UsageError(
+        "; ".join(problems),
+        where=path,
+        hint=f"known rules: {', '.join(known) or 'none, no loaded plugin reads rules'}; "
+        'pair by name with {"golden": pattern, "my": pattern}',
+    )

@@ -85,6 +85,7 @@ class Plugins:
         self._op_references: dict[str, OpReference] | None = None
         self._reporters: dict[str, Reporter] | None = None
         self._backend_options: list[BackendOption] | None = None
+        self._mapping_rules: dict[str, str] | None = None
 
     # --- listing ---
 
@@ -168,6 +169,14 @@ class Plugins:
         if self._reporters is None:
             self._reporters = self._collect(self.manager.hook.llmcheck_register_reporters, "reporter")
         return self._reporters
+
+    def mapping_rules(self) -> dict[str, str]:
+        """Return every rule name a ``--mapping`` file's rule entries may use, in registration order."""
+        if self._mapping_rules is None:
+            self._mapping_rules = self._collect(
+                self.manager.hook.llmcheck_register_mapping_rules, "mapping rule", lambda name: [name]
+            )
+        return self._mapping_rules
 
     def backend_options(self, backend: str | None = None) -> list[BackendOption]:
         """Return the ``dump`` options declared for ``backend`` (every backend's when ``None``), in registration order."""
@@ -280,10 +289,12 @@ class Plugins:
                 loaded.append(self.load_tensors(path, source, flag))
             except LlmcheckError as exc:
                 problems.append(exc)
-        if len(problems) == 1:
+        # the same path given twice fails twice alike: said once
+        lines = list(dict.fromkeys(problem.one_line() for problem in problems))
+        if len(lines) == 1:
             raise problems[0]
         if problems:
-            both = LlmcheckError("; ".join(problem.one_line() for problem in problems))
+            both = LlmcheckError("; ".join(lines))
             both.exit_code = max(problem.exit_code for problem in problems)
             raise both
         return loaded[0], loaded[1]

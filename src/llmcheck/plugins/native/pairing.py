@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import difflib
+import logging
 import re
 from collections import defaultdict
 from collections.abc import Iterable
@@ -32,7 +33,11 @@ from llmcheck.plugin_api import (
     op_record_module,
 )
 
+log = logging.getLogger("llmcheck.pairing")
+
 RULE_USER = "user_mapping"
+#: How many of the mapping entries that pair nothing the warning names (the count says the rest).
+ENTRIES_NAMED = 5
 RULE_EXACT = "exact_key"
 RULE_SEQUENCE = "sequence"
 RULE_OP_SEQUENCE = "op_sequence"
@@ -200,6 +205,7 @@ def user_mapping_pairs(golden: Dump, my: Dump, mapping: UserMapping) -> list[Pai
         for golden_key, my_key in mapping.key_pairs:
             if golden_key in golden_by_key and my_key in my_by_key:
                 pairs.append(Pair(golden_by_key[golden_key], my_by_key[my_key], RULE_USER, PairPriority.USER_MAPPING))
+    idle: list[str] = []  # the entries that pair nothing, each with why
     for golden_text, my_text in mapping.entries:
         golden_pattern, my_pattern = _pattern(golden_text), _pattern(my_text)
         candidates: dict[tuple[object, ...], list[TensorRecord]] = defaultdict(list)
@@ -208,13 +214,35 @@ def user_mapping_pairs(golden: Dump, my: Dump, mapping: UserMapping) -> list[Pai
             if match:
                 candidates[(match.groups(), *_slot(record.key))].append(record)
         taken: dict[tuple[object, ...], int] = defaultdict(int)
+        golden_named = 0
         for record in golden.records:
             match = golden_pattern.match(record.key.name)
             if not match:
                 continue
+            golden_named += 1
             slot = (match.groups(), *_slot(record.key))
             options = candidates.get(slot)
             if options and taken[slot] < len(options):
                 pairs.append(Pair(record, options[taken[slot]], RULE_USER, PairPriority.USER_MAPPING))
                 taken[slot] += 1
+        if not taken:
+            idle.append(f"{golden_text!r} -> {my_text!r} ({_why_idle(golden_named, bool(candidates))})")
+    if idle:
+        log.warning(
+            "%s: %d of the %d name-pattern entries pair nothing: %s%s",
+            mapping.path,
+            len(idle),
+            len(mapping.entries),
+            "; ".join(idle[:ENTRIES_NAMED]),
+            f"; and {len(idle) - ENTRIES_NAMED} more" if len(idle) > ENTRIES_NAMED else "",
+        )
     return pairs
+
+
+def _why_idle(golden_named: int, my_named: bool) -> str:
+    """Return why a mapping entry paired nothing, from what its two patterns matched."""
+    if not golden_named:
+        return "no golden record has a name like it" if my_named else "no record of either run has a name like it"
+    if not my_named:
+        return "no my record has a name like it"
+    return "the records it names differ in what '*' matched, or in io, position, step or call"

@@ -10,7 +10,19 @@ It names no backend: any source whose records carry ranks is gathered the same w
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from llmcheck.plugin_api import Dump, Pair, UserMapping, hookimpl
+
+#: The rules a ``--mapping`` file may state for this plugin (``tp_shard`` is only what pairs.json shows).
+MAPPING_RULES = ("tp_unshard", "tp_replicated")
+
+
+@hookimpl
+def llmcheck_register_mapping_rules(register: Callable[[str], None]) -> None:
+    """Declare the ``tp_*`` rules this plugin reads from ``--mapping`` rule entries."""
+    for name in MAPPING_RULES:
+        register(name)
 
 
 @hookimpl
