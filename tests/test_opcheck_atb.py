@@ -316,11 +316,15 @@ def test_opcheck_fails_exactly_the_spoiled_linear_and_rmsnorm(decoder_dump: Path
     assert by_op["0", "1"]["op_name"] == "PagedAttentionOperation"
 
 
-def test_opcheck_filters_by_id_and_op_name(decoder_dump: Path, tmp_path: Path) -> None:
+def test_opcheck_filters_by_id_and_op_name(
+    decoder_dump: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     assert main(["opcheck", "-i", str(decoder_dump), "-o", str(tmp_path), "-ids", "1_6,2", "-opname", "linear"]) == 3
     rows = _rows(tmp_path / "opcheck_result.csv")
     assert [(row["op_id"], row["precision_result"]) for row in rows] == [("1_6", "FAILED"), ("2", "PASS")]
+    assert "replacing the previous report" not in caplog.text
     assert main(["opcheck", "-i", str(decoder_dump), "-o", str(tmp_path), "-opname", "paged,rope"]) == 0
+    assert f"{tmp_path}: replacing the previous report (opcheck_result.csv" in caplog.text
     assert {row["op_name"] for row in _rows(tmp_path / "opcheck_result.csv")} == {
         "RopeOperation",
         "PagedAttentionOperation",

@@ -130,3 +130,53 @@ def test_reporters_write_with_the_cyclic_collector_paused_and_get_it_back(llmche
     finally:
         (gc.enable if enabled_before else gc.disable)()
     assert set(written) == {"csv", "summary", "pairs", "html", "gcwatch"}
+
+
+def test_a_report_rewritten_without_junit_drops_the_previous_junit_and_model_explorer_views(
+    runs, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    golden, my = runs
+    out = tmp_path / "report"
+    assert main(["compare", "-gp", str(golden), "-mp", str(my), "-o", str(out), "-j", "1", "--report", "junit"]) == 3
+    explorer = out / "model_explorer"  # what `llmcheck export model-explorer` leaves there by default
+    explorer.mkdir()
+    (explorer / "node_data_error.json").write_text("{}")
+    (explorer / "model.onnx").write_bytes(b"")
+    (out / "notes.txt").write_text("the user's own file")
+    caplog.clear()
+    assert main(["compare", "-gp", str(golden), "-mp", str(golden), "-o", str(out), "-j", "1"]) == 0
+    assert {path.name for path in out.iterdir()} == DEFAULT_FILES | {"notes.txt"}
+    assert json.loads((out / "summary.json").read_text())["counts"]["failures"] == 0
+    assert (
+        f"{out}: replacing the previous report (cmp_report.csv, summary.json, pairs.json, report.html); "
+        "removed its junit.xml, model_explorer/, which this run does not write"
+    ) in caplog.text
+
+
+def test_a_model_explorer_folder_holding_other_files_is_kept_and_said_stale(
+    runs, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    golden, my = runs
+    out = tmp_path / "report"
+    assert main(["compare", "-gp", str(golden), "-mp", str(my), "-o", str(out), "-j", "1"]) == 3
+    (out / "model_explorer").mkdir()
+    (out / "model_explorer" / "my_screenshot.png").write_bytes(b"png")
+    assert main(["compare", "-gp", str(golden), "-mp", str(golden), "-o", str(out), "-j", "1"]) == 0
+    assert (out / "model_explorer" / "my_screenshot.png").read_bytes() == b"png"
+    assert "model_explorer/ holds files llmcheck did not write, so it was kept" in caplog.text
+
+
+def test_an_input_error_leaves_the_previous_report_whole_and_says_nothing_of_replacing_it(
+    runs, tmp_path: Path, caplog: pytest.LogCaptureFixture, capsys: pytest.CaptureFixture[str]
+) -> None:
+    golden, my = runs
+    out = tmp_path / "report"
+    assert main(["compare", "-gp", str(golden), "-mp", str(my), "-o", str(out), "-j", "1", "--report", "junit"]) == 3
+    before = {path.name: path.read_bytes() for path in out.iterdir()}
+    capsys.readouterr()
+    caplog.clear()
+    missing = tmp_path / "no_such_run"
+    assert main(["compare", "-gp", str(golden), "-mp", str(missing), "-o", str(out), "-j", "1"]) == 1
+    assert capsys.readouterr().err.startswith(f"llmcheck: error: {missing}: no such file or directory")
+    assert "replacing the previous report" not in caplog.text
+    assert {path.name: path.read_bytes() for path in out.iterdir()} == before

@@ -69,14 +69,26 @@ def choose_reporters(registered: Mapping[str, Reporter], requested: Sequence[str
 
 @paused_cyclic_gc()  # the reports build ~10**5 short-lived rows beside the compare's as many live objects
 def write_reports(result: CompareResult, output_dir: Path, requested: Sequence[str] = ()) -> dict[str, Path]:
-    """Write the default reports and the ``requested`` ones into ``output_dir`` (created if needed); return their paths by name."""
-    from llmcheck.core.plugins import get_plugins
+    """Write the default reports and the ``requested`` ones into ``output_dir`` (created if needed); return their paths by name.
 
-    reporters = choose_reporters(get_plugins().reporters(), requested)
+    A previous report in ``output_dir`` is replaced whole: its files this compare does not
+    write are removed, and a warning names what was replaced and removed.
+    """
+    from llmcheck.core.plugins import get_plugins
+    from llmcheck.core.report_folder import replace_previous_report
+
+    registered = get_plugins().reporters()
+    reporters = choose_reporters(registered, requested)
     try:
         output_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise LlmcheckError(f"cannot create the output folder: {exc.strerror}", where=output_dir) from exc
+    # the folder holds one report: the previous one's files this one does not write go too
+    replace_previous_report(
+        output_dir,
+        [reporter.file_name for reporter in reporters],
+        [reporter.file_name for reporter in registered.values()],
+    )
     written: dict[str, Path] = {}
     for reporter in reporters:
         path = output_dir / reporter.file_name

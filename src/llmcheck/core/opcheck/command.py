@@ -165,7 +165,7 @@ def opcheck_command(
     from llmcheck.core.atomic_files import reports_written_into
     from llmcheck.core.opcheck.report import CSV_NAME, XLSX_NAME, print_summary, write_reports
     from llmcheck.core.plugins import get_plugins
-    from llmcheck.core.report_folder import prepare_report_folder
+    from llmcheck.core.report_folder import prepare_report_folder, replace_previous_report
 
     started = time.perf_counter()
     unknown = [name for name in precision_metrics if name not in PRECISION_METRICS]
@@ -203,6 +203,7 @@ def opcheck_command(
     rows = check_cases(cases, references, device=device, precision_metrics=list(precision_metrics), jobs=jobs)
     rows.sort(key=lambda row: (row.order, position_order(row.out_tensor_id)))
     with reports_written_into(output_dir):
+        replace_previous_report(Path(output_dir), (CSV_NAME, XLSX_NAME), (CSV_NAME, XLSX_NAME))
         written = write_reports(rows, Path(output_dir), list(precision_metrics))
     print_summary(rows, written, time.perf_counter() - started)
     if all(row.rel_precision_rate is None for row in rows):
