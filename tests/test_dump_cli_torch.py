@@ -189,3 +189,36 @@ def test_wrong_use_is_one_line_usage_error(tmp_path: Path, flags: list[str], mes
     assert completed.returncode == 2
     assert completed.stderr.strip().splitlines() == [completed.stderr.strip().splitlines()[0]]
     assert completed.stderr.startswith(message)
+
+
+LINEAR_SCRIPT = "import torch\nlayer = torch.nn.Linear(4, 4)\nlayer(torch.ones(2, 4))\n"
+
+
+@pytest.mark.parametrize("device", ["abc", "cuda:x", "0,,1"])
+def test_an_invalid_device_id_is_a_usage_error_before_the_program_runs(tmp_path: Path, device: str) -> None:
+    (tmp_path / "infer.py").write_text(LINEAR_SCRIPT)
+    completed = _llmcheck(
+        "dump", "--backend", "torch", "-o", "out", "-device", device, "--", "python", "infer.py", cwd=tmp_path
+    )
+    assert completed.returncode == 2
+    wrong = device if "," not in device else ""
+    expected = f"invalid device id {wrong!r}" if wrong else f"an empty device id in {device!r}"
+    assert completed.stderr == (
+        f"llmcheck: error: -device/--device-id: {expected} (give a device index (0), a type and an index "
+        "(cuda:1, npu3), or cpu; a comma list is allowed)\n"
+    )
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_device_id_no_forward_ran_on_says_where_they_ran_and_that_device_left_them_out(tmp_path: Path) -> None:
+    (tmp_path / "infer.py").write_text(LINEAR_SCRIPT)
+    completed = _llmcheck(
+        "dump", "--backend", "torch", "-o", "out", "-device", "3", "--", "python", "infer.py", cwd=tmp_path
+    )
+    assert completed.returncode == 0, completed.stderr
+    assert find_dumps(tmp_path / "out") == []
+    assert (
+        f"{tmp_path / 'out'}: no dump was written: the program's PyTorch forwards ran on cpu, and "
+        "-device/--device-id 3 left them all out (give -device cpu, or leave -device out)"
+    ) in completed.stderr
+    assert "imports torch" not in completed.stderr

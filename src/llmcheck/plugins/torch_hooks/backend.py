@@ -15,14 +15,23 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import subprocess
 import sys
-from collections.abc import Mapping
+import tempfile
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from llmcheck.plugin_api import CaptureRequest, UsageError, closing_state, find_dumps
-from llmcheck.plugins.torch_hooks.config import CONFIG_ENV, LEVEL_MODULE, LEVEL_OP, ON_ERROR_STOP, DumpConfig
+from llmcheck.plugins.torch_hooks.config import (
+    CONFIG_ENV,
+    LEFT_OUT_ENV,
+    LEVEL_MODULE,
+    LEVEL_OP,
+    ON_ERROR_STOP,
+    DumpConfig,
+)
 
 log = logging.getLogger("llmcheck.torch")
 
@@ -33,6 +42,9 @@ BOOTSTRAP_DIR = Path(__file__).resolve().parent / "bootstrap"
 PACKAGE_PARENT_ENV = "LLMCHECK_PACKAGE_PARENT"
 LOG_LEVEL_ENV = "LLMCHECK_LOG_LEVEL"
 SEED_ENV = "LLMCHECK_SEED"
+#: ``-device`` ids: an index (``0``, any device type), ``cpu``, or a type and an index (``cuda1``, ``npu:3``).
+DEVICE_ID = re.compile(r"\d+|cpu|[a-z_]+:?\d+")
+DEVICE_FLAG = "-device/--device-id"
 #: ``--type`` values the torch backend honours; the others are ATB's.
 TORCH_DUMP_TYPES = frozenset({"tensor", "model", "op", "stats", "cpu_profiling", "onnx"})
 #: An ``-er`` range longer than this is refused: ``-er all`` says "every step" without a list.
@@ -71,7 +83,7 @@ def config_from_options(options: Mapping[str, Any], output_dir: Path, command: l
                 hint="use -er all to dump every step",
             )
         token_range = sorted({step for low, high in ranges for step in range(low, high + 1)})
-    device_ids = [part.strip() for part in str(options.get("device_id") or "").split(",") if part.strip()]
+    device_ids = parse_device_ids(options.get("device_id"))
     return DumpConfig(
         dump_path=Path(output_dir).resolve(),
         token_range=token_range,
@@ -89,6 +101,21 @@ def config_from_options(options: Mapping[str, Any], output_dir: Path, command: l
         on_capture_error=options.get("on_capture_error", ON_ERROR_STOP),
         weight_digests=not options.get("no_weight_digests", False),
     )
+
+
+def parse_device_ids(text: Any) -> list[str]:
+    """Return the device ids of ``-device`` (``0,cuda:1,cpu``), lower-cased; an id no device can have is a usage error."""
+    if text is None:
+        return []
+    parts = [part.strip().lower() for part in str(text).split(",")]
+    for part in parts:
+        if not DEVICE_ID.fullmatch(part):
+            raise UsageError(
+                f"invalid device id {part!r}" if part else f"an empty device id in {str(text)!r}",
+                where=DEVICE_FLAG,
+                hint="give a device index (0), a type and an index (cuda:1, npu3), or cpu; a comma list is allowed",
+            )
+    return parts
 
 
 def child_environment(
@@ -138,18 +165,19 @@ class TorchCaptureBackend:
         except OSError as exc:
             raise UsageError(f"cannot create the output folder: {exc.strerror}", where=output_dir) from exc
         dumps_before = set(find_dumps(output_dir))
-        try:
-            completed = subprocess.run(command, env=env, check=False)
-        except FileNotFoundError as exc:
-            raise UsageError(
-                f"cannot run {command[0]!r}: no such program",
-                where="--exec",
-                hint="check the program name, or give its full path",
-            ) from exc
-        except PermissionError as exc:
-            raise UsageError(f"cannot run {command[0]!r}: permission denied", where="--exec") from exc
+        with tempfile.TemporaryDirectory(prefix="llmcheck_dump_") as notes:
+            left_out_file = Path(notes) / "left_out_devices"
+            env[LEFT_OUT_ENV] = str(left_out_file)
+            completed = _run_program(command, env)
+            left_out = _devices_left_out(left_out_file)
         exit_code = completed.returncode if completed.returncode >= 0 else 128 - completed.returncode
-        report_outcome(sorted(set(find_dumps(output_dir)) - dumps_before), completed.returncode, output_dir)
+        report_outcome(
+            sorted(set(find_dumps(output_dir)) - dumps_before),
+            completed.returncode,
+            output_dir,
+            left_out=left_out,
+            device_ids=config.device_ids,
+        )
         return exit_code
 
     def capture_model(self, model: Any, request: CaptureRequest) -> Any:
@@ -163,7 +191,37 @@ class TorchCaptureBackend:
         return register_hook(model, config_from_options(request.options, request.output_dir, list(request.command)))
 
 
-def report_outcome(written: list[Path], returncode: int, output_dir: Path) -> None:
+def _run_program(command: list[str], env: Mapping[str, str]) -> subprocess.CompletedProcess[bytes]:
+    """Return the finished run of the user's program; a program that cannot start is a usage error naming --exec."""
+    try:
+        return subprocess.run(command, env=env, check=False)
+    except FileNotFoundError as exc:
+        raise UsageError(
+            f"cannot run {command[0]!r}: no such program",
+            where="--exec",
+            hint="check the program name, or give its full path",
+        ) from exc
+    except PermissionError as exc:
+        raise UsageError(f"cannot run {command[0]!r}: permission denied", where="--exec") from exc
+
+
+def _devices_left_out(notes: Path) -> list[str]:
+    """Return the devices the children's captures ran on and ``-device`` left out, each once, in order."""
+    try:
+        lines = notes.read_text(encoding="utf-8").split()
+    except OSError:  # no capture was left out (or the child could not say so)
+        return []
+    return list(dict.fromkeys(lines))
+
+
+def report_outcome(
+    written: list[Path],
+    returncode: int,
+    output_dir: Path,
+    *,
+    left_out: Sequence[str] = (),
+    device_ids: Sequence[str] = (),
+) -> None:
     """Log what the run left: each dump, complete or cut, and how the program ended (it may have failed)."""
     ended = (
         f"the program was killed by signal {-returncode}"
@@ -179,7 +237,17 @@ def report_outcome(written: list[Path], returncode: int, output_dir: Path) -> No
             log.warning("torch capture wrote %s (cut%s: %s); %s", path, counted, cut, ended)
     if written:
         return
-    if returncode == 0:
+    if left_out:
+        log.warning(
+            "%s: no dump was written: the program's PyTorch forwards ran on %s, and %s %s left them all out "
+            "(give -device %s, or leave -device out)",
+            output_dir,
+            ", ".join(left_out),
+            DEVICE_FLAG,
+            ",".join(device_ids),
+            left_out[0],
+        )
+    elif returncode == 0:
         log.warning(
             "%s: no dump was written: the program ran no PyTorch module forward under capture "
             "(is it a Python program that imports torch?)",

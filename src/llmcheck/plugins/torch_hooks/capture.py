@@ -47,7 +47,7 @@ from llmcheck.plugin_api import (
     UsageError,
     dtype_name,
 )
-from llmcheck.plugins.torch_hooks.config import LEVEL_MODULE, LEVEL_OP, ON_ERROR_RAISE, DumpConfig
+from llmcheck.plugins.torch_hooks.config import LEFT_OUT_ENV, LEVEL_MODULE, LEVEL_OP, ON_ERROR_RAISE, DumpConfig
 from llmcheck.plugins.torch_hooks.cpu_profile import CAPTURE_RANGE, StepProfiler
 from llmcheck.plugins.torch_hooks.module_graph_onnx import ONNX_FILE, GraphRecorder, write_graph_onnx
 from llmcheck.plugins.torch_hooks.module_selection import ROOT_NAME, ModuleSelection, parent_name
@@ -99,6 +99,15 @@ def _device_wanted(device: torch.device, device_ids: Sequence[str]) -> bool:
         return "cpu" in device_ids
     index = str(device.index or 0)
     return bool({index, f"{device.type}{index}", f"{device.type}:{index}"} & set(device_ids))
+
+
+def _note_left_out(device: str) -> None:
+    """Tell ``llmcheck dump`` (the parent) that a capture on ``device`` was left out, when it asked to be told."""
+    notes = os.environ.get(LEFT_OUT_ENV)
+    if not notes:
+        return
+    with suppress(OSError), open(notes, "a", encoding="utf-8") as out:  # on failure the parent only loses a reason
+        out.write(device + "\n")
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,6 +170,7 @@ class CaptureSession:
         self.sink: TensorSink | NullSink = NullSink()
         if not self.enabled:
             log.warning("not capturing on %s: device_ids %s leave it out", device, ", ".join(config.device_ids))
+            _note_left_out(self.device)
         else:
             self.writer = DumpWriter(
                 Path(config.dump_path),

@@ -47,6 +47,9 @@ ON_CAPTURE_ERROR = (ON_ERROR_STOP, ON_ERROR_RAISE)
 
 #: Environment variable that carries the config (JSON) to a child started by ``llmcheck dump``.
 CONFIG_ENV = "LLMCHECK_TORCH_CAPTURE"
+#: Environment variable naming the file a child appends the device of each capture that ``device_ids``
+#: leaves out to (one line each), so ``llmcheck dump`` can say why no dump was written.
+LEFT_OUT_ENV = "LLMCHECK_LEFT_OUT_DEVICES"
 
 
 @dataclass
