@@ -275,3 +275,61 @@ def test_nz_tensor_in_a_tree_is_read_as_nd(tmp_path):
     (record,) = load(root).records
     assert record.shape == (1, 16, 32) and record.attrs["storage_dims"] == [1, 2, 16, 16]
     assert torch.equal(record.data.load(), torch.arange(512, dtype=torch.float16).reshape(1, 16, 32))
+
+
+def _atb_warnings(caplog) -> list[str]:
+    return [record.getMessage() for record in caplog.records if record.name == "llmcheck.atb"]
+
+
+def test_the_files_a_tree_legitimately_holds_beside_its_tensors_give_no_warning(tmp_path, caplog):
+    caplog.set_level("WARNING")
+    assert len(load(TREE).records) == 10
+    root = tmp_path / "atb_dump_data"  # msprobe's layout writes a statistic.csv per execute count
+    shutil.copytree(TREE / "tensors", root / "data")
+    (root / "data" / "0_4242" / "0" / "statistic.csv").write_text("Device and PID,Execution Count\n")
+    assert len(load(root).records) == 10
+    assert _atb_warnings(caplog) == []
+
+
+NOT_A_TENSOR_NAME = "not read: the name is not intensor{i}.bin or outtensor{i}.bin (optionally _{name} before .bin)"
+
+
+@pytest.mark.parametrize(
+    "moved_to, why",
+    [
+        ("after/outtensorX.bin", NOT_A_TENSOR_NAME),  # hand-renamed in its moment folder
+        ("after/out0.dat", NOT_A_TENSOR_NAME),  # a moment folder holds tensor files only
+        ("weight_copy.bin", NOT_A_TENSOR_NAME),  # a .bin beside op_param.json
+        ("results/after/outtensor0.bin", "not read: the folder name is not {index}_{OpType}"),
+    ],
+    ids=["renamed", "not-a-bin-in-after", "bin-beside-op-param", "folder-not-an-op"],
+)
+def test_a_file_or_folder_of_the_tree_the_reader_cannot_place_is_named_in_a_warning(tmp_path, caplog, moved_to, why):
+    caplog.set_level("WARNING")
+    root = tmp_path / TREE.name
+    shutil.copytree(TREE, root)
+    op = root / "tensors" / "0_4242" / "0" / "0_Decoder_layer" / "1_LinearOperation"
+    (op / moved_to).parent.mkdir(parents=True, exist_ok=True)
+    (op / "after" / "outtensor0.bin").rename(op / moved_to)
+
+    records = load(root).records
+
+    assert len(records) == 9 and "0_1 step 0 output.0" not in [record.key.label() for record in records]
+    skipped = op / moved_to if why == NOT_A_TENSOR_NAME else op / "results"
+    assert _atb_warnings(caplog) == [f"{skipped}: {why}"]
+
+
+def test_a_folder_link_in_the_tree_is_not_entered_and_named_in_a_warning(tmp_path, caplog):
+    caplog.set_level("WARNING")
+    root = tmp_path / TREE.name
+    shutil.copytree(TREE, root)
+    layer = root / "tensors" / "0_4242" / "0" / "0_Decoder_layer"
+    outside = tmp_path / "elsewhere" / "2_LinearOperation"
+    shutil.copytree(layer / "1_LinearOperation", outside)
+    (layer / "2_LinearOperation").symlink_to(outside)
+
+    assert len(load(root).records) == 10  # not entered
+
+    assert _atb_warnings(caplog) == [
+        f"{layer / '2_LinearOperation'}: not entered: a folder link leading outside the dump to {outside}"
+    ]

@@ -341,3 +341,142 @@ def test_corrupt_msprobe_inputs_give_one_line_naming_the_file(
     if damage != "truncated dump.json":
         assert str(victim) in err
     assert not marker.exists()
+
+
+# --- a hand-written tensor-mode dump: what dump.json says and what the .pt files hold must agree --------
+
+
+LAYER_1 = "Module.model.layers.1.mlp.LlamaMLP.forward.0"
+
+
+def _write_tensor_dump(root: Path, scale: float = 1.0) -> Path:
+    """Write a two-module L0 tensor-mode dump as msprobe lays it out; return its dump.json."""
+    rank = root / "step0" / "rank0"
+    (rank / "dump_tensor_data").mkdir(parents=True)
+    x = torch.arange(8, dtype=torch.float32).reshape(2, 4) / 8
+    data = {}
+    for layer in (0, 1):
+        entry = f"Module.model.layers.{layer}.mlp.LlamaMLP.forward.0"
+        y = x * (scale if layer == 1 else 1.0) + layer
+        items = {}
+        for section, tensor in (("input_args", x), ("output", y)):
+            data_name = f"{entry}.{section.split('_')[0]}.0.pt"
+            torch.save(tensor.clone(), rank / "dump_tensor_data" / data_name)
+            items[section] = [
+                {
+                    "type": "torch.Tensor",
+                    "dtype": "torch.float32",
+                    "shape": list(tensor.shape),
+                    "Max": tensor.max().item(),
+                    "Min": tensor.min().item(),
+                    "Mean": tensor.mean().item(),
+                    "Norm": tensor.norm().item(),
+                    "requires_grad": False,
+                    "data_name": data_name,
+                }
+            ]
+        data[entry] = {"input_args": items["input_args"], "input_kwargs": {}, "output": items["output"]}
+        x = y
+    header = {"task": "tensor", "level": "L0", "framework": "pytorch", "dump_data_dir": None}
+    (rank / "dump.json").write_text(json.dumps({**header, "data": data}, indent=1))
+    (rank / "construct.json").write_text(json.dumps({entry: None for entry in data}))
+    (rank / "stack.json").write_text("{}")
+    return rank / "dump.json"
+
+
+def _edit_layer_1_output(dump_json: Path, edit: Callable[[dict[str, Any]], None]) -> None:
+    document = json.loads(dump_json.read_text())
+    edit(document["data"][LAYER_1]["output"][0])
+    dump_json.write_text(json.dumps(document))
+
+
+def _compare_error(golden: Path, my: Path, out: Path, capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
+    code = main(["compare", "--golden-path", str(golden), "--my-path", str(my), "-o", str(out)])
+    return code, capsys.readouterr().err
+
+
+@pytest.mark.parametrize("damaged_side", ["my", "golden"])
+@pytest.mark.parametrize("field", ["dtype", "shape"])
+def test_a_tensor_item_without_dtype_or_shape_is_one_error_never_a_dropped_record(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], field: str, damaged_side: str
+) -> None:
+    _write_tensor_dump(tmp_path / "clean", scale=1.0)
+    damaged_json = _write_tensor_dump(tmp_path / "damaged", scale=1.05)  # its layer 1 output is the failing tensor
+    _edit_layer_1_output(damaged_json, lambda item: item.pop(field))
+    golden, my = tmp_path / "clean", tmp_path / "damaged"
+    if damaged_side == "golden":
+        golden, my = my, golden
+
+    code, err = _compare_error(golden, my, tmp_path / "out", capsys)
+
+    assert code == 1 and err.count("\n") == 1
+    assert err.startswith(f"llmcheck: error: {damaged_json}: {LAYER_1} output.0: tensor item has no {field} (")
+    assert not (tmp_path / "out" / "summary.json").exists()
+
+
+def test_a_pt_file_of_another_dtype_than_dump_json_states_names_both_files(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _write_tensor_dump(tmp_path / "golden")
+    dump_json = _write_tensor_dump(tmp_path / "my")
+    pt_file = dump_json.parent / "dump_tensor_data" / f"{LAYER_1}.output.0.pt"
+    torch.save(torch.load(pt_file).half(), pt_file)  # dump.json still says float32 [2, 4]
+
+    code, err = _compare_error(tmp_path / "golden", tmp_path / "my", tmp_path / "out", capsys)
+
+    assert code == 1 and err.count("\n") == 1
+    assert err.startswith(
+        f"llmcheck: error: {pt_file}: dtype mismatch: the file holds float16, {dump_json} says float32 "
+        f"for {LAYER_1} output.0 (the dump disagrees with itself"
+    )
+
+
+def test_a_dump_json_shape_the_pt_file_does_not_have_is_the_dump_disagreeing_with_itself(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _write_tensor_dump(tmp_path / "golden")
+    dump_json = _write_tensor_dump(tmp_path / "my")
+    _edit_layer_1_output(dump_json, lambda item: item.update(shape=[3, 4]))  # the .pt holds [2, 4]
+
+    code, err = _compare_error(tmp_path / "golden", tmp_path / "my", tmp_path / "out", capsys)
+
+    assert code == 1 and err.count("\n") == 1
+    pt_file = dump_json.parent / "dump_tensor_data" / f"{LAYER_1}.output.0.pt"
+    assert err.startswith(
+        f"llmcheck: error: {pt_file}: shape mismatch: the file holds [2, 4], {dump_json} says [3, 4] "
+        f"for {LAYER_1} output.0 (the dump disagrees with itself"
+    )
+
+
+def test_an_8_bit_float_msprobe_saved_as_float32_reads_and_keyword_items_are_not_tensors(tmp_path: Path) -> None:
+    dump_json = _write_tensor_dump(tmp_path / "dump")
+    _edit_layer_1_output(dump_json, lambda item: item.update(dtype="torch.float8_e4m3fn"))
+    document = json.loads(dump_json.read_text())
+    document["data"][LAYER_1]["input_kwargs"] = {  # keyword arguments named dtype and shape: no tensor
+        "dtype": {"type": "torch.dtype", "value": "torch.float32"},
+        "shape": {"type": "torch.Size", "value": [2, 4]},
+    }
+    dump_json.write_text(json.dumps(document))
+
+    records = _load(tmp_path / "dump").records
+
+    assert len(records) == 4
+    output = next(r for r in records if r.key.name == "model.layers.1.mlp" and r.key.io == "output")
+    assert (output.dtype, output.attrs["saved_dtype"]) == ("float8_e4m3fn", "float32")
+    assert output.data.load().dtype == torch.float32
+
+
+def test_an_absent_pt_file_is_named_in_a_warning_and_its_record_judged_on_statistics(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level("WARNING")
+    dump_json = _write_tensor_dump(tmp_path / "dump")
+    absent = dump_json.parent / "dump_tensor_data" / f"{LAYER_1}.output.0.pt"
+    absent.unlink()
+
+    records = _load(tmp_path / "dump").records
+
+    output = next(r for r in records if r.key.name == "model.layers.1.mlp" and r.key.io == "output")
+    assert output.data is None and output.stats.max == pytest.approx(1.875)
+    (warning,) = [r.getMessage() for r in caplog.records if r.name == "llmcheck.msprobe"]
+    assert f"1 tensor files named in dump.json are absent ({absent})" in warning

@@ -239,3 +239,55 @@ def test_any_graph_file_the_original_glob_accepts_is_found_and_maps_ops(tmp_path
 
     assert dump.manifest["graph_files"] and dump.topology is not None
     assert [op.name for op in dump.topology.children[0].children] == ["arg0", "Mul_1", "Add_2"]
+
+
+NOT_A_DUMP_FILE_NAME = "not read: the name is not {OpType}.{OpName}.{taskId}.{streamId}.{timestampUs}"
+
+
+def _ge_warnings(caplog) -> list[str]:
+    return [record.getMessage() for record in caplog.records if record.name == "llmcheck.ge"]
+
+
+def test_a_file_among_the_dump_files_whose_name_is_not_a_dump_name_is_named_in_a_warning(tmp_path, caplog):
+    caplog.set_level("WARNING")
+    model = tmp_path / "20240101120000" / "0" / "graph_1" / "1"
+    for step in (0, 1):
+        _write_op(model / str(step), "Add", "Add_2", 100 + step, 1.0)
+        _write_op(model / str(step), "Mul", "Mul_1", 200 + step, 2.0)
+    beside = model / "0" / "Add.Add_2.1.0.100"
+    beside.rename(model / "0" / "Add.Add_2.1.0")  # the timestamp part lost: beside Mul's file
+    alone = model / "1"  # step 1 keeps only a misnamed file: a step folder of the CANN tree all the same
+    for file in alone.iterdir():
+        file.rename(file.with_name(file.name.replace(".", "_")))
+    _graph(tmp_path)  # what torchair legitimately writes beside the dump: no warning
+    (model / "0" / "Add.Add_2.1.0.100.input.0.npy").write_bytes(b"")  # msaccucmp's conversion
+    (model / "0" / ".nfs0001").write_bytes(b"")  # hidden
+
+    dump = get_plugins().load_tensors(tmp_path, "ge")
+
+    assert [r.key.label() for r in dump.records] == ["Mul_1 step 0 input.0", "Mul_1 step 0 output.0"]
+    assert _ge_warnings(caplog) == [
+        f"{model / '0' / 'Add.Add_2.1.0'}: {NOT_A_DUMP_FILE_NAME}",
+        f"{alone / 'Add_Add_2_1_0_101'}: {NOT_A_DUMP_FILE_NAME}",
+        f"{alone / 'Mul_Mul_1_1_0_201'}: {NOT_A_DUMP_FILE_NAME}",
+    ]
+
+
+def test_the_hand_built_ge_files_and_their_fixture_script_give_no_warning(caplog):
+    caplog.set_level("WARNING")
+    assert len(get_plugins().load_tensors(Path(__file__).parent / "data" / "ge", "ge").records) > 0
+    assert _ge_warnings(caplog) == []
+
+
+def test_a_folder_link_in_a_ge_tree_is_not_entered_and_named_in_a_warning(tmp_path, caplog):
+    caplog.set_level("WARNING")
+    model = tmp_path / "dump" / "20240101120000" / "0" / "graph_1" / "1"
+    _write_op(model / "0", "Add", "Add_2", 100, 1.0)
+    outside = tmp_path / "elsewhere" / "1"
+    _write_op(outside, "Add", "Add_2", 200, 1.0)
+    (model / "1").symlink_to(outside)
+
+    dump = get_plugins().load_tensors(tmp_path / "dump", "ge")
+
+    assert {r.key.step for r in dump.records} == {0}
+    assert _ge_warnings(caplog) == [f"{model / '1'}: not entered: a folder link leading outside the dump to {outside}"]

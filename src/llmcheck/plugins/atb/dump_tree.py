@@ -17,6 +17,11 @@ by execute count, then depth first through the op tree with an op's ``before`` t
 ahead of its children and its ``after`` tensors behind them. Only headers are read here;
 the data stays on disk behind lazy handles. One ``{device}_{pid}`` folder per device is a
 multi-rank run, read as one run whose records carry the device as their rank.
+
+Nothing in the tensor tree is passed over without a word: a file in a ``before``/``after``
+folder (or a ``.bin`` beside ``op_param.json``) whose name is not a tensor file name, a
+folder whose name is not an execute count or ``{id}_{OpType}``, and a folder link (never
+entered) are each named in a warning saying why their tensors were not read.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ import logging
 import os
 import re
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +48,6 @@ from llmcheck.plugin_api import (
     TensorRecord,
     TopologyNode,
     inside_dump,
-    is_real_folder,
     merge_rank_dumps,
 )
 from llmcheck.plugins.atb import SOURCE_NAME
@@ -67,6 +71,9 @@ _TENSOR_FILE = re.compile(r"^(?P<io>in|out)tensor(?P<index>\d+)(?:_(?P<ir>.+))?\
 _STATISTIC_NAME = re.compile(r"^operation_statistic_(\d+)\.(txt|csv)$")
 _OP_CSV_NAME = re.compile(r"^operation_tensors_(\d+)\.csv$")
 _TOPOLOGY_COUNTER = re.compile(r"_(\d+)$")
+#: How many passed-over files and folders of one run are named, one warning each, before the rest are counted.
+MAX_SKIPPED_NAMED = 20
+_NOT_A_TENSOR_NAME = "not read: the name is not intensor{i}.bin or outtensor{i}.bin (optionally _{name} before .bin)"
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,6 +155,14 @@ def _run_folders(layout: DumpLayout) -> list[Path]:
     )
 
 
+def _other_run_level_folders(layout: DumpLayout) -> list[Path]:
+    """Return the folders beside the ``{device}_{pid}`` run folders whose names are not one (not read)."""
+    folder = layout.tensors_dir
+    if not folder.is_dir():
+        return []
+    return sorted(child for child in folder.iterdir() if child.is_dir() and not _RUN_FOLDER.match(child.name))
+
+
 def _overlaps(folder: Path, scope: Path | None) -> bool:
     """Return whether a folder holds part of the scope (or the scope holds it)."""
     return scope is None or folder.is_relative_to(scope) or scope.is_relative_to(folder)
@@ -176,6 +191,22 @@ class _Walk:
     scope: Path | None
     records: list[TensorRecord]
     csv_params: dict[tuple[int, str], dict[str, Any]] | None = None
+    #: Files and folders of the tree that were not read, each with why.
+    skipped: list[tuple[Path, str]] = field(default_factory=list)
+
+    def skip(self, path: Path, why: str) -> None:
+        """Note a file or folder of the tree that is not read (reported once the walk is done)."""
+        if self.scope is None or path.is_relative_to(self.scope):
+            self.skipped.append((path, why))
+
+    def skip_folder_link(self, link: Path) -> None:
+        """Note a folder link: never entered, so its tensors are not read."""
+        target = Path(os.path.realpath(link))
+        real_root = Path(os.path.realpath(self.layout.root))
+        if target != real_root and real_root not in target.parents:
+            self.skip(link, f"not entered: a folder link leading outside the dump to {target}")
+        else:
+            self.skip(link, f"not entered: a folder link (to {target}); llmcheck never follows folder links in a dump")
 
     @property
     def root_prefix_chars(self) -> int:
@@ -197,8 +228,13 @@ class _Walk:
         return self.csv_params.get((step, op_name))
 
 
-def _tensor_files(folder: Path) -> list[tuple[str, int, str | None, Path]]:
-    """Return ``(io, index, ir name, path)`` of the tensor files in a folder, inputs first, by index."""
+def _tensor_files(folder: Path, walk: _Walk, *, moment_folder: bool) -> list[tuple[str, int, str | None, Path]]:
+    """Return ``(io, index, ir name, path)`` of the tensor files in a folder, inputs first, by index.
+
+    A ``before``/``after`` folder (``moment_folder``) holds tensor files only, so any other
+    file in it is noted as skipped; in an op folder only a ``.bin`` file is (``op_param.json``
+    lives there).
+    """
     found = []
     try:
         entries = os.scandir(folder)
@@ -206,10 +242,14 @@ def _tensor_files(folder: Path) -> list[tuple[str, int, str | None, Path]]:
         return []
     with entries:
         for entry in entries:
+            if not (entry.is_symlink() or entry.is_file()):  # a link is judged by inside_dump
+                continue
             match = _TENSOR_FILE.match(entry.name)
-            if match and (entry.is_symlink() or entry.is_file()):  # a link is judged by inside_dump
+            if match:
                 io = IO_INPUT if match.group("io").lower() == "in" else IO_OUTPUT
                 found.append((io, int(match.group("index")), match.group("ir"), Path(entry.path)))
+            elif not entry.name.startswith(".") and (moment_folder or entry.name.lower().endswith(".bin")):
+                walk.skip(Path(entry.path), _NOT_A_TENSOR_NAME)
     return sorted(found, key=lambda item: (item[0] != IO_INPUT, item[1], item[2] or ""))
 
 
@@ -289,24 +329,63 @@ def _visit_op(walk: _Walk, op_dir: Path, step: int, ids: tuple[int, ...], names:
                 )
             )
 
-    loose = _tensor_files(op_dir)  # tensors saved next to op_param.json (no before/after folder)
-    emit(_tensor_files(op_dir / MOMENT_BEFORE) + [item for item in loose if item[0] == IO_INPUT], MOMENT_BEFORE)
-    for index, child_type, child in _op_folders(op_dir):
+    loose = _tensor_files(op_dir, walk, moment_folder=False)  # tensors next to op_param.json (no before/after)
+    before = _tensor_files(op_dir / MOMENT_BEFORE, walk, moment_folder=True)
+    emit(before + [item for item in loose if item[0] == IO_INPUT], MOMENT_BEFORE)
+    for index, child_type, child in _op_folders(op_dir, walk):
         if _overlaps(child, walk.scope):
             _visit_op(walk, child, step, (*ids, index), (*names, child.name), child_type)
-    emit(_tensor_files(op_dir / MOMENT_AFTER) + [item for item in loose if item[0] == IO_OUTPUT], MOMENT_AFTER)
+    after = _tensor_files(op_dir / MOMENT_AFTER, walk, moment_folder=True)
+    emit(after + [item for item in loose if item[0] == IO_OUTPUT], MOMENT_AFTER)
 
 
-def _op_folders(folder: Path) -> Iterator[tuple[int, str, Path]]:
-    """Yield ``(index, op type, folder)`` of the op folders in a folder, by index."""
+def _op_folders(folder: Path, walk: _Walk) -> Iterator[tuple[int, str, Path]]:
+    """Yield ``(index, op type, folder)`` of the op folders in a folder, by index.
+
+    Folder links (never entered) and folders that are not ``{index}_{OpType}`` are noted as skipped.
+    """
     found = []
     with os.scandir(folder) as entries:
         for entry in entries:
-            if entry.name not in (MOMENT_BEFORE, MOMENT_AFTER) and entry.is_dir(follow_symlinks=False):
-                parsed = split_op_folder(entry.name)
-                if parsed is not None:
-                    found.append((parsed[0], parsed[1], Path(entry.path)))
+            if entry.name in (MOMENT_BEFORE, MOMENT_AFTER) or not entry.is_dir():
+                continue
+            if entry.is_symlink():
+                walk.skip_folder_link(Path(entry.path))
+                continue
+            parsed = split_op_folder(entry.name)
+            if parsed is None:
+                walk.skip(Path(entry.path), "not read: the folder name is not {index}_{OpType}")
+            else:
+                found.append((parsed[0], parsed[1], Path(entry.path)))
     yield from sorted(found, key=lambda item: (item[0], item[1]))
+
+
+def _step_folders(run: Path, walk: _Walk) -> list[tuple[int, Path]]:
+    """Return ``(execute count, folder)`` of a run's execute-count folders; other folders are noted as skipped."""
+    steps = []
+    for child in run.iterdir():
+        if not child.is_dir():
+            continue
+        if child.is_symlink():
+            walk.skip_folder_link(child)
+        elif child.name.isdigit():
+            steps.append((int(child.name), child))
+        else:
+            walk.skip(child, "not read: the folder name is not an execute count")
+    return sorted(steps)
+
+
+def _report_skipped(walk: _Walk) -> None:
+    """Warn about each file and folder of the tree that was not read (the first ones by name, then a count)."""
+    for path, why in walk.skipped[:MAX_SKIPPED_NAMED]:
+        log.warning("%s: %s", path, why)
+    if len(walk.skipped) > MAX_SKIPPED_NAMED:
+        log.warning(
+            "%s: %d more files or folders of the tensor tree were not read (the first %d are named above)",
+            walk.run,
+            len(walk.skipped) - MAX_SKIPPED_NAMED,
+            MAX_SKIPPED_NAMED,
+        )
 
 
 def _topology(layout: DumpLayout, device: int, pid: int) -> tuple[TopologyNode | None, list[Path]]:
@@ -493,6 +572,9 @@ def load_atb_dump(path: Path) -> Dump | None:
     runs = _run_folders(layout)
     if scope is not None:
         runs = [run for run in runs if scope.is_relative_to(run)]
+    else:
+        for folder in _other_run_level_folders(layout):
+            log.warning("%s: not read: the folder name is not {device}_{pid}", folder)
     if not runs:
         raise DumpNotFoundError(
             "ATB dump holds no tensors",
@@ -518,15 +600,14 @@ def _run_dump(layout: DumpLayout, run: Path, scope: Path | None) -> Dump:
     """Return the records of one ``{device}_{pid}`` folder of an ATB dump."""
     device, pid = (int(part) for part in _RUN_FOLDER.match(run.name).groups())  # type: ignore[union-attr]
     walk = _Walk(layout=layout, run=run, device=device, scope=scope, records=[])
-    steps = sorted(
-        (int(child.name), child) for child in run.iterdir() if is_real_folder(child) and child.name.isdigit()
-    )
+    steps = _step_folders(run, walk)
     for step, step_dir in steps:
         if not _overlaps(step_dir, scope):
             continue
-        for index, op_type, op_dir in _op_folders(step_dir):
+        for index, op_type, op_dir in _op_folders(step_dir, walk):
             if _overlaps(op_dir, scope):
                 _visit_op(walk, op_dir, step, (index,), (op_dir.name,), op_type)
+    _report_skipped(walk)
     records = walk.records
     profiling, profiling_files = _cpu_profiling(layout, pid)
     if profiling:

@@ -8,12 +8,17 @@ msprobe writes, per step and rank (``proc{PID}`` when the run was not distribute
       stack.json           the Python stack of each call
       dump_tensor_data/    {entry}.{input|output|kwargs|parameters}.{i}.pt  (task "tensor" only)
 
-Every tensor entry of ``dump.json`` (an item with a ``dtype`` and a ``shape``) becomes one
+Every tensor item of ``dump.json`` (an item whose ``type`` names a tensor, or an older
+item without a type that has a ``dtype`` and a ``shape``) becomes one
 :class:`~llmcheck.core.records.TensorRecord`: keyed as :mod:`.entry_names` says, with the
 statistics msprobe recorded (``Max``/``Min``/``Mean``/``Norm``), the checksum of its md5
 mode as the record's ``digest``, and, in tensor mode, a lazy handle to its ``.pt`` file.
 Records are in ``dump.json`` order (msprobe writes a call when it finishes, so a module's
 entry follows its children's), steps in turn.
+
+msprobe writes every tensor item with its ``dtype`` and ``shape``: an item without one is
+refused (never dropped), and so is a tensor file whose dtype or shape is not the one its
+item states (the dump disagrees with itself).
 """
 
 from __future__ import annotations
@@ -43,7 +48,7 @@ from llmcheck.plugin_api import (
 )
 from llmcheck.plugins.msprobe import SOURCE_NAME
 from llmcheck.plugins.msprobe.entry_names import parent_name, parse_entry_name
-from llmcheck.plugins.msprobe.tensor_files import TENSOR_SUFFIXES, tensor_loader
+from llmcheck.plugins.msprobe.tensor_files import TENSOR_SUFFIXES, saved_tensor_description, tensor_loader
 
 DUMP_JSON = "dump.json"
 CONSTRUCT_JSON = "construct.json"
@@ -53,6 +58,26 @@ _STEP_FOLDER = re.compile(r"step(\d+)\Z")
 _RANK_FOLDER = re.compile(r"(rank|proc)(\d*)\Z")
 #: msprobe's statistic names and the TensorStats fields they fill.
 _STATISTICS = {"Max": "max", "Min": "min", "Mean": "mean", "Norm": "l2norm"}
+#: The ``type`` of the dump.json items that describe a tensor (msprobe's tensor, DTensor, fake
+#: and async-collective tensor types, numpy arrays, MindSpore tensors).
+TENSOR_ITEM_TYPES = frozenset(
+    {
+        "torch.Tensor",
+        "torch.distributed.tensor.DTensor",
+        "torch._subclasses.fake_tensor.FakeTensor",
+        "torch.distributed._functional_collectives.AsyncCollectiveTensor",
+        "numpy.ndarray",
+        "mindspore.Tensor",
+    }
+)
+#: The fields msprobe writes in every tensor item; an item lacking one is refused.
+REQUIRED_TENSOR_FIELDS = ("dtype", "shape")
+#: Dtypes msprobe casts to float32 before saving the tensor file (its dump.json keeps the
+#: tensor's own dtype): the 8-bit floats of torch and torch_npu.
+_SAVED_AS_FLOAT32_PREFIXES = ("float8", "hifloat8")
+#: How many absent tensor files the warning about them names.
+_MISSING_FILES_NAMED = 5
+_REDUMP_HINT = "the dump disagrees with itself: a file was replaced or edited; re-run the msprobe dump"
 #: How many bytes of a dump.json are read to recognise it (its header keys come first).
 _SNIFF_BYTES = 4096
 
@@ -134,10 +159,14 @@ def _rank_dump(folders: list[RankFolder], root: Path) -> Dump:
         parents = _read_optional_json(folder.path / CONSTRUCT_JSON)
         stacks = _stacks(_read_optional_json(folder.path / STACK_JSON))
         records.extend(_entry_records(folder, entries, parents, stacks, first_order=len(records)))
-    missing = sum(1 for record in records if record.attrs.get("data_missing"))
+    missing = [record.source_path for record in records if record.attrs.get("data_missing")]
     if missing:
+        named = ", ".join(missing[:_MISSING_FILES_NAMED]) + (", ..." if len(missing) > _MISSING_FILES_NAMED else "")
         log.warning(
-            "%s: %d tensor files named in dump.json are absent; those records are judged on statistics", root, missing
+            "%s: %d tensor files named in dump.json are absent (%s); those records are judged on statistics",
+            root,
+            len(missing),
+            named,
         )
     manifest = {
         "format": "msprobe",
@@ -214,8 +243,16 @@ def _section_rank(section: str) -> int:
 
 
 def is_tensor_entry(item: Any) -> bool:
-    """Return whether a dump.json item describes a tensor (it has a dtype and a shape)."""
-    return isinstance(item, dict) and "dtype" in item and "shape" in item
+    """Return whether a dump.json item describes a tensor: its type names one, or it has a dtype and a shape.
+
+    A keyword-argument mapping that happens to hold ``dtype`` and ``shape`` keywords (items
+    themselves) is a container, not a tensor item.
+    """
+    if not isinstance(item, dict):
+        return False
+    if item.get("type") in TENSOR_ITEM_TYPES:
+        return True
+    return "dtype" in item and "shape" in item and not isinstance(item["dtype"], dict)
 
 
 def tensor_items(value: Any, position: str = "") -> Iterator[tuple[str, dict[str, Any]]]:
@@ -247,6 +284,7 @@ def _entry_records(
         for section, value in sorted(sections.items(), key=lambda item: _section_rank(item[0])):
             io, prefix = _io_of(section)
             for position, item in tensor_items(value):
+                label = f"{entry} {section}.{position}" if position else f"{entry} {section}"
                 key = RecordKey(
                     name=name.record_name,
                     io=io,
@@ -257,7 +295,15 @@ def _entry_records(
                 )
                 records.append(
                     _record(
-                        key, item, name.op_type, parent, folder, data_folder, first_order + len(records), attrs_base
+                        key,
+                        item,
+                        label,
+                        name.op_type,
+                        parent,
+                        folder,
+                        data_folder,
+                        first_order + len(records),
+                        attrs_base,
                     )
                 )
     return records
@@ -266,6 +312,7 @@ def _entry_records(
 def _record(
     key: RecordKey,
     item: Mapping[str, Any],
+    label: str,
     op_type: str,
     parent: str | None,
     folder: RankFolder,
@@ -274,13 +321,19 @@ def _record(
     attrs_base: Mapping[str, Any],
 ) -> TensorRecord:
     where = folder.path / DUMP_JSON
+    for field_name in REQUIRED_TENSOR_FIELDS:
+        if item.get(field_name) is None:
+            raise DumpFormatError(
+                f"{label}: tensor item has no {field_name}",
+                where=where,
+                hint="msprobe writes every tensor item with a dtype and a shape; "
+                "dump.json was edited or cut; re-run the msprobe dump",
+            )
     dtype = str(item["dtype"]).removeprefix("torch.")
     try:
         shape = tuple(int(size) for size in item["shape"])
     except (TypeError, ValueError) as exc:
-        raise DumpFormatError(
-            f"{attrs_base['msprobe_entry']}: shape {item['shape']!r} is not a list of integers", where=where
-        ) from exc
+        raise DumpFormatError(f"{label}: shape {item['shape']!r} is not a list of integers", where=where) from exc
     attrs = dict(attrs_base)
     data = None
     source_path = str(where)
@@ -296,7 +349,10 @@ def _record(
             )
         if tensor_path.is_file():
             inside_dump(tensor_path, folder.path)
-            data = TensorData(dtype=dtype, shape=shape, path=tensor_path, loader=tensor_loader(tensor_path))
+            saved_dtype = _checked_tensor_file(tensor_path, dtype, shape, where, label)
+            if saved_dtype != dtype:
+                attrs["saved_dtype"] = saved_dtype
+            data = TensorData(dtype=saved_dtype, shape=shape, path=tensor_path, loader=tensor_loader(tensor_path))
         else:
             attrs["data_missing"] = True
     digest = item.get("md5")
@@ -309,7 +365,7 @@ def _record(
         rank=folder.rank,
         op_type=op_type,
         parent=parent,
-        stats=_stats(item, where),
+        stats=_stats(item, where, label),
         data=data,
         source_path=source_path,
         attrs=attrs,
@@ -317,7 +373,36 @@ def _record(
     )
 
 
-def _stats(item: Mapping[str, Any], where: Path) -> TensorStats | None:
+def _checked_tensor_file(tensor_path: Path, dtype: str, shape: tuple[int, ...], where: Path, label: str) -> str:
+    """Return the dtype a tensor file holds, after checking it against its dump.json item (dtype, shape).
+
+    Only the file's description is read (memory-mapped). msprobe saves 8-bit floats as
+    float32, so that difference is the format's, not a broken dump. A ``.npy`` file (a
+    MindSpore dump) is held to its shape only: MindSpore names dtypes its own way.
+    """
+    saved_dtype, saved_shape = saved_tensor_description(tensor_path)
+    cast_on_save = saved_dtype == "float32" and dtype.rpartition(".")[2].startswith(_SAVED_AS_FLOAT32_PREFIXES)
+    held = {"dtype": saved_dtype, "shape": str(list(saved_shape))}
+    stated = {"dtype": dtype, "shape": str(list(shape))}
+    differing = [
+        part
+        for part, differs in (
+            ("dtype", tensor_path.suffix == ".pt" and saved_dtype != dtype and not cast_on_save),
+            ("shape", saved_shape != shape),
+        )
+        if differs
+    ]
+    if differing:
+        raise DumpFormatError(
+            f"{' and '.join(differing)} mismatch: the file holds {' '.join(held[part] for part in differing)}, "
+            f"{where} says {' '.join(stated[part] for part in differing)} for {label}",
+            where=tensor_path,
+            hint=_REDUMP_HINT,
+        )
+    return saved_dtype if tensor_path.suffix == ".pt" else dtype
+
+
+def _stats(item: Mapping[str, Any], where: Path, label: str) -> TensorStats | None:
     values: dict[str, float | None] = {}
     for column, field_name in _STATISTICS.items():
         value = item.get(column)
@@ -327,7 +412,7 @@ def _stats(item: Mapping[str, Any], where: Path) -> TensorStats | None:
         try:
             values[field_name] = float(value)  # bools (a bool tensor's Max/Min) and "nan"/"inf" strings too
         except (TypeError, ValueError) as exc:
-            raise DumpFormatError(f"statistic {column}={value!r} is not a number", where=where) from exc
+            raise DumpFormatError(f"{label}: statistic {column}={value!r} is not a number", where=where) from exc
     if all(value is None for value in values.values()):
         return None
     return TensorStats(min=values["min"], max=values["max"], mean=values["mean"], l2norm=values["l2norm"])

@@ -5,6 +5,9 @@ msprobe saves each tensor with ``torch.save``: a pickle inside a zip. llmcheck l
 then requires the content to be one tensor: a file holding anything else -- an object whose
 unpickling would run code, a dict, a number -- is refused with a one-line error naming the
 file. ``.npy`` files (msprobe's numpy arrays) are read with ``allow_pickle=False``.
+
+When a dump is read, each file's dtype and shape are read (memory-mapped, no tensor data)
+and held against what ``dump.json`` says: :func:`saved_tensor_description`.
 """
 
 from __future__ import annotations
@@ -49,6 +52,22 @@ def load_npy_tensor(path: Path) -> torch.Tensor:
             f"refused: not a plain .npy array ({str(exc).strip().splitlines()[0]})", where=path
         ) from exc
     return torch.from_numpy(np.ascontiguousarray(array))
+
+
+def saved_tensor_description(path: Path) -> tuple[str, tuple[int, ...]]:
+    """Return the dtype name (``"float32"``) and shape of the tensor a tensor file holds, reading no data."""
+    if path.suffix == ".npy":
+        import numpy as np
+
+        try:
+            array = np.load(path, mmap_mode="r", allow_pickle=False)
+        except (ValueError, OSError, EOFError) as exc:
+            raise DumpFormatError(
+                f"refused: not a plain .npy array ({str(exc).strip().splitlines()[0]})", where=path
+            ) from exc
+        return str(array.dtype), tuple(int(size) for size in array.shape)
+    tensor = load_pt_tensor(path)  # memory-mapped: the bytes stay on disk
+    return str(tensor.dtype).removeprefix("torch."), tuple(int(size) for size in tensor.shape)
 
 
 def tensor_loader(path: Path) -> partial[torch.Tensor]:

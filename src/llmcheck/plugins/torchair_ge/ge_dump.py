@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import math
 import mmap
+import os
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -60,6 +61,9 @@ BARE_VERSION = "1.0"
 
 #: Files beside GE dumps that are not dumps (msit skips the same suffixes).
 IGNORED_SUFFIXES = (".txt", ".npy", ".bin", ".json", ".csv", ".pb", ".log")
+#: Other files torchair and CANN tools leave beside GE dumps (graph dumps, converted statistics).
+COMPANION_SUFFIXES = (*IGNORED_SUFFIXES, ".pbtxt", ".py", ".npz")
+NOT_A_DUMP_FILE_NAME = "not read: the name is not {OpType}.{OpName}.{taskId}.{streamId}.{timestampUs}"
 
 # DumpData field numbers
 _DUMP_VERSION, _DUMP_TIME, _DUMP_OUTPUT, _DUMP_INPUT, _DUMP_BUFFER, _DUMP_OP_NAME, _DUMP_ATTR, _DUMP_SPACE = range(1, 9)
@@ -524,12 +528,49 @@ def payload_from_tensor(tensor: object, *, layout: str = "ND") -> GeTensorPayloa
     return GeTensorPayload(bytes(tensor_bytes(value)), code, tuple(value.shape), FORMAT_ND, tuple(value.shape))
 
 
-def dump_files_under(folder: Path) -> list[tuple[Path, GeDumpFileName]]:
-    """Return every GE dump file below ``folder`` with its parsed name, sorted by path."""
-    found = []
+def _is_step_folder(directory: Path) -> bool:
+    """Return whether a folder sits where CANN puts one step's dump files (``.../{modelId}/{step}``)."""
+    return directory.name.isdigit() and directory.parent.name.isdigit()
+
+
+def dump_files_under(folder: Path, skipped: list[tuple[Path, str]] | None = None) -> list[tuple[Path, GeDumpFileName]]:
+    """Return every GE dump file below ``folder`` with its parsed name, sorted by path.
+
+    ``skipped``, when given, receives what is passed over among the dump files, with why:
+    a file beside a dump file (or in a step folder of the CANN tree) whose name is not a
+    dump file name -- hidden files and the companions torchair and CANN tools write
+    (``COMPANION_SUFFIXES``) aside -- and a folder link, which is never entered.
+    """
+    found: list[tuple[Path, GeDumpFileName]] = []
     for directory, file_names in walk_files(folder):
+        unparsed = []
+        found_before = len(found)
         for file_name in file_names:
             parsed = parse_dump_file_name(file_name)
             if parsed is not None:
                 found.append((inside_dump(directory / file_name, folder), parsed))
+            elif not file_name.startswith(".") and not file_name.endswith(COMPANION_SUFFIXES):
+                unparsed.append(directory / file_name)
+        if skipped is None:
+            continue
+        if unparsed and (len(found) > found_before or _is_step_folder(directory)):
+            skipped.extend((path, NOT_A_DUMP_FILE_NAME) for path in sorted(unparsed))
+        skipped.extend((link, _folder_link_reason(link, folder)) for link in _folder_links(directory))
     return sorted(found, key=lambda item: str(item[0]))
+
+
+def _folder_links(directory: Path) -> list[Path]:
+    """Return the links to folders directly in ``directory`` (a walk never enters them)."""
+    try:
+        with os.scandir(directory) as entries:
+            return sorted(Path(entry.path) for entry in entries if entry.is_symlink() and entry.is_dir())
+    except OSError:
+        return []
+
+
+def _folder_link_reason(link: Path, root: Path) -> str:
+    target = Path(os.path.realpath(link))
+    real_root = Path(os.path.realpath(root))
+    if target != real_root and real_root not in target.parents:
+        return f"not entered: a folder link leading outside the dump to {target}"
+    return f"not entered: a folder link (to {target}); llmcheck never follows folder links in a dump"

@@ -12,10 +12,14 @@ counts repeats of one op within a step; with several graphs the name is prefixed
 ``graph{k}/``), ``op_type`` = GE op type, device ``npu:{device}``, rank from the world-size
 level (else the device), data as byte ranges of the dump file (a loader for FRACTAL_NZ and
 NC1HWC0, converted back to ``original_shape``).
+
+A file among the dump files whose name is not a dump file name, and a folder link (never
+entered), are named in a warning saying they were not read.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 from collections import defaultdict
@@ -46,6 +50,10 @@ from llmcheck.plugins.torchair_ge.ge_graph_text import GeGraph, GraphFileName, p
 
 GRAPH_SEARCH_LEVELS_UP = 8
 GRAPH_SEARCH_LEVELS_DOWN = 6
+#: How many passed-over files of one dump are named, one warning each, before the rest are counted.
+MAX_SKIPPED_NAMED = 20
+
+log = logging.getLogger("llmcheck.ge")
 
 T = TypeVar("T")
 _RANK_FOLDER = re.compile(r"^worldsize(\d+)_global_rank(\d+)$")
@@ -171,7 +179,10 @@ def load_ge_dump(path: Path) -> Dump | None:
         parsed = parse_dump_file_name(path.name)
         files = [(path, parsed)] if parsed is not None else []
     else:
-        files = dump_files_under(path)
+        skipped: list[tuple[Path, str]] = []
+        files = dump_files_under(path, skipped)
+        if files:
+            _report_skipped(path, skipped)
     if not files:
         return None
     resolved_root = path.resolve()  # once: the folder names above the given path count too
@@ -240,6 +251,19 @@ def load_ge_dump(path: Path) -> Dump | None:
         "models": models,
     }
     return Dump(source=SOURCE_NAME, root=dump_root, records=records, topology=topology, manifest=manifest)
+
+
+def _report_skipped(root: Path, skipped: list[tuple[Path, str]]) -> None:
+    """Warn about each file of the dump that was not read (the first ones by name, then a count)."""
+    for skipped_path, why in skipped[:MAX_SKIPPED_NAMED]:
+        log.warning("%s: %s", skipped_path, why)
+    if len(skipped) > MAX_SKIPPED_NAMED:
+        log.warning(
+            "%s: %d more files or folders among the GE dump files were not read (the first %d are named above)",
+            root,
+            len(skipped) - MAX_SKIPPED_NAMED,
+            MAX_SKIPPED_NAMED,
+        )
 
 
 def _relative(file_path: Path, root: Path) -> str:
