@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from llmcheck.core.errors import DumpFormatError
+from llmcheck.core.errors import DumpFormatError, PathOutsideDumpError
 from llmcheck.core.records import RecordKey, TensorRecord, TensorStats, TopologyNode
 from llmcheck.core.statistics import tensor_stats
 from llmcheck.core.store import DumpWriter, find_dumps, read_dump
@@ -346,3 +346,81 @@ def test_index_lines_in_any_order_across_many_shards_give_the_same_records(tmp_p
     shuffled = read_dump(writer.path).records
     assert shuffled == in_order
     assert [float(record.data.load()[0]) for record in shuffled] == [float(order) for order in range(24)]
+
+
+@pytest.mark.parametrize("file_name", ["index.jsonl", "manifest.json", "topology.json"])
+def test_a_dump_file_linked_from_outside_the_dump_is_refused_and_one_linked_inside_is_read(
+    tmp_path: Path, file_name: str
+) -> None:
+    from llmcheck.core.plugins import get_plugins
+
+    with DumpWriter(tmp_path / "out", "test") as writer:
+        writer.add(_record("a", torch.ones(2), 0), torch.ones(2))
+        writer.write_topology(TopologyNode(name="root", op_type="M", children=(TopologyNode("a", "L"),)))
+    link = writer.path / file_name
+    inside = writer.path / f"kept_{file_name}"
+    link.rename(inside)
+    link.symlink_to(inside)  # a link that stays inside the dump is read
+    assert [record.key.name for record in get_plugins().load_tensors(writer.path).records] == ["a"]
+    outside = tmp_path / f"elsewhere_{file_name}"
+    inside.rename(outside)
+    link.unlink()
+    link.symlink_to(outside)
+    with pytest.raises(PathOutsideDumpError) as error:
+        get_plugins().load_tensors(writer.path)
+    assert error.value.one_line() == (
+        f"{link}: leads outside the dump {writer.path} to {os.path.realpath(outside)} "
+        "(llmcheck reads only files inside the dump; copy the file in instead of linking to it)"
+    )
+
+
+def test_blank_index_lines_hold_no_record_and_hide_none(tmp_path: Path) -> None:
+    with DumpWriter(tmp_path, "test") as writer:
+        for order in range(3):
+            writer.add(_record(f"t{order}", torch.ones(2), order), torch.ones(2))
+    index = writer.path / "index.jsonl"
+    first, second, third = index.read_bytes().splitlines(keepends=True)
+    index.write_bytes(first + b"\n" + second + b" \t\r\n" + b"\r" + third + b"\n\n  ")  # hand edits: blank lines
+    dump = read_dump(writer.path)
+    assert [record.key.name for record in dump.records] == ["t0", "t1", "t2"] and dump.cut is None
+    index.write_bytes(first + b"\n" + third)  # a record's line emptied: the closed manifest's count tells
+    dump = read_dump(writer.path)
+    assert [record.key.name for record in dump.records] == ["t0", "t2"]
+    assert dump.cut == (
+        "index.jsonl holds 2 of the 3 records the closed manifest counts (lines were lost after the dump "
+        "was written); 2 records were flushed before the cut"
+    )
+
+
+def test_a_record_key_given_by_two_index_lines_is_one_error_naming_both_lines(tmp_path: Path) -> None:
+    with DumpWriter(tmp_path, "test") as writer:
+        for order in range(3):
+            writer.add(_record(f"t{order}", torch.ones(2), order, step=1), torch.ones(2))
+    index = writer.path / "index.jsonl"
+    lines = index.read_text().splitlines(keepends=True)
+    again = json.dumps({**json.loads(lines[1]), "order": 3, "tensor": "t0"}) + "\n"  # t1's key, other data
+    index.write_text(lines[0] + "\n" + lines[1] + lines[2] + again)  # a blank line 2 counts in the numbering
+    with pytest.raises(DumpFormatError) as error:
+        read_dump(writer.path)
+    assert error.value.one_line() == (
+        f"{index}:5: record t1 step 1 output.0 repeats line 3 "
+        "(each record appears once in the index; remove one of the two lines)"
+    )
+
+
+def test_a_closed_manifest_counting_fewer_records_than_the_index_holds_is_reported_with_both_counts(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    with DumpWriter(tmp_path, "test") as writer:
+        for order in range(3):
+            writer.add(_record(f"t{order}", torch.ones(2), order), torch.ones(2))
+    manifest_path = writer.path / "manifest.json"
+    manifest = json.loads(manifest_path.read_text())
+    manifest_path.write_text(json.dumps({**manifest, "records": 1}))
+    dump = read_dump(writer.path)
+    assert [record.key.name for record in dump.records] == ["t0", "t1", "t2"]  # every record is still read
+    assert dump.cut is None  # nothing is cut: the index holds more than the manifest says
+    assert (
+        f"{writer.path}: index.jsonl holds 3 records, 2 more than the 1 the closed manifest counts "
+        "(lines were added after the dump was written)"
+    ) in caplog.text
