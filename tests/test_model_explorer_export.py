@@ -326,6 +326,30 @@ def test_the_atb_compare_is_drawn_whole(atb_compare: Path, tmp_path: Path, capsy
     assert "2 of 2 graph nodes have pairs, 1 not passing" in capsys.readouterr().out
 
 
+def test_the_views_replace_earlier_views_and_never_a_file_of_the_users(
+    atb_compare: Path, tmp_path: Path, capsys, caplog
+) -> None:
+    views = tmp_path / "me"
+    assert main(["export", "model-explorer", str(atb_compare), "-o", str(views)]) == 0
+    (graph,) = views.glob("*.onnx")
+    assert "replacing" not in caplog.text
+    assert main(["export", "model-explorer", str(atb_compare), "-o", str(views)]) == 0
+    assert (
+        f"{views}: replacing the previous views ({graph.name}, node_data_error.json, node_data_verdict.json"
+        in caplog.text
+    )
+    notes = views / "node_data_error.json"
+    notes.write_text("my notes on the error view\n")
+    before = {path.name: path.read_bytes() for path in views.iterdir()}
+    capsys.readouterr()
+    assert main(["export", "model-explorer", str(atb_compare), "-o", str(views)]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"llmcheck: error: {notes}: exists and holds text (27 bytes, starting 'my notes on the error view'), "
+        "not JSON; it is kept (pass another path with -o, or move the file away)"
+    )
+    assert {path.name: path.read_bytes() for path in views.iterdir()} == before  # nothing was written
+
+
 def test_a_report_cut_short_is_refused_naming_its_last_line(atb_compare: Path, tmp_path: Path, capsys) -> None:
     cut = _copy_of(atb_compare, tmp_path / "cmp")
     report = cut / "cmp_report.csv"

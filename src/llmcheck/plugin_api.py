@@ -20,7 +20,8 @@ What is here, by the question a plugin author asks:
   :func:`is_real_folder` (one containment rule), :func:`read_npy_header`, and the tensor
   I/O helpers (:func:`tensor_from_byte_range`, ...; they import torch on first use).
 * **Which records make one op call?** :class:`OpCall`, :func:`group_op_calls`.
-* **How do I write files?** :func:`atomic_write_text`, :func:`atomic_write_with`, and the
+* **How do I write files?** :func:`atomic_write_text`, :func:`atomic_write_with`,
+  :func:`check_replaceable` (never destroy a file of the user's that carries an output's name), and the
   llmcheck dump format (:class:`DumpWriter`, :func:`read_dump`, :func:`find_dumps`).
 * **How does a capture write tensors without slowing the run?** :class:`TensorSink` copies
   each tensor on the forward and measures and writes it on the :class:`DumpWriter`'s thread
@@ -67,6 +68,7 @@ from llmcheck.core.errors import (
 )
 from llmcheck.core.graph_overlay import RECORD_NAME_KEY
 from llmcheck.core.hookspecs import hookimpl
+from llmcheck.core.kept_files import EMPTY_FILE, ONNX_MODEL, check_replaceable
 from llmcheck.core.npy_format import NpyHeader, read_npy_header
 from llmcheck.core.op_calls import CallId, OpCall, group_op_calls, position_order
 from llmcheck.core.pair_block import PairBlock, row_dots
@@ -289,6 +291,9 @@ __all__ = [  # noqa: RUF022 -- grouped by the question a plugin author asks, not
     "json_safe",
     "write_pairs_json",
     "atomic_output",
+    "check_replaceable",
+    "ONNX_MODEL",
+    "EMPTY_FILE",
     "depth_points",
     "drawn_step",
     "error_measure",

@@ -18,15 +18,19 @@ from __future__ import annotations
 
 import csv
 import json
+import logging
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from llmcheck.core.atomic_files import atomic_write_text
+from llmcheck.core.atomic_files import atomic_output, atomic_write_text
 from llmcheck.core.errors import DumpFormatError, DumpNotFoundError, UsageError
+from llmcheck.core.kept_files import EMPTY_FILE, JSON_FILE, ONNX_MODEL, check_replaceable
 from llmcheck.core.records import VERDICT_ERROR, VERDICT_FAIL, VERDICT_PASS, VERDICT_WARN
 from llmcheck.core.report import CSV_NAME, SUMMARY_NAME
+
+log = logging.getLogger("llmcheck.export")
 
 #: Verdicts as the numbers Model Explorer colours (node data values must be numbers).
 VERDICT_CODES = {VERDICT_PASS: 0, VERDICT_WARN: 1, VERDICT_FAIL: 2, VERDICT_ERROR: 3}
@@ -320,6 +324,7 @@ def export_graph_overlay(compare_dir: Path, output_dir: Path | None = None, grap
     annotated = output_dir / graph.name
     if annotated.resolve() == graph.resolve():
         raise UsageError("would overwrite the graph it reads", where=annotated, hint="write elsewhere with -o")
+    _check_outputs(annotated, [output_dir / name for name in NODE_DATA_FILES.values()])
     for node in model.graph.node:
         overlay = overlays.get(node.name)
         if overlay is None:
@@ -339,7 +344,8 @@ def export_graph_overlay(compare_dir: Path, output_dir: Path | None = None, grap
             f"{_text(overlay.growth) or '-'}{', ' + overlay.attribution if overlay.attribution else ''}"
         )
         node.doc_string = f"{own_doc}\n{summary_line}" if own_doc else summary_line
-    onnx.save(model, str(annotated))
+    with atomic_output(annotated, "wb") as handle:
+        handle.write(model.SerializeToString())
     written = {}
     for quantity, content in node_data(graph_id, overlays).items():
         written[quantity] = output_dir / NODE_DATA_FILES[quantity]
@@ -352,3 +358,16 @@ def export_graph_overlay(compare_dir: Path, output_dir: Path | None = None, grap
         nodes=overlays,
         graph_nodes=len(node_of_record),
     )
+
+
+def _check_outputs(annotated: Path, node_data_files: list[Path]) -> None:
+    """Refuse to write over a file of the user's; say which earlier views are replaced.
+
+    Before anything is written, so a refusal leaves the folder as it was.
+    """
+    replaced = []
+    for path, kind in [(annotated, ONNX_MODEL), *((path, JSON_FILE) for path in node_data_files)]:
+        if path.exists() and check_replaceable(path, (kind, EMPTY_FILE), f"the {path.name} view") != EMPTY_FILE:
+            replaced.append(path.name)
+    if replaced:
+        log.warning("%s: replacing the previous views (%s)", annotated.parent, ", ".join(replaced))

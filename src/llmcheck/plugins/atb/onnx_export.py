@@ -18,7 +18,15 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from llmcheck.plugin_api import RECORD_NAME_KEY, LlmcheckError, UsageError, atomic_output
+from llmcheck.plugin_api import (
+    EMPTY_FILE,
+    ONNX_MODEL,
+    RECORD_NAME_KEY,
+    LlmcheckError,
+    UsageError,
+    atomic_output,
+    check_replaceable,
+)
 from llmcheck.plugins.atb.op_csv import CsvTensor, read_op_csv, rows_by_op_name
 from llmcheck.plugins.atb.topology import AtbGraphNode, flatten_to_level, read_topology
 
@@ -254,46 +262,6 @@ def build_onnx_model(
     return model
 
 
-def check_replaceable(target: Path) -> str:
-    """Return what the existing ``target`` holds (``"an ONNX model"``, ``"nothing"``); raise unless it is one of those.
-
-    Why: the output path is often typed by hand; notes or a folder that happen to carry the
-    name must never be lost to an export. A model (an earlier export) or an empty file is replaced.
-    """
-    hint = "pass another path with -o, or move the file away"
-    if target.is_dir():
-        raise UsageError("is a folder; the ONNX file cannot be written there", where=target, hint=hint)
-    held = _contents(target)
-    if held not in ("an ONNX model", "nothing"):
-        raise UsageError(f"exists and holds {held}, not an ONNX model; it is kept", where=target, hint=hint)
-    return held
-
-
-def _contents(path: Path) -> str:
-    """Return what a file holds, in words: ``an ONNX model``, ``nothing``, ``text (N bytes, starting '...')``."""
-    import onnx
-
-    size_bytes = path.stat().st_size
-    if size_bytes == 0:
-        return "nothing"
-    try:
-        model = onnx.load(str(path), load_external_data=False)
-    except Exception:  # onnx raises DecodeError, OSError, ... for a file that is not a model
-        model = None
-    if model is not None and model.ir_version > 0 and model.HasField("graph"):
-        return "an ONNX model"
-    with path.open("rb") as handle:
-        start = handle.read(64)
-    try:
-        text: str | None = start.decode("utf-8")
-    except UnicodeDecodeError as exc:  # a character cut by the 64 bytes read is still text
-        text = start[: exc.start].decode("utf-8") if exc.start >= len(start) - 3 else None
-    if text is None or not all(char.isprintable() or char.isspace() for char in text):
-        return f"{size_bytes} bytes of data"
-    first_line = (text.strip().splitlines() or [""])[0]
-    return f"text ({size_bytes} bytes, starting {first_line[:40]!r})" if first_line else f"{size_bytes} blank bytes"
-
-
 def atb_json_to_onnx(
     atb_json_path: str | Path,
     model_level: int = -1,
@@ -307,7 +275,7 @@ def atb_json_to_onnx(
     to the JSON's path with ``.onnx``; ``op_csv_path`` to the op CSV found beside the dump
     (see :func:`find_op_csv`), which gives tensor element types and shapes. An ONNX model (or
     an empty file) already at the output is replaced with a warning; anything else there is
-    kept and a :class:`UsageError` names what it holds (:func:`check_replaceable`).
+    kept and a :class:`UsageError` names what it holds (:func:`~llmcheck.core.kept_files.check_replaceable`).
     """
     json_path = Path(atb_json_path)
     if model_level < -1:
@@ -328,8 +296,8 @@ def atb_json_to_onnx(
         ) from exc
     target = Path(output_path) if output_path is not None else json_path.with_suffix(".onnx")
     if target.exists():
-        replaced = "the previous ONNX model" if check_replaceable(target) == "an ONNX model" else "an empty file"
-        log.warning("%s: replacing %s", target, replaced)
+        held = check_replaceable(target, (ONNX_MODEL, EMPTY_FILE), "the ONNX file")
+        log.warning("%s: replacing %s", target, "the previous ONNX model" if held == ONNX_MODEL else "an empty file")
     with atomic_output(target, "wb") as handle:
         handle.write(model.SerializeToString())
     log.debug("wrote %s (%d nodes)", target, len(model.graph.node))
