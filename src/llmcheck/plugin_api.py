@@ -53,7 +53,7 @@ from llmcheck.core.depth_profile import (
     placement,
     row_error,
 )
-from llmcheck.core.dump_paths import inside_dump, is_real_folder, walk_files
+from llmcheck.core.dump_paths import folder_link_reason, inside_dump, is_real_folder, walk_files, warn_passed_over
 from llmcheck.core.dump_schema import convert as convert_json
 from llmcheck.core.dump_schema import decode as decode_json
 from llmcheck.core.errors import (
@@ -242,6 +242,8 @@ __all__ = [  # noqa: RUF022 -- grouped by the question a plugin author asks, not
     # reading a dump's files
     "inside_dump",
     "walk_files",
+    "folder_link_reason",
+    "warn_passed_over",
     "is_real_folder",
     "NpyHeader",
     "read_npy_header",

@@ -11,15 +11,18 @@ run's tensors, to ``/etc/passwd``) silently changes what is compared.
 Folders are walked without following folder links (:func:`walk_files`), so a link cycle
 can never make a walk endless; a file link that loops is a
 :class:`~llmcheck.core.errors.DumpFormatError`. Every source plugin calls these two
-functions; none has its own variant.
+functions; none has its own variant. What a walk passes over -- a folder link it does not
+enter (:func:`folder_link_reason`), a file whose name the reader cannot parse -- is never
+dropped without a word: :func:`warn_passed_over` names each.
 :func:`plain_file_names` spares a reader of many files of one folder most of the resolving.
 """
 
 from __future__ import annotations
 
 import errno
+import logging
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from llmcheck.core.errors import DumpFormatError, PathOutsideDumpError
@@ -74,3 +77,29 @@ def walk_files(root: Path) -> Iterator[tuple[Path, list[str]]]:
 def is_real_folder(path: Path) -> bool:
     """Return whether ``path`` is a folder and not a link to one (a walk enters only these)."""
     return path.is_dir() and not path.is_symlink()
+
+
+#: How many passed-over files and folders of one dump are named, a warning each, before the rest are counted.
+PASSED_OVER_NAMED = 20
+
+
+def folder_link_reason(link: Path, root: Path) -> str:
+    """Return why a folder link in the dump ``root`` was not read: it is never entered, and where it leads."""
+    target = Path(os.path.realpath(link))
+    real_root = Path(os.path.realpath(root))
+    if target != real_root and real_root not in target.parents:
+        return f"not entered: a folder link leading outside the dump to {target}"
+    return f"not entered: a folder link (to {target}); llmcheck never follows folder links in a dump"
+
+
+def warn_passed_over(log: logging.Logger, root: Path, passed_over: Sequence[tuple[Path, str]]) -> None:
+    """Warn about each (path, why) a reader of the dump ``root`` did not read: the first ones by name, then a count."""
+    for path, why in passed_over[:PASSED_OVER_NAMED]:
+        log.warning("%s: %s", path, why)
+    if len(passed_over) > PASSED_OVER_NAMED:
+        log.warning(
+            "%s: %d more files or folders of the dump were not read (the first %d are named above)",
+            root,
+            len(passed_over) - PASSED_OVER_NAMED,
+            PASSED_OVER_NAMED,
+        )

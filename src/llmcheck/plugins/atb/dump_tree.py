@@ -47,8 +47,10 @@ from llmcheck.plugin_api import (
     RecordKey,
     TensorRecord,
     TopologyNode,
+    folder_link_reason,
     inside_dump,
     merge_rank_dumps,
+    warn_passed_over,
 )
 from llmcheck.plugins.atb import SOURCE_NAME
 from llmcheck.plugins.atb.acl_dtypes import NZ_FORMATS
@@ -71,8 +73,6 @@ _TENSOR_FILE = re.compile(r"^(?P<io>in|out)tensor(?P<index>\d+)(?:_(?P<ir>.+))?\
 _STATISTIC_NAME = re.compile(r"^operation_statistic_(\d+)\.(txt|csv)$")
 _OP_CSV_NAME = re.compile(r"^operation_tensors_(\d+)\.csv$")
 _TOPOLOGY_COUNTER = re.compile(r"_(\d+)$")
-#: How many passed-over files and folders of one run are named, one warning each, before the rest are counted.
-MAX_SKIPPED_NAMED = 20
 _NOT_A_TENSOR_NAME = "not read: the name is not intensor{i}.bin or outtensor{i}.bin (optionally _{name} before .bin)"
 
 
@@ -201,12 +201,7 @@ class _Walk:
 
     def skip_folder_link(self, link: Path) -> None:
         """Note a folder link: never entered, so its tensors are not read."""
-        target = Path(os.path.realpath(link))
-        real_root = Path(os.path.realpath(self.layout.root))
-        if target != real_root and real_root not in target.parents:
-            self.skip(link, f"not entered: a folder link leading outside the dump to {target}")
-        else:
-            self.skip(link, f"not entered: a folder link (to {target}); llmcheck never follows folder links in a dump")
+        self.skip(link, folder_link_reason(link, self.layout.root))
 
     @property
     def root_prefix_chars(self) -> int:
@@ -373,19 +368,6 @@ def _step_folders(run: Path, walk: _Walk) -> list[tuple[int, Path]]:
         else:
             walk.skip(child, "not read: the folder name is not an execute count")
     return sorted(steps)
-
-
-def _report_skipped(walk: _Walk) -> None:
-    """Warn about each file and folder of the tree that was not read (the first ones by name, then a count)."""
-    for path, why in walk.skipped[:MAX_SKIPPED_NAMED]:
-        log.warning("%s: %s", path, why)
-    if len(walk.skipped) > MAX_SKIPPED_NAMED:
-        log.warning(
-            "%s: %d more files or folders of the tensor tree were not read (the first %d are named above)",
-            walk.run,
-            len(walk.skipped) - MAX_SKIPPED_NAMED,
-            MAX_SKIPPED_NAMED,
-        )
 
 
 def _topology(layout: DumpLayout, device: int, pid: int) -> tuple[TopologyNode | None, list[Path]]:
@@ -607,7 +589,7 @@ def _run_dump(layout: DumpLayout, run: Path, scope: Path | None) -> Dump:
         for index, op_type, op_dir in _op_folders(step_dir, walk):
             if _overlaps(op_dir, scope):
                 _visit_op(walk, op_dir, step, (index,), (op_dir.name,), op_type)
-    _report_skipped(walk)
+    warn_passed_over(log, walk.run, walk.skipped)
     records = walk.records
     profiling, profiling_files = _cpu_profiling(layout, pid)
     if profiling:

@@ -35,7 +35,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from llmcheck.plugin_api import DTYPE_ITEMSIZE, DumpFormatError, TensorData, inside_dump, walk_files
+from llmcheck.plugin_api import (
+    DTYPE_ITEMSIZE,
+    DumpFormatError,
+    TensorData,
+    folder_link_reason,
+    inside_dump,
+    walk_files,
+)
 from llmcheck.plugins.torchair_ge.ge_dtypes import (
     FORMAT_FRACTAL_NZ,
     FORMAT_NC1HWC0,
@@ -555,7 +562,7 @@ def dump_files_under(folder: Path, skipped: list[tuple[Path, str]] | None = None
             continue
         if unparsed and (len(found) > found_before or _is_step_folder(directory)):
             skipped.extend((path, NOT_A_DUMP_FILE_NAME) for path in sorted(unparsed))
-        skipped.extend((link, _folder_link_reason(link, folder)) for link in _folder_links(directory))
+        skipped.extend((link, folder_link_reason(link, folder)) for link in _folder_links(directory))
     return sorted(found, key=lambda item: str(item[0]))
 
 
@@ -566,11 +573,3 @@ def _folder_links(directory: Path) -> list[Path]:
             return sorted(Path(entry.path) for entry in entries if entry.is_symlink() and entry.is_dir())
     except OSError:
         return []
-
-
-def _folder_link_reason(link: Path, root: Path) -> str:
-    target = Path(os.path.realpath(link))
-    real_root = Path(os.path.realpath(root))
-    if target != real_root and real_root not in target.parents:
-        return f"not entered: a folder link leading outside the dump to {target}"
-    return f"not entered: a folder link (to {target}); llmcheck never follows folder links in a dump"

@@ -36,6 +36,7 @@ from llmcheck.plugin_api import (
     TensorRecord,
     TopologyNode,
     inside_dump,
+    warn_passed_over,
 )
 from llmcheck.plugins.torchair_ge import SOURCE_NAME
 from llmcheck.plugins.torchair_ge.ge_dtypes import PLAIN_FORMATS
@@ -50,8 +51,6 @@ from llmcheck.plugins.torchair_ge.ge_graph_text import GeGraph, GraphFileName, p
 
 GRAPH_SEARCH_LEVELS_UP = 8
 GRAPH_SEARCH_LEVELS_DOWN = 6
-#: How many passed-over files of one dump are named, one warning each, before the rest are counted.
-MAX_SKIPPED_NAMED = 20
 
 log = logging.getLogger("llmcheck.ge")
 
@@ -182,7 +181,7 @@ def load_ge_dump(path: Path) -> Dump | None:
         skipped: list[tuple[Path, str]] = []
         files = dump_files_under(path, skipped)
         if files:
-            _report_skipped(path, skipped)
+            warn_passed_over(log, path, skipped)
     if not files:
         return None
     resolved_root = path.resolve()  # once: the folder names above the given path count too
@@ -251,19 +250,6 @@ def load_ge_dump(path: Path) -> Dump | None:
         "models": models,
     }
     return Dump(source=SOURCE_NAME, root=dump_root, records=records, topology=topology, manifest=manifest)
-
-
-def _report_skipped(root: Path, skipped: list[tuple[Path, str]]) -> None:
-    """Warn about each file of the dump that was not read (the first ones by name, then a count)."""
-    for skipped_path, why in skipped[:MAX_SKIPPED_NAMED]:
-        log.warning("%s: %s", skipped_path, why)
-    if len(skipped) > MAX_SKIPPED_NAMED:
-        log.warning(
-            "%s: %d more files or folders among the GE dump files were not read (the first %d are named above)",
-            root,
-            len(skipped) - MAX_SKIPPED_NAMED,
-            MAX_SKIPPED_NAMED,
-        )
 
 
 def _relative(file_path: Path, root: Path) -> str:
