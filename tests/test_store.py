@@ -348,6 +348,19 @@ def test_index_lines_in_any_order_across_many_shards_give_the_same_records(tmp_p
     assert [float(record.data.load()[0]) for record in shuffled] == [float(order) for order in range(24)]
 
 
+def test_a_topology_link_to_nothing_is_an_error_naming_it(tmp_path: Path) -> None:
+    with DumpWriter(tmp_path / "out", "test") as writer:
+        writer.add(_record("a", torch.ones(2), 0), torch.ones(2))
+    link = writer.path / "topology.json"
+    link.symlink_to(writer.path / "gone.json")  # the topology is optional; a dangling link to one is not silence
+    with pytest.raises(DumpFormatError) as error:
+        read_dump(writer.path)
+    assert error.value.one_line() == (
+        f"{link}: is a link to {writer.path / 'gone.json'}, which does not exist "
+        "(copy the topology file in, or remove the link)"
+    )
+
+
 @pytest.mark.parametrize("file_name", ["index.jsonl", "manifest.json", "topology.json"])
 def test_a_dump_file_linked_from_outside_the_dump_is_refused_and_one_linked_inside_is_read(
     tmp_path: Path, file_name: str

@@ -762,6 +762,12 @@ def read_dump(path: Path) -> Dump:
         cuts.insert(0, f"capture stopped early: {declared.cut}")
     topology = None
     topology_path = _dump_file(root, TOPOLOGY_NAME, plain_names)
+    if topology_path.is_symlink() and not topology_path.exists():  # optional, but a link says one was meant
+        raise DumpFormatError(
+            f"is a link to {os.readlink(topology_path)}, which does not exist",
+            where=topology_path,
+            hint="copy the topology file in, or remove the link",
+        )
     if topology_path.is_file():
         try:
             topology_bytes = topology_path.read_bytes()
