@@ -64,10 +64,74 @@ def test_trace_logs_every_hook_call_to_stderr(
     assert "llmcheck: trace: llmcheck_register_sources returned" in err
 
 
-def test_misspelt_hook_is_an_error_naming_the_plugin() -> None:
+def test_misspelt_hook_is_an_error_naming_the_plugin_and_the_closest_hook() -> None:
     misspelt = _plugin("typo_plugin", llmcheck_register_metricz=lambda register: None)
-    with pytest.raises(PluginError, match="does not exist"):
+    with pytest.raises(PluginError) as error:
         build_plugins(extra_plugins=[misspelt])
+    assert error.value.one_line() == (
+        "plugin 'typo_plugin' implements llmcheck_register_metricz, a hook that does not exist "
+        "(did you mean 'llmcheck_register_metrics'? rename it in the plugin)"
+    )
+
+
+def test_an_exception_in_a_plugins_hook_is_a_plugin_error_naming_the_plugin_and_the_hook() -> None:
+    def explode(register):
+        raise ValueError("metric registration exploded")
+
+    facade = build_plugins(extra_plugins=[_plugin("exploding", llmcheck_register_metrics=explode)])
+    with pytest.raises(PluginError) as error:
+        facade.metrics()
+    assert error.value.what == (
+        "plugin 'exploding' failed in its llmcheck_register_metrics hook: ValueError: metric registration exploded"
+    )
+    assert isinstance(error.value.__cause__, ValueError)  # the plugin's traceback, for -l debug
+
+
+def test_an_llmcheck_error_a_plugins_hook_raises_reaches_the_user_unchanged(tmp_path: Path) -> None:
+    def refuse(path, source):
+        raise UsageError("not a dump I read", where=path, hint="give another path")
+
+    facade = build_plugins(extra_plugins=[_plugin("refusing", llmcheck_load_tensors=refuse)])
+    with pytest.raises(UsageError) as error:
+        facade.load_tensors(tmp_path)
+    assert error.value.one_line() == f"{tmp_path}: not a dump I read (give another path)"
+
+
+def _installed_plugins() -> str:
+    from importlib import metadata
+
+    return ", ".join(sorted({entry_point.name for entry_point in metadata.entry_points(group="llmcheck")}))
+
+
+def test_a_misspelt_name_in_disable_plugins_is_a_warning_and_disables_nothing() -> None:
+    result = _run_llmcheck(["plugins", "--json"], env={"LLMCHECK_DISABLE_PLUGINS": "torch_hook"})
+    assert result.returncode == 0
+    assert result.stderr == (
+        "llmcheck: WARNING: LLMCHECK_DISABLE_PLUGINS: unknown plugin 'torch_hook', ignored "
+        f"(did you mean 'torch_hooks'? installed plugins: {_installed_plugins()})\n"
+    )
+    assert "torch_hooks" in {entry["name"] for entry in json.loads(result.stdout)}
+
+
+def test_an_allow_list_naming_no_installed_plugin_warns_that_no_plugin_is_loaded() -> None:
+    result = _run_llmcheck(["plugins", "--json"], env={"LLMCHECK_LOAD_PLUGINS": "torch_hook"})
+    assert result.returncode == 0
+    assert result.stderr == (
+        "llmcheck: WARNING: LLMCHECK_LOAD_PLUGINS: unknown plugin 'torch_hook', ignored; no name in "
+        "LLMCHECK_LOAD_PLUGINS is installed, so no plugin is loaded "
+        f"(did you mean 'torch_hooks'? installed plugins: {_installed_plugins()})\n"
+    )
+    assert json.loads(result.stdout) == []
+
+
+def test_an_allow_list_with_one_unknown_name_warns_and_loads_the_others() -> None:
+    result = _run_llmcheck(["plugins", "--json"], env={"LLMCHECK_LOAD_PLUGINS": "native,atbb"})
+    assert result.returncode == 0
+    assert result.stderr == (
+        "llmcheck: WARNING: LLMCHECK_LOAD_PLUGINS: unknown plugin 'atbb', ignored "
+        f"(did you mean 'atb'? installed plugins: {_installed_plugins()})\n"
+    )
+    assert [entry["name"] for entry in json.loads(result.stdout)] == ["native"]
 
 
 def test_two_plugins_registering_one_metric_name_is_an_error_naming_both() -> None:
@@ -380,9 +444,21 @@ def third_party_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return site
 
 
-def _run_llmcheck(args: list[str], site: Path) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")]))
-    return subprocess.run([sys.executable, "-m", "llmcheck.core.cli", *args], capture_output=True, text=True, env=env)
+def _run_llmcheck(
+    args: list[str], site: Path | None = None, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Run the CLI in a fresh process (plugins load there anew), with ``site`` first on its path."""
+    environment = {
+        name: value
+        for name, value in os.environ.items()
+        if name not in ("LLMCHECK_LOAD_PLUGINS", "LLMCHECK_DISABLE_PLUGINS", "LLMCHECK_TRACE_PLUGINS")
+    }
+    if site is not None:
+        environment["PYTHONPATH"] = os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")])
+    environment.update(env or {})
+    return subprocess.run(
+        [sys.executable, "-m", "llmcheck.core.cli", *args], capture_output=True, text=True, env=environment
+    )
 
 
 def test_hook_llmcheck_register_metrics(third_party_site: Path) -> None:
@@ -485,3 +561,92 @@ def test_a_pip_installed_plugin_adds_a_reporter_and_a_backend_with_options_witho
     assert wrong.stderr == (
         "llmcheck: error: Invalid value for '--times': 'twice' is not a valid integer. (see 'llmcheck dump --help')\n"
     )
+
+
+#: A third-party package with two broken plugins: one whose hook raises, one with a misspelt hook.
+BROKEN_PLUGINS = {
+    "pyproject.toml": """\
+[build-system]
+requires = ["setuptools>=61"]
+build-backend = "setuptools.build_meta"
+
+[project]
+name = "llmcheck-broken"
+version = "0.0.1"
+
+[project.entry-points.llmcheck]
+exploding = "llmcheck_broken.exploding"
+misspelt = "llmcheck_broken.misspelt"
+
+[tool.setuptools.packages.find]
+where = ["src"]
+""",
+    "src/llmcheck_broken/__init__.py": "",
+    "src/llmcheck_broken/exploding.py": """\
+from llmcheck.plugin_api import hookimpl
+
+
+@hookimpl
+def llmcheck_register_metrics(register):
+    raise ValueError("metric registration exploded")
+""",
+    "src/llmcheck_broken/misspelt.py": """\
+from llmcheck.plugin_api import hookimpl
+
+
+@hookimpl
+def llmcheck_register_metricz(register):
+    pass
+""",
+}
+
+
+PIP_INSTALL = (sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation")
+
+
+@pytest.fixture(scope="session")
+def broken_plugins_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Install :data:`BROKEN_PLUGINS` with pip into a private folder, as a user would install a plugin."""
+    source = tmp_path_factory.mktemp("broken_source")
+    for relative, text in BROKEN_PLUGINS.items():
+        (source / relative).parent.mkdir(parents=True, exist_ok=True)
+        (source / relative).write_text(text)
+    site = tmp_path_factory.mktemp("broken_site")
+    subprocess.run(
+        [*PIP_INSTALL, "--target", str(site), str(source)],
+        check=True,
+    )
+    return site
+
+
+def test_a_third_party_hook_that_raises_is_one_error_naming_the_plugin_not_an_internal_error(
+    broken_plugins_site: Path,
+) -> None:
+    result = _run_llmcheck(["plugins"], broken_plugins_site, env={"LLMCHECK_DISABLE_PLUGINS": "misspelt"})
+    assert result.returncode == 1
+    assert result.stderr == (
+        "llmcheck: error: plugin 'exploding' (llmcheck-broken 0.0.1) failed in its llmcheck_register_metrics "
+        "hook: ValueError: metric registration exploded (a bug in that plugin, not in llmcheck: fix it, or set "
+        "LLMCHECK_DISABLE_PLUGINS=exploding to run without it; rerun with -l debug for the traceback to report "
+        "to its authors)\n"
+    )
+
+
+def test_a_third_party_misspelt_hook_is_one_error_naming_the_plugin_and_the_closest_hook(
+    broken_plugins_site: Path,
+) -> None:
+    result = _run_llmcheck(["plugins"], broken_plugins_site, env={"LLMCHECK_DISABLE_PLUGINS": "exploding"})
+    assert result.returncode == 1
+    assert result.stderr == (
+        "llmcheck: error: plugin 'misspelt' (llmcheck-broken 0.0.1) implements llmcheck_register_metricz, "
+        "a hook that does not exist (did you mean 'llmcheck_register_metrics'? rename it in the plugin, or set "
+        "LLMCHECK_DISABLE_PLUGINS=misspelt to run without it)\n"
+    )
+
+
+def test_disabling_the_broken_plugins_as_their_errors_say_lets_llmcheck_run(broken_plugins_site: Path) -> None:
+    result = _run_llmcheck(
+        ["plugins", "--json"], broken_plugins_site, env={"LLMCHECK_DISABLE_PLUGINS": "exploding,misspelt"}
+    )
+    assert result.returncode == 0 and result.stderr == ""
+    assert {"exploding", "misspelt"}.isdisjoint(entry["name"] for entry in json.loads(result.stdout))

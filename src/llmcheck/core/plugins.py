@@ -10,11 +10,20 @@ Environment variables:
   (an empty value loads none).
 * ``LLMCHECK_DISABLE_PLUGINS`` -- comma-separated block-list.
 * ``LLMCHECK_TRACE_PLUGINS`` -- set to ``1`` to log every hook call and result to stderr.
+
+A name in either list that no installed plugin has is a warning naming the variable, the
+name, the closest installed name and every installed one (a typo would otherwise load the
+wrong set of plugins without a word). A plugin from another distribution is held to its
+contract by name: a hook it implements that does not exist, or an exception one of its hooks
+raises, is one error line naming the plugin, the hook, and ``LLMCHECK_DISABLE_PLUGINS=name``.
 """
 
 from __future__ import annotations
 
+import difflib
+import functools
 import json
+import logging
 import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
@@ -43,6 +52,8 @@ from llmcheck.core.records import (
 from llmcheck.core.reporters import Reporter
 
 ENTRY_POINT_GROUP = "llmcheck"
+#: The distribution of the built-in plugins: an exception out of one of their hooks is a bug in llmcheck.
+BUILTIN_DISTRIBUTION = "llmcheck"
 #: The source name of a folder no plugin claims, read as the tensor files directly in it.
 TENSOR_FOLDER_SOURCE = "tensor-folder"
 
@@ -66,11 +77,109 @@ class PluginInfo:
         }
 
 
+log = logging.getLogger("llmcheck.plugins")
+#: The warnings this process has given, so a facade built again (tests rebuild it) does not repeat them.
+_warned: set[str] = set()
+
+
 def _names_from_env(variable: str) -> set[str] | None:
     value = os.environ.get(variable)
     if value is None:
         return None
     return {name.strip() for name in value.split(",") if name.strip()}
+
+
+def _warn(message: str) -> None:
+    """Log ``message`` once per process; printed as the CLI's log lines are, even before logging is set up."""
+    if message in _warned:
+        return
+    _warned.add(message)
+    if log.hasHandlers():
+        log.warning(message)
+    else:  # plugins load while the CLI parses its arguments, before a command configures logging
+        print(f"llmcheck: WARNING: {message}", file=sys.stderr)
+
+
+def _did_you_mean(name: str, known: Sequence[str]) -> str:
+    """Return ``"did you mean 'x'? "`` for the closest of ``known`` to ``name``, or ``""`` when none is close."""
+    close = difflib.get_close_matches(name, known, n=1)
+    return f"did you mean {close[0]!r}? " if close else ""
+
+
+def _warn_unknown_names(variable: str, names: set[str] | None, installed: Sequence[str]) -> None:
+    """Warn about each name in ``variable`` that no installed plugin has (so it selects nothing)."""
+    unknown = sorted((names or set()) - set(installed))
+    consequence = "ignored"
+    if variable == "LLMCHECK_LOAD_PLUGINS" and names and len(unknown) == len(names):
+        consequence = f"ignored; no name in {variable} is installed, so no plugin is loaded"
+    for name in unknown:
+        _warn(
+            f"{variable}: unknown plugin {name!r}, {consequence} "
+            f"({_did_you_mean(name, installed)}installed plugins: {', '.join(installed) or 'none'})"
+        )
+
+
+def _plugin_label(name: str, info: PluginInfo | None) -> str:
+    """Return how an error names a plugin: ``'maxulp' (llmcheck-maxulp 1.2.3)``."""
+    if info is None or info.distribution is None:
+        return repr(name)
+    return f"{name!r} ({info.distribution} {info.version})"
+
+
+def _disable_hint(name: str, info: PluginInfo | None, before: str) -> str:
+    """Return ``before`` and how to run without an entry-point plugin (one registered in code has no switch)."""
+    return f"{before}, or set LLMCHECK_DISABLE_PLUGINS={name} to run without it" if info is not None else before
+
+
+def _check_hook_names(manager: pluggy.PluginManager, infos: Mapping[str, PluginInfo]) -> None:
+    """Raise a plugin error for the first hook implementation whose name is no llmcheck hook, with the closest one."""
+    hook_names = sorted(name for name in dir(hookspecs) if manager.parse_hookspec_opts(hookspecs, name) is not None)
+    for name, plugin in manager.list_name_plugin():
+        for caller in manager.get_hookcallers(plugin) or []:
+            if caller.has_spec() or all(impl.optionalhook for impl in caller.get_hookimpls() if impl.plugin is plugin):
+                continue
+            info = infos.get(name)
+            raise PluginError(
+                f"plugin {_plugin_label(name, info)} implements {caller.name}, a hook that does not exist",
+                hint=_did_you_mean(caller.name, hook_names) + _disable_hint(name, info, "rename it in the plugin"),
+            )
+    try:  # pluggy's own check, for anything the loop above does not see
+        manager.check_pending()
+    except pluggy.PluginValidationError as exc:
+        raise PluginError(f"a plugin implements a hook that does not exist: {exc}") from exc
+
+
+def _blame_plugin_for_its_exceptions(manager: pluggy.PluginManager, name: str, info: PluginInfo | None) -> None:
+    """Make an exception out of the plugin's hooks a plugin error naming it, the hook and how to turn it off.
+
+    An :class:`LlmcheckError` a hook raises (a ``UsageError`` about a value) passes unchanged:
+    it is the plugin's own message to the user. Anything else is a bug in the plugin, which
+    the CLI would otherwise report as an internal error of llmcheck.
+    """
+    plugin = manager.get_plugin(name)
+    for caller in manager.get_hookcallers(plugin) or []:
+        for impl in caller.get_hookimpls():
+            if impl.plugin is not plugin or impl.hookwrapper or impl.wrapper:
+                continue  # a wrapper re-raises what the implementations it wraps raised
+            # pluggy calls ``impl.function``; replacing it keeps the arguments pluggy read from the original
+            impl.function = _blaming(impl.function, name, caller.name, info)  # type: ignore[misc]  # Final in pluggy's stubs
+
+
+def _blaming(function: Callable[..., Any], name: str, hook_name: str, info: PluginInfo | None) -> Callable[..., Any]:
+    @functools.wraps(function)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return function(*args, **kwargs)
+        except LlmcheckError:
+            raise
+        except Exception as exc:
+            raise PluginError(
+                f"plugin {_plugin_label(name, info)} failed in its {hook_name} hook: {type(exc).__name__}: {exc}",
+                hint=_disable_hint(name, info, "a bug in that plugin, not in llmcheck: fix it")
+                + "; rerun with -l debug for the traceback to report to its authors",
+            ) from exc
+
+    return call
 
 
 class Plugins:
@@ -428,8 +537,12 @@ def build_plugins(extra_plugins: list[ModuleType | object] | None = None) -> Plu
     manager.add_hookspecs(hookspecs)
     allow = _names_from_env("LLMCHECK_LOAD_PLUGINS")
     block = _names_from_env("LLMCHECK_DISABLE_PLUGINS") or set()
+    entry_points = list(metadata.entry_points(group=ENTRY_POINT_GROUP))
+    installed = sorted({entry_point.name for entry_point in entry_points})
+    _warn_unknown_names("LLMCHECK_LOAD_PLUGINS", allow, installed)
+    _warn_unknown_names("LLMCHECK_DISABLE_PLUGINS", block, installed)
     infos: dict[str, PluginInfo] = {}
-    for entry_point in metadata.entry_points(group=ENTRY_POINT_GROUP):
+    for entry_point in entry_points:
         name = entry_point.name
         if (allow is not None and name not in allow) or name in block or manager.has_plugin(name):
             continue
@@ -444,12 +557,13 @@ def build_plugins(extra_plugins: list[ModuleType | object] | None = None) -> Plu
         manager.register(plugin, name=name)
         dist = entry_point.dist
         infos[name] = PluginInfo(name, dist.name if dist else None, dist.version if dist else None, ())
+        if infos[name].distribution != BUILTIN_DISTRIBUTION:
+            _blame_plugin_for_its_exceptions(manager, name, infos[name])
     for plugin in extra_plugins or []:
-        manager.register(plugin)
-    try:
-        manager.check_pending()
-    except pluggy.PluginValidationError as exc:
-        raise PluginError(f"plugin {exc.plugin!r} implements a hook that does not exist: {exc}") from exc
+        extra_name = manager.register(plugin)
+        if extra_name is not None:
+            _blame_plugin_for_its_exceptions(manager, extra_name, None)
+    _check_hook_names(manager, infos)
     if os.environ.get("LLMCHECK_TRACE_PLUGINS", "") not in ("", "0"):
         _trace_to_stderr(manager)
     return Plugins(manager, infos)
