@@ -382,6 +382,133 @@ def test_statistics_only_dumps_still_name_the_module_that_introduced_the_error(t
     ]
 
 
+def _report_rows(out: Path) -> dict[str, dict[str, str]]:
+    with open(out / "cmp_report.csv", newline="") as handle:
+        return {row["name"]: row for row in csv.DictReader(handle)}
+
+
+def _with_nonfinite(tensor: torch.Tensor, value: float, count: int) -> torch.Tensor:
+    changed = tensor.clone()
+    changed[:count] = value
+    return changed
+
+
+STATS_BASE = torch.linspace(1, 2, 64)
+ALL_NAN = torch.full((64,), float("nan"))
+
+
+def test_statistics_only_tensors_with_the_same_nan_and_inf_on_both_sides_agree(
+    make_llmcheck_dump, tmp_path: Path
+) -> None:
+    tensors = {
+        "finite": STATS_BASE,
+        "all_nan": ALL_NAN,
+        "some_nan": _with_nonfinite(STATS_BASE, float("nan"), 3),
+        "all_inf": torch.full((64,), float("inf")),
+    }
+    golden = make_llmcheck_dump(tmp_path / "g", tensors, statistics_only=set(tensors))
+    my = make_llmcheck_dump(tmp_path / "m", tensors, statistics_only=set(tensors))
+    out = tmp_path / "out"
+    assert main(["compare", "-gp", str(golden), "-mp", str(my), "-o", str(out), "-j", "1"]) == 0
+    rows = _report_rows(out)
+    assert {name: (row["verdict"], row["nonfinite_mismatch"]) for name, row in rows.items()} == dict.fromkeys(
+        tensors, ("pass", "0")
+    )
+    assert (rows["all_nan"]["golden_nan_count"], rows["all_nan"]["my_nan_count"]) == ("64", "64")
+    assert (rows["all_inf"]["golden_inf_count"], rows["all_inf"]["my_inf_count"]) == ("64", "64")
+    # the finite rest of a partly NaN tensor is still judged on its L2 norm
+    assert rows["some_nan"]["deciding_metric"] == "l2norm_stat_relative_error"
+
+
+def test_statistics_only_nan_or_inf_on_one_side_fails_as_nonfinite_mismatch(make_llmcheck_dump, tmp_path: Path) -> None:
+    golden_tensors = {"my_all_nan": STATS_BASE, "golden_all_nan": ALL_NAN, "my_two_inf": STATS_BASE}
+    my_tensors = {
+        "my_all_nan": ALL_NAN,
+        "golden_all_nan": STATS_BASE,
+        "my_two_inf": _with_nonfinite(STATS_BASE, float("inf"), 2),
+    }
+    golden = make_llmcheck_dump(tmp_path / "g", golden_tensors, statistics_only=set(golden_tensors))
+    my = make_llmcheck_dump(tmp_path / "m", my_tensors, statistics_only=set(my_tensors))
+    out = tmp_path / "out"
+    assert main(["compare", "-gp", str(golden), "-mp", str(my), "-o", str(out), "-j", "1"]) == 3
+    rows = _report_rows(out)
+    assert {name: (row["verdict"], row["nonfinite_mismatch"]) for name, row in rows.items()} == {
+        "my_all_nan": ("fail", "64"),
+        "golden_all_nan": ("fail", "64"),
+        "my_two_inf": ("fail", "2"),
+    }
+    assert rows["my_all_nan"]["deciding_metric"] == "nonfinite_mismatch"
+    assert (rows["my_all_nan"]["golden_nan_count"], rows["my_all_nan"]["my_nan_count"]) == ("0", "64")
+
+
+def test_statistics_only_mask_with_a_nan_on_one_side_fails_although_the_mask_agrees(
+    make_llmcheck_dump, tmp_path: Path
+) -> None:
+    mask = torch.zeros(64)
+    mask[32:] = torch.finfo(torch.float32).min  # an additive attention mask: its statistics are the sentinel's
+    golden = make_llmcheck_dump(tmp_path / "g", {"mask": mask}, statistics_only={"mask"})
+    my = make_llmcheck_dump(tmp_path / "m", {"mask": _with_nonfinite(mask, float("nan"), 1)}, statistics_only={"mask"})
+    (row,) = _compare(golden, my).rows
+    assert (row.verdict, row.deciding_metric, row.nonfinite_mismatch) == ("fail", "nonfinite_mismatch", 1)
+
+
+@pytest.mark.parametrize(
+    ("golden_tensor", "my_tensor", "reason"),
+    [
+        (
+            ALL_NAN,
+            ALL_NAN,
+            "statistics only (no tensor data on the golden and my side): every value is NaN or Inf, the same "
+            "counts on both sides (golden 64 NaN, 0 Inf; my 64 NaN, 0 Inf); nothing finite to judge",
+        ),
+        (
+            STATS_BASE,
+            ALL_NAN,
+            "statistics only (no tensor data on the golden and my side): at least 64 positions are NaN/Inf on one "
+            "side only (golden 0 NaN, 0 Inf; my 64 NaN, 0 Inf)",
+        ),
+        (
+            _with_nonfinite(STATS_BASE, float("nan"), 3),
+            _with_nonfinite(STATS_BASE, float("nan"), 3),
+            "statistics only (no tensor data on the golden and my side): judged on the L2 norms, a lower bound of "
+            "relative_euclidean_distance; the same NaN/Inf counts on both sides, left out of the statistics "
+            "(golden 3 NaN, 0 Inf; my 3 NaN, 0 Inf)",
+        ),
+    ],
+)
+def test_a_statistics_only_reason_says_what_the_nan_and_inf_counts_decided(golden_tensor, my_tensor, reason) -> None:
+    from llmcheck.core.statistics import tensor_stats
+    from llmcheck.core.stats_compare import statistics_reason
+
+    assert (
+        statistics_reason(
+            tensor_stats(golden_tensor), tensor_stats(my_tensor), "golden and my", "relative_euclidean_distance"
+        )
+        == reason
+    )
+
+
+def test_statistics_only_runs_with_nan_are_judged_as_full_tensor_runs_are(tiny_llama, tmp_path: Path) -> None:
+    def capture(name: str, nan_weight: bool, statistics_only: bool) -> Path:
+        if not nan_weight:
+            return capture_run(tiny_llama, INPUT_IDS, tmp_path / name, statistics_only=statistics_only)
+        with scaled_weight(tiny_llama, "model.layers.1.mlp.down_proj", float("nan")):  # NaN from there to the logits
+            return capture_run(tiny_llama, INPUT_IDS, tmp_path / name, statistics_only=statistics_only)
+
+    verdicts = {}
+    for statistics_only in (False, True):
+        clean, nan, nan_again = (
+            capture(f"{n}_{statistics_only}", n != "clean", statistics_only) for n in ("clean", "nan", "again")
+        )
+        same = _compare(nan, nan_again)
+        assert same.counts()["failures"] == 0 and same.counts()["errors"] == 0
+        against_clean = _compare(clean, nan)
+        assert against_clean.counts()["errors"] == 0
+        verdicts[statistics_only] = {row.golden.key.label(): row.verdict for row in against_clean.rows}
+    assert verdicts[True] == verdicts[False]
+    assert verdicts[True]["model.norm step 0 output.0"] == "fail"
+
+
 def test_metrics_without_thresholds_alone_are_refused_instead_of_passing_everything(
     make_llmcheck_dump, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -7,6 +7,7 @@ in-process, as a user's script would.
 from __future__ import annotations
 
 import copy
+import json
 import math
 from pathlib import Path
 
@@ -343,3 +344,141 @@ def test_opcheck_counts_a_mask_at_the_dumped_dtypes_minus_infinity_as_agreeing()
         torch.tensor([3.0], dtype=torch.float64), torch.tensor([math.inf], dtype=torch.float16), criterion
     )
     assert overflow.nonfinite_mismatch == 1  # an infinity where the reference is ordinary stays a mismatch
+
+
+# --------------------------------------------------------------------------- a noise twin that says nothing about the noise
+
+TWIN_DEFECT = "model.layers.1.post_attention_layernorm"
+PROMPT = torch.tensor([[1, 7, 42, 9, 100, 3]])
+
+
+def _tiny_run(folder: Path, *, epsilon: float | None = None, tokens: int = 6, include: str | None = None) -> Path:
+    """Capture the bundled 2-layer Llama (fp32), with a wrong epsilon at ``TWIN_DEFECT`` when one is given."""
+    from llmcheck.bundled_model import random_llama
+
+    model = random_llama(seed=0)
+    if epsilon is not None:
+        dict(model.named_modules())[TWIN_DEFECT].variance_epsilon = epsilon
+    options = {"include": [include]} if include is not None else {}
+    with register_hook(model, DumpConfig(dump_path=str(folder), **options)) as handle, torch.no_grad():
+        model(PROMPT[:, :tokens])
+    return Path(handle.path)
+
+
+@pytest.fixture(scope="module")
+def tiny_runs(tmp_path_factory) -> dict[str, Path]:
+    folder = tmp_path_factory.mktemp("twin_runs")
+    return {"golden": _tiny_run(folder / "golden"), "my": _tiny_run(folder / "my", epsilon=0.5)}
+
+
+def _compare_cli(tiny_runs: dict[str, Path], twin: Path, out: Path) -> int:
+    from llmcheck.core.cli import main
+
+    golden, my = str(tiny_runs["golden"]), str(tiny_runs["my"])
+    return main(["compare", "-gp", golden, "-mp", my, "--noise-path", str(twin), "-o", str(out), "-j", "1"])
+
+
+def _warnings(caplog) -> str:
+    """Return the warnings compare printed (``llmcheck: WARNING: <message>`` on the terminal), one a line."""
+    return "\n".join(r.getMessage() for r in caplog.records if r.levelname == "WARNING")
+
+
+def _csv_row(out: Path, name: str, io: str) -> dict[str, str]:
+    import csv
+
+    with open(out / "cmp_report.csv", newline="") as table:
+        return next(row for row in csv.DictReader(table) if row["name"] == name and row["io"] == io)
+
+
+def test_a_twin_never_excuses_a_row_past_the_dtype_tables_fail_line(tiny_runs, tmp_path, caplog):
+    # the my-run given as its own twin: its error is "the noise" everywhere, yet a 96 % error must fail
+    out = tmp_path / "report"
+    assert _compare_cli(tiny_runs, tiny_runs["my"], out) == 3
+    row = _csv_row(out, TWIN_DEFECT, "output")
+    assert float(row["relative_euclidean_distance"]) > 0.9 and float(row["noise_error"]) > 0.9
+    assert row["verdict"] == "fail" and row["attribution"] == "introduced"
+    assert row["deciding_metric"] == "cosine_similarity"  # the table's metric, not error_vs_noise_twin
+    assert row["evidence"].startswith("fails the dtype table (cosine_similarity 0.99")
+    assert "which the noise twin never excuses" in row["evidence"]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["first_introduced"]["name"] == TWIN_DEFECT and summary["counts"]["failures"] > 0
+    warned = _warnings(caplog)
+    assert f"{tiny_runs['my']}: the noise twin is identical to the my-run (all 70 float tensors they share " in warned
+    assert "agree exactly): every row under the dtype table's fail line passes against it" in warned
+
+
+def test_a_row_the_twin_would_excuse_fails_on_the_table_and_keeps_the_twins_judgement_beside_it(tiny_runs):
+    golden, my = (get_plugins().load_tensors(tiny_runs[run]) for run in ("golden", "my"))
+    result = compare_dumps(golden, my, workers=1, noise=my)
+    row = next(row for row in result.rows if row.golden.key.name == TWIN_DEFECT and row.golden.key.io == "output")
+    assert row.verdict == "fail" and row.metrics["relative_euclidean_distance"].verdict == "fail"
+    assert row.metrics["error_vs_noise_twin"].verdict == "pass" and row.metrics["error_vs_noise_twin"].value == 1.0
+    assert result.summary()["noise"]["rows_with_twin"] == len(result.rows)
+
+
+def test_a_twin_still_passes_the_rows_the_table_only_warns_on_when_they_are_its_noise(llama, fp32_golden, tmp_path):
+    bf16 = copy.deepcopy(llama).to(torch.bfloat16)
+    my, twin = _dump(bf16, tmp_path / "my"), _dump(bf16, tmp_path / "twin")
+    warned = {row.golden.key for row in compare_dumps(fp32_golden, my, workers=1).rows if row.verdict == "warn"}
+    assert warned  # bf16 against fp32: the table warns on its rounding noise
+    result = compare_dumps(fp32_golden, my, workers=1, noise=twin)
+    judged = [row for row in result.rows if row.golden.key in warned]
+    assert all(row.verdict == "pass" and row.deciding_metric == "error_vs_noise_twin" for row in judged)
+    assert result.counts()["failures"] == 0 and result.first_introduced is None
+
+
+def test_a_twin_identical_to_the_golden_is_named_in_a_warning(tiny_runs, tmp_path, caplog):
+    assert _compare_cli(tiny_runs, tiny_runs["golden"], tmp_path / "report") == 3
+    warned = _warnings(caplog)
+    assert f"{tiny_runs['golden']}: the noise twin is identical to the golden run (all 70 float tensors" in warned
+    assert "it shows no rounding noise, so every row that differs by more than rounding fails against it" in warned
+    assert "identical to the my-run" not in warned
+
+
+def test_a_twin_on_another_prompt_pairs_with_nothing_and_is_an_error_naming_it(tiny_runs, tmp_path, capsys):
+    twin = _tiny_run(tmp_path / "twin", tokens=3)  # every shape differs from the golden's
+    assert _compare_cli(tiny_runs, twin, tmp_path / "report") == 1
+    err = capsys.readouterr().err
+    records = len(get_plugins().load_tensors(tiny_runs["golden"]).records)
+    assert err.startswith(
+        f"llmcheck: error: {twin}: no golden record has a twin record to measure the noise at: "
+        f"{records} records pair by name but the shapes differ (golden root step 0 input.0 (before) [1, 6], twin [1, 3])"
+    )
+    assert "(give --noise-path the golden program run on the same input at the my-run's precision)" in err
+
+
+def test_a_twin_whose_names_match_no_golden_record_is_an_error_naming_it(tiny_runs, tmp_path, capsys):
+    from llmcheck.core.cli import main
+
+    np.save(tmp_path / "a.npy", np.ones(4, np.float32))
+    np.save(tmp_path / "b.npy", np.ones(4, np.float32) * 1.01)
+    twin = tiny_runs["golden"]
+    argv = ["compare", "-gp", str(tmp_path / "a.npy"), "-mp", str(tmp_path / "b.npy"), "--noise-path", str(twin)]
+    assert main([*argv, "-o", str(tmp_path / "report")]) == 1
+    err = capsys.readouterr().err
+    records = len(get_plugins().load_tensors(twin).records)
+    assert err.startswith(
+        f"llmcheck: error: {twin}: no golden record has a twin record to measure the noise at: "
+        f"none of its {records} records pairs with one of the golden's 1 (the names differ"
+    )
+
+
+def test_a_twin_of_part_of_the_run_is_named_with_the_count_and_the_summary_says_how_many_rows_had_one(
+    tiny_runs, tmp_path, caplog
+):
+    twin = _tiny_run(tmp_path / "twin", include="model.layers.0.*")
+    out = tmp_path / "report"
+    assert _compare_cli(tiny_runs, twin, out) == 3
+    summary = json.loads((out / "summary.json").read_text())
+    with_twin, without_twin = summary["noise"]["rows_with_twin"], summary["noise"]["rows_without_twin"]
+    assert with_twin == summary["noise"]["records"] == 27 and with_twin + without_twin == summary["counts"]["pairs"]
+    assert (
+        f"{twin}: {without_twin} of the {with_twin + without_twin} golden records have no twin "
+        "record: root step 0 input.0 (before), model step 0 input.input_ids (before), "
+        f"model.embed_tokens step 0 input.0 (before) and {without_twin - 3} more "
+        "(their verdicts use the repeats and the dtype table instead)"
+    ) in _warnings(caplog)
+    # the rows without a twin are judged as without one: the defect in layer 1 is still where it was
+    row = _csv_row(out, TWIN_DEFECT, "output")
+    assert row["noise_error"] == "" and row["verdict"] == "fail" and row["attribution"] == "introduced"
+    assert _csv_row(out, "model.layers.0.mlp", "output")["noise_error"] != ""

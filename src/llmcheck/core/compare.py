@@ -30,7 +30,7 @@ from llmcheck.core.divergence import (
     first_divergence,
     first_introduced,
 )
-from llmcheck.core.errors import EXIT_FAILURE, EXIT_FAILURES_FOUND, EXIT_OK, UsageError
+from llmcheck.core.errors import EXIT_FAILURE, EXIT_FAILURES_FOUND, EXIT_OK, LlmcheckError, UsageError
 from llmcheck.core.gc_pause import paused_cyclic_gc
 from llmcheck.core.pairing import Pairing, merge_pairs
 from llmcheck.core.records import (
@@ -48,6 +48,7 @@ from llmcheck.core.records import (
     UserMapping,
     build_row,
     is_float_dtype,
+    metric_value,
 )
 from llmcheck.core.sentinels import sentinel_limit_in_run
 from llmcheck.core.stats_compare import (
@@ -56,6 +57,7 @@ from llmcheck.core.stats_compare import (
     error_measure_spec,
     judge_statistics,
     masked_statistics,
+    statistics_reason,
 )
 from llmcheck.core.suspects import Suspects, find_suspects
 from llmcheck.core.verdicts import (
@@ -90,6 +92,9 @@ class CompareResult:
     tensor_bytes_read: int
     tensor_bytes_compared: int = 0
     noise: Dump | None = None
+    threshold_overrides: tuple[ThresholdOverride, ...] = ()  # the --thresholds entries, in file order
+    #: How many rows' golden records have a twin record to measure the noise at (the others are judged without).
+    rows_with_twin: int = 0
 
     def counts(self) -> dict[str, int]:
         """Return the number of pairs, of rows per verdict, and of unmatched records per side.
@@ -165,7 +170,13 @@ class CompareResult:
                 "cut": self.my.cut,
             },
             "noise": (
-                {"path": str(self.noise.root), "source": self.noise.source, "records": len(self.noise.records)}
+                {
+                    "path": str(self.noise.root),
+                    "source": self.noise.source,
+                    "records": len(self.noise.records),
+                    "rows_with_twin": self.rows_with_twin,
+                    "rows_without_twin": len(self.rows) - self.rows_with_twin,
+                }
                 if self.noise is not None
                 else None
             ),
@@ -192,6 +203,7 @@ class CompareResult:
                 for spec in self.metric_specs
                 if spec.thresholds
             },
+            "threshold_overrides": [override.as_json() for override in self.threshold_overrides],
             "elapsed_s": round(self.elapsed_s, 3),
             "tensor_bytes_read": self.tensor_bytes_read,
             "tensor_bytes_compared": self.tensor_bytes_compared,
@@ -279,15 +291,13 @@ def _statistics_row(
     )
     sides = " and ".join(side for side, record in (("golden", golden), ("my", my)) if record.data is None)
     bounded = error_measure_spec(specs)
-    reason = (
-        f"statistics only (no tensor data on the {sides} side): judged on the L2 norms, "
-        f"a lower bound of {bounded.name if bounded else 'the error measure'}"
+    reason = statistics_reason(
+        golden.stats,  # type: ignore[arg-type]
+        my.stats,  # type: ignore[arg-type]
+        sides,
+        bounded.name if bounded else "the error measure",
+        masked=masked_statistics(golden.stats, my.stats, limits),  # type: ignore[arg-type]
     )
-    if masked_statistics(golden.stats, my.stats, limits):  # type: ignore[arg-type]
-        reason = (
-            f"statistics only (no tensor data on the {sides} side): both sides hold their dtype's infinity "
-            "sentinel (a mask), which dominates min, max, mean and L2 norm; not judged on them"
-        )
     return build_row(
         index=index,
         golden=golden,
@@ -380,8 +390,10 @@ def compare_dumps(
 
     ``noise`` is the noise twin (``compare --noise-path``): the golden program run at the
     my-run's precision. Its error against the golden at each tensor is the rounding noise
-    expected there, and rows are judged against it instead of the dtype table
-    (``docs/metrics.md``, "Verdicts in reduced precision"). ``same_program`` says both runs
+    expected there, and rows under the dtype table's fail line are judged against it
+    (``docs/metrics.md``, "Verdicts in reduced precision"). A twin none of whose records
+    pairs with a golden record raises :class:`LlmcheckError`; one that covers only some
+    rows, or is identical to the my-run or the golden, is named in a warning. ``same_program`` says both runs
     are one program at one precision (the my-run against its twin): any difference behind
     bit-exact inputs is then introduced, however small.
 
@@ -406,6 +418,13 @@ def compare_dumps(
     )
     run_classes = (run_precision([record.dtype for record in dump.records]) for dump in (golden, my))
     run_floor = least_precise([name for name in run_classes if name])
+    measure_spec = error_measure_spec(specs)
+    measure = ErrorMeasure(measure_spec.name, DECIDING_STAT) if measure_spec is not None else None
+    twin, rows_with_twin = None, 0
+    if noise is not None and measure is not None:  # before measuring: a twin that pairs with nothing fails fast
+        twin, rows_with_twin = _noise_twin(
+            golden, my, noise, measure, workers, [pair.golden for pair in pairing.pairs if pair.golden is not None]
+        )
     table = TableJudge(judging_specs(specs, metric_names), threshold_overrides)
     made: list[ComparisonRow | None] = [None] * len(pairing.pairs)
 
@@ -423,9 +442,6 @@ def compare_dumps(
     if on_judging is not None:
         on_judging(len(rows))
     made.clear()  # the rows live in one list, which the judging replaces
-    measure_spec = error_measure_spec(specs)
-    measure = ErrorMeasure(measure_spec.name, DECIDING_STAT) if measure_spec is not None else None
-    twin = _noise_twin(golden, my, noise, measure, workers) if noise is not None and measure is not None else None
     rows = attribute(
         rows, measure, twin, [item.record for item in pairing.unmatched_my], same_program, check_weights(rows)
     )
@@ -438,7 +454,9 @@ def compare_dumps(
         elapsed_s=time.perf_counter() - started,
         tensor_bytes_read=bytes_read,
         tensor_bytes_compared=sum(pair_bytes(pair) for pair in pairing.pairs),
+        threshold_overrides=tuple(threshold_overrides),
         noise=noise,
+        rows_with_twin=rows_with_twin,
     )
 
 
@@ -527,12 +545,106 @@ def _measure(
     return problems, bytes_read
 
 
-def _noise_twin(golden: Dump, my: Dump, noise: Dump, measure: ErrorMeasure, workers: int | None) -> NoiseTwin:
-    """Return the noise twin's error at each golden tensor, and the my-run judged against the twin."""
+#: A twin's hint, wherever it says nothing about the noise.
+TWIN_HINT = "give --noise-path the golden program run on the same input at the my-run's precision"
+
+
+def _noise_twin(
+    golden: Dump,
+    my: Dump,
+    noise: Dump,
+    measure: ErrorMeasure,
+    workers: int | None,
+    paired_golden: Sequence[TensorRecord],
+) -> tuple[NoiseTwin, int]:
+    """Return the noise twin's error at each golden tensor and the my-run judged against the twin,
+    with how many of the paired golden records have a twin record.
+
+    Raise when none has (nothing would be judged against the twin, yet the reports would say it
+    is in use); warn when some have not, and when the twin is identical to the my-run or to the
+    golden: it then says nothing about the noise.
+    """
     against_golden = compare_dumps(golden, noise, metric_names=[measure.metric], workers=workers)
     errors = {id(row.golden): error for row in against_golden.rows if (error := measure.of(row)) is not None}
+    rows_with_twin = _twin_coverage(golden, noise, against_golden, paired_golden)
     against_my = compare_dumps(noise, my, metric_names=[measure.metric], workers=workers, same_program=True)
-    return NoiseTwin(errors=errors, against_my={id(row.my): row for row in against_my.rows})
+    for run, result in (("the my-run", against_my), ("the golden run", against_golden)):
+        tensors = _identical_tensors(result, measure)
+        if tensors:
+            consequence = (
+                "every row under the dtype table's fail line passes against it, so it tells no defect from "
+                "the rounding noise, unless the my-run is the golden program itself at this precision"
+                if run == "the my-run"
+                else "it shows no rounding noise, so every row that differs by more than rounding fails against it"
+            )
+            log.warning(
+                "%s: the noise twin is identical to %s (all %d float tensors they share agree exactly): %s (%s)",
+                noise.root,
+                run,
+                tensors,
+                consequence,
+                TWIN_HINT,
+            )
+    return NoiseTwin(errors=errors, against_my={id(row.my): row for row in against_my.rows}), rows_with_twin
+
+
+def _twin_coverage(
+    golden: Dump, noise: Dump, against_golden: CompareResult, paired_golden: Sequence[TensorRecord]
+) -> int:
+    """Return how many paired golden records have a twin record to measure against; raise when none has."""
+    measured = {id(row.golden) for row in against_golden.rows if row.verdict != VERDICT_ERROR}
+    missing = [record for record in paired_golden if id(record) not in measured]
+    if not missing:
+        return len(paired_golden)
+    if len(missing) < len(paired_golden):
+        shown = ", ".join(record.key.label() for record in missing[:3])
+        more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
+        log.warning(
+            "%s: %d of the %d golden records have no twin record: %s%s "
+            "(their verdicts use the repeats and the dtype table instead)",
+            noise.root,
+            len(missing),
+            len(paired_golden),
+            shown,
+            more,
+        )
+        return len(paired_golden) - len(missing)
+    raise LlmcheckError(
+        f"no golden record has a twin record to measure the noise at: {_why_nothing_pairs(golden, noise, against_golden)}",
+        where=noise.root,
+        hint=TWIN_HINT,
+    )
+
+
+def _why_nothing_pairs(golden: Dump, noise: Dump, against_golden: CompareResult) -> str:
+    """Return why no golden record pairs with a measurable twin record: the names differ, or the shapes, or else."""
+    if not against_golden.rows:
+        first_golden = golden.records[0].key.label() if golden.records else "none"
+        first_twin = noise.records[0].key.label() if noise.records else "none"
+        return (
+            f"none of its {len(noise.records)} records pairs with one of the golden's {len(golden.records)} "
+            f"(the names differ: golden {first_golden}, twin {first_twin})"
+        )
+    failed = [row for row in against_golden.rows if row.verdict == VERDICT_ERROR]
+    if not failed:
+        return "its records pair only with golden records that have no my-run counterpart"
+    first = failed[0]
+    if _shape_problem(first.golden, first.my) is not None:
+        return (
+            f"{len(failed)} records pair by name but the shapes differ "
+            f"(golden {first.golden.key.label()} {_shape_text(first.golden.shape)}, twin {_shape_text(first.my.shape)})"
+        )
+    return f"{len(failed)} records pair by name but none can be measured ({first.golden.key.label()}: {first.reason})"
+
+
+def _identical_tensors(result: CompareResult, measure: ErrorMeasure) -> int:
+    """Return how many float tensors the two runs share when every one agrees exactly, else 0."""
+    errors = [
+        metric_value(row.metrics, measure.metric)
+        for row in result.rows
+        if row.verdict != VERDICT_ERROR and is_float_dtype(row.golden.dtype) and is_float_dtype(row.my.dtype)
+    ]
+    return len(errors) if errors and all(error == 0.0 for error in errors) else 0
 
 
 def pair_bytes(pair: Pair) -> int:
@@ -648,7 +760,7 @@ def compare_command(
     from llmcheck.core.report import print_summary
     from llmcheck.core.report_folder import prepare_report_folder
     from llmcheck.core.reporters import choose_reporters, write_reports
-    from llmcheck.core.verdicts import load_threshold_overrides
+    from llmcheck.core.verdicts import load_threshold_overrides, warn_unmatched_overrides
     from llmcheck.core.worker_pool import early_pool
 
     if jobs is not None and jobs < 1:
@@ -693,6 +805,8 @@ def compare_command(
             executor=pair_executor,
             pool=pool,
         )
+    if overrides and thresholds_path is not None:
+        warn_unmatched_overrides(Path(thresholds_path), overrides, result.rows)
     with reports_written_into(output_dir), _writing_reports(console, len(result.rows)):
         written = write_reports(result, output_dir, report_names)
     print_summary(result, console, written)

@@ -7,7 +7,10 @@ held against the rows that fed it (:mod:`llmcheck.core.feeders`) and judged by t
 
 * **Noise twin** (``compare --noise-path``): a third run, the golden program at the my-run's
   precision. Its error at each tensor is the honest rounding noise there; a row fails when
-  its error is well above its twin's (:data:`TWIN_FAIL_FACTOR`), whatever the dtype table says.
+  its error is well above its twin's (:data:`TWIN_FAIL_FACTOR`), even under the dtype table's
+  fail line, and passes below that line when its error is the twin's. The twin never excuses
+  a row past the table's fail line. A row whose golden record has no twin record is judged
+  as without a twin (repeats, carried error, the dtype table).
 * **Bit-exact feeders**: a row whose feeders agree bit for bit and which does not, by more
   than its dtype's rounding floor, introduces the difference itself.
 * **Repeated structure** (:mod:`llmcheck.core.repeats`): the same module in the other layers
@@ -202,8 +205,9 @@ class _Judge:
         growth = None
         if error is not None and feeder_error is not None:
             growth = error / feeder_error if feeder_error > 0 else (1.0 if error == 0 else math.inf)
+        # a row whose golden record has no twin record is judged as without a twin
         twin = self.twin.errors.get(id(row.golden)) if self.twin is not None else None
-        twin_row = self.twin.against_my.get(id(row.my)) if self.twin is not None else None
+        twin_row = self.twin.against_my.get(id(row.my)) if self.twin is not None and twin is not None else None
         expected = (
             twin
             if twin is not None
@@ -231,7 +235,7 @@ class _Judge:
                 verdict, deciding, metrics, evidence = self._twin_verdict(row, error, twin, metrics)
             anomaly = (
                 self._twin_anomaly(twin_row)
-                if self.twin is not None
+                if twin is not None
                 else self._anomaly(row, error, feeding, feeder_error, growth, baseline)
             )
             if anomaly is not None and verdict != VERDICT_FAIL and not failing_feeders:
@@ -241,8 +245,7 @@ class _Judge:
             elif anomaly is not None and not evidence:
                 evidence = anomaly[3]
             if (
-                self.twin is not None
-                and twin_row is not None
+                twin_row is not None
                 and twin_row.verdict == VERDICT_FAIL
                 and verdict != VERDICT_FAIL
                 and failing_feeders
@@ -252,7 +255,7 @@ class _Judge:
                 departs = MetricResult(TWIN_DIFFERENCE_METRIC, twin_row.error or 0.0, VERDICT_FAIL, None, 0.0)
                 metrics = {**metrics, TWIN_DIFFERENCE_METRIC: departs}
                 evidence = f"departs from the noise twin by {twin_row.error or 0.0:.3g}, as its inputs do"
-            elif self.twin is None and failing_feeders and verdict != VERDICT_FAIL and not feeding.guessed:
+            elif twin is None and failing_feeders and verdict != VERDICT_FAIL and not feeding.guessed:
                 carried = max((self.errors[id(r)] or 0.0) for r in failing_feeders)
                 if carried > 0 and error >= CARRY_FRACTION * carried and error > _floor(row):
                     verdict, deciding = VERDICT_FAIL, CARRIED_METRIC
@@ -344,12 +347,30 @@ class _Judge:
     def _twin_verdict(
         self, row: ComparisonRow, error: float, twin: float, metrics: Mapping[str, MetricResult]
     ) -> tuple[str, str | None, dict[str, MetricResult], str]:
-        """Return the verdict from the noise twin alone: error against the twin's error at this tensor."""
+        """Return the verdict against the noise twin: the error against the twin's error at this tensor.
+
+        The twin tells noise from defect under the dtype table's fail line, and fails a row the
+        table passes; it never passes a row past that line: a twin as wrong as the my-run (the
+        my-run itself, a twin with the same defect) would hide the defect.
+        """
         floor = _floor(row)
         fail_limit = max(TWIN_FAIL_FACTOR * twin, twin + floor)
         warn_limit = max(TWIN_WARN_FACTOR * twin, twin + floor / 2)
         verdict = VERDICT_FAIL if error > fail_limit else VERDICT_WARN if error > warn_limit else VERDICT_PASS
         ratio = error / twin if twin > 0 else (math.inf if error > 0 else 1.0)
+        against_twin = MetricResult(TWIN_METRIC, ratio, verdict, TWIN_WARN_FACTOR, TWIN_FAIL_FACTOR)
+        if row.verdict == VERDICT_FAIL and verdict != VERDICT_FAIL:
+            table = row.metrics.get(row.deciding_metric or "")
+            past = (
+                f" ({table.name} {table.value:.6g} {'<' if table.higher_is_better else '>'} {table.fail_threshold:.6g})"
+                if table is not None and table.value is not None and table.fail_threshold is not None
+                else ""
+            )
+            evidence = (
+                f"fails the dtype table{past}, which the noise twin never excuses "
+                f"(error {error:.3g} here, {twin:.3g} in the twin)"
+            )
+            return VERDICT_FAIL, row.deciding_metric, {**metrics, TWIN_METRIC: against_twin}, evidence
         metrics = {
             name: MetricResult(
                 result.name,
@@ -361,7 +382,7 @@ class _Judge:
             )
             for name, result in metrics.items()
         }
-        metrics[TWIN_METRIC] = MetricResult(TWIN_METRIC, ratio, verdict, TWIN_WARN_FACTOR, TWIN_FAIL_FACTOR)
+        metrics[TWIN_METRIC] = against_twin
         evidence = (
             f"error {error:.3g} against {twin:.3g} in the noise twin ({ratio:.3g}x)" if verdict != VERDICT_PASS else ""
         )

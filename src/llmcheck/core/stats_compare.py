@@ -10,8 +10,13 @@ The verdict comes from the L2 norms. By the reverse triangle inequality
 ``| ||my|| - ||golden|| | <= ||my - golden||``, so the relative L2-norm difference is a lower
 bound of the relative euclidean distance, and it is held to that metric's thresholds: a
 failure here is a certain failure, while a pass only says the norms agree (an error that
-keeps the norm, such as a permutation, is invisible without the data). NaN or Inf counts
-that differ fail the row, as they do for full tensors.
+keeps the norm, such as a permutation, is invisible without the data).
+
+NaN and Inf follow the full-tensor rules (``docs/metrics.md``): the statistics are over the
+finite values and the dump records each side's NaN and Inf counts, so counts that differ fail
+the row as ``nonfinite_mismatch`` -- even where one side has no finite value, and so no norm,
+at all -- and equal counts agree: the norms judge the finite rest, and a pair with no finite
+value on either side passes, with nothing left to judge.
 """
 
 from __future__ import annotations
@@ -40,9 +45,41 @@ def error_measure_spec(specs: Sequence[MetricSpec]) -> MetricSpec | None:
     return next((spec for spec in specs if spec.error_measure), None)
 
 
+def nonfinite_counts(stats: TensorStats) -> tuple[int, int] | None:
+    """Return the recorded ``(nan_count, inf_count)``, or ``None`` when the source did not record both."""
+    if stats.nan_count is None or stats.inf_count is None:
+        return None
+    return stats.nan_count, stats.inf_count
+
+
+def nonfinite_difference(golden: TensorStats, my: TensorStats) -> int:
+    """Return how many NaN and Inf values one side holds beyond the other (a lower bound of the positions that differ)."""
+    return sum(abs((getattr(my, field) or 0) - (getattr(golden, field) or 0)) for field in ("nan_count", "inf_count"))
+
+
 def comparable_statistics(golden: TensorStats | None, my: TensorStats | None) -> bool:
-    """Return whether both sides recorded the statistics a statistics-only comparison needs."""
-    return all(stats is not None and stats.l2norm is not None for stats in (golden, my))
+    """Return whether both sides recorded the statistics a statistics-only comparison needs.
+
+    That is the L2 norms (over the finite values) on both sides; or, where a side has no
+    finite value and so no norm, the NaN and Inf counts of both sides: counts that differ
+    fail the row, and equal counts with no finite value on either side leave nothing to judge.
+    """
+    if golden is None or my is None:
+        return False
+    if golden.l2norm is not None and my.l2norm is not None:
+        return True
+    golden_counts, my_counts = nonfinite_counts(golden), nonfinite_counts(my)
+    if golden_counts is None or my_counts is None:
+        return False
+    if golden_counts != my_counts:
+        return True
+    # same counts: judged only when neither side has a finite value (a norm missing beside others is unrecorded)
+    return sum(golden_counts) > 0 and not_finite_anywhere(golden, my)
+
+
+def not_finite_anywhere(golden: TensorStats, my: TensorStats) -> bool:
+    """Return whether neither side has a finite value: no min, max, mean or L2 norm on either (only NaN/Inf counts)."""
+    return all(getattr(stats, field) is None for stats in (golden, my) for field in STAT_FIELDS)
 
 
 def statistics_errors(golden: TensorStats, my: TensorStats) -> dict[str, float]:
@@ -84,8 +121,14 @@ def judge_statistics(
     """Return the statistics results, the verdict, the deciding column and the NaN/Inf count difference.
 
     ``sentinel_limits`` (golden, my; :func:`llmcheck.core.sentinels.sentinel_limit_in_run`) let
-    a mask be recognised: when both sides' min or max is their run's infinity sentinel (:mod:`llmcheck.core.sentinels`), the statistics are the mask's,
-    and the row is not judged on them; a sentinel on one side only fails it.
+    a mask be recognised: when both sides' min or max is their run's infinity sentinel
+    (:mod:`llmcheck.core.sentinels`), the statistics are the mask's, and the row is not judged
+    on them; a sentinel on one side only fails it.
+
+    NaN and Inf follow the full-tensor rules: counts that differ fail the row
+    (``nonfinite_mismatch``, at least that many positions differ); equal counts agree, and
+    the L2 norms (over the finite values) judge what remains -- nothing, when neither side has
+    a finite value.
     """
     errors = statistics_errors(golden, my)
     results: dict[str, MetricResult] = {column: MetricResult(column, value) for column, value in errors.items()}
@@ -94,11 +137,11 @@ def judge_statistics(
     if sentinel_limits is not None and (
         _sentinel_signs(golden, sentinel_limits[0]) != _sentinel_signs(my, sentinel_limits[1])
     ):
-        results[NONFINITE_METRIC] = MetricResult(NONFINITE_METRIC, 1.0, VERDICT_FAIL, 0.0, 0.0)
-        return results, VERDICT_FAIL, NONFINITE_METRIC, 1
-    if masked_statistics(golden, my, sentinel_limits):
-        return results, VERDICT_PASS, None, 0
-    if bounded is not None and DECIDING_STAT in errors:
+        one_sided = max(1, nonfinite_difference(golden, my))
+        results[NONFINITE_METRIC] = MetricResult(NONFINITE_METRIC, float(one_sided), VERDICT_FAIL, 0.0, 0.0)
+        return results, VERDICT_FAIL, NONFINITE_METRIC, one_sided
+    # a mask's statistics say nothing of the values, but its NaN/Inf counts still must agree
+    if bounded is not None and DECIDING_STAT in errors and not masked_statistics(golden, my, sentinel_limits):
         judged, verdict, deciding = judge(
             [bounded], {bounded.name: errors[DECIDING_STAT]}, name, judged_class, overrides
         )
@@ -113,13 +156,40 @@ def judge_statistics(
                 as_bounded.higher_is_better,
             )
             deciding = DECIDING_STAT
-    nonfinite_difference = sum(
-        abs((getattr(my, field) or 0) - (getattr(golden, field) or 0)) for field in ("nan_count", "inf_count")
-    )
-    if nonfinite_difference:
+    mismatched = nonfinite_difference(golden, my)
+    if mismatched:
         verdict, deciding = VERDICT_FAIL, NONFINITE_METRIC
-        results[NONFINITE_METRIC] = MetricResult(NONFINITE_METRIC, float(nonfinite_difference), VERDICT_FAIL, 0.0, 0.0)
-    return results, verdict, deciding, nonfinite_difference
+        results[NONFINITE_METRIC] = MetricResult(NONFINITE_METRIC, float(mismatched), VERDICT_FAIL, 0.0, 0.0)
+    return results, verdict, deciding, mismatched
+
+
+def statistics_reason(
+    golden: TensorStats, my: TensorStats, sides: str, error_measure: str, *, masked: bool = False
+) -> str:
+    """Return the ``cmp_fail_reason`` of a statistics-only row: what it was judged on, and its NaN/Inf counts.
+
+    ``sides`` names the side or sides without tensor data (``"golden and my"``),
+    ``error_measure`` the metric the L2-norm difference stands in for, ``masked`` whether
+    both sides' statistics are a mask's (:func:`masked_statistics`).
+    """
+    prefix = f"statistics only (no tensor data on the {sides} side)"
+    counts = f"golden {golden.nan_count} NaN, {golden.inf_count} Inf; my {my.nan_count} NaN, {my.inf_count} Inf"
+    mismatched = nonfinite_difference(golden, my)
+    if mismatched:
+        return f"{prefix}: at least {mismatched} positions are NaN/Inf on one side only ({counts})"
+    nonfinite = sum(nonfinite_counts(golden) or (0, 0))
+    if nonfinite and not_finite_anywhere(golden, my):
+        return f"{prefix}: every value is NaN or Inf, the same counts on both sides ({counts}); nothing finite to judge"
+    if masked:
+        judged = (
+            f"{prefix}: both sides hold their dtype's infinity sentinel (a mask), which dominates min, max, "
+            "mean and L2 norm; not judged on them"
+        )
+    else:
+        judged = f"{prefix}: judged on the L2 norms, a lower bound of {error_measure}"
+    if nonfinite:
+        judged += f"; the same NaN/Inf counts on both sides, left out of the statistics ({counts})"
+    return judged
 
 
 def statistics_columns(rows_metrics: Sequence[Mapping[str, MetricResult]]) -> list[str]:

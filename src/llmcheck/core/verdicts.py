@@ -16,19 +16,23 @@ metric (in table order) that gave it.
 
 from __future__ import annotations
 
+import difflib
 import fnmatch
+import logging
 import math
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
+from typing import Any
 
-from llmcheck.core.errors import UsageError
+from llmcheck.core.errors import LlmcheckError, UsageError
 from llmcheck.core.records import (
     VERDICT_FAIL,
     VERDICT_PASS,
     VERDICT_WARN,
+    ComparisonRow,
     JudgedMetrics,
     MetricLayout,
     MetricResult,
@@ -50,6 +54,8 @@ _CLASS_DTYPE = {
 }
 _COMPLEX_CLASS = {"complex128": "fp64", "complex64": "fp32", "complex32": "fp16"}
 _SEVERITY = {VERDICT_PASS: 0, VERDICT_WARN: 1, VERDICT_FAIL: 2}
+
+log = logging.getLogger("llmcheck.verdicts")
 
 #: The pseudo-metric named when one side holds NaN/Inf where the other does not.
 NONFINITE_METRIC = "nonfinite_mismatch"
@@ -113,74 +119,212 @@ class ThresholdOverride:
             and fnmatch.fnmatchcase(name, self.pattern)
         )
 
+    def as_json(self) -> dict[str, Any]:
+        """Return the entry as the thresholds file writes it (``summary.json`` lists the overrides in effect)."""
+        return {
+            "pattern": self.pattern,
+            "metric": self.metric,
+            "dtype": self.dtype_class,
+            "warn": self.warn,
+            "fail": self.fail,
+        }
+
 
 _OVERRIDE_KEYS = ("pattern", "metric", "warn", "fail", "dtype")
+_FILE_SHAPE = "a thresholds file is a list of {pattern, metric, warn, fail[, dtype]} entries"
+#: How many of the entries that apply to no pair the warning names (the count says the rest).
+ENTRIES_NAMED = 5
 
 
 def load_threshold_overrides(
-    path: Path, known_metrics: Sequence[str] | Mapping[str, MetricSpec]
+    path: Path,
+    known_metrics: Sequence[str] | Mapping[str, MetricSpec],
+    registered_metrics: Sequence[str] | None = None,
 ) -> list[ThresholdOverride]:
     """Return the entries of a ``--thresholds`` file (JSON or YAML list), checked against the known metrics.
 
-    Given the metric specs (not just names), each entry's ``warn`` must be no worse than its
-    ``fail`` in the metric's direction: a reversed pair would silently never warn.
+    ``known_metrics`` are the metrics this compare measures; ``registered_metrics`` all that
+    plugins register (looked up when needed): an entry naming one of those that ``--metric``
+    left out is told so, not called unknown. Given the metric specs (not just names), each
+    entry's ``warn`` must be no worse than its ``fail`` in the metric's direction: a reversed
+    pair would silently never warn. Every problem is a :class:`UsageError` naming the file,
+    an empty or unparsable file included: the file is an argument like any other.
     """
     from llmcheck.core.structured_file import read_structured_file
 
-    entries = read_structured_file(path)
+    path = Path(path)
+    try:
+        blank = path.is_file() and not path.read_bytes().strip()
+    except OSError:
+        blank = False  # read_structured_file below says why the file cannot be read
+    try:
+        entries = None if blank else read_structured_file(path)
+    except LlmcheckError as exc:
+        if isinstance(exc, UsageError):
+            raise
+        raise UsageError(exc.what, where=exc.where, hint=exc.hint) from exc
     if isinstance(entries, Mapping) and "thresholds" in entries:
         entries = entries["thresholds"]
-    if not isinstance(entries, list):
-        raise UsageError("a thresholds file is a list of {pattern, metric, warn, fail[, dtype]} entries", where=path)
-    overrides = []
-    for position, entry in enumerate(entries, start=1):
-        if not isinstance(entry, Mapping):
-            raise UsageError(f"entry {position} is not a mapping", where=path)
-        unknown_keys = [str(key) for key in entry if key not in _OVERRIDE_KEYS]
-        if unknown_keys:
-            raise UsageError(
-                f"entry {position} has unknown key {unknown_keys[0]!r}",
-                where=path,
-                hint=f"keys: {', '.join(_OVERRIDE_KEYS)}",
-            )
-        missing = [key for key in ("metric", "warn", "fail") if key not in entry]
-        if missing:
-            raise UsageError(f"entry {position} lacks {', '.join(missing)}", where=path)
-        if entry["metric"] not in known_metrics:
-            raise UsageError(
-                f"entry {position} names unknown metric {entry['metric']!r}",
-                where=path,
-                hint=f"known: {', '.join(known_metrics)}",
-            )
-        dtype = entry.get("dtype")
-        if dtype is not None and dtype not in _CLASS_DTYPE:
-            raise UsageError(
-                f"entry {position} names unknown dtype class {dtype!r}",
-                where=path,
-                hint=f"known: {', '.join(_CLASS_DTYPE)}",
-            )
-        try:
-            warn, fail = float(entry["warn"]), float(entry["fail"])
-        except (TypeError, ValueError) as exc:
-            raise UsageError(f"entry {position}: warn and fail must be numbers", where=path) from exc
-        spec = known_metrics.get(entry["metric"]) if isinstance(known_metrics, Mapping) else None
-        if spec is not None and (warn < fail if spec.higher_is_better else warn > fail):
-            direction = "higher" if spec.higher_is_better else "lower"
-            raise UsageError(
-                f"entry {position}: warn {warn:g} is past fail {fail:g} ({entry['metric']} is better "
-                f"{direction}, so warn must come before fail)",
-                where=path,
-            )
-        overrides.append(
-            ThresholdOverride(
-                pattern=str(entry.get("pattern", "*")),
-                metric=str(entry["metric"]),
-                warn=warn,
-                fail=fail,
-                dtype_class=dtype,
-            )
+    if entries is None:
+        # A zero-byte file is most often a generator that failed: judging by the default
+        # table instead would hide that. An explicit empty list ([]) is no overrides.
+        raise UsageError(
+            "the file is empty", where=path, hint=f"{_FILE_SHAPE}; leave out --thresholds to use the default table"
         )
-    return overrides
+    if not isinstance(entries, list):
+        raise UsageError(_FILE_SHAPE, where=path)
+    return [
+        _override(entry, position, path, known_metrics, registered_metrics)
+        for position, entry in enumerate(entries, start=1)
+    ]
+
+
+def _override(
+    entry: object,
+    position: int,
+    path: Path,
+    known_metrics: Sequence[str] | Mapping[str, MetricSpec],
+    registered_metrics: Sequence[str] | None,
+) -> ThresholdOverride:
+    """Return one checked entry of a thresholds file (``position`` counts from 1)."""
+    if not isinstance(entry, Mapping):
+        raise UsageError(f"entry {position} is not a mapping", where=path, hint=_FILE_SHAPE)
+    unknown_keys = [str(key) for key in entry if key not in _OVERRIDE_KEYS]
+    if unknown_keys:
+        raise UsageError(
+            f"entry {position} has unknown key {unknown_keys[0]!r}",
+            where=path,
+            hint=f"keys: {', '.join(_OVERRIDE_KEYS)}",
+        )
+    missing = [key for key in ("metric", "warn", "fail") if key not in entry]
+    if missing:
+        raise UsageError(f"entry {position} lacks {', '.join(missing)}", where=path)
+    pattern = entry.get("pattern", "*")
+    if not isinstance(pattern, str) or not pattern:
+        raise UsageError(
+            f"entry {position}: pattern must be a non-empty name pattern, not {pattern!r}",
+            where=path,
+            hint="a glob over the whole record name, such as 'model.layers.*.mlp'; leave it out for every record",
+        )
+    metric = entry["metric"]
+    if not isinstance(metric, str) or metric not in known_metrics:
+        raise _metric_not_measured(metric, position, path, known_metrics, registered_metrics)
+    dtype = entry.get("dtype")
+    if dtype is not None and (not isinstance(dtype, str) or dtype not in _CLASS_DTYPE):
+        raise UsageError(
+            f"entry {position} names unknown dtype class {dtype!r}",
+            where=path,
+            hint=f"known: {', '.join(_CLASS_DTYPE)}",
+        )
+    limits = (entry["warn"], entry["fail"])
+    try:
+        if any(isinstance(limit, bool) for limit in limits):  # YAML's yes/no: float() would take them as 1 and 0
+            raise TypeError("a boolean is not a threshold")
+        warn, fail = float(limits[0]), float(limits[1])
+    except (TypeError, ValueError):
+        warn = fail = math.nan
+    if not (math.isfinite(warn) and math.isfinite(fail)):
+        # NaN compares false with everything: a NaN limit would pass every value without a word.
+        raise UsageError(
+            f"entry {position}: warn and fail must be finite numbers",
+            where=path,
+            hint=f"got warn {limits[0]!r}, fail {limits[1]!r}",
+        )
+    spec = known_metrics.get(metric) if isinstance(known_metrics, Mapping) else None
+    if spec is not None and (warn < fail if spec.higher_is_better else warn > fail):
+        direction = "higher" if spec.higher_is_better else "lower"
+        raise UsageError(
+            f"entry {position}: warn {warn:g} is past fail {fail:g} ({metric} is better "
+            f"{direction}, so warn must come before fail)",
+            where=path,
+        )
+    return ThresholdOverride(pattern=pattern, metric=metric, warn=warn, fail=fail, dtype_class=dtype)
+
+
+def _metric_not_measured(
+    metric: object,
+    position: int,
+    path: Path,
+    known_metrics: Sequence[str] | Mapping[str, MetricSpec],
+    registered_metrics: Sequence[str] | None,
+) -> UsageError:
+    """Return the error for an entry whose metric this compare does not measure: left out by --metric, or unknown."""
+    if registered_metrics is None:
+        from llmcheck.core.plugins import get_plugins
+
+        registered_metrics = list(get_plugins().metrics())
+    if isinstance(metric, str) and metric in registered_metrics:
+        return UsageError(
+            f"entry {position} sets thresholds for {metric!r}, a registered metric that --metric does not select",
+            where=path,
+            hint=f"add {metric} to --metric to judge it, or remove the entry",
+        )
+    close = difflib.get_close_matches(metric, registered_metrics, n=1) if isinstance(metric, str) else []
+    return UsageError(
+        f"entry {position} names unknown metric {metric!r}" + (f" (did you mean {close[0]}?)" if close else ""),
+        where=path,
+        hint=f"registered metrics: {', '.join(registered_metrics) or 'none'}",
+    )
+
+
+def unmatched_overrides(overrides: Sequence[ThresholdOverride], rows: Iterable[ComparisonRow]) -> list[str]:
+    """Return the entries that apply to no row of a compare, each as ``entry N 'pattern' for metric (why)``.
+
+    An entry is matched against the golden record's name, as the verdict is, and against
+    the dtype class the row was judged as when it names one. A typo in a pattern (or a
+    pattern that forgets the glob covers the whole name) would otherwise change nothing
+    without a word.
+    """
+    judged: dict[tuple[str, str], None] = {}  # (golden name, judged class): decode dumps repeat each per step
+    my_names: dict[str, None] = {}
+    for row in rows:
+        judged.setdefault((row.golden.key.name, row.judged_as), None)
+        my_names.setdefault(row.my.key.name, None)
+    golden_names = list(dict.fromkeys(name for name, _ in judged))
+    idle: list[str] = []
+    for position, override in enumerate(overrides, start=1):
+        classes = {judged_class for name, judged_class in judged if fnmatch.fnmatchcase(name, override.pattern)}
+        if not classes:
+            if any(fnmatch.fnmatchcase(name, override.pattern) for name in my_names):
+                why = "only my-run names match it; patterns match the golden name"
+            else:
+                why = "no compared record has a name like it"
+                # only for the entries the warning names: each looks through every name
+                closest = (
+                    difflib.get_close_matches(override.pattern, golden_names, n=1, cutoff=0.8)
+                    if len(idle) < ENTRIES_NAMED
+                    else []
+                )
+                if closest:
+                    why += f"; closest name: {closest[0]!r}"
+        elif override.dtype_class is not None and not classes & {override.dtype_class, ""}:  # "": not judged
+            why = f"the records it names are judged as {', '.join(sorted(classes))}, not {override.dtype_class}"
+        else:
+            continue
+        idle.append(f"entry {position} {override.pattern!r} for {override.metric} ({why})")
+    return idle
+
+
+def warn_unmatched_overrides(
+    path: Path, overrides: Sequence[ThresholdOverride], rows: Iterable[ComparisonRow]
+) -> list[str]:
+    """Log one warning naming the ``--thresholds`` entries that apply to no pair; return them.
+
+    ``compare`` calls it once the rows are judged (:func:`unmatched_overrides` says how an
+    entry is matched); like ``--mapping``'s entries that pair nothing, it is a warning, not
+    an error: a thresholds file may be shared by runs that lack some modules.
+    """
+    idle = unmatched_overrides(overrides, rows)
+    if idle:
+        log.warning(
+            "%s: %d of the %d entries apply to no compared pair: %s%s; a pattern is a glob over the whole golden name",
+            path,
+            len(idle),
+            len(overrides),
+            "; ".join(idle[:ENTRIES_NAMED]),
+            f"; and {len(idle) - ENTRIES_NAMED} more" if len(idle) > ENTRIES_NAMED else "",
+        )
+    return idle
 
 
 def thresholds_for(
