@@ -1,11 +1,13 @@
 """Capture never breaks the program it watches: a full disk or a failing hook stops capture, not the run.
 
 The full disk is real: the capture runs under a file size limit (``ulimit -f``), so the
-kernel refuses the shard write with EFBIG exactly as a full disk refuses with ENOSPC.
+kernel refuses the shard write with EFBIG exactly as a full disk refuses with ENOSPC. A
+limit smaller than a dump's manifest is a disk already full when capture starts.
 """
 
 from __future__ import annotations
 
+import functools
 import resource
 import signal
 import subprocess
@@ -41,21 +43,25 @@ GROWING_LOOP = textwrap.dedent("""
     sys.exit(int(sys.argv[1]))
 """)
 FILE_SIZE_LIMIT_BYTES = 256 * 1024
+#: Smaller than a dump's manifest (about 1 KiB), larger than the one-line notes ``llmcheck dump`` reads back.
+FULL_FROM_THE_START_BYTES = 512
 
 
-def _limit_file_size() -> None:
-    resource.setrlimit(resource.RLIMIT_FSIZE, (FILE_SIZE_LIMIT_BYTES, FILE_SIZE_LIMIT_BYTES))
+def _limit_file_size(limit_bytes: int = FILE_SIZE_LIMIT_BYTES) -> None:
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit_bytes, limit_bytes))
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # write() then fails with EFBIG instead of killing
 
 
-def _llmcheck(*args: str, cwd: Path, limited: bool = False) -> subprocess.CompletedProcess:
+def _llmcheck(
+    *args: str, cwd: Path, limited: bool = False, limit_bytes: int = FILE_SIZE_LIMIT_BYTES
+) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "llmcheck.core.cli", *args],
         cwd=cwd,
         capture_output=True,
         text=True,
         timeout=300,
-        preexec_fn=_limit_file_size if limited else None,
+        preexec_fn=functools.partial(_limit_file_size, limit_bytes) if limited else None,
     )
 
 
@@ -128,6 +134,110 @@ def test_raise_policy_hands_the_write_failure_to_the_forward(tmp_path: Path) -> 
     (dump_path,) = find_dumps(tmp_path / "out")
     assert "capture stopped early" in read_dump(dump_path).cut
     assert not list(dump_path.glob("*.tmp")) and not list(dump_path.glob(".*.tmp"))
+
+
+#: Captures its model with ``register_hook`` under the policy given as argv[1]; says whether the result changed.
+API_PROGRAM = textwrap.dedent("""
+    import sys
+    import torch
+    from llmcheck import DumpConfig, register_hook
+    from llmcheck.bundled_model import random_llama
+
+    torch.set_num_threads(1)
+    model = random_llama(seed=0)
+    prompt = torch.tensor([[1, 7, 42, 9]])
+    with torch.no_grad():
+        uncaptured = model(prompt).logits
+    try:
+        with register_hook(model, DumpConfig(dump_path="out", on_capture_error=sys.argv[1])), torch.no_grad():
+            captured = model(prompt).logits
+    except Exception as exc:
+        print(f"register_hook raised {type(exc).__name__}")
+        sys.exit(3)
+    print(f"program done: logits as uncaptured: {torch.equal(captured, uncaptured)}")
+""")
+PLAIN_PROGRAM = textwrap.dedent("""
+    import sys
+    import torch
+    from llmcheck.bundled_model import random_llama
+
+    torch.set_num_threads(1)
+    with torch.no_grad():
+        logits = random_llama(seed=0)(torch.tensor([[1, 7, 42, 9]])).logits
+    print(f"program done: {logits.shape[-1]} logits")
+    sys.exit(4)
+""")
+
+
+def _run_limited(program: str, *args: str, cwd: Path, limit_bytes: int) -> subprocess.CompletedProcess:
+    (cwd / "program.py").write_text(program)
+    return subprocess.run(
+        [sys.executable, "program.py", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        preexec_fn=functools.partial(_limit_file_size, limit_bytes),
+    )
+
+
+def _dump_folders(output: Path) -> list[Path]:
+    return sorted(output.glob("llmcheck_dump_*"))
+
+
+@pytest.mark.slow
+def test_a_disk_full_before_capture_starts_leaves_register_hook_and_the_program_running(tmp_path: Path) -> None:
+    completed = _run_limited(API_PROGRAM, "stop", cwd=tmp_path, limit_bytes=FULL_FROM_THE_START_BYTES)
+    assert completed.returncode == 0, completed.stderr
+    assert completed.stdout == "program done: logits as uncaptured: True\n"
+    assert "Traceback" not in completed.stderr
+    (warning,) = completed.stderr.splitlines()  # one line, nothing else
+    assert warning.startswith("capture could not start: out/llmcheck_dump_")  # the dump_path as given
+    assert warning.endswith(
+        "_rank0_cpu/manifest.json: cannot write: [Errno 27] File too large (EFBIG); "
+        "no dump was written, the program runs on without capture"
+    )
+    assert _dump_folders(tmp_path / "out") == []  # no empty dump folder left behind
+
+
+@pytest.mark.slow
+def test_raise_policy_hands_a_disk_full_at_start_to_the_program(tmp_path: Path) -> None:
+    completed = _run_limited(API_PROGRAM, "raise", cwd=tmp_path, limit_bytes=FULL_FROM_THE_START_BYTES)
+    assert completed.returncode == 3, completed.stderr
+    assert completed.stdout == "register_hook raised WriteFailedError\n"
+    assert "capture could not start" not in completed.stderr  # the program was told, by the exception
+    assert _dump_folders(tmp_path / "out") == []
+
+
+@pytest.mark.slow
+def test_dump_cli_blames_a_disk_full_before_capture_starts_not_the_program(tmp_path: Path) -> None:
+    (tmp_path / "program.py").write_text(PLAIN_PROGRAM)
+    completed = _llmcheck(
+        "dump",
+        "--backend",
+        "torch",
+        "-o",
+        "out",
+        "--",
+        "python",
+        "program.py",
+        cwd=tmp_path,
+        limited=True,
+        limit_bytes=FULL_FROM_THE_START_BYTES,
+    )
+    assert completed.returncode == 4, completed.stderr  # the program's own exit code
+    assert completed.stdout == "program done: 256 logits\n"
+    assert "Traceback" not in completed.stderr and "imports torch" not in completed.stderr
+    lines = completed.stderr.splitlines()
+    started = [line for line in lines if line.startswith("llmcheck: WARNING: capture could not start:")]
+    assert len(started) == 1 and "manifest.json: cannot write: [Errno 27] File too large (EFBIG)" in started[0]
+    out = tmp_path / "out"
+    assert lines[-1].startswith(f"llmcheck: WARNING: {out}: no dump was written: capture could not start: {out}/")
+    assert lines[-1].endswith(
+        "manifest.json: cannot write: [Errno 27] File too large (EFBIG) "
+        "(free some space there or pass another folder with -o); the program exited with code 4"
+    )
+    assert _dump_folders(out) == []
 
 
 class _UnsavableTensor(torch.Tensor):

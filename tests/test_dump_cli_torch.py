@@ -91,6 +91,21 @@ def test_dump_exec_captures_an_unmodified_script_and_returns_its_exit_code(tmp_p
     assert {"model.layers.0.mlp.down_proj", "model.norm"} <= digested  # weights checked against the golden's
 
 
+def test_dump_warns_when_execute_range_selects_only_steps_the_program_never_reaches(
+    tmp_path: Path, script: Path
+) -> None:
+    command = f"python {script} result.json 0"
+    completed = _llmcheck("dump", "--backend", "torch", "-o", "out", "-er", "99,99", "--exec", command, cwd=tmp_path)
+    assert completed.returncode == 0, completed.stderr
+    assert json.loads((tmp_path / "result.json").read_text())["tokens"] == _expected_tokens()
+    (dump_path,) = find_dumps(tmp_path / "out")
+    assert read_dump(dump_path).records == []
+    assert (  # max_new_tokens=3: the prefill and two decodes
+        f"llmcheck: WARNING: token_range [99]: the program ran steps 0-2 only; nothing was dumped into {dump_path}\n"
+    ) in completed.stderr
+    assert f"torch capture wrote {dump_path} (complete, 0 records); the program exited with code 0" in completed.stderr
+
+
 def test_dump_without_weight_digests_records_none(tmp_path: Path, script: Path) -> None:
     completed = _llmcheck(
         "dump",

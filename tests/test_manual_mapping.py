@@ -186,6 +186,28 @@ def test_dump_data_rejects_wrong_arguments_with_clear_errors(tmp_path: Path) -> 
         dump_data(-1, 0, torch.ones(2), "my.bin", tmp_path)
 
 
+@pytest.mark.parametrize(
+    ("kind", "tensor", "says"),
+    [
+        ("sparse", torch.eye(3).to_sparse(), " (torch.sparse_coo) (give a dense tensor: data_val.to_dense())"),
+        (
+            "meta",
+            torch.empty(3, device="meta"),
+            ", which holds no values (only a shape and a dtype) (give the tensor of a real run, on the CPU or an accelerator)",
+        ),
+    ],
+)
+def test_dump_data_refuses_a_tensor_without_dense_values_naming_the_data_id(
+    tmp_path: Path, kind: str, tensor: torch.Tensor, says: str
+) -> None:
+    with pytest.raises(UsageError) as refused:
+        dump_data("golden", "layer0.out", tensor, token_id=0, output_path=tmp_path)
+    assert refused.value.one_line() == f"dump_data: data_id 'layer0.out': data_val is a {kind} tensor{says}"
+    with pytest.raises(UsageError, match=f"^dump_data: data_id 'layer0.out': golden_data is a {kind} tensor"):
+        dump_data(0, "layer0.out", tensor, "my.bin", tmp_path)  # the other signature says the same
+    assert list(tmp_path.iterdir()) == []  # nothing half-written
+
+
 def test_compare_names_the_metadata_entry_whose_tensor_is_missing(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

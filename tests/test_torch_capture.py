@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import logging
 from pathlib import Path
 
 import pytest
@@ -230,6 +231,30 @@ def test_two_sessions_in_one_process_are_independent(tmp_path: Path) -> None:
     assert a.path != b.path
     assert {(r.key.name, r.key.step) for r in read_dump(a.path).records} == {("model.norm", 0)}
     assert {(r.key.name, r.key.step) for r in read_dump(b.path).records} == {("lm_head", 1)}
+
+
+def _generate_two_steps(model: torch.nn.Module) -> None:
+    model.generate(_prompt(), max_new_tokens=2, do_sample=False)  # the prefill and one decode: steps 0 and 1
+
+
+def test_a_token_range_the_program_never_reaches_warns_with_the_steps_that_ran(
+    tmp_path: Path, tiny_llama, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.WARNING, logger="llmcheck"):
+        session, dump = _capture(tiny_llama, tmp_path, _generate_two_steps, token_range=[7, 99])
+    assert dump.records == [] and dump.cut is None
+    assert [record.getMessage() for record in caplog.records] == [
+        f"token_range [7, 99]: the program ran steps 0-1 only; nothing was dumped into {session.path}"
+    ]
+
+
+def test_a_token_range_that_is_reached_in_part_dumps_without_a_warning(
+    tmp_path: Path, tiny_llama, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.WARNING, logger="llmcheck"):
+        _, dump = _capture(tiny_llama, tmp_path, _generate_two_steps, token_range=[1, 99], include=["lm_head"])
+    assert {record.key.step for record in dump.records} == {1}
+    assert caplog.records == []
 
 
 def test_remove_hook_stops_capture_and_leaves_the_model_without_hooks(tmp_path: Path, tiny_llama) -> None:

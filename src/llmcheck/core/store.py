@@ -342,7 +342,10 @@ class DumpWriter:
     ) -> None:
         import sys
 
-        self.path = new_dump_dir(Path(output_dir), dir_suffix)
+        try:
+            self.path = new_dump_dir(Path(output_dir), dir_suffix)
+        except OSError as exc:  # a full disk refuses even the folder
+            raise write_failed(output_dir, exc, "cannot create the dump folder") from exc
         self.shard_bytes = shard_bytes
         self.records_written = 0
         self.bytes_written = 0
@@ -367,14 +370,27 @@ class DumpWriter:
             "device": device,
             "pid": os.getpid(),
         }
-        _atomic_write_json(self.path / MANIFEST_NAME, self.manifest)
-        self._index = open(self.path / INDEX_NAME, "a", encoding="utf-8")  # noqa: SIM115 -- open for the writer's life, closed by close()
+        try:
+            _atomic_write_json(self.path / MANIFEST_NAME, self.manifest)
+            self._index = open(self.path / INDEX_NAME, "a", encoding="utf-8")  # noqa: SIM115 -- open for the writer's life, closed by close()
+        except (OSError, WriteFailedError) as exc:
+            self._remove_unstarted_folder()  # a dump that never started leaves no empty folder behind
+            if isinstance(exc, WriteFailedError):
+                raise
+            raise write_failed(self.path / INDEX_NAME, exc) from exc
         self._queue: queue.Queue[_Batch | None] | None = None
         self._thread: threading.Thread | None = None
         if background:
             self._queue = queue.Queue(maxsize=1)
             self._thread = threading.Thread(target=self._drain, name="llmcheck-dump-writer", daemon=True)
             self._thread.start()
+
+    def _remove_unstarted_folder(self) -> None:
+        """Remove the dump folder of a writer whose start failed, with whatever its start left in it."""
+        with contextlib.suppress(OSError):  # the folder is this writer's own: new_dump_dir never reuses one
+            for leftover in list(self.path.iterdir()):
+                remove_quietly(leftover)
+            self.path.rmdir()
 
     def __enter__(self) -> DumpWriter:
         return self

@@ -41,6 +41,8 @@ MAPPED_ROOT = "ait_dump"
 GOLDEN_FOLDER = "golden_tensor"
 TENSOR_SUFFIX = "_tensor.safetensors"
 TENSOR_KEY = "tensor"
+#: Layouts whose tensors ``.to_dense()`` turns into one dump_data can save.
+_SPARSE_LAYOUTS = ("sparse_coo", "sparse_csr", "sparse_csc", "sparse_bsr", "sparse_bsc")
 #: File names longer than this (in bytes) are shortened to a prefix and a hash of the whole data id.
 MAX_FILE_NAME_BYTES = 200
 
@@ -113,11 +115,9 @@ def _save_tensor(tensor: Any, folder: Path, token_id: str, data_id: str, what: s
     file; the last rename wins whole. A failed write (a full disk) raises
     :class:`~llmcheck.core.errors.WriteFailedError` naming the file and leaves nothing behind.
     """
-    import torch
     from safetensors.torch import save_file
 
-    if not isinstance(tensor, torch.Tensor):
-        raise UsageError(f"{what} must be a torch.Tensor, got {type(tensor).__name__}", where="dump_data")
+    _check_tensor(tensor, what, data_id)
     relative = Path(token_id) / tensor_file_name(data_id)
     target = folder / relative
     try:
@@ -129,6 +129,29 @@ def _save_tensor(tensor: Any, folder: Path, token_id: str, data_id: str, what: s
     return relative.as_posix()
 
 
+def _check_tensor(tensor: Any, what: str, data_id: str) -> None:
+    """Raise a usage error naming the data id unless ``tensor`` is a dense tensor that holds values."""
+    import torch
+
+    if not isinstance(tensor, torch.Tensor):
+        raise UsageError(
+            f"data_id {data_id!r}: {what} must be a torch.Tensor, got {type(tensor).__name__}", where="dump_data"
+        )
+    if tensor.is_meta:
+        raise UsageError(
+            f"data_id {data_id!r}: {what} is a meta tensor, which holds no values (only a shape and a dtype)",
+            where="dump_data",
+            hint="give the tensor of a real run, on the CPU or an accelerator",
+        )
+    if tensor.layout != torch.strided:
+        sparse = str(tensor.layout).removeprefix("torch.") in _SPARSE_LAYOUTS
+        raise UsageError(
+            f"data_id {data_id!r}: {what} is a {'sparse' if sparse else 'non-dense'} tensor ({tensor.layout})",
+            where="dump_data",
+            hint=f"give a dense tensor: {what}.to_dense()" if sparse else "give a dense (strided) tensor",
+        )
+
+
 def _device_index(tensor: torch.Tensor) -> int:
     return tensor.get_device() if tensor.device.type != "cpu" else -1
 
@@ -136,11 +159,8 @@ def _device_index(tensor: torch.Tensor) -> int:
 def _dump_mapped(
     token_id: int, data_id: Any, golden_data: Any, my_path: str | os.PathLike[str], output_path: str | os.PathLike[str]
 ) -> Path:
-    import torch
-
     token, name = _token(token_id), _data_id(data_id)
-    if not isinstance(golden_data, torch.Tensor):
-        raise UsageError(f"golden_data must be a torch.Tensor, got {type(golden_data).__name__}", where="dump_data")
+    _check_tensor(golden_data, "golden_data", name)
     if not str(my_path).strip():
         raise UsageError("my_path is empty: give the path of the tensor file to compare against", where="dump_data")
     mine = Path(my_path).absolute()

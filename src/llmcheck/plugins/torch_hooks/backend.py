@@ -29,6 +29,7 @@ from llmcheck.plugins.torch_hooks.config import (
     LEFT_OUT_ENV,
     LEVEL_MODULE,
     LEVEL_OP,
+    NOT_STARTED_ENV,
     ON_ERROR_STOP,
     DumpConfig,
 )
@@ -135,6 +136,9 @@ def child_environment(
     return env
 
 
+#: The errno names (as failed writes spell them) that mean the disk, or the user's share of it, is full.
+DISK_FULL_ERRNO_NAMES = ("(ENOSPC)", "(EDQUOT)", "(EFBIG)")
+
 #: Program names run with llmcheck's own interpreter (a path such as ``/usr/bin/python3`` is kept as given).
 BARE_PYTHON_NAMES = ("python", "python3")
 
@@ -167,9 +171,12 @@ class TorchCaptureBackend:
         dumps_before = set(find_dumps(output_dir))
         with tempfile.TemporaryDirectory(prefix="llmcheck_dump_") as notes:
             left_out_file = Path(notes) / "left_out_devices"
+            not_started_file = Path(notes) / "captures_not_started"
             env[LEFT_OUT_ENV] = str(left_out_file)
+            env[NOT_STARTED_ENV] = str(not_started_file)
             completed = _run_program(command, env)
-            left_out = _devices_left_out(left_out_file)
+            left_out = _noted_lines(left_out_file, split=True)
+            not_started = _noted_lines(not_started_file)
         exit_code = completed.returncode if completed.returncode >= 0 else 128 - completed.returncode
         report_outcome(
             sorted(set(find_dumps(output_dir)) - dumps_before),
@@ -177,6 +184,7 @@ class TorchCaptureBackend:
             output_dir,
             left_out=left_out,
             device_ids=config.device_ids,
+            not_started=not_started,
         )
         return exit_code
 
@@ -205,12 +213,16 @@ def _run_program(command: list[str], env: Mapping[str, str]) -> subprocess.Compl
         raise UsageError(f"cannot run {command[0]!r}: permission denied", where="--exec") from exc
 
 
-def _devices_left_out(notes: Path) -> list[str]:
-    """Return the devices the children's captures ran on and ``-device`` left out, each once, in order."""
+def _noted_lines(notes: Path, *, split: bool = False) -> list[str]:
+    """Return what the children noted in ``notes`` (devices left out, captures not started), each once, in order.
+
+    ``split``: the notes are words (device names), not whole lines.
+    """
     try:
-        lines = notes.read_text(encoding="utf-8").split()
-    except OSError:  # no capture was left out (or the child could not say so)
+        text = notes.read_text(encoding="utf-8")
+    except OSError:  # nothing was noted (or the child could not say so)
         return []
+    lines = text.split() if split else [line for line in text.splitlines() if line.strip()]
     return list(dict.fromkeys(lines))
 
 
@@ -221,8 +233,12 @@ def report_outcome(
     *,
     left_out: Sequence[str] = (),
     device_ids: Sequence[str] = (),
+    not_started: Sequence[str] = (),
 ) -> None:
-    """Log what the run left: each dump, complete or cut, and how the program ended (it may have failed)."""
+    """Log what the run left: each dump, complete or cut, and how the program ended (it may have failed).
+
+    ``not_started`` are the reasons captures could not create their dump (a full disk), one per line.
+    """
     ended = (
         f"the program was killed by signal {-returncode}"
         if returncode < 0
@@ -235,6 +251,19 @@ def report_outcome(
             log.info("torch capture wrote %s (complete%s); %s", path, counted, ended)
         else:
             log.warning("torch capture wrote %s (cut%s: %s); %s", path, counted, cut, ended)
+    if not_started:
+        more = f" (and {len(not_started) - 1} more)" if len(not_started) > 1 else ""
+        disk_full = any(name in not_started[0] for name in DISK_FULL_ERRNO_NAMES)
+        log.warning(
+            "%s: %s: capture could not start: %s%s (%s); %s",
+            output_dir,
+            "no dump was written" if not written else f"{len(not_started)} capture(s) wrote no dump",
+            not_started[0],
+            more,
+            "free some space there or pass another folder with -o" if disk_full else "pass another folder with -o",
+            ended,
+        )
+        return
     if written:
         return
     if left_out:

@@ -16,6 +16,9 @@ A failure inside capture -- a full disk, a bug -- never breaks the program: ever
 contains its own work, and on the first failure capture stops with one warning, the dump
 is closed as cut at its last complete record, and the program runs on as if uncaptured
 (``DumpConfig.on_capture_error="raise"`` hands the error to the program after stopping).
+A dump the disk refuses from the start (no room even for its manifest) leaves no folder:
+one warning says capture could not start, and the program runs uncaptured. A capture that
+closes empty because no step of ``token_range`` ran says so, naming the steps that did.
 """
 
 from __future__ import annotations
@@ -47,7 +50,14 @@ from llmcheck.plugin_api import (
     UsageError,
     dtype_name,
 )
-from llmcheck.plugins.torch_hooks.config import LEFT_OUT_ENV, LEVEL_MODULE, LEVEL_OP, ON_ERROR_RAISE, DumpConfig
+from llmcheck.plugins.torch_hooks.config import (
+    LEFT_OUT_ENV,
+    LEVEL_MODULE,
+    LEVEL_OP,
+    NOT_STARTED_ENV,
+    ON_ERROR_RAISE,
+    DumpConfig,
+)
 from llmcheck.plugins.torch_hooks.cpu_profile import CAPTURE_RANGE, StepProfiler
 from llmcheck.plugins.torch_hooks.module_graph_onnx import ONNX_FILE, GraphRecorder, write_graph_onnx
 from llmcheck.plugins.torch_hooks.module_selection import ROOT_NAME, ModuleSelection, parent_name
@@ -101,13 +111,24 @@ def _device_wanted(device: torch.device, device_ids: Sequence[str]) -> bool:
     return bool({index, f"{device.type}{index}", f"{device.type}:{index}"} & set(device_ids))
 
 
-def _note_left_out(device: str) -> None:
-    """Tell ``llmcheck dump`` (the parent) that a capture on ``device`` was left out, when it asked to be told."""
-    notes = os.environ.get(LEFT_OUT_ENV)
+def _note_for_parent(variable: str, line: str) -> None:
+    """Tell ``llmcheck dump`` (the parent) one line through the notes file named by ``variable``, when it asked."""
+    notes = os.environ.get(variable)
     if not notes:
         return
     with suppress(OSError), open(notes, "a", encoding="utf-8") as out:  # on failure the parent only loses a reason
-        out.write(device + "\n")
+        out.write(line.replace("\n", " ") + "\n")
+
+
+def steps_text(steps: Sequence[int]) -> str:
+    """Return sorted step numbers as runs: ``0-2, 5, 7-9``."""
+    runs: list[list[int]] = []
+    for step in sorted(set(steps)):
+        if runs and step == runs[-1][1] + 1:
+            runs[-1][1] = step
+        else:
+            runs.append([step, step])
+    return ", ".join(str(low) if low == high else f"{low}-{high}" for low, high in runs)
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,8 +148,8 @@ class CaptureSession:
     """A capture running on one model: its hooks, its step counter and the dump it writes.
 
     Returned by :func:`register_hook`. ``path`` is the dump folder (``None`` when the
-    ``device_ids`` filter leaves this process out: the session then writes into a
-    :class:`NullSink`). ``close()`` -- or leaving a ``with`` block, or :func:`remove_hook`
+    ``device_ids`` filter leaves this process out, or when the dump could not be created --
+    ``failure`` then says why: the session then writes into a :class:`NullSink`). ``close()`` -- or leaving a ``with`` block, or :func:`remove_hook`
     -- removes the hooks, writes what is pending and closes the dump. Not thread-safe: one
     model is run by one thread at a time.
 
@@ -170,17 +191,23 @@ class CaptureSession:
         self.sink: TensorSink | NullSink = NullSink()
         if not self.enabled:
             log.warning("not capturing on %s: device_ids %s leave it out", device, ", ".join(config.device_ids))
-            _note_left_out(self.device)
+            _note_for_parent(LEFT_OUT_ENV, self.device)
         else:
-            self.writer = DumpWriter(
-                Path(config.dump_path),
-                BACKEND_NAME,
-                config=config.as_json(),
-                command_line=None if config.command_line is None else list(config.command_line),
-                rank=self.rank,
-                device=self.device,
-                dir_suffix=f"rank{self.rank}_{self.device}",
-            )
+            try:
+                self.writer = DumpWriter(
+                    Path(config.dump_path),
+                    BACKEND_NAME,
+                    config=config.as_json(),
+                    command_line=None if config.command_line is None else list(config.command_line),
+                    rank=self.rank,
+                    device=self.device,
+                    dir_suffix=f"rank{self.rank}_{self.device}",
+                )
+            except UsageError:  # a dump_path no dump can go in: the call is wrong, not the disk
+                raise
+            except LlmcheckError as exc:  # a full disk refused the new dump (it removed its folder)
+                self._not_started(exc)
+        if self.writer is not None:
             self.path = self.writer.path
             if config.profile_cpu:
                 self._profiler = StepProfiler(self.path / "cpu_profiling")
@@ -192,7 +219,8 @@ class CaptureSession:
             )
         self._hooks: list[Any] = []
         self._root_after_hook: Any = None  # kept after a failure mid-step, to leave the op mode at the step's end
-        self._attach_all()
+        if self.failure is None:
+            self._attach_all()
         self_ref = weakref.ref(self)
 
         def close_at_exit() -> None:
@@ -243,6 +271,25 @@ class CaptureSession:
                 write_graph_onnx(self._graph, self.path / ONNX_FILE, type(self.model).__name__)
         except Exception as exc:
             self.contain(exc)
+            return
+        self._warn_if_no_step_dumped()
+
+    def _warn_if_no_step_dumped(self) -> None:
+        """Warn when the dump closed empty because no step the config selects ran (compare would find no pairs)."""
+        config = self.config
+        if not self.enabled or not config.levels or self.steps_dumped:
+            return
+        selected = (
+            "token_range None (every step)"
+            if config.token_range is None
+            else f"token_range [{steps_text(config.token_range)}]"
+        )
+        ran = (
+            "the model ran no forward under capture"
+            if self.step < 0
+            else f"the program ran step{'s 0-' if self.step > 0 else ' '}{self.step} only"
+        )
+        log.warning("%s: %s; nothing was dumped into %s", selected, ran, self.path)
 
     def close_at_exit(self) -> None:
         """Close the dump as the process exits; never raises (no forward is left to hand an error to)."""
@@ -278,6 +325,15 @@ class CaptureSession:
         self._stop_after_failure(exc)
         if self._raises:
             raise exc
+
+    def _not_started(self, exc: LlmcheckError) -> None:
+        """Handle a dump that could not be created: warn once and run uncaptured, or raise under ``"raise"``."""
+        reason = exc.one_line()
+        _note_for_parent(NOT_STARTED_ENV, reason)
+        if self._raises:
+            raise exc
+        self.failure = reason
+        log.warning("capture could not start: %s; no dump was written, the program runs on without capture", reason)
 
     def _stop_after_failure(self, exc: BaseException) -> None:
         """Stop capturing after a failure inside capture: warn once, close the dump as cut, go dormant."""

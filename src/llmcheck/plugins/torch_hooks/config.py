@@ -50,6 +50,9 @@ CONFIG_ENV = "LLMCHECK_TORCH_CAPTURE"
 #: Environment variable naming the file a child appends the device of each capture that ``device_ids``
 #: leaves out to (one line each), so ``llmcheck dump`` can say why no dump was written.
 LEFT_OUT_ENV = "LLMCHECK_LEFT_OUT_DEVICES"
+#: Environment variable naming the file a child appends why its capture could not start to (one line
+#: each: a full disk refused the new dump), so ``llmcheck dump`` blames the disk, not the program.
+NOT_STARTED_ENV = "LLMCHECK_CAPTURE_NOT_STARTED"
 
 
 @dataclass
