@@ -53,6 +53,7 @@ from llmcheck.core.depth_profile import (
     placement,
     row_error,
 )
+from llmcheck.core.dump_command import run_program
 from llmcheck.core.dump_paths import folder_link_reason, inside_dump, is_real_folder, walk_files, warn_passed_over
 from llmcheck.core.dump_schema import convert as convert_json
 from llmcheck.core.dump_schema import decode as decode_json
@@ -243,6 +244,7 @@ __all__ = [  # noqa: RUF022 -- grouped by the question a plugin author asks, not
     "inside_dump",
     "walk_files",
     "folder_link_reason",
+    "run_program",
     "warn_passed_over",
     "is_real_folder",
     "NpyHeader",

@@ -8,11 +8,13 @@ shell), and the output folder checked -- all before the program runs.
 
 from __future__ import annotations
 
+import subprocess
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from llmcheck.core.backend_options import option_values
+from llmcheck.core.errors import UsageError
 from llmcheck.core.records import CaptureRequest
 from llmcheck.core.seed_flags import split_command
 
@@ -44,3 +46,21 @@ def dump_command(
         backend=chosen.name, command=argv, output_dir=output_dir, options=options, log_level=log_level
     )
     return chosen.run(request)
+
+
+def run_program(command: Sequence[str], env: Mapping[str, str]) -> subprocess.CompletedProcess[bytes]:
+    """Return the finished run of the user's program (never a shell); one that cannot start is a usage error naming --exec.
+
+    Every capture backend runs the program this way, so a missing or non-executable program
+    reads the same whichever backend was chosen.
+    """
+    try:
+        return subprocess.run(list(command), env=dict(env), check=False)
+    except FileNotFoundError as exc:
+        raise UsageError(
+            f"cannot run {command[0]!r}: no such program",
+            where="--exec",
+            hint="check the program name, or give its full path",
+        ) from exc
+    except PermissionError as exc:
+        raise UsageError(f"cannot run {command[0]!r}: permission denied", where="--exec") from exc

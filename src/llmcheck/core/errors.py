@@ -7,6 +7,8 @@ llmcheck and is shown with its traceback only under ``--log-level debug``.
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Iterable
 from pathlib import Path
 
 #: Exit codes of every command: 0 done and nothing failed, 1 llmcheck failed (bad input, a
@@ -15,6 +17,12 @@ EXIT_OK = 0
 EXIT_FAILURE = 1
 EXIT_USAGE = 2
 EXIT_FAILURES_FOUND = 3
+
+
+def closest_name(name: str, known: Iterable[str], cutoff: float = 0.6) -> str | None:
+    """Return the one of ``known`` closest to a mistyped ``name`` (for a "did you mean" hint), or None when none is close."""
+    close = difflib.get_close_matches(name, list(known), n=1, cutoff=cutoff)
+    return close[0] if close else None
 
 
 class LlmcheckError(Exception):

@@ -29,7 +29,6 @@ per listed value.
 
 from __future__ import annotations
 
-import difflib
 import itertools
 import json
 from collections.abc import Iterator, Mapping, Sequence
@@ -38,7 +37,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from llmcheck.core.atomic_files import atomic_output
-from llmcheck.core.errors import PluginError, UsageError
+from llmcheck.core.errors import PluginError, UsageError, closest_name
 from llmcheck.core.records import Dump, Pair, RecordKey, TensorRecord, UserMapping
 
 PAIRS_FORMAT = "llmcheck-pairs"
@@ -396,8 +395,8 @@ def _check_rules(rules: Sequence[tuple[int, tuple[str, str]]], path: Path) -> No
         return
     problems = []
     for position, rule in unknown:
-        close = difflib.get_close_matches(rule_name(rule), known, n=1)
-        problems.append(f"entry {position}: unknown rule {rule!r}" + (f" (did you mean {close[0]}?)" if close else ""))
+        close = closest_name(rule_name(rule), known)
+        problems.append(f"entry {position}: unknown rule {rule!r}" + (f" (did you mean {close}?)" if close else ""))
     raise UsageError(
         "; ".join(problems),
         where=path,

@@ -20,7 +20,6 @@ raises, is one error line naming the plugin, the hook, and ``LLMCHECK_DISABLE_PL
 
 from __future__ import annotations
 
-import difflib
 import functools
 import json
 import logging
@@ -37,7 +36,14 @@ import pluggy
 
 from llmcheck.core import hookspecs
 from llmcheck.core.backend_options import BackendOption, option_problem
-from llmcheck.core.errors import DumpFormatError, DumpNotFoundError, LlmcheckError, PluginError, UsageError
+from llmcheck.core.errors import (
+    DumpFormatError,
+    DumpNotFoundError,
+    LlmcheckError,
+    PluginError,
+    UsageError,
+    closest_name,
+)
 from llmcheck.core.records import (
     CaptureBackend,
     Dump,
@@ -102,8 +108,8 @@ def _warn(message: str) -> None:
 
 def _did_you_mean(name: str, known: Sequence[str]) -> str:
     """Return ``"did you mean 'x'? "`` for the closest of ``known`` to ``name``, or ``""`` when none is close."""
-    close = difflib.get_close_matches(name, known, n=1)
-    return f"did you mean {close[0]!r}? " if close else ""
+    close = closest_name(name, known)
+    return f"did you mean {close!r}? " if close else ""
 
 
 def _warn_unknown_names(variable: str, names: set[str] | None, installed: Sequence[str]) -> None:

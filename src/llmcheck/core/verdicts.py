@@ -16,7 +16,6 @@ metric (in table order) that gave it.
 
 from __future__ import annotations
 
-import difflib
 import fnmatch
 import logging
 import math
@@ -27,7 +26,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from llmcheck.core.errors import LlmcheckError, UsageError
+from llmcheck.core.errors import LlmcheckError, UsageError, closest_name
 from llmcheck.core.records import (
     VERDICT_FAIL,
     VERDICT_PASS,
@@ -259,9 +258,9 @@ def _metric_not_measured(
             where=path,
             hint=f"add {metric} to --metric to judge it, or remove the entry",
         )
-    close = difflib.get_close_matches(metric, registered_metrics, n=1) if isinstance(metric, str) else []
+    close = closest_name(metric, registered_metrics) if isinstance(metric, str) else None
     return UsageError(
-        f"entry {position} names unknown metric {metric!r}" + (f" (did you mean {close[0]}?)" if close else ""),
+        f"entry {position} names unknown metric {metric!r}" + (f" (did you mean {close}?)" if close else ""),
         where=path,
         hint=f"registered metrics: {', '.join(registered_metrics) or 'none'}",
     )
@@ -291,12 +290,10 @@ def unmatched_overrides(overrides: Sequence[ThresholdOverride], rows: Iterable[C
                 why = "no compared record has a name like it"
                 # only for the entries the warning names: each looks through every name
                 closest = (
-                    difflib.get_close_matches(override.pattern, golden_names, n=1, cutoff=0.8)
-                    if len(idle) < ENTRIES_NAMED
-                    else []
+                    closest_name(override.pattern, golden_names, cutoff=0.8) if len(idle) < ENTRIES_NAMED else None
                 )
                 if closest:
-                    why += f"; closest name: {closest[0]!r}"
+                    why += f"; closest name: {closest!r}"
         elif override.dtype_class is not None and not classes & {override.dtype_class, ""}:  # "": not judged
             why = f"the records it names are judged as {', '.join(sorted(classes))}, not {override.dtype_class}"
         else:

@@ -14,14 +14,13 @@ import logging
 import os
 import shutil
 import signal
-import subprocess
 import sys
 import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from llmcheck.plugin_api import CaptureRequest, LlmcheckError, UsageError
+from llmcheck.plugin_api import CaptureRequest, LlmcheckError, UsageError, run_program
 from llmcheck.plugins.atb.probe_library import choose_probe
 
 log = logging.getLogger("llmcheck.atb")
@@ -166,15 +165,7 @@ class AtbCaptureBackend:
             output_dir / f"{DUMP_ROOT_PREFIX}{timestamp}",
         )
         try:
-            completed = subprocess.run(list(request.command), env=environment, check=False)
-        except FileNotFoundError as exc:
-            raise UsageError(
-                f"cannot run {request.command[0]!r}: no such program",
-                where="--exec",
-                hint="check the program name, or give its full path",
-            ) from exc
-        except PermissionError as exc:
-            raise UsageError(f"cannot run {request.command[0]!r}: permission denied", where="--exec") from exc
+            completed = run_program(request.command, environment)
         except KeyboardInterrupt:
             return 128 + signal.SIGINT
         dump_root = self._dump_root(output_dir, timestamp)

@@ -16,14 +16,13 @@ import json
 import logging
 import os
 import re
-import subprocess
 import sys
 import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from llmcheck.plugin_api import CaptureRequest, UsageError, closing_state, find_dumps
+from llmcheck.plugin_api import CaptureRequest, UsageError, closing_state, find_dumps, run_program
 from llmcheck.plugins.torch_hooks.config import (
     CONFIG_ENV,
     LEFT_OUT_ENV,
@@ -174,7 +173,7 @@ class TorchCaptureBackend:
             not_started_file = Path(notes) / "captures_not_started"
             env[LEFT_OUT_ENV] = str(left_out_file)
             env[NOT_STARTED_ENV] = str(not_started_file)
-            completed = _run_program(command, env)
+            completed = run_program(command, env)
             left_out = _noted_lines(left_out_file, split=True)
             not_started = _noted_lines(not_started_file)
         exit_code = completed.returncode if completed.returncode >= 0 else 128 - completed.returncode
@@ -197,20 +196,6 @@ class TorchCaptureBackend:
         from llmcheck.plugins.torch_hooks.capture import register_hook
 
         return register_hook(model, config_from_options(request.options, request.output_dir, list(request.command)))
-
-
-def _run_program(command: list[str], env: Mapping[str, str]) -> subprocess.CompletedProcess[bytes]:
-    """Return the finished run of the user's program; a program that cannot start is a usage error naming --exec."""
-    try:
-        return subprocess.run(command, env=env, check=False)
-    except FileNotFoundError as exc:
-        raise UsageError(
-            f"cannot run {command[0]!r}: no such program",
-            where="--exec",
-            hint="check the program name, or give its full path",
-        ) from exc
-    except PermissionError as exc:
-        raise UsageError(f"cannot run {command[0]!r}: permission denied", where="--exec") from exc
 
 
 def _noted_lines(notes: Path, *, split: bool = False) -> list[str]:
