@@ -572,6 +572,10 @@ def score(
         key = named.key
         suspect = " [op one run only]" if result.first_introduced is None else ""
         blamed, blamed_module = f"{key.name} ({key.io} {key.position}){suspect}", key.name
+        introduced = result.first_introduced
+        if introduced is not None and introduced.deciding_metric in introduced.metrics:
+            decided = introduced.metrics[introduced.deciding_metric]  # what decided it, and by how much
+            blamed += f" [{decided.name} {decided.value:.3g}]"
     if defect == CLEAN:
         false_culprit = counts["failures"] > 0 or named is not None
     else:

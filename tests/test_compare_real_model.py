@@ -103,3 +103,39 @@ def test_trained_model_at_low_precision_names_no_culprit_with_statistics_only(
     del low
     result = _compare(golden, my)
     assert result.counts()["failures"] == 0 and result.first_introduced is None
+
+
+#: Prompts on which clean low-precision runs of SmolLM2 were once blamed: a decoder layer whose
+#: residual stream and MLP output nearly cancel a massive activation (layer 28 in bf16, layer 9
+#: in fp16), and an attention core that amplifies fp16 noise more than its repeats do (layer 10).
+CLEAN_CASES = {
+    "bf16-question": (torch.bfloat16, "Why is the sky blue during the day but red at sunset? Explain it simply."),
+    "bf16-numbers": (torch.bfloat16, "1, 1, 2, 3, 5, 8, 13, 21, 34, 55, 89, 144, 233, 377, 610, 987,"),
+    "fp16-prose": (torch.float16, "The capital of France is Paris. The capital of Germany is"),
+    "fp16-story": (
+        torch.float16,
+        "Once upon a time, a curious robot named Pip lived in a lighthouse. Every night it counted "
+        "the ships that passed, and every morning it wrote their names in a big blue book. One day",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(CLEAN_CASES))
+def test_clean_low_precision_run_of_the_trained_model_names_no_culprit_on_full_tensors(
+    smollm2, smollm2_path: Path, tmp_path: Path, case: str
+) -> None:
+    from llmcheck.bundled_model import load_smollm2
+
+    dtype, prompt = CLEAN_CASES[case]
+    model, tokenizer = smollm2
+    ids = tokenizer(prompt, return_tensors="pt").input_ids
+    golden = capture_run(model, ids, tmp_path / "golden")
+    low, _ = load_smollm2(dtype=dtype)  # as a user loads it: the rotary frequencies stay fp32
+    my = capture_run(low, ids, tmp_path / "my")
+    del low
+    result = _compare(golden, my)
+    assert result.counts()["failures"] == 0 and result.culprit is None
+    assert result.counts()["warnings"] > 0  # the rounding noise is there, and judged as noise
+    # whatever the siblings cannot tell from noise is a suspect: a warning that says how to settle it
+    suspects = result.summary()["noise_suspects"]
+    assert all(row["verdict"] == "warn" and "noise twin" in row["evidence"] for row in suspects)

@@ -482,3 +482,59 @@ def test_a_twin_of_part_of_the_run_is_named_with_the_count_and_the_summary_says_
     row = _csv_row(out, TWIN_DEFECT, "output")
     assert row["noise_error"] == "" and row["verdict"] == "fail" and row["attribution"] == "introduced"
     assert _csv_row(out, "model.layers.0.mlp", "output")["noise_error"] != ""
+
+
+def test_a_defect_in_the_attention_core_is_named_as_the_attention_module_that_runs_it(llama, fp32_golden, tmp_path):
+    # The softmax scale lives in self_attn's own code (no recorded submodule runs it): the first
+    # wrong record is o_proj's input, and the culprit is the module a reader must open.
+    defective = copy.deepcopy(llama)
+    defective.model.layers[3].self_attn.scaling *= 1.1
+    result = compare_dumps(fp32_golden, _dump(defective, tmp_path, weight_digests=False), workers=1)
+    introduced = result.first_introduced
+    assert introduced is not None
+    assert (introduced.golden.key.name, introduced.golden.key.io) == ("model.layers.3.self_attn.o_proj", "input")
+    assert result.culprit is not None and result.culprit.key.name == "model.layers.3.self_attn"
+    assert result.culprit.key.io == "output"
+    culprit = result.summary()["culprit"]
+    assert culprit["name"] == "model.layers.3.self_attn"
+    assert culprit["seen_at"] == "model.layers.3.self_attn.o_proj step 0 input.0 (before)"
+
+
+def test_an_introduced_module_output_keeps_its_own_name_as_the_culprit(llama, fp32_golden, tmp_path):
+    result = compare_dumps(fp32_golden, _dump(_scaled(llama), tmp_path, weight_digests=False), workers=1)
+    assert result.culprit is not None and result.culprit.key.name == DEFECTIVE
+    assert result.summary()["culprit"]["seen_at"] is None
+
+
+def _activation_swapped(model: torch.nn.Module) -> torch.nn.Module:
+    defective = copy.deepcopy(model)
+    defective.model.layers[4].mlp.act_fn = torch.nn.GELU()
+    return defective
+
+
+def test_verdicts_before_a_defect_do_not_depend_on_which_defect_follows(llama, fp32_golden, tmp_path):
+    # Layers 0-3 are bit for bit the same in both my-runs; only the defect in layer 4 differs.
+    # Their rows' siblings include layers 4 and 5, which carry that defect's error: the rows
+    # before the first introduced row must be judged by the siblings before it alone.
+    def verdicts_before_layer_4(defective: torch.nn.Module, folder: Path) -> list[tuple[str, str, str]]:
+        result = compare_dumps(
+            fp32_golden, _dump(defective.to(torch.bfloat16), folder, weight_digests=False), workers=1
+        )
+        introduced = result.first_introduced
+        assert introduced is not None and introduced.golden.key.name.startswith("model.layers.4.")
+        return [
+            (row.golden.key.label(), row.verdict, row.attribution)
+            for row in sorted(result.rows, key=lambda row: row.golden.order)
+            if row.golden.order < introduced.golden.order and "layers.4" not in row.golden.key.name
+        ]
+
+    weight_defect = verdicts_before_layer_4(_scaled_layer_4(llama), tmp_path / "a")
+    code_defect = verdicts_before_layer_4(_activation_swapped(llama), tmp_path / "b")
+    assert len(weight_defect) > 50 and weight_defect == code_defect
+
+
+def _scaled_layer_4(model: torch.nn.Module) -> torch.nn.Module:
+    defective = copy.deepcopy(model)
+    with torch.no_grad():
+        defective.model.layers[4].mlp.down_proj.weight.mul_(1.3)
+    return defective

@@ -23,9 +23,11 @@ from typing import TYPE_CHECKING, Any, Protocol
 from llmcheck.core.digests import digest_row, judged_on_digests
 from llmcheck.core.divergence import (
     INTRODUCED,
+    SUSPECT,
     ErrorMeasure,
     NoiseTwin,
     attribute,
+    code_owner,
     describe_row,
     first_divergence,
     first_introduced,
@@ -142,8 +144,17 @@ class CompareResult:
         """
         introduced = self.first_introduced
         if introduced is not None:
-            return introduced.golden
+            owner = code_owner(self.rows, introduced)
+            return (owner or introduced).golden
         return self.suspects.first()
+
+    @property
+    def culprit_seen_at(self) -> TensorRecord | None:
+        """Return the introduced input the culprit module's own code made, where :attr:`culprit` names its module."""
+        introduced = self.first_introduced
+        if introduced is None or code_owner(self.rows, introduced) is None:
+            return None
+        return introduced.golden
 
     @functools.cached_property
     def suspects(self) -> Suspects:
@@ -194,8 +205,11 @@ class CompareResult:
                     "step": culprit.key.step,
                     "call_index": culprit.key.call_index,
                     "one_run_only": self.first_introduced is None,
+                    # the module's own code made this input: the first record that shows the error
+                    "seen_at": seen_at.key.label() if (seen_at := self.culprit_seen_at) is not None else None,
                 }
             ),
+            "noise_suspects": [describe_row(row) for row in self.rows if row.attribution == SUSPECT][:50],
             "introduced": [describe_row(row) for row in introduced[:50]],
             "metrics": [spec.name for spec in self.metric_specs],
             "thresholds": {

@@ -142,6 +142,32 @@ class FeederIndex:
             fed.extend(r for r in self._enclosing_call(row) if r is not earlier)
         return Feeding(rows=tuple(fed), guessed=True)
 
+    def parts(self, row: ComparisonRow) -> tuple[ComparisonRow, ...]:
+        """Return what a module's output may be the sum of: its call's inputs and its direct children's records there.
+
+        A module that adds tensors (a decoder layer: residual plus branch) can show a relative
+        error far above its inputs' when the sum nearly cancels (a trained model's massive
+        activations): each part's error, small against the part, is large against the sum.
+        The parts, of the output's shape (a sum's operands have it), are its own inputs of
+        that shape and the records of its direct children made in this call. A leaf module
+        (nothing recorded inside it) has no parts: it transforms its input rather than adds.
+        """
+        if row.golden.key.io != IO_OUTPUT:
+            return ()
+        position = self.position[id(row)]
+        own_inputs = [r for r in self.inputs_of.get(self.call_ids[position], ()) if r.golden.order < row.golden.order]
+        if not own_inputs:
+            return ()
+        name, shape = row.golden.key.name, row.golden.shape
+        children = [
+            r
+            for r in self.ordered[self.position[id(own_inputs[0])] + 1 : position]
+            if r.golden.parent == name and r.golden.shape == shape
+        ]
+        if not children:
+            return ()
+        return tuple(r for r in own_inputs if r.golden.shape == shape) + tuple(children)
+
     def _enclosing_call(self, row: ComparisonRow) -> list[ComparisonRow]:
         """Return the inputs of the enclosing module's latest call and its children's outputs since then."""
         parent = row.golden.parent

@@ -152,6 +152,22 @@ class Baseline(NamedTuple):
         centre = _median(list(residuals))
         return 1.4826 * _median([abs(residual - centre) for residual in residuals])
 
+    @property
+    def widest_sibling_excess(self) -> float:
+        """Return how far above the line the farthest sibling lies: the largest ``(y + floor) / (expected + floor)``.
+
+        The most a repeat of this place exceeds its prediction with nothing wrong in it (or
+        1 where none exceeds it): a row beyond that by a clear margin stands out from honest
+        variation, one within it does not.
+        """
+        widest = 1.0
+        floor = self.floor
+        for feeder, error in self.siblings:
+            expected = self.expected(feeder) + floor
+            if expected > 0 and math.isfinite(error):
+                widest = max(widest, (error + floor) / expected)
+        return widest
+
 
 def _theil_sen(points: Sequence[tuple[float, float]], median_slope: float | None = None) -> tuple[float, float]:
     """Return (slope >= 0, intercept >= 0) of a robust line through (x, y): the median of pairwise slopes.
