@@ -190,6 +190,21 @@ def test_as_dtype_casts_the_arguments_and_hands_floating_results_back_without_ch
     assert model.linear.weight.dtype == torch.bfloat16  # the cast is not undone: that would need a copy
 
 
+def test_as_dtype_at_op_level_records_the_ops_of_a_hand_cast_run_bit_for_bit(tmp_path: Path) -> None:
+    """The casts of arguments and results happen outside the step: no ``aten._to_copy`` of llmcheck's own is recorded."""
+    prompt = torch.tensor(PROMPT)
+    dumps = []
+    for model, as_dtype in ((random_llama(seed=0), "bf16"), (random_llama(seed=0).to(torch.bfloat16), None)):
+        config = DumpConfig(dump_path=tmp_path / str(as_dtype), mode=["module", "op"], as_dtype=as_dtype)
+        with register_hook(model, config) as capture, torch.no_grad():
+            model(prompt)
+        dumps.append(read_dump(capture.path))
+    cast, hand = dumps
+    assert [r.key for r in cast.records] == [r.key for r in hand.records] and len(cast.records) > 400
+    assert all(torch.equal(a.data.load(), b.data.load()) for a, b in zip(cast.records, hand.records, strict=True))
+    assert [r.attrs.get("parameter") for r in cast.records] == [r.attrs.get("parameter") for r in hand.records]
+
+
 @pytest.mark.parametrize(
     ("given", "meant"),
     [("bf16", "bfloat16"), ("BF16", "bfloat16"), ("half", "float16"), (torch.float64, "float64"), ("fp32", "float32")],

@@ -12,8 +12,9 @@ families make the product:
 one export resolver, :func:`llmcheck_export_onnx`, that turns a source's topology file
 into a viewable ONNX graph, the operator references ``llmcheck opcheck`` recomputes
 single ops with (:func:`llmcheck_register_op_references`, :func:`llmcheck_resolve_op_reference`),
-a capture backend's own ``dump`` flags (:func:`llmcheck_register_backend_options`), and the
-files a compare writes (:func:`llmcheck_register_reporters`).
+a capture backend's own ``dump`` flags (:func:`llmcheck_register_backend_options`), the
+files a compare writes (:func:`llmcheck_register_reporters`), and the command a compare
+suggests to record a golden run's noise twin (:func:`llmcheck_noise_twin_command`).
 
 A plugin implements a hook by defining a function of the same name decorated with
 ``hookimpl`` (from ``llmcheck.plugin_api``); it may accept any subset of the arguments.
