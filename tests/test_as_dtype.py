@@ -190,6 +190,14 @@ def test_as_dtype_casts_the_arguments_and_hands_floating_results_back_without_ch
     assert model.linear.weight.dtype == torch.bfloat16  # the cast is not undone: that would need a copy
 
 
+def test_a_cast_up_leaves_the_results_in_the_cast_dtype_rather_than_round_them(tmp_path: Path) -> None:
+    model = _DictModel()
+    with register_hook(model, DumpConfig(dump_path=tmp_path, as_dtype="fp64")) as capture:
+        hidden, _ = model({"x": torch.randn(2, 8)}, scale=torch.tensor(0.5))
+    assert hidden.dtype == torch.float64  # rounding to float32 would change what a program feeds back in
+    assert read_dump(capture.path).manifest["as_dtype"]["outputs_returned_as"] == "float64"
+
+
 def test_as_dtype_at_op_level_records_the_ops_of_a_hand_cast_run_bit_for_bit(tmp_path: Path) -> None:
     """The casts of arguments and results happen outside the step: no ``aten._to_copy`` of llmcheck's own is recorded."""
     prompt = torch.tensor(PROMPT)

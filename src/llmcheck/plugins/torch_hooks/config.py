@@ -131,7 +131,7 @@ class DumpConfig:
     torch's names: cast the model's floating parameters and buffers to this dtype when the
     capture starts, and the floating tensors its forward is given at every call, so the
     unchanged program runs at that precision -- the noise twin of ``compare --noise-path``;
-    outputs of that dtype go back to the model's own; see :mod:`.dtype_cast`).
+    floating results go back in the model's dtype when it holds them exactly; see :mod:`.dtype_cast`).
     Seed aliases accepted: ``layer_name`` (a glob, added to ``include``),
     ``dump_statistics_mode`` (1 = statistics only).
     """

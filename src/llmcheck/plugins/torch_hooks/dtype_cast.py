@@ -7,10 +7,13 @@ forward runs -- the model's floating parameters and buffers are cast with ``mode
 exactly what a program written for that precision would do, so the weight digests equal
 an honest ``model.to(dtype)`` run's. Every call of the model then gets its floating tensor
 arguments cast to the dtype (the program still passes its own), and floating results of
-that dtype are handed back to the program in the model's original dtype: a program that
-calls ``.numpy()`` on float32 logits keeps working, and bf16 -> fp32 -> bf16 is exact, so a
-result fed back in (a legacy tuple KV cache) is unchanged. The dump records the results as
-the model computed them, at the cast dtype.
+that dtype are handed back to the program in the model's original dtype when that dtype
+holds every value of the cast one (bf16 or fp16 in fp32, anything in fp64): a program that
+calls ``.numpy()`` on float32 logits keeps working, and a result fed back in (a legacy
+tuple KV cache) is cast back to the very same bits. Otherwise (a cast up, fp32 -> fp64; or
+fp16 <-> bf16) results stay in the cast dtype, as rounding them would change what the
+program computes next. The dump records the results as the model computed them, at the
+cast dtype.
 
 What the cast cannot reproduce is a program that chooses by dtype itself: autocast regions,
 kernels or code paths picked by the dtype, integer or quantised weights (never cast),
@@ -32,6 +35,18 @@ import torch
 
 from llmcheck.plugin_api import dtype_name
 from llmcheck.plugins.torch_hooks.nested_tensors import MAX_DEPTH
+
+#: (cast dtype, model dtype) pairs where the model's dtype holds every value of the cast one:
+#: results handed back in it are cast again to the very same bits.
+_HOLDS_EVERY_VALUE = frozenset(
+    {
+        (torch.bfloat16, torch.float32),
+        (torch.float16, torch.float32),
+        (torch.bfloat16, torch.float64),
+        (torch.float16, torch.float64),
+        (torch.float32, torch.float64),
+    }
+)
 
 
 def cast_floats(value: Any, source: torch.dtype | None, target: torch.dtype, *, in_place: bool, depth: int = 0) -> Any:
@@ -80,13 +95,17 @@ class ModelCast:
         self.dtype: torch.dtype = getattr(torch, dtype)
         floating = [tensor.dtype for tensor in (*model.parameters(), *model.buffers()) if tensor.is_floating_point()]
         self.cast_from = Counter(dtype_name(dtype) for dtype in floating)
-        #: What floating results of the cast dtype go back to: the dtype most of the model's floats had.
-        self.original: torch.dtype | None = Counter(floating).most_common(1)[0][0] if floating else None
+        model_dtype = Counter(floating).most_common(1)[0][0] if floating else None
+        #: What floating results of the cast dtype go back to: the dtype most of the model's floats had, when it
+        #: holds every value of the cast dtype (else None: results stay in the cast dtype).
+        self.results_to: torch.dtype | None = (
+            model_dtype if model_dtype is not None and (self.dtype, model_dtype) in _HOLDS_EVERY_VALUE else None
+        )
         self._hooks: list[Any] = []
 
     def manifest_entry(self) -> dict[str, Any]:
         """Return what the dump's manifest says of the cast: the dtype, the floats cast from each dtype, the results' dtype."""
-        returned = self.original if self.original is not None and self.original != self.dtype else self.dtype
+        returned = self.results_to if self.results_to is not None else self.dtype
         return {
             "to": dtype_name(self.dtype),
             "from": dict(self.cast_from),
@@ -100,7 +119,7 @@ class ModelCast:
         capture then records the arguments as the cast model gets them and the results as
         it computed them.
         """
-        target, original = self.dtype, self.original
+        target, results_to = self.dtype, self.results_to
         with torch.no_grad():
             self.model.to(target)
 
@@ -110,10 +129,10 @@ class ModelCast:
             return cast_floats(args, None, target, in_place=False), cast_floats(kwargs, None, target, in_place=False)
 
         self._hooks.append(self.model.register_forward_pre_hook(cast_arguments, with_kwargs=True, prepend=True))
-        if original is not None and original != target:
+        if results_to is not None:
 
             def cast_results(module: torch.nn.Module, args: tuple[Any, ...], output: Any) -> Any:
-                return cast_floats(output, target, original, in_place=True)
+                return cast_floats(output, target, results_to, in_place=True)
 
             self._hooks.append(self.model.register_forward_hook(cast_results))
 
