@@ -6,6 +6,7 @@ logits it gets back); the my-run is the same model cast by hand, as a port would
 
 from __future__ import annotations
 
+import copy
 import json
 import shlex
 import subprocess
@@ -256,3 +257,40 @@ def test_hook_llmcheck_noise_twin_command(in_process: Path, llmcheck_plugins) ->
     )
     llmcheck_plugins(_OwnRunner())
     assert twin_hint(result).endswith(f"to this compare:\n  myrunner --precision bf16 -o {in_process / 'golden_twin'}")
+
+
+SMOLLM2_PROGRAM = textwrap.dedent("""
+    import torch
+    from llmcheck.bundled_model import load_smollm2
+
+    torch.set_num_threads(1)
+    model, tokenizer = load_smollm2()
+    ids = tokenizer("The capital of France is Paris. The capital of Germany is", return_tensors="pt").input_ids
+    with torch.no_grad():
+        logits = model(ids).logits
+    print("next", repr(tokenizer.decode([int(logits[0, -1].numpy().argmax())])))
+""")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("flag", "dtype"), [("bf16", torch.bfloat16), ("fp16", torch.float16)])
+def test_the_real_smollm2_program_under_as_dtype_records_what_a_hand_cast_run_records(
+    smollm2, tmp_path: Path, flag: str, dtype: torch.dtype
+) -> None:  # type: ignore[no-untyped-def]
+    (tmp_path / "golden.py").write_text(SMOLLM2_PROGRAM)
+    twin = _llmcheck(
+        "dump", "--backend", "torch", "--as-dtype", flag, "-o", "twin", "--exec", "python golden.py", cwd=tmp_path
+    )
+    assert twin.returncode == 0, twin.stderr
+    model, tokenizer = smollm2
+    hand_model = copy.deepcopy(model).to(dtype)  # the session's model stays float32
+    ids = tokenizer("The capital of France is Paris. The capital of Germany is", return_tensors="pt").input_ids
+    with register_hook(hand_model, DumpConfig(dump_path=tmp_path / "hand")) as capture, torch.no_grad():
+        hand_logits = hand_model(ids).logits
+    assert f"next {tokenizer.decode([int(hand_logits[0, -1].float().argmax())])!r}" in twin.stdout
+    cast, hand = read_dump(_one_dump(tmp_path / "twin")), read_dump(capture.path)
+    assert [r.key for r in cast.records] == [r.key for r in hand.records] and len(cast.records) > 900
+    for a, b in zip(cast.records, hand.records, strict=True):
+        assert torch.equal(a.data.load(), b.data.load()), a.key.label()
+        assert a.attrs.get(PARAMETER_DIGESTS_ATTR) == b.attrs.get(PARAMETER_DIGESTS_ATTR), a.key.label()
+    assert cast.manifest["as_dtype"]["from"] == {"float32": 274}  # 272 parameters (lm_head tied), 2 rotary buffers
