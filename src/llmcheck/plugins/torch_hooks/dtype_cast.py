@@ -16,7 +16,8 @@ program computes next. The dump records the results as the model computed them, 
 cast dtype.
 
 What the cast cannot reproduce is a program that chooses by dtype itself: autocast regions,
-kernels or code paths picked by the dtype, integer or quantised weights (never cast),
+kernels or code paths it picks from its own dtype setting (kernels torch picks from the
+tensors' dtype are the cast's honest ones), integer or quantised weights (never cast),
 tensors the forward creates at a fixed dtype, or state the program built from the model
 before its first forward (a static KV cache allocated at the original dtype).
 
