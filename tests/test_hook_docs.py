@@ -151,3 +151,19 @@ def test_the_export_example_writes_an_onnx_graph(tmp_path: Path) -> None:
     assert export(tmp_path / "other.json", -1, None) is None
     written = export(topology, -1, None)
     assert [node.op_type for node in onnx.load(str(written)).graph.node] == ["Relu"]
+
+
+def test_the_noise_twin_example_answers_for_its_own_capture_only(tmp_path: Path) -> None:
+    from llmcheck.core.records import Dump
+
+    command = _example_plugin("twin_example", "llmcheck_noise_twin_command").llmcheck_noise_twin_command
+    plain = Dump(
+        source="llmcheck", root=tmp_path, records=[], manifest={"backend": "plain", "command_line": ["run.sh"]}
+    )
+    assert command(plain, "bf16", tmp_path / "golden_twin") == (
+        f"env DTYPE=bf16 llmcheck dump --backend plain -o {tmp_path / 'golden_twin'} -- run.sh"
+    )
+    assert (
+        command(Dump(source="llmcheck", root=tmp_path, records=[], manifest={"backend": "torch"}), "bf16", tmp_path)
+        is None
+    )

@@ -61,8 +61,11 @@ def _load_model(console: Any) -> tuple[Any, Any, Any, str, int]:
 DEMO_BACKEND = "torch"
 
 
-def _run(model: Any, input_ids: Any, dump_path: Path) -> tuple[Path, Any]:
-    """Run one forward pass with the torch capture on; return the dump folder and the next-token logits."""
+def _run(model: Any, input_ids: Any, dump_path: Path, as_dtype: str | None = None) -> tuple[Path, Any]:
+    """Run one forward pass with the torch capture on; return the dump folder and the next-token logits.
+
+    ``as_dtype`` is ``llmcheck dump --as-dtype``: the capture casts the model to it first.
+    """
     import sys
 
     import torch
@@ -75,7 +78,7 @@ def _run(model: Any, input_ids: Any, dump_path: Path) -> tuple[Path, Any]:
         backend=DEMO_BACKEND,
         command=list(sys.argv),
         output_dir=dump_path,
-        options={"execute_range": [(0, 0)], "save_tensor_part": 2},
+        options={"execute_range": [(0, 0)], "save_tensor_part": 2, "as_dtype": as_dtype},
     )
     with backend.capture_model(model, request) as handle:  # type: ignore[attr-defined]
         with torch.no_grad():
@@ -96,7 +99,8 @@ def run_demo(output: Path, dtype: str = "fp32") -> int:
     """Run the demo into ``output`` and return 0 when the compare names the injected module (1 otherwise).
 
     With ``dtype`` below fp32 the my-run runs in that precision against the fp32 golden, and
-    a third run -- the golden program at the my-run's precision, the *noise twin* -- tells
+    a third run -- the golden program at the my-run's precision, the *noise twin*, made by
+    the capture's ``as_dtype`` cast as ``llmcheck dump --as-dtype`` makes it -- tells
     rounding noise from the defect.
     """
     from rich.console import Console
@@ -127,14 +131,14 @@ def run_demo(output: Path, dtype: str = "fp32") -> int:
     console.print(f"  dump: {golden_dump}", highlight=False)
     noise_dump = None
     if dtype != "fp32":
-        model = model.to(getattr(torch, DEMO_DTYPES[dtype]))
         with _step(
             console,
-            f"noise twin: the golden program in {DEMO_DTYPES[dtype]}, no defect (its error is the "
-            "rounding noise to expect)",
+            f"noise twin: the golden program in {DEMO_DTYPES[dtype]}, cast by the capture as "
+            f"`llmcheck dump --as-dtype {dtype}` casts it, no defect (its error is the rounding noise to expect)",
         ):
-            noise_dump, _ = _run(model, input_ids, run_folder / "noise")
+            noise_dump, _ = _run(model, input_ids, run_folder / "noise", as_dtype=dtype)
         console.print(f"  dump: {noise_dump}", highlight=False)
+        model = model.to(getattr(torch, DEMO_DTYPES[dtype]))  # the my-run: the program ported to this precision
     norm = dict(model.named_modules())[defective]
     correct_epsilon = norm.variance_epsilon
     with _step(

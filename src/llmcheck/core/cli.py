@@ -524,7 +524,8 @@ def plugins(as_json: bool) -> None:
     default="fp32",
     show_default=True,
     help="Precision of the my-run. Below fp32 the demo also records a noise twin (the golden program at "
-    "that precision) and compares against it, as docs/commands/compare.md describes.",
+    "that precision, cast by the capture as 'llmcheck dump --as-dtype' does) and compares against it, as "
+    "docs/commands/compare.md describes.",
 )
 @log_level_option
 def demo(output: Path, dtype: str, log_level: str) -> None:

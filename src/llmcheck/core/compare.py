@@ -61,6 +61,7 @@ from llmcheck.core.stats_compare import (
     masked_statistics,
     statistics_reason,
 )
+from llmcheck.core.store import AS_DTYPE_FIELD
 from llmcheck.core.suspects import Suspects, find_suspects
 from llmcheck.core.verdicts import (
     NONFINITE_METRIC,
@@ -187,6 +188,8 @@ class CompareResult:
                     "records": len(self.noise.records),
                     "rows_with_twin": self.rows_with_twin,
                     "rows_without_twin": len(self.rows) - self.rows_with_twin,
+                    # how the twin was made, when its capture cast the golden program (dump --as-dtype)
+                    "as_dtype": self.noise.manifest.get(AS_DTYPE_FIELD),
                 }
                 if self.noise is not None
                 else None

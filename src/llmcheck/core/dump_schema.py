@@ -61,6 +61,16 @@ class IndexLine(msgspec.Struct):
     tensor: str | None = None
 
 
+class AsDtypeJson(msgspec.Struct):
+    """``manifest.json``'s ``as_dtype``: the capture ran the program cast to ``to`` (torch: ``dump --as-dtype``)."""
+
+    to: str
+    #: how many floating parameters and buffers each dtype had before the cast
+    cast_from: dict[str, Count] = msgspec.field(default_factory=dict, name="from")
+    #: the dtype the program got the model's floating results back in
+    outputs_returned_as: str | None = None
+
+
 class ManifestJson(msgspec.Struct):
     """``manifest.json``: the fields llmcheck reads (others are kept, unread)."""
 
@@ -76,6 +86,7 @@ class ManifestJson(msgspec.Struct):
     shards: Count | None = None
     tensor_bytes: Count | None = None
     cut: str | None = None
+    as_dtype: AsDtypeJson | None = None
 
 
 class TopologyJson(msgspec.Struct):

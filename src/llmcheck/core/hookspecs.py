@@ -12,8 +12,9 @@ families make the product:
 one export resolver, :func:`llmcheck_export_onnx`, that turns a source's topology file
 into a viewable ONNX graph, the operator references ``llmcheck opcheck`` recomputes
 single ops with (:func:`llmcheck_register_op_references`, :func:`llmcheck_resolve_op_reference`),
-a capture backend's own ``dump`` flags (:func:`llmcheck_register_backend_options`), and the
-files a compare writes (:func:`llmcheck_register_reporters`).
+a capture backend's own ``dump`` flags (:func:`llmcheck_register_backend_options`), the
+files a compare writes (:func:`llmcheck_register_reporters`), and the command a compare
+suggests to record a golden run's noise twin (:func:`llmcheck_noise_twin_command`).
 
 A plugin implements a hook by defining a function of the same name decorated with
 ``hookimpl`` (from ``llmcheck.plugin_api``); it may accept any subset of the arguments.
@@ -325,6 +326,38 @@ def llmcheck_register_reporters(register: Callable[[Reporter], None]) -> None:
         def llmcheck_register_reporters(register):
             register(Reporter(name="verdicts", description="one line per pair: its label and verdict",
                               file_name="verdicts.csv", write=write_verdicts))
+    """
+
+
+@hookspec(firstresult=True)
+def llmcheck_noise_twin_command(golden: Dump, precision: str, output_dir: Path) -> str | None:
+    """Return the command line that records the noise twin of a golden run, or ``None``.
+
+    Called by ``llmcheck compare`` when the two runs differ in precision and no
+    ``--noise-path`` was given: the hint it prints then shows this command. ``golden`` is
+    the loaded golden run (its ``manifest`` says which capture wrote it and how);
+    ``precision`` is the my-run's float class (``"bf16"``, ``"fp16"``, ``"fp32"``, ...);
+    ``output_dir`` is the folder the core suggests for the twin (``golden_twin`` beside the
+    golden). Return one shell command line -- runnable as it is when the dump recorded its
+    program, else with a placeholder such as ``<your golden program>`` -- that runs the
+    golden program again at ``precision``, captured as the golden was. Return ``None`` when
+    the dump is not of this plugin's capture, or it cannot record that precision; the hint
+    then says in words what to record. ``firstresult``: the first non-``None`` answer wins.
+
+    Example::
+
+        import shlex
+
+        from llmcheck.plugin_api import hookimpl
+
+
+        @hookimpl
+        def llmcheck_noise_twin_command(golden, precision, output_dir):
+            if golden.manifest.get("backend") != "plain":
+                return None  # another capture's dump: its plugin answers
+            program = golden.manifest.get("command_line") or ["<your golden program>"]
+            return shlex.join(["env", f"DTYPE={precision}", "llmcheck", "dump", "--backend", "plain",
+                               "-o", str(output_dir), "--", *program])
     """
 
 

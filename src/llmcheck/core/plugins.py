@@ -455,6 +455,13 @@ class Plugins:
                 proposals.extend(pairs)
         return proposals
 
+    def noise_twin_command(self, golden: Dump, precision: str, output_dir: Path) -> str | None:
+        """Return the command that records ``golden``'s noise twin at ``precision``, from the plugin of its capture, or None."""
+        command: str | None = self.manager.hook.llmcheck_noise_twin_command(
+            golden=golden, precision=precision, output_dir=output_dir
+        )
+        return command
+
     def export_onnx(self, topology_path: Path, level: int, output_path: Path | None) -> Path:
         """Return the ONNX file written from a topology file by the first plugin that claims it."""
         topology_path = Path(topology_path)

@@ -154,6 +154,9 @@ def print_summary(result: CompareResult, console: Console, written: Mapping[str,
     hint = twin_hint(result)
     if hint:
         console.print(f"hint: {hint}", markup=False, highlight=False)
+    made = twin_cast_line(result)
+    if made:
+        console.print(made, markup=False, highlight=False)
     if result.golden.is_tensor_files and result.my.is_tensor_files and len(result.rows) <= 20:
         _print_metric_table(result, console)
     else:
@@ -163,7 +166,12 @@ def print_summary(result: CompareResult, console: Console, written: Mapping[str,
 
 
 def twin_hint(result: CompareResult) -> str:
-    """Return advice to record a noise twin when the runs differ in precision and none was given, else ''."""
+    """Return advice to record a noise twin, with the command that does, when the runs differ in precision and none was given, else ''.
+
+    The command comes from the plugin of the golden's capture (hook
+    ``llmcheck_noise_twin_command``); without one the advice is in words.
+    """
+    from llmcheck.core.plugins import get_plugins
     from llmcheck.core.verdicts import run_precision
 
     if result.noise is not None:
@@ -171,11 +179,53 @@ def twin_hint(result: CompareResult) -> str:
     golden, my = (run_precision([record.dtype for record in dump.records]) for dump in (result.golden, result.my))
     if golden is None or my is None or golden == my:
         return ""
-    return (
+    why = (
         f"the runs differ in precision ({golden} golden, {my} my): a defect smaller than {my} rounding noise "
-        "passes unseen here; record the golden program at the my-run's precision and give it as "
-        "--noise-path (docs/commands/compare.md)"
+        "passes unseen here; "
     )
+    twin_dir = twin_folder(result.golden.root)
+    command = get_plugins().noise_twin_command(result.golden, my, twin_dir)
+    if command is None:
+        return why + (
+            "record the golden program at the my-run's precision and give it as --noise-path (docs/commands/compare.md)"
+        )
+    return (
+        why
+        + f"record the golden program at {my}, its noise twin, and add --noise-path {twin_dir} to this compare:\n  {command}"
+    )
+
+
+def twin_folder(golden_root: Path) -> Path:
+    """Return the folder to suggest for a golden run's noise twin: ``golden_twin`` beside the folder given to ``dump -o``."""
+    from llmcheck.core.store import DUMP_DIR_PREFIX
+
+    base = golden_root.parent if golden_root.name.startswith(DUMP_DIR_PREFIX) else golden_root
+    return base.with_name(f"{base.name}_twin")
+
+
+def twin_cast_line(result: CompareResult) -> str:
+    """Return what the noise twin's manifest says of its making when its capture cast the golden program (``as_dtype``), else ''.
+
+    Also says when the twin was cast to another precision than the my-run's.
+    """
+    from llmcheck.core.store import AS_DTYPE_FIELD
+    from llmcheck.core.verdicts import run_precision
+
+    noise = result.noise
+    cast = noise.manifest.get(AS_DTYPE_FIELD) if noise is not None else None
+    if noise is None or not isinstance(cast, Mapping) or not isinstance(cast.get("to"), str):
+        return ""
+    cast_from = cast.get("from")
+    counted = cast_from.items() if isinstance(cast_from, Mapping) else ()
+    was = ", ".join(f"{count} {dtype}" for dtype, count in counted) or "no floating"
+    line = (
+        f"noise twin {noise.root}: the golden program with its model cast to {cast['to']} as it ran "
+        f"({was} parameters and buffers)"
+    )
+    twin, my = run_precision([cast["to"]]), run_precision([record.dtype for record in result.my.records])
+    if twin != my and my is not None:
+        line += f"; but the my-run is {my}: this twin shows {twin} noise (record it again at {my})"
+    return line
 
 
 def _print_worst_rows(result: CompareResult, console: Console) -> None:

@@ -75,6 +75,9 @@ MANIFEST_NAME = "manifest.json"
 INDEX_NAME = "index.jsonl"
 TOPOLOGY_NAME = "topology.json"
 DUMP_DIR_PREFIX = "llmcheck_dump_"
+#: The manifest field of a dump whose capture ran the program cast to another dtype (torch: ``--as-dtype``):
+#: ``{"to": dtype, "from": {dtype: count of floating parameters and buffers}, "outputs_returned_as": dtype}``.
+AS_DTYPE_FIELD = "as_dtype"
 DEFAULT_SHARD_BYTES = 256 * 1024 * 1024
 #: A batch of statistics-only records is flushed after this many records, bounding what a kill loses.
 MAX_RECORDS_PER_BATCH = 4096
@@ -324,7 +327,8 @@ class DumpWriter:
     in-place ops cannot change what is saved). Shards are written by a background thread;
     at most two batches are held in memory, so memory stays near ``2 * shard_bytes``.
     A failed write raises :class:`WriteFailedError` naming the file; :meth:`close_cut`
-    then ends the dump at its last complete record.
+    then ends the dump at its last complete record. ``extra_fields`` are a backend's own
+    manifest fields, written with the format's (which they cannot replace).
     """
 
     def __init__(
@@ -339,6 +343,7 @@ class DumpWriter:
         dir_suffix: str = "",
         shard_bytes: int = DEFAULT_SHARD_BYTES,
         background: bool = True,
+        extra_fields: Mapping[str, Any] | None = None,
     ) -> None:
         import sys
 
@@ -370,6 +375,8 @@ class DumpWriter:
             "device": device,
             "pid": os.getpid(),
         }
+        # a backend's own fields (the torch capture's "as_dtype") never replace the format's
+        self.manifest.update({key: value for key, value in (extra_fields or {}).items() if key not in self.manifest})
         try:
             _atomic_write_json(self.path / MANIFEST_NAME, self.manifest)
             self._index = open(self.path / INDEX_NAME, "a", encoding="utf-8")  # noqa: SIM115 -- open for the writer's life, closed by close()

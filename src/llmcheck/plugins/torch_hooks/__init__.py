@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from pathlib import Path
 
-from llmcheck.plugin_api import BackendOption, CaptureBackend, hookimpl, seed_dump_options
+from llmcheck.plugin_api import BackendOption, CaptureBackend, Dump, hookimpl, seed_dump_options
 from llmcheck.plugins.torch_hooks.backend import BACKEND_NAME, TorchCaptureBackend
-from llmcheck.plugins.torch_hooks.config import ON_CAPTURE_ERROR, ON_ERROR_STOP
+from llmcheck.plugins.torch_hooks.config import ON_CAPTURE_ERROR, ON_ERROR_STOP, as_dtype_name
+from llmcheck.plugins.torch_hooks.twin_command import noise_twin_command
 
 #: Said under ``-er`` in ``llmcheck dump --help``: the Python API's ``token_range`` counts differently.
 TOKEN_RANGE_NOTE = " (In Python, DumpConfig(token_range=[0, 4]) lists steps: 0 and 4.)"
@@ -52,3 +54,18 @@ def llmcheck_register_backend_options(register: Callable[[BackendOption], None])
             type=bool,
         )
     )
+    register(
+        BackendOption(
+            BACKEND_NAME,
+            "as_dtype",
+            "Run the program at this precision: bf16, fp16, fp32, fp64 (or bfloat16, float16, ...). The model's "
+            "floating parameters, buffers and forward inputs are cast when its first forward starts, so the "
+            "unchanged golden program records its own noise twin (compare --noise-path).",
+            parse=as_dtype_name,
+        )
+    )
+
+
+@hookimpl
+def llmcheck_noise_twin_command(golden: Dump, precision: str, output_dir: Path) -> str | None:
+    return noise_twin_command(golden, precision, output_dir)

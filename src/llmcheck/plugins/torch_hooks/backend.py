@@ -12,6 +12,7 @@ This module does not import torch: the parent only builds the environment and wa
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -100,6 +101,7 @@ def config_from_options(options: Mapping[str, Any], output_dir: Path, command: l
         command_line=command,
         on_capture_error=options.get("on_capture_error", ON_ERROR_STOP),
         weight_digests=not options.get("no_weight_digests", False),
+        as_dtype=options.get("as_dtype"),
     )
 
 
@@ -191,11 +193,14 @@ class TorchCaptureBackend:
         """Return a running capture of ``model`` in this process, configured by the request's seed flags.
 
         Use it as a context manager; its ``path`` is the dump folder once it is closed.
-        ``request.command`` is recorded in the manifest as the command line.
+        The manifest's command line is this process's (``sys.argv``), and its config records
+        no program: the model runs inside this process, there is no program to run again
+        (``compare`` suggests rerunning the config's ``command_line`` for a noise twin).
         """
         from llmcheck.plugins.torch_hooks.capture import register_hook
 
-        return register_hook(model, config_from_options(request.options, request.output_dir, list(request.command)))
+        config = config_from_options(request.options, request.output_dir, list(request.command))
+        return register_hook(model, dataclasses.replace(config, command_line=None))
 
 
 def _noted_lines(notes: Path, *, split: bool = False) -> list[str]:

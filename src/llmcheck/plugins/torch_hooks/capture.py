@@ -36,6 +36,7 @@ from typing import Any
 import torch
 
 from llmcheck.plugin_api import (
+    AS_DTYPE_FIELD,
     IO_INPUT,
     IO_OUTPUT,
     MOMENT_AFTER,
@@ -57,8 +58,10 @@ from llmcheck.plugins.torch_hooks.config import (
     NOT_STARTED_ENV,
     ON_ERROR_RAISE,
     DumpConfig,
+    step_runs,
 )
 from llmcheck.plugins.torch_hooks.cpu_profile import CAPTURE_RANGE, StepProfiler
+from llmcheck.plugins.torch_hooks.dtype_cast import ModelCast
 from llmcheck.plugins.torch_hooks.module_graph_onnx import ONNX_FILE, GraphRecorder, write_graph_onnx
 from llmcheck.plugins.torch_hooks.module_selection import ROOT_NAME, ModuleSelection, parent_name
 from llmcheck.plugins.torch_hooks.module_topology import ModuleTopology
@@ -122,13 +125,7 @@ def _note_for_parent(variable: str, line: str) -> None:
 
 def steps_text(steps: Sequence[int]) -> str:
     """Return sorted step numbers as runs: ``0-2, 5, 7-9``."""
-    runs: list[list[int]] = []
-    for step in sorted(set(steps)):
-        if runs and step == runs[-1][1] + 1:
-            runs[-1][1] = step
-        else:
-            runs.append([step, step])
-    return ", ".join(str(low) if low == high else f"{low}-{high}" for low, high in runs)
+    return ", ".join(str(low) if low == high else f"{low}-{high}" for low, high in step_runs(steps))
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,6 +158,7 @@ class CaptureSession:
     def __init__(self, model: torch.nn.Module, config: DumpConfig) -> None:
         self.model = model
         self.config = config
+        self._cast = ModelCast(model, config.as_dtype) if config.as_dtype is not None else None
         self.selection = ModuleSelection(model, config)
         self.rank = config.rank if config.rank is not None else process_rank()
         device = model_device(model)
@@ -202,6 +200,7 @@ class CaptureSession:
                     rank=self.rank,
                     device=self.device,
                     dir_suffix=f"rank{self.rank}_{self.device}",
+                    extra_fields={AS_DTYPE_FIELD: self._cast.manifest_entry()} if self._cast is not None else None,
                 )
             except UsageError:  # a dump_path no dump can go in: the call is wrong, not the disk
                 raise
@@ -221,6 +220,8 @@ class CaptureSession:
         self._root_after_hook: Any = None  # kept after a failure mid-step, to leave the op mode at the step's end
         if self.failure is None:
             self._attach_all()
+        if self._cast is not None:  # after the capture's hooks, before digests or a forward; even uncaptured
+            self._cast.apply()
         self_ref = weakref.ref(self)
 
         def close_at_exit() -> None:
@@ -260,6 +261,8 @@ class CaptureSession:
         self.closed = True
         atexit.unregister(self._atexit)
         self._remove_hooks(keep_root_after=False)
+        if self._cast is not None:
+            self._cast.detach()
         self._leave_op_mode()
         if self.failure is not None:
             return

@@ -54,6 +54,50 @@ LEFT_OUT_ENV = "LLMCHECK_LEFT_OUT_DEVICES"
 #: each: a full disk refused the new dump), so ``llmcheck dump`` blames the disk, not the program.
 NOT_STARTED_ENV = "LLMCHECK_CAPTURE_NOT_STARTED"
 
+#: ``as_dtype`` spellings -- the short names compare prints (``bf16``) and torch's own
+#: (``bfloat16``, ``half``, ``torch.float16``) -- and the torch dtype each stands for.
+AS_DTYPE_NAMES = {
+    "bf16": "bfloat16",
+    "bfloat16": "bfloat16",
+    "fp16": "float16",
+    "float16": "float16",
+    "half": "float16",
+    "fp32": "float32",
+    "float32": "float32",
+    "float": "float32",
+    "fp64": "float64",
+    "float64": "float64",
+    "double": "float64",
+}
+
+
+def as_dtype_name(value: Any, where: str) -> str | None:
+    """Return the torch dtype name ``as_dtype`` stands for (``"bf16"`` -> ``"bfloat16"``), ``None`` for no cast.
+
+    A ``torch.dtype`` is accepted by its name; anything else is a usage error naming ``where``.
+    """
+    if value is None or value == "":
+        return None
+    text = str(value).strip().lower().removeprefix("torch.")
+    if text not in AS_DTYPE_NAMES:
+        raise UsageError(
+            f"unknown floating dtype {str(value)!r}",
+            where=where,
+            hint="give bf16, fp16, fp32 or fp64, or torch's name: bfloat16, float16, float32, float64",
+        )
+    return AS_DTYPE_NAMES[text]
+
+
+def step_runs(steps: Sequence[int]) -> list[tuple[int, int]]:
+    """Return step numbers as sorted closed runs: ``[0, 1, 2, 5]`` -> ``[(0, 2), (5, 5)]``."""
+    runs: list[list[int]] = []
+    for step in sorted(set(steps)):
+        if runs and step == runs[-1][1] + 1:
+            runs[-1][1] = step
+        else:
+            runs.append([step, step])
+    return [(low, high) for low, high in runs]
+
 
 @dataclass
 class DumpConfig:
@@ -83,7 +127,11 @@ class DumpConfig:
     the program's forward), ``weight_digests`` (module level: the first record of each
     module call carries digests of the module's own parameters, so compare finds weights
     that differ from the golden's beyond rounding without storing them; see
-    :mod:`.parameter_digests`).
+    :mod:`.parameter_digests`), ``as_dtype`` (``"bf16"``, ``"fp16"``, ``"fp32"``, ``"fp64"`` or
+    torch's names: cast the model's floating parameters and buffers to this dtype when the
+    capture starts, and the floating tensors its forward is given at every call, so the
+    unchanged program runs at that precision -- the noise twin of ``compare --noise-path``;
+    floating results go back in the model's dtype when it holds them exactly; see :mod:`.dtype_cast`).
     Seed aliases accepted: ``layer_name`` (a glob, added to ``include``),
     ``dump_statistics_mode`` (1 = statistics only).
     """
@@ -107,6 +155,7 @@ class DumpConfig:
     export_onnx: bool = False
     on_capture_error: str = ON_ERROR_STOP
     weight_digests: bool = True
+    as_dtype: str | None = None
     layer_name: str | None = None
     dump_statistics_mode: int = 0
     command_line: Sequence[str] | None = field(default=None, repr=False)
@@ -160,6 +209,7 @@ class DumpConfig:
                 where="DumpConfig.on_capture_error",
                 hint="'stop' keeps the program running, 'raise' hands it the error",
             )
+        self.as_dtype = as_dtype_name(self.as_dtype, "DumpConfig.as_dtype")
         if self.dump_statistics_mode not in (0, 1, 2):
             raise UsageError(
                 f"dump_statistics_mode must be 0, 1 or 2, got {self.dump_statistics_mode!r}",
