@@ -60,6 +60,35 @@ def test_junit_xml_has_a_case_per_pair_and_the_summary_s_failures_and_errors(run
     assert properties["golden"] == str(golden) and properties["culprit"] == "layer0 step 0 output.0"
 
 
+def test_junit_xml_gives_one_defect_one_failure_listing_the_rows_that_carry_it(tmp_path: Path) -> None:
+    """A 4-layer Llama whose layer-1 RMSNorm has the wrong epsilon: dozens of rows fail, CI shows one failure."""
+    from compare_runs import capture_run, wrong_rmsnorm_epsilon
+    from llmcheck.bundled_model import random_llama
+
+    model = random_llama(seed=0, num_layers=4)
+    input_ids = torch.tensor([[1, 7, 42, 9, 100, 3]])
+    defect = "model.layers.1.post_attention_layernorm"
+    golden = capture_run(model, input_ids, tmp_path / "golden")
+    with wrong_rmsnorm_epsilon(model, defect, 0.5):
+        my = capture_run(model, input_ids, tmp_path / "my")
+    out = tmp_path / "ci"
+    assert main(["compare", "-gp", str(golden), "-mp", str(my), "-o", str(out), "-j", "1", "--report", "junit"]) == 3
+    summary = json.loads((out / "summary.json").read_text())
+    (suite,) = ElementTree.parse(out / "junit.xml").getroot().findall("testsuite")
+    failed = [case for case in suite.findall("testcase") if case.find("failure") is not None]
+    assert [case.get("name") for case in failed] == [f"{defect} step 0 output.0"]
+    properties = {item.get("name"): item.get("value") for item in suite.find("properties")}
+    carried = int(properties["carried_failures"])
+    assert summary["counts"]["failures"] == int(properties["failing_pairs"]) == carried + 1 > 10
+    assert int(suite.get("failures")) == 1 and int(suite.get("tests")) == summary["counts"]["pairs"] - carried
+    failure = failed[0].find("failure")
+    assert "introduced" in failure.get("message")
+    listed = failure.text.split("carry this error on (not test cases of their own):\n", 1)[1].splitlines()
+    assert f"{carried} later failing rows carry this error on" in failure.text and len(listed) == carried
+    assert all(line.endswith((", inherited", ", encloses")) for line in listed), listed
+    assert any(line.startswith("  model.layers.3 step 0 output.0: ") for line in listed)  # two layers on
+
+
 def test_an_unknown_report_is_one_error_listing_the_known_ones_before_anything_runs(
     runs, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
