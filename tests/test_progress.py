@@ -135,12 +135,21 @@ def test_compare_logs_progress_lines_when_its_output_is_piped(
         compare_with_progress(
             plugins.load_tensors(golden), plugins.load_tensors(my), console=piped, workers=1, progress_interval_s=0.0
         )
-    percents = [
-        int(match.group(1))
+    lines = [
+        match.groups()
         for record in caplog.records
-        if (match := re.fullmatch(r"comparing: (\d+)% \([\d.]+ of [\d.]+ GB, [\d.]+ GB/s\)", record.getMessage()))
+        if (
+            match := re.fullmatch(
+                r"comparing: (\d+)% \(([\d.]+) of ([\d.]+) (\w+), [\d.]+ (\w+)/s\)", record.getMessage()
+            )
+        )
     ]
+    percents = [int(line[0]) for line in lines]
     assert percents[0] == 0 and percents[-1] == 100 and percents == sorted(set(percents)) and len(percents) >= 5
+    # a compare of a few hundred kB counts in kB, not "0.00 of 0.00 GB"
+    (total,) = {line[2] for line in lines}
+    assert {line[3] for line in lines} == {"kB"} and 1 <= float(total) < 1000
+    assert lines[-1][1] == total
 
 
 def test_a_large_compare_says_when_it_judges_and_writes_its_reports(
