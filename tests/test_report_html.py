@@ -228,6 +228,22 @@ def test_each_metric_chart_draws_only_the_pairs_it_judged(compared, rendered) ->
         assert expected in title, title
 
 
+def test_each_metric_chart_has_values_on_its_axes_names_its_step_and_marks_the_culprit(compared, rendered) -> None:
+    result, _ = compared
+    charts = section(rendered[0], "plots").split('<div class="chart">')[1:]
+    assert len(charts) == len(result.metric_specs)
+    for chart in charts:
+        title = html.unescape(re.search(r"<h3>([^<]*)</h3>", chart).group(1))
+        y_values = re.findall(r'<text class="ytick"[^>]*>([^<]*)</text>', chart)
+        assert len(y_values) >= 3 and len(set(y_values)) == len(y_values), (title, y_values)
+        x_ticks = re.findall(r'<text class="xtick"[^>]*>([^<]*)</text>', chart)
+        assert x_ticks[0] == "layer 0" and len(x_ticks) >= 3, (title, x_ticks)
+        assert "pairs of step 0 in execution order" in chart
+        assert '<text class="culprit"' in chart and f"introduced: {DEFECT}</text>" in chart
+    relative = next(chart for chart in charts if chart.startswith("<h3>relative_euclidean_distance"))
+    assert '<path class="culprit-mark"' in relative and re.search(r'<text class="limit"[^>]*>fail</text>', relative)
+
+
 def test_table_lists_every_pair_with_a_details_drawer(compared, report_page: Path, tmp_path: Path) -> None:
     result, _ = compared
     opened = tmp_path / "opened.html"
