@@ -175,3 +175,14 @@ def test_a_large_compare_says_when_it_judges_and_writes_its_reports(
         f"judging {rows} rows against their feeders and repeats",
         f"writing the reports of {rows} rows",
     ]
+
+
+@pytest.mark.slow
+def test_loading_the_bundled_smollm2_draws_no_bar_into_a_pipe(smollm2_path: Path) -> None:
+    """transformers' tqdm bar ("Loading weights") would write its redraws into a CI log: piped, there is none."""
+    load = "from llmcheck.bundled_model import load_smollm2; model, _ = load_smollm2(); print(type(model).__name__)"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    loaded = subprocess.run([sys.executable, "-c", load], capture_output=True, text=True, timeout=300, env=env)
+    assert loaded.returncode == 0, loaded.stderr[-2000:]
+    assert loaded.stdout == "LlamaForCausalLM\n"
+    assert "Loading weights" not in loaded.stderr and "it/s]" not in loaded.stderr, loaded.stderr[-500:]
