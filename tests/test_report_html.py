@@ -162,6 +162,16 @@ def test_the_heat_map_shows_the_defect_as_its_one_hot_cell_and_what_carries_it_n
     assert carried and all(", encloses)" in title or ", inherited)" in title for title in carried), carried
 
 
+def test_a_link_opens_the_heat_map_coloured_by_the_error_itself(report_page: Path) -> None:
+    dom, _ = render_with_hash(report_page, "heat=error")
+    heat = section(dom, "heat")
+    assert re.search(r'data-mode="error" aria-pressed="true"', heat)
+    assert "it grows with depth, so the layers after a defect are as hot as the defect" in heat
+    cells = heat_cells(dom)
+    assert [cls for cls, _, _ in cells if cls] == ["culprit"] and all(colour != HOT_RED for _, colour, _ in cells)
+    assert all(title.startswith("layer ") and "expected" not in title for _, _, title in cells)
+
+
 def test_a_clean_bf16_run_shows_no_hot_cell(tmp_path: Path) -> None:
     """The same Llama in bfloat16 without a defect: its rounding noise is what the verdict expects, nothing is red."""
     from llmcheck.bundled_model import random_llama
