@@ -146,3 +146,17 @@ class DevToolsPage:
         png.parent.mkdir(parents=True, exist_ok=True)
         png.write_bytes(base64.b64decode(self.call("Page.captureScreenshot", format="png")["data"]))
         return png
+
+    def sections_screenshot(self, png: Path, first: str, last: str, *, scale: float = 0.7, width: int = 900) -> Path:
+        """Save a PNG of the page from the top of element ``#first`` to the bottom of ``#last``, ``width`` px wide, scaled."""
+        box = self.evaluate(
+            f"(function () {{ var a = document.getElementById({json.dumps(first)}).getBoundingClientRect(),"
+            f" b = document.getElementById({json.dumps(last)}).getBoundingClientRect();"
+            " return [a.left + window.scrollX, a.top + window.scrollY, b.bottom + window.scrollY]; })()"
+        )
+        left, top, bottom = box  # type: ignore[misc]
+        clip = {"x": left, "y": top, "width": width, "height": bottom - top, "scale": scale}
+        png.parent.mkdir(parents=True, exist_ok=True)
+        data = self.call("Page.captureScreenshot", format="png", clip=clip, captureBeyondViewport=True)["data"]
+        png.write_bytes(base64.b64decode(data))
+        return png

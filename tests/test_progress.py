@@ -135,12 +135,21 @@ def test_compare_logs_progress_lines_when_its_output_is_piped(
         compare_with_progress(
             plugins.load_tensors(golden), plugins.load_tensors(my), console=piped, workers=1, progress_interval_s=0.0
         )
-    percents = [
-        int(match.group(1))
+    lines = [
+        match.groups()
         for record in caplog.records
-        if (match := re.fullmatch(r"comparing: (\d+)% \([\d.]+ of [\d.]+ GB, [\d.]+ GB/s\)", record.getMessage()))
+        if (
+            match := re.fullmatch(
+                r"comparing: (\d+)% \(([\d.]+) of ([\d.]+) (\w+), [\d.]+ (\w+)/s\)", record.getMessage()
+            )
+        )
     ]
+    percents = [int(line[0]) for line in lines]
     assert percents[0] == 0 and percents[-1] == 100 and percents == sorted(set(percents)) and len(percents) >= 5
+    # a compare of a few hundred kB counts in kB, not "0.00 of 0.00 GB"
+    (total,) = {line[2] for line in lines}
+    assert {line[3] for line in lines} == {"kB"} and 1 <= float(total) < 1000
+    assert lines[-1][1] == total
 
 
 def test_a_large_compare_says_when_it_judges_and_writes_its_reports(
@@ -166,3 +175,14 @@ def test_a_large_compare_says_when_it_judges_and_writes_its_reports(
         f"judging {rows} rows against their feeders and repeats",
         f"writing the reports of {rows} rows",
     ]
+
+
+@pytest.mark.slow
+def test_loading_the_bundled_smollm2_draws_no_bar_into_a_pipe(smollm2_path: Path) -> None:
+    """transformers' tqdm bar ("Loading weights") would write its redraws into a CI log: piped, there is none."""
+    load = "from llmcheck.bundled_model import load_smollm2; model, _ = load_smollm2(); print(type(model).__name__)"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    loaded = subprocess.run([sys.executable, "-c", load], capture_output=True, text=True, timeout=300, env=env)
+    assert loaded.returncode == 0, loaded.stderr[-2000:]
+    assert loaded.stdout == "LlamaForCausalLM\n"
+    assert "Loading weights" not in loaded.stderr and "it/s]" not in loaded.stderr, loaded.stderr[-500:]

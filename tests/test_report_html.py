@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import html
+import itertools
 import re
 import shutil
 from pathlib import Path
@@ -30,6 +31,8 @@ DEFECT = "model.layers.3.mlp.down_proj"
 #: Where the screenshots go: out/ is ignored by git, CI keeps it as an artifact.
 SCREENSHOTS = ROOT / "out" / "screenshots"
 DOCS_IMAGE = ROOT / "docs" / "images" / "compare-report.png"
+#: The demo's heat maps in docs/commands/compare.md: fp32, bf16 with its noise twin, a clean bf16 run; and its depth chart.
+DOCS_HEAT_MAPS = ("heat-map-fp32.png", "heat-map-bf16-twin.png", "heat-map-clean-bf16.png", "depth-chart-fp32.png")
 
 
 def body_attributes(dom: str) -> str:
@@ -132,8 +135,90 @@ def test_heat_map_has_layers_down_and_submodule_kinds_across_with_the_culprit_ou
     kinds = re.findall(r'<th class="kind"><span>([^<]*)</span>', heat)
     assert kinds[0] == "input_layernorm" and {"self_attn.q_proj", "mlp.down_proj"} <= set(kinds)
     assert re.findall(r"<th>layer (\d+)</th>", heat) == [str(i) for i in range(6)]
-    assert heat.count('class="culprit"') == 1
+    assert heat.count('class="culprit') == 1
     assert heat.count("<td") == 6 * len(kinds)
+
+
+def heat_cells(dom: str) -> list[tuple[str, str, str]]:
+    """Return each heat map cell's (class, background colour, tooltip), row by row."""
+    cells = []
+    for tag in re.findall(r"<td [^>]*>", section(dom, "heat")):
+        attributes = dict(re.findall(r'(\w+)="([^"]*)"', tag))
+        colour = re.search(r"background: ([^;]*);", attributes["style"]).group(1)
+        cells.append((attributes["class"], colour, html.unescape(attributes.get("title", ""))))
+    return cells
+
+
+#: The heat map's red: a row the verdict says adds error itself.
+HOT_RED = "rgb(198, 40, 40)"
+
+
+def test_the_heat_map_shows_the_defect_as_its_one_hot_cell_and_what_carries_it_not_hot(rendered) -> None:
+    cells = heat_cells(rendered[0])
+    hot = [(cls, title) for cls, colour, title in cells if colour == HOT_RED]
+    assert len(hot) == 1 and hot[0][0] == "culprit hot" and hot[0][1].startswith("layer 3 mlp.down_proj: ")
+    assert "(fail, introduced)" in hot[0][1]
+    carried = [title for cls, colour, title in cells if "(fail, " in title and "culprit" not in cls]
+    assert carried and all(", encloses)" in title or ", inherited)" in title for title in carried), carried
+
+
+def test_a_link_opens_the_heat_map_coloured_by_the_error_itself(report_page: Path) -> None:
+    dom, _ = render_with_hash(report_page, "heat=error")
+    heat = section(dom, "heat")
+    assert re.search(r'data-mode="error" aria-pressed="true"', heat)
+    assert "it grows with depth, so the layers after a defect are as hot as the defect" in heat
+    cells = heat_cells(dom)
+    assert [cls for cls, _, _ in cells if cls] == ["culprit"] and all(colour != HOT_RED for _, colour, _ in cells)
+    assert all(title.startswith("layer ") and "expected" not in title for _, _, title in cells)
+
+
+def test_a_clean_bf16_run_shows_no_hot_cell(tmp_path: Path) -> None:
+    """The same Llama in bfloat16 without a defect: its rounding noise is what the verdict expects, nothing is red."""
+    from llmcheck.bundled_model import random_llama
+
+    model = random_llama(seed=0, num_layers=6)
+    input_ids = torch.tensor([[5, 9, 200, 31, 7, 64, 12, 250]])
+    golden = capture_run(model, input_ids, tmp_path / "golden")
+    my = capture_run(copy.deepcopy(model).to(torch.bfloat16), input_ids, tmp_path / "my")
+    plugins = get_plugins()
+    result = compare_dumps(plugins.load_tensors(golden), plugins.load_tensors(my), workers=1)
+    assert result.first_introduced is None
+    dom, browser_log = render(write_reports(result, tmp_path / "report")["html"])
+    assert console_errors(browser_log) == []
+    cells = heat_cells(dom)
+    assert len(cells) > 6 * 10 and [title for _, colour, title in cells if colour == HOT_RED] == []
+    assert any("expected " in title and "by the repeats" in title for _, _, title in cells)
+
+
+def expected_line_runs(headline: str) -> list[list[tuple[float, float]]]:
+    """Return the depth chart's expected-error line as its runs of (x, y) points."""
+    path = re.search(r'<path class="expected" d="([^"]*)"', headline)
+    assert path, "no expected-error line"
+    return [
+        [(float(x), float(y)) for x, y in re.findall(r"([\d.]+) ([\d.]+)", run)]
+        for run in path.group(1).split("M")
+        if run
+    ]
+
+
+def test_the_expected_error_line_follows_what_the_verdict_expected_without_spikes(compared, rendered) -> None:
+    result, _ = compared
+    headline = section(rendered[0], "depth")
+    runs = expected_line_runs(headline)
+    for run in runs:  # left to right, never straight down to the floor and back
+        assert len(run) >= 2 and all(b[0] > a[0] for a, b in itertools.pairwise(run)), run
+    drawn = sum(len(run) for run in runs)
+    points = [row for row in result.rows if row.golden.key.name in LAYER_POINTS and row.golden.key.io == "output"]
+    known = [row for row in points if row.golden.key.position == "0" and (row.expected_error or 0) > 0]
+    lone_strokes = sum(1 for run in runs if len(run) == 2 and run[0][1] == run[1][1])
+    assert drawn - lone_strokes == len(known) > 0
+    assert "dashed green line: the error the verdict expected at each output" in headline
+
+
+#: The depth chart's points of the six-layer Llama: the modules around the layers and each layer.
+LAYER_POINTS = {"model.embed_tokens", "model.rotary_emb", "model.norm", "lm_head"} | {
+    f"model.layers.{i}" for i in range(6)
+}
 
 
 def test_each_metric_chart_draws_only_the_pairs_it_judged(compared, rendered) -> None:
@@ -151,6 +236,22 @@ def test_each_metric_chart_draws_only_the_pairs_it_judged(compared, rendered) ->
         name = title.split(" ", 1)[0]
         expected = f"{judged[name]} pairs judged" if judged[name] else "no thresholds: reported, judges no pair"
         assert expected in title, title
+
+
+def test_each_metric_chart_has_values_on_its_axes_names_its_step_and_marks_the_culprit(compared, rendered) -> None:
+    result, _ = compared
+    charts = section(rendered[0], "plots").split('<div class="chart">')[1:]
+    assert len(charts) == len(result.metric_specs)
+    for chart in charts:
+        title = html.unescape(re.search(r"<h3>([^<]*)</h3>", chart).group(1))
+        y_values = re.findall(r'<text class="ytick"[^>]*>([^<]*)</text>', chart)
+        assert len(y_values) >= 3 and len(set(y_values)) == len(y_values), (title, y_values)
+        x_ticks = re.findall(r'<text class="xtick"[^>]*>([^<]*)</text>', chart)
+        assert x_ticks[0] == "layer 0" and len(x_ticks) >= 3, (title, x_ticks)
+        assert "pairs of step 0 in execution order" in chart
+        assert '<text class="culprit"' in chart and f"introduced: {DEFECT}</text>" in chart
+    relative = next(chart for chart in charts if chart.startswith("<h3>relative_euclidean_distance"))
+    assert '<path class="culprit-mark"' in relative and re.search(r'<text class="limit"[^>]*>fail</text>', relative)
 
 
 def test_table_lists_every_pair_with_a_details_drawer(compared, report_page: Path, tmp_path: Path) -> None:
@@ -189,9 +290,9 @@ def test_screenshot_of_the_report_is_saved_for_ci_and_the_docs(report_page: Path
     assert data[:8] == b"\x89PNG\r\n\x1a\n"
     width, height = int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
     assert (width, height) == (1280, 1400) and len(data) > 50_000  # a drawn page, not a blank one
-    assert (
-        DOCS_IMAGE.exists() and "images/compare-report.png" in (ROOT / "docs" / "commands" / "compare.md").read_text()
-    )
+    docs = (ROOT / "docs" / "commands" / "compare.md").read_text()
+    for image in (DOCS_IMAGE.name, *DOCS_HEAT_MAPS):
+        assert (DOCS_IMAGE.parent / image).exists() and f"images/{image}" in docs
 
 
 def test_the_console_check_catches_a_broken_page(report_page: Path, tmp_path: Path) -> None:
@@ -200,41 +301,6 @@ def test_the_console_check_catches_a_broken_page(report_page: Path, tmp_path: Pa
     dom, browser_log = render(broken)
     assert 'data-rendered="ok"' not in body_attributes(dom)
     assert any("notDefinedAnywhere" in line for line in console_errors(browser_log))
-
-
-def test_the_expected_noise_band_and_growth_colouring_appear_when_the_verdict_gives_them(
-    compared, tmp_path: Path
-) -> None:
-    import dataclasses
-
-    result, _ = compared
-    rows = [
-        row.with_changes(
-            expected_error=1e-6,
-            growth=(50.0 if row.golden.key.name == DEFECT else 1.0),
-            evidence="adds 50x the error its siblings add" if row.golden.key.name == DEFECT else "",
-        )
-        for row in result.rows
-    ]
-    page = write_reports(dataclasses.replace(result, rows=rows), tmp_path / "report")["html"]
-    dom, browser_log = render(page)
-    assert console_errors(browser_log) == []
-    headline = section(dom, "depth")
-    assert '<path class="envelope"' in headline and 'class="threshold-fail"' not in headline
-    assert "green band: the error expected from the precision alone" in headline
-    heat = section(dom, "heat")
-    assert re.search(r'<button type="button" class="mode" data-mode="growth" aria-pressed="false" title="">', heat)
-    story = html.unescape(re.search(r'id="story">(.*?)</p>', dom).group(1))
-    assert f"introduced at {DEFECT} step 0 output.0 (Linear): adds 50x the error its siblings add" in story
-    growth_view, _ = render_with_hash(page, "heat=growth")
-    cells = [
-        (cls, int(green))
-        for cls, green in re.findall(
-            r'<td class="([^"]*)"[^>]*background: rgb\(\d+, (\d+), \d+\)', section(growth_view, "heat")
-        )
-    ]
-    hottest = min(green for _, green in cells)  # the scale runs from pale yellow to red: least green is hottest
-    assert [cls for cls, green in cells if green == hottest] == ["culprit"]
 
 
 def test_a_report_of_two_tensor_files_without_layers_renders_too(

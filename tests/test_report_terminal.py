@@ -83,3 +83,69 @@ def test_the_worst_rows_are_sorted_by_the_error_measure_they_show(
     listed = re.findall(r"^\s+\d+ fail\s+(\w) step 0 output\.0\s+([\d.e-]+)", out, re.M)
     assert [name for name, _ in listed] == ["b", "e", "c", "a"]
     assert [float(value) for _, value in listed] == pytest.approx([0.5, 0.3, 0.1, 0.02], rel=1e-3)
+
+
+def test_one_worst_row_is_a_worst_row(make_llmcheck_dump, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    golden, my = _dumps(make_llmcheck_dump, tmp_path, {"a": 0.5, "b": 0.0})
+    assert main(["compare", "-gp", str(golden), "-mp", str(my), "-o", str(tmp_path / "out")]) == 3
+    out = capsys.readouterr().out
+    assert "\n1 worst row by relative_euclidean_distance (data_id, " in out and "1 worst rows" not in out
+
+
+def _llama_runs(tmp_path: Path, defect) -> tuple[Path, Path]:
+    """Dump a seeded 4-layer Llama in float32 (golden) and the run ``defect(model)`` returns (my)."""
+    from compare_runs import capture_run
+    from llmcheck.bundled_model import random_llama
+
+    model = random_llama(seed=0, num_layers=4)
+    input_ids = torch.tensor([[1, 7, 42, 9, 100, 3]])
+    golden = capture_run(model, input_ids, tmp_path / "golden")
+    with defect(model) as my_model:
+        my = capture_run(my_model, input_ids, tmp_path / "my")
+    return golden, my
+
+
+def test_a_first_divergence_that_is_where_the_error_is_introduced_is_printed_once(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import contextlib
+
+    from compare_runs import wrong_rmsnorm_epsilon
+
+    @contextlib.contextmanager
+    def wrong_epsilon(model):
+        with wrong_rmsnorm_epsilon(model, "model.layers.1.post_attention_layernorm", 0.5):
+            yield model
+
+    golden, my = _llama_runs(tmp_path, wrong_epsilon)
+    assert main(["compare", "-gp", str(golden), "-mp", str(my), "-o", str(tmp_path / "out")]) == 3
+    out = capsys.readouterr().out
+    assert "first divergence:" not in out
+    (line,) = [line for line in out.splitlines() if line.startswith("first ")]
+    assert line.startswith("first introduced divergence: model.layers.1.post_attention_layernorm step 0 output.0: ")
+    assert line.endswith(", introduced (the first divergence too)")
+
+
+def test_the_verdict_s_own_measures_are_said_in_words_with_where_to_read_more(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A bfloat16 copy whose layer-2 o_proj weight is 5 % off: its weights decide, a metric no user registered."""
+    import contextlib
+    import copy
+
+    from compare_runs import scaled_weight
+
+    @contextlib.contextmanager
+    def bf16_with_wrong_weight(model):
+        copied = copy.deepcopy(model).to(torch.bfloat16)
+        with scaled_weight(copied, "model.layers.2.self_attn.o_proj", 1.05):
+            yield copied
+
+    golden, my = _llama_runs(tmp_path, bf16_with_wrong_weight)
+    assert main(["compare", "-gp", str(golden), "-mp", str(my), "-o", str(tmp_path / "out")]) == 3
+    out = capsys.readouterr().out
+    assert re.search(
+        r"^first introduced divergence: model\.layers\.2\.self_attn\.o_proj .*weights_beyond_rounding 1 > 0", out, re.M
+    )
+    notes = out.split("what the verdict's own measures are (docs/metrics.md, Verdicts in reduced precision):\n", 1)[1]
+    assert notes.startswith("  weights_beyond_rounding: its weights that differ from golden beyond rounding\n")

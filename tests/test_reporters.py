@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import json
 import textwrap
 import types
@@ -58,6 +59,73 @@ def test_junit_xml_has_a_case_per_pair_and_the_summary_s_failures_and_errors(run
     assert error.get("message") == "shape mismatch: golden [8] vs my [4]"
     properties = {item.get("name"): item.get("value") for item in suite.find("properties")}
     assert properties["golden"] == str(golden) and properties["culprit"] == "layer0 step 0 output.0"
+
+
+def test_junit_xml_gives_one_defect_one_failure_listing_the_rows_that_carry_it(tmp_path: Path) -> None:
+    """A 4-layer Llama whose layer-1 RMSNorm has the wrong epsilon: dozens of rows fail, CI shows one failure."""
+    from compare_runs import capture_run, wrong_rmsnorm_epsilon
+    from llmcheck.bundled_model import random_llama
+
+    model = random_llama(seed=0, num_layers=4)
+    input_ids = torch.tensor([[1, 7, 42, 9, 100, 3]])
+    defect = "model.layers.1.post_attention_layernorm"
+    golden = capture_run(model, input_ids, tmp_path / "golden")
+    with wrong_rmsnorm_epsilon(model, defect, 0.5):
+        my = capture_run(model, input_ids, tmp_path / "my")
+    out = tmp_path / "ci"
+    assert main(["compare", "-gp", str(golden), "-mp", str(my), "-o", str(out), "-j", "1", "--report", "junit"]) == 3
+    summary = json.loads((out / "summary.json").read_text())
+    (suite,) = ElementTree.parse(out / "junit.xml").getroot().findall("testsuite")
+    failed = [case for case in suite.findall("testcase") if case.find("failure") is not None]
+    assert [case.get("name") for case in failed] == [f"{defect} step 0 output.0"]
+    properties = {item.get("name"): item.get("value") for item in suite.find("properties")}
+    carried = int(properties["carried_failures"])
+    assert summary["counts"]["failures"] == int(properties["failing_pairs"]) == carried + 1 > 10
+    assert int(suite.get("failures")) == 1 and int(suite.get("tests")) == summary["counts"]["pairs"] - carried
+    failure = failed[0].find("failure")
+    assert "introduced" in failure.get("message")
+    listed = failure.text.split("carry this error on (not test cases of their own):\n", 1)[1].splitlines()
+    assert f"{carried} later failing rows carry this error on" in failure.text and len(listed) == carried
+    assert all(line.endswith((", inherited", ", encloses")) for line in listed), listed
+    assert any(line.startswith("  model.layers.3 step 0 output.0: ") for line in listed)  # two layers on
+
+
+def test_junit_xml_gives_each_defect_its_failure_and_rows_that_add_error_their_own(tmp_path: Path) -> None:
+    """Two defects -- a wrong epsilon in layer 0, an o_proj weight off in layer 2 -- are two introduced failures."""
+    from compare_runs import capture_run, scaled_weight, wrong_rmsnorm_epsilon
+    from llmcheck.bundled_model import random_llama
+
+    model = random_llama(seed=0, num_layers=4)
+    input_ids = torch.tensor([[1, 7, 42, 9, 100, 3]])
+    golden = capture_run(model, input_ids, tmp_path / "golden")
+    with (
+        wrong_rmsnorm_epsilon(model, "model.layers.0.post_attention_layernorm", 0.5),
+        scaled_weight(model, "model.layers.2.self_attn.o_proj", 3.0),
+    ):
+        my = capture_run(model, input_ids, tmp_path / "my")
+    out = tmp_path / "ci"
+    assert main(["compare", "-gp", str(golden), "-mp", str(my), "-o", str(out), "-j", "1", "--report", "junit"]) == 3
+    rows = {
+        f"{row['name']} step 0 {row['io']}.{row['position']}": row
+        for row in csv.DictReader((out / "cmp_report.csv").open())
+    }
+    (suite,) = ElementTree.parse(out / "junit.xml").getroot().findall("testsuite")
+    failures = {
+        case.get("name"): case.find("failure") for case in suite.findall("testcase") if case.find("failure") is not None
+    }
+    assert [label for label in failures if rows[label]["attribution"] == "introduced"] == [
+        "model.layers.0.post_attention_layernorm step 0 output.0",
+        "model.layers.2.self_attn.o_proj step 0 output.0",
+    ]
+    # every other failure adds error of its own (amplified); every carrying row is listed under one failure
+    assert {rows[label]["attribution"] for label in failures} == {"introduced", "amplified"}
+    listed = [
+        line.strip().split(": ", 1)[0]
+        for failure in failures.values()
+        for line in failure.text.partition("(not test cases of their own):\n")[2].splitlines()
+    ]
+    failing = sum(row["verdict"] == "fail" for row in rows.values())
+    assert len(set(listed)) == len(listed) and len(listed) + len(failures) == failing > 20
 
 
 def test_an_unknown_report_is_one_error_listing_the_known_ones_before_anything_runs(

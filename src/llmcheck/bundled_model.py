@@ -8,9 +8,11 @@ When the package is absent, :func:`random_llama` gives a seeded random Llama ins
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import logging
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -75,8 +77,9 @@ def smollm2_folder(cache_dir: Path | None = None) -> Path:
     AutoModelForCausalLM, AutoTokenizer = transformers.AutoModelForCausalLM, transformers.AutoTokenizer
 
     log.info("converting %s to safetensors in %s (once)", gguf.name, folder)
-    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype="float32")
-    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    with _bars_only_on_a_terminal(transformers):
+        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype="float32")
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     from safetensors.torch import save_model
 
     partial = folder.with_name(folder.name + f".partial{os.getpid()}")
@@ -105,10 +108,31 @@ def load_smollm2(cache_dir: Path | None = None, dtype: torch.dtype | None = None
 
     transformers = _require_transformers()
     folder = smollm2_folder(cache_dir)
-    model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=dtype or torch.float32)
+    with _bars_only_on_a_terminal(transformers):
+        model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=dtype or torch.float32)
+        tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
     model.eval()
-    tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
     return model, tokenizer
+
+
+@contextlib.contextmanager
+def _bars_only_on_a_terminal(transformers: Any) -> Iterator[None]:
+    """Turn transformers' tqdm bars off while loading when stderr is no terminal, then back as they were.
+
+    tqdm draws whatever stderr is: piped into a CI log, "Loading weights" becomes a line of
+    carriage returns and block characters per update.
+    """
+    import sys
+
+    progress = transformers.utils.logging
+    if sys.stderr.isatty() or not progress.is_progress_bar_enabled():
+        yield
+        return
+    progress.disable_progress_bar()
+    try:
+        yield
+    finally:
+        progress.enable_progress_bar()
 
 
 def random_llama(

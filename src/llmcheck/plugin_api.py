@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING
 from llmcheck import lazy_attributes
 from llmcheck.core.atomic_files import atomic_output, atomic_write_text, atomic_write_with, write_failed
 from llmcheck.core.backend_options import BackendOption
+from llmcheck.core.carried_errors import carried_origins
 from llmcheck.core.depth_profile import (
     depth_points,
     drawn_step,
@@ -308,6 +309,7 @@ __all__ = [  # noqa: RUF022 -- grouped by the question a plugin author asks, not
     "check_replaceable",
     "ONNX_MODEL",
     "EMPTY_FILE",
+    "carried_origins",
     "depth_points",
     "drawn_step",
     "error_measure",

@@ -6,8 +6,11 @@ A user looks for where the error starts. Two views answer that at a glance:
   modules around the layers (embedding, final norm, head), in execution order, with the
   expected-noise envelope of each point and the introduced divergence marked;
 * the *module heat map*: decoder layers down, submodule kinds across (``input_layernorm``,
-  ``self_attn.q_proj``, ..., ``mlp.down_proj``), each cell one submodule's output -- one
-  repeated-structure outlier stands out in a column.
+  ``self_attn.q_proj``, ..., ``mlp.down_proj``), each cell one submodule's output, coloured by
+  what the verdict held it against: its error over the expected error the verdict used
+  (:func:`expected_used`). Error grows with depth, so the error alone paints every layer after
+  a defect as hot as the defect; against its expectation an inherited error is about 1x, and
+  only the rows the verdict says add error (introduced, amplified) are hot.
 
 Rows carry ``structure`` and ``layer_index`` from the verdict; older results without them
 get the same from the record name here (the first all-digit path part is the layer index).
@@ -16,16 +19,33 @@ Only one step is drawn: the introduced divergence's, else the first divergence's
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from llmcheck.core.divergence import (
+    AMPLIFIED,
+    EXACT_INPUTS_METRIC,
+    INTRODUCED,
+    OUTLIER_FACTOR,
+    TWIN_DIFFERENCE_METRIC,
+    TWIN_FAIL_FACTOR,
+    WEIGHTS_METRIC,
+)
 from llmcheck.core.records import IO_OUTPUT, ROOT_MODULE, ComparisonRow, MetricSpec, lies_inside
 
 _INDEX_PART = re.compile(r"(?<![^./])(\d+)(?=[./]|$)")
 #: Heat map columns beyond this many submodule kinds are left out (op-level dumps have hundreds).
 MAX_HEATMAP_KINDS = 40
+#: Attributions by which the verdict says a row adds error itself: the heat map's hot cells.
+ADDS_ERROR = frozenset({INTRODUCED, AMPLIFIED})
+#: Deciding metrics by which the verdict expected no difference at all: exact inputs, the twin's own bits, the weights.
+EXPECTS_EXACT = frozenset({EXACT_INPUTS_METRIC, TWIN_DIFFERENCE_METRIC, WEIGHTS_METRIC})
+#: What the expected error was, and how many times it a row may reach before the verdict fails it.
+EXPECTED_BY_TWIN, EXPECTED_BY_REPEATS, EXPECTED_EXACT = "noise twin", "repeats", "exact"
+FAIL_FACTOR = {EXPECTED_BY_TWIN: TWIN_FAIL_FACTOR, EXPECTED_BY_REPEATS: OUTLIER_FACTOR}
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +83,33 @@ def row_error(row: ComparisonRow, measure: MetricSpec | None) -> float | None:
         return row.error
     result = row.metrics.get(measure.name) if measure is not None else None
     return result.value if result is not None else None
+
+
+def expected_used(row: ComparisonRow) -> tuple[float | None, str]:
+    """Return the expected error the verdict held the row against, and where it came from (``""``: none).
+
+    The noise twin's error where a twin covers the row, else the error its repeats predict
+    (``expected_error``); 0 where the verdict expected no difference at all (bit-exact inputs,
+    the twin's own bits, weights).
+    """
+    if row.deciding_metric in EXPECTS_EXACT:
+        return 0.0, EXPECTED_EXACT
+    if row.noise_error is not None:
+        return row.noise_error, EXPECTED_BY_TWIN
+    if row.expected_error is not None:
+        return row.expected_error, EXPECTED_BY_REPEATS
+    return None, ""
+
+
+def excess(row: ComparisonRow, measure: MetricSpec | None) -> float | None:
+    """Return the row's error over the expected error the verdict used (inf: an error where none was expected)."""
+    error = row_error(row, measure)
+    expected, _ = expected_used(row)
+    if error is None or expected is None or math.isnan(error):
+        return None
+    if expected > 0:
+        return error / expected
+    return math.inf if error > 0 else 0.0
 
 
 def drawn_step(
@@ -106,6 +153,7 @@ def depth_points(rows: Sequence[ComparisonRow], step: int, measure: MetricSpec |
             if inside_block or holds_blocks:
                 continue
         deciding = row.metrics.get(measure.name) if measure is not None else None
+        expected, basis = expected_used(row)
         points.append(
             {
                 "id": row.index,
@@ -113,7 +161,8 @@ def depth_points(rows: Sequence[ComparisonRow], step: int, measure: MetricSpec |
                 "label": _point_label(name, place),
                 "layer": place.layer_index,
                 "error": row_error(row, measure),
-                "expected": row.expected_error,
+                "expected": expected,
+                "basis": basis,
                 "verdict": row.verdict,
                 "fail": deciding.fail_threshold if deciding is not None else None,
             }
@@ -152,10 +201,15 @@ def heatmap(rows: Sequence[ComparisonRow], step: int, measure: MetricSpec | None
     def cell(row: ComparisonRow | None) -> dict[str, Any] | None:
         if row is None:
             return None
+        expected, basis = expected_used(row)
         return {
             "id": row.index,
             "error": row_error(row, measure),
-            "growth": row.growth,
+            "expected": expected,
+            "basis": basis,
+            "excess": excess(row, measure),
+            "fail_factor": FAIL_FACTOR.get(basis),
+            "hot": row.attribution in ADDS_ERROR,
             "verdict": row.verdict,
             "attribution": row.attribution,
         }

@@ -8,11 +8,19 @@ The files themselves are written by reporters (``core/reporters.py``; the built-
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from llmcheck.core.depth_profile import error_measure, row_error
+from llmcheck.core.divergence import (
+    CARRIED_METRIC,
+    EXACT_INPUTS_METRIC,
+    GROWTH_METRIC,
+    TWIN_DIFFERENCE_METRIC,
+    TWIN_METRIC,
+    WEIGHTS_METRIC,
+)
 from llmcheck.core.records import VERDICT_ERROR, VERDICT_FAIL, VERDICT_WARN, ComparisonRow
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -79,6 +87,38 @@ def worst_rows(result: CompareResult, count: int = 10) -> list[ComparisonRow]:
     return sorted((row for row in result.rows if row.verdict in _SEVERITY), key=badness, reverse=True)[:count]
 
 
+#: What each of the verdict's own measures is, for a reader meeting one in a line (docs/metrics.md says more).
+VERDICT_MEASURE_WORDS = {
+    GROWTH_METRIC: "its error over the error its repeats in the other layers predict here",
+    TWIN_METRIC: "its error over the noise twin's error here",
+    TWIN_DIFFERENCE_METRIC: "its difference from the noise twin, whose inputs agree bit for bit",
+    EXACT_INPUTS_METRIC: "its error although its inputs agree bit for bit",
+    CARRIED_METRIC: "the error it carries on from a failing input",
+    WEIGHTS_METRIC: "its weights that differ from golden beyond rounding",
+}
+#: Where a reader finds how the verdict's own measures decide.
+VERDICT_MEASURE_DOCS = "docs/metrics.md, Verdicts in reduced precision"
+
+
+def verdict_measure_notes(rows: Sequence[ComparisonRow]) -> list[str]:
+    """Return a line saying what each of the verdict's own measures deciding ``rows`` is, once each, in order met.
+
+    Such a measure (``error_vs_expected inf > 2``, ``weights_beyond_rounding 1 > 0``) is no
+    metric the user registered: a few words say what it is, and where to read more.
+    """
+    notes: dict[str, str] = {}
+    for row in rows:
+        name = row.deciding_metric or ""
+        words = VERDICT_MEASURE_WORDS.get(name)
+        if words is None or name in notes:
+            continue
+        deciding = row.metrics.get(name)
+        if deciding is not None and math.isinf(deciding.value) and name in (GROWTH_METRIC, TWIN_METRIC):
+            words += " (inf: none was expected)"
+        notes[name] = f"{name}: {words}"
+    return list(notes.values())
+
+
 def measure_text(row: ComparisonRow) -> str:
     """Return the deciding metric against its fail threshold in the metric's own direction (``psnr 10 < 20``)."""
     deciding = row.metrics.get(row.deciding_metric or "")
@@ -141,9 +181,12 @@ def print_summary(result: CompareResult, console: Console, written: Mapping[str,
     elif first is None:
         console.print("[green]no divergence: every pair is within its thresholds[/]")
     else:
-        console.print(f"first divergence: {divergence_line(first)}", markup=False)
+        same = introduced is not None and introduced.index == first.index
+        if not same:  # the same row: one line says both
+            console.print(f"first divergence: {divergence_line(first)}", markup=False)
         if introduced is not None:
-            console.print(f"[bold]first introduced divergence: {divergence_line(introduced)}[/]", highlight=False)
+            also = " (the first divergence too)" if same else ""
+            console.print(f"[bold]first introduced divergence: {divergence_line(introduced)}{also}[/]", highlight=False)
             if introduced.fed_by:
                 console.print(f"  its inputs agree: {', '.join(introduced.fed_by)}", markup=False)
             if introduced.evidence:
@@ -157,10 +200,16 @@ def print_summary(result: CompareResult, console: Console, written: Mapping[str,
     made = twin_cast_line(result)
     if made:
         console.print(made, markup=False, highlight=False)
+    shown = [row for row in (first, introduced) if row is not None]
     if result.golden.is_tensor_files and result.my.is_tensor_files and len(result.rows) <= 20:
         _print_metric_table(result, console)
     else:
-        _print_worst_rows(result, console)
+        shown += _print_worst_rows(result, console)
+    notes = verdict_measure_notes(shown)
+    if notes:
+        console.print(f"what the verdict's own measures are ({VERDICT_MEASURE_DOCS}):", highlight=False)
+        for note in notes:
+            console.print(f"  {note}", markup=False, highlight=False)
     if written:
         console.print("wrote " + ", ".join(str(path) for path in written.values()), markup=False)
 
@@ -228,15 +277,15 @@ def twin_cast_line(result: CompareResult) -> str:
     return line
 
 
-def _print_worst_rows(result: CompareResult, console: Console) -> None:
-    """Print the worst rows with the measure they are sorted by (the error measure), and what decided each."""
+def _print_worst_rows(result: CompareResult, console: Console) -> list[ComparisonRow]:
+    """Print the worst rows with the measure they are sorted by (the error measure), and what decided each; return them."""
     worst = worst_rows(result)
     if not worst:
-        return
+        return worst
     measure = error_measure(result.metric_specs)
     shown = measure.name if measure is not None else "deciding metric"
     console.print(
-        f"{len(worst)} worst rows by {shown} (data_id, verdict, record, {shown}, attribution, deciding):",
+        f"{_count(len(worst), 'worst row')} by {shown} (data_id, verdict, record, {shown}, attribution, deciding):",
         highlight=False,
     )
     for row in worst:
@@ -249,6 +298,12 @@ def _print_worst_rows(result: CompareResult, console: Console) -> None:
             highlight=False,
             markup=True,
         )
+    return worst
+
+
+def _count(count: int, noun: str) -> str:
+    """Return ``count`` and the noun, plural unless one (``1 worst row``, ``10 worst rows``)."""
+    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
 
 
 def _print_metric_table(result: CompareResult, console: Console) -> None:

@@ -2,8 +2,9 @@
 
 The page tells the story first: one sentence (what was compared, the verdict, the culprit
 and its evidence, the output effect), then the headline chart -- the error measure along the
-model's depth, the expected-noise envelope as a band, the introduced divergence marked and
-named -- and the module heat map (layers down, submodule kinds across). The per-metric
+model's depth, the error the verdict expected as a line, the introduced divergence marked and
+named -- and the module heat map (layers down, submodule kinds across, each cell coloured by its
+error over the error the verdict expected there). The per-metric
 charts (each drawing only the pairs that metric judged) are folded away; the table of pairs
 fits 1280 px, with a details drawer per row. The page names no metric: the error measure is
 the metric holding that role, and each metric's direction comes with its results. The

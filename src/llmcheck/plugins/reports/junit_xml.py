@@ -15,10 +15,19 @@ from __future__ import annotations
 
 import re
 import xml.etree.ElementTree as ElementTree
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from llmcheck.plugin_api import VERDICT_ERROR, VERDICT_FAIL, VERDICT_WARN, ComparisonRow, atomic_write_text
+from llmcheck.plugin_api import (
+    VERDICT_ERROR,
+    VERDICT_FAIL,
+    VERDICT_WARN,
+    ComparisonRow,
+    atomic_write_text,
+    carried_origins,
+    divergence_line,
+)
 
 if TYPE_CHECKING:  # pragma: no cover
     from llmcheck.plugin_api import CompareResult
@@ -33,8 +42,8 @@ def _text(value: object) -> str:
     return _NOT_XML.sub("\ufffd", str(value))
 
 
-def _details(row: ComparisonRow) -> str:
-    """Return the lines a CI page shows under a failing case: where, the rule that paired it, why."""
+def _details(row: ComparisonRow, carriers: Sequence[ComparisonRow] = ()) -> str:
+    """Return the lines a CI page shows under a failing case: where, the rule that paired it, why, what carries it."""
     lines = [
         f"golden: {row.golden.key.label()} ({row.golden.dtype} {list(row.golden.shape)})",
         f"my: {row.my.key.label()} ({row.my.dtype} {list(row.my.shape)})",
@@ -45,18 +54,25 @@ def _details(row: ComparisonRow) -> str:
         for what, value in (("attribution", row.attribution), ("reason", row.reason), ("evidence", row.evidence))
         if value
     ]
+    if carriers:
+        lines.append(
+            f"{len(carriers)} later failing {_rows(len(carriers))} carry this error on (not test cases of their own):"
+        )
+        lines += [f"  {divergence_line(carrier)}" for carrier in carriers]
     return "\n".join(lines)
 
 
-def _testcase(row: ComparisonRow) -> ElementTree.Element:
-    from llmcheck.plugin_api import divergence_line
+def _rows(count: int) -> str:
+    return "row" if count == 1 else "rows"
 
+
+def _testcase(row: ComparisonRow, carriers: Sequence[ComparisonRow]) -> ElementTree.Element:
     case = ElementTree.Element(
         "testcase", classname=_text(row.golden.key.name), name=_text(row.golden.key.label()), time="0"
     )
     if row.verdict == VERDICT_FAIL:
         failure = ElementTree.SubElement(case, "failure", message=_text(divergence_line(row)), type="precision")
-        failure.text = _text(_details(row))
+        failure.text = _text(_details(row, carriers))
     elif row.verdict == VERDICT_ERROR:
         error = ElementTree.SubElement(case, "error", message=_text(row.reason or "not measured"), type="unmeasurable")
         error.text = _text(_details(row))
@@ -66,11 +82,20 @@ def _testcase(row: ComparisonRow) -> ElementTree.Element:
 
 
 def junit_document(result: CompareResult) -> ElementTree.Element:
-    """Return the ``<testsuites>`` element of a compare: one suite, one case per pair."""
+    """Return the ``<testsuites>`` element of a compare: one suite, one case per pair but the rows carrying another's failure."""
     counts = result.counts()
+    origins = carried_origins(result.rows)
+    carriers: dict[int, list[ComparisonRow]] = {}
+    cases = []
+    for row in sorted(result.rows, key=lambda row: row.golden.order):
+        origin = origins.get(row.index)
+        if origin is None:
+            cases.append(row)
+        else:
+            carriers.setdefault(origin.index, []).append(row)
     totals = {
-        "tests": str(counts["pairs"]),
-        "failures": str(counts["failures"]),
+        "tests": str(len(cases)),
+        "failures": str(counts["failures"] - len(origins)),
         "errors": str(counts["errors"]),
         "skipped": "0",
         "time": f"{result.elapsed_s:.3f}",
@@ -83,12 +108,14 @@ def junit_document(result: CompareResult) -> ElementTree.Element:
         ("golden_source", result.golden.source),
         ("my", result.my.root),
         ("my_source", result.my.source),
+        ("failing_pairs", counts["failures"]),
+        ("carried_failures", len(origins)),
         ("unmatched_golden", counts["unmatched_golden"]),
         ("unmatched_my", counts["unmatched_my"]),
         ("culprit", result.culprit.key.label() if result.culprit is not None else ""),
     ):
         ElementTree.SubElement(properties, "property", name=name, value=_text(value))
-    suite.extend(_testcase(row) for row in sorted(result.rows, key=lambda row: row.golden.order))
+    suite.extend(_testcase(row, carriers.get(row.index, ())) for row in cases)
     return suites
 
 
