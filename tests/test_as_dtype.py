@@ -58,12 +58,24 @@ def _generate(model: torch.nn.Module, dump_path: Path, **config: object) -> list
         return model.generate(torch.tensor(PROMPT), max_new_tokens=2, do_sample=False).tolist()
 
 
+def _loaded_at(dtype: torch.dtype, folder: Path) -> torch.nn.Module:
+    """Return the golden model as a program written for ``dtype`` loads it: ``from_pretrained(dtype=...)``.
+
+    The loader keeps what the model computes itself (a rotary embedding's ``inv_freq``) in
+    fp32; the capture's cast does the same.
+    """
+    from transformers import AutoModelForCausalLM
+
+    random_llama(seed=0).save_pretrained(folder)
+    return AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).eval()
+
+
 @pytest.fixture(scope="module")
 def in_process(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Return a folder holding the golden program's fp32 run (``golden``) and the port: it cast by hand to bf16 (``my``)."""
     folder = tmp_path_factory.mktemp("in_process")
     _generate(random_llama(seed=0), folder / "golden")
-    tokens = _generate(random_llama(seed=0).to(torch.bfloat16), folder / "my")
+    tokens = _generate(_loaded_at(torch.bfloat16, folder / "checkpoint"), folder / "my")
     (folder / "my_tokens.json").write_text(json.dumps(tokens))
     return folder
 
@@ -132,7 +144,7 @@ def test_compare_of_fp32_golden_and_bf16_run_prints_the_twin_command_and_that_co
     assert "hint:" not in printed
     assert (
         f"noise twin golden_twin/{_one_dump(runs / 'golden_twin').name}: the golden program with its model cast to bfloat16 as it "
-        "ran (23 float32 parameters and buffers)"
+        "ran (21 float32 parameters and buffers)"
     ) in printed
     noise = json.loads((runs / "report" / "summary.json").read_text())["noise"]
     assert noise["rows_without_twin"] == 0
@@ -146,7 +158,7 @@ def test_a_twin_cast_to_another_precision_than_the_my_run_is_named(in_process: P
     )
     result = compare_dumps(golden, my, noise=fp16_twin, workers=1)
     assert twin_cast_line(result).endswith(
-        "(23 float32 parameters and buffers); but the my-run is bf16: this twin shows fp16 noise (record it again at bf16)"
+        "(21 float32 parameters and buffers); but the my-run is bf16: this twin shows fp16 noise (record it again at bf16)"
     )
 
 
@@ -203,7 +215,8 @@ def test_as_dtype_at_op_level_records_the_ops_of_a_hand_cast_run_bit_for_bit(tmp
     """The casts of arguments and results happen outside the step: no ``aten._to_copy`` of llmcheck's own is recorded."""
     prompt = torch.tensor(PROMPT)
     dumps = []
-    for model, as_dtype in ((random_llama(seed=0), "bf16"), (random_llama(seed=0).to(torch.bfloat16), None)):
+    hand_cast = _loaded_at(torch.bfloat16, tmp_path / "checkpoint")
+    for model, as_dtype in ((random_llama(seed=0), "bf16"), (hand_cast, None)):
         config = DumpConfig(dump_path=tmp_path / str(as_dtype), mode=["module", "op"], as_dtype=as_dtype)
         with register_hook(model, config) as capture, torch.no_grad():
             model(prompt)

@@ -369,6 +369,15 @@ class _Judge:
             attribution, why = self._attribution(row, error, feeding, failing_feeders, anomaly, weight, evidence)
             if why:
                 evidence = why
+            confirmed = (
+                self._confirmed_suspect(feeding, error) if attribution == INTRODUCED and weight is None else None
+            )
+            if confirmed is not None:
+                attribution = INHERITED
+                evidence = (
+                    f"carries the error of {confirmed.golden.key.label()}, where it is introduced "
+                    f"({self.errors[id(confirmed)] or 0.0:.3g} there, {error or 0.0:.3g} here)"
+                )
             if attribution == INTRODUCED:
                 self.introduced_in_step.setdefault(row.golden.key.step, []).append(row)
         # every field named, cheaper than with_changes once per row: a field ComparisonRow gains is carried here too
@@ -480,6 +489,39 @@ class _Judge:
             f"error {error:.3g} against {twin:.3g} in the noise twin ({ratio:.3g}x)" if verdict != VERDICT_PASS else ""
         )
         return verdict, TWIN_METRIC, metrics, evidence
+
+    def _confirmed_suspect(self, feeding: Feeding, error: float | None) -> ComparisonRow | None:
+        """Return a suspect feeder that a failing row confirms, made introduced; None where there is none.
+
+        A suspect is a row whose excess the siblings cannot tell from noise. When the error it
+        hands on makes the row it feeds fail (that row carries at least :data:`CARRY_FRACTION`
+        of it), the doubt is settled: the error starts at the suspect, and the failing row
+        inherits it -- a clean run's noise does not fail the dtype table.
+        """
+        if error is None or feeding.guessed:
+            return None
+        for feeder in feeding.rows:
+            judged = self.judged.get(id(feeder))
+            carried = self.errors[id(feeder)]
+            if judged is None or judged.attribution != SUSPECT or not carried or error < CARRY_FRACTION * carried:
+                continue
+            deciding = judged.deciding_metric or GROWTH_METRIC
+            settled = judged.metrics.get(deciding)
+            metrics = dict(judged.metrics)
+            if settled is not None:
+                metrics[deciding] = MetricResult(
+                    settled.name, settled.value, VERDICT_FAIL, None, settled.warn_threshold, settled.higher_is_better
+                )
+            confirmed = judged.with_changes(
+                verdict=VERDICT_FAIL,
+                attribution=INTRODUCED,
+                metrics=metrics,
+                evidence=judged.evidence.split("; in ", 1)[0] + "; confirmed by the failure it hands on",
+            )
+            self.judged[id(feeder)] = confirmed
+            self.introduced_in_step.setdefault(feeder.golden.key.step, []).append(feeder)
+            return feeder
+        return None
 
     def _in_noise(self, row: ComparisonRow, anomaly: tuple[str, float, float, str], baseline: Baseline | None) -> bool:
         """Return whether a growth anomaly is too small to call a defect without a noise twin.

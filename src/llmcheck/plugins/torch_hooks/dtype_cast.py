@@ -5,7 +5,9 @@ With ``llmcheck dump --as-dtype bf16`` (``DumpConfig(as_dtype="bf16")``) the cap
 it from the golden program itself: when the capture starts -- before the model's first
 forward runs -- the model's floating parameters and buffers are cast with ``model.to(dtype)``,
 exactly what a program written for that precision would do, so the weight digests equal
-an honest ``model.to(dtype)`` run's. Every call of the model then gets its floating tensor
+an honest ``model.to(dtype)`` run's. The buffers the model computes itself (non-persistent
+ones, such as a rotary embedding's ``inv_freq``) keep their dtype, as ``from_pretrained(dtype=...)``
+leaves them (:func:`computed_buffers`). Every call of the model then gets its floating tensor
 arguments cast to the dtype (the program still passes its own), and floating results of
 that dtype are handed back to the program in the model's original dtype when that dtype
 holds every value of the cast one (bf16 or fp16 in fp32, anything in fp64): a program that
@@ -84,6 +86,24 @@ def cast_floats(value: Any, source: torch.dtype | None, target: torch.dtype, *, 
     return value
 
 
+def computed_buffers(model: torch.nn.Module) -> list[tuple[torch.nn.Module, str, torch.Tensor]]:
+    """Return the floating buffers a module computes itself rather than loads: (module, name, buffer).
+
+    A non-persistent buffer (outside the state dict: a rotary embedding's ``inv_freq``) is
+    made by the model's own code, not loaded from a checkpoint; ``from_pretrained(dtype=bf16)``
+    leaves it at the dtype that code chose (fp32), while ``model.to(bf16)`` would round it -- a
+    real defect of such a cast (rotary angles off by up to a radian at position 600), not the
+    noise of a bf16 run. The cast keeps these as a loader does.
+    """
+    kept = []
+    for module in model.modules():
+        for name in getattr(module, "_non_persistent_buffers_set", ()):
+            buffer = module._buffers.get(name)
+            if buffer is not None and buffer.is_floating_point():
+                kept.append((module, name, buffer))
+    return kept
+
+
 class ModelCast:
     """A model cast to another floating dtype for the life of a capture: what it was, the cast, its two hooks.
 
@@ -94,7 +114,12 @@ class ModelCast:
     def __init__(self, model: torch.nn.Module, dtype: str) -> None:
         self.model = model
         self.dtype: torch.dtype = getattr(torch, dtype)
-        floating = [tensor.dtype for tensor in (*model.parameters(), *model.buffers()) if tensor.is_floating_point()]
+        kept = {id(buffer) for _, _, buffer in computed_buffers(model)}
+        floating = [
+            tensor.dtype
+            for tensor in (*model.parameters(), *model.buffers())
+            if tensor.is_floating_point() and id(tensor) not in kept
+        ]
         self.cast_from = Counter(dtype_name(dtype) for dtype in floating)
         model_dtype = Counter(floating).most_common(1)[0][0] if floating else None
         #: What floating results of the cast dtype go back to: the dtype most of the model's floats had, when it
@@ -121,8 +146,11 @@ class ModelCast:
         it computed them.
         """
         target, results_to = self.dtype, self.results_to
+        kept = computed_buffers(self.model)
         with torch.no_grad():
             self.model.to(target)
+            for module, name, buffer in kept:  # as from_pretrained(dtype=...) leaves them
+                setattr(module, name, buffer)
 
         def cast_arguments(
             module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
