@@ -902,13 +902,13 @@ def format_table(table: Sequence[dict[str, Any]]) -> str:
 # --------------------------------------------------------------------------- command line
 
 
-def _names(text: str | None, known: Sequence[str], flag: str) -> list[str]:
+def _names(text: str | None, known: Sequence[str], flag: str, program: str = "bug_zoo") -> list[str]:
     if not text:
         return list(known)
     names = [name.strip() for name in text.split(",") if name.strip()]
     unknown = [name for name in names if name not in known]
     if unknown:
-        raise SystemExit(f"bug_zoo: error: {flag}: unknown {unknown[0]!r} (known: {', '.join(known)})")
+        raise SystemExit(f"{program}: error: {flag}: unknown {unknown[0]!r} (known: {', '.join(known)})")
     return names
 
 

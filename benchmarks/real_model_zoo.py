@@ -315,16 +315,6 @@ def table(results: Sequence[bug_zoo.CaseResult]) -> str:
     return "\n".join(lines)
 
 
-def _names(text: str | None, known: Sequence[str], flag: str) -> list[str]:
-    if not text:
-        return list(known)
-    names = [name.strip() for name in text.split(",") if name.strip()]
-    unknown = [name for name in names if name not in known]
-    if unknown:
-        raise SystemExit(f"real_model_zoo: error: {flag}: unknown {unknown[0]!r} (known: {', '.join(known)})")
-    return names
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
@@ -335,8 +325,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--no-clean", action="store_true", help="run the defect cases alone")
     parser.add_argument("--json", type=Path, help="write every case's result here")
     options = parser.parse_args(argv)
-    settings = _names(options.settings, list(SETTINGS), "--settings")
-    defects = [] if options.clean_only else _names(options.defects, list(DEFECTS), "--defects")
+    settings = bug_zoo._names(options.settings, list(SETTINGS), "--settings", "real_model_zoo")
+    defects = (
+        [] if options.clean_only else bug_zoo._names(options.defects, list(DEFECTS), "--defects", "real_model_zoo")
+    )
     torch.set_num_threads(1)
     started = time.perf_counter()
     results = []

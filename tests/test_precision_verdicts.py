@@ -538,3 +538,33 @@ def _scaled_layer_4(model: torch.nn.Module) -> torch.nn.Module:
     with torch.no_grad():
         defective.model.layers[4].mlp.down_proj.weight.mul_(1.3)
     return defective
+
+
+def _with_fp32_accumulating_linears(model: torch.nn.Module) -> torch.nn.Module:
+    """Return the model with every Linear computed by another kernel: fp32 products, rounded once to the model's dtype."""
+    ported = copy.deepcopy(model)
+    for module in ported.modules():
+        if isinstance(module, torch.nn.Linear):
+
+            def forward(x: torch.Tensor, linear: torch.nn.Linear = module) -> torch.Tensor:
+                bias = linear.bias.float() if linear.bias is not None else None
+                return torch.nn.functional.linear(x.float(), linear.weight.float(), bias).to(x.dtype)
+
+            module.forward = forward  # type: ignore[method-assign]
+    return ported
+
+
+def test_a_twin_of_another_implementation_is_used_as_noise_and_the_report_says_so(llama, fp32_golden, tmp_path):
+    # A port runs other kernels almost everywhere (here: every matmul accumulates in fp32): it differs
+    # from the twin behind bit-exact inputs at q, k and v at once. Its bits then say nothing; the twin's
+    # error is the noise to expect, and a clean port names no culprit.
+    twin = _dump(copy.deepcopy(llama).to(torch.bfloat16), tmp_path / "twin")
+    port = _dump(_with_fp32_accumulating_linears(copy.deepcopy(llama).to(torch.bfloat16)), tmp_path / "port")
+    result = compare_dumps(fp32_golden, port, noise=twin, workers=1)
+    assert result.summary()["noise"]["mode"] == "noise reference"
+    assert result.counts()["failures"] == 0 and result.culprit is None
+    # the golden program plus a defect is still judged by the twin's bits
+    defective = _dump(_scaled(llama, 1.004).to(torch.bfloat16), tmp_path / "defect", weight_digests=False)
+    judged = compare_dumps(fp32_golden, defective, noise=twin, workers=1)
+    assert judged.summary()["noise"]["mode"] == "same program"
+    assert judged.culprit is not None and judged.culprit.key.name == DEFECTIVE

@@ -24,6 +24,7 @@ from llmcheck.core.digests import digest_row, judged_on_digests
 from llmcheck.core.divergence import (
     INTRODUCED,
     SUSPECT,
+    TWIN_NOISE_ONLY,
     ErrorMeasure,
     NoiseTwin,
     attribute,
@@ -31,6 +32,7 @@ from llmcheck.core.divergence import (
     describe_row,
     first_divergence,
     first_introduced,
+    twin_mode,
 )
 from llmcheck.core.errors import EXIT_FAILURE, EXIT_FAILURES_FOUND, EXIT_OK, LlmcheckError, UsageError
 from llmcheck.core.gc_pause import paused_cyclic_gc
@@ -98,6 +100,8 @@ class CompareResult:
     threshold_overrides: tuple[ThresholdOverride, ...] = ()  # the --thresholds entries, in file order
     #: How many rows' golden records have a twin record to measure the noise at (the others are judged without).
     rows_with_twin: int = 0
+    #: How the twin judged the my-run: its bits ("same program") or only its error ("noise reference").
+    twin_mode: str | None = None
 
     def counts(self) -> dict[str, int]:
         """Return the number of pairs, of rows per verdict, and of unmatched records per side.
@@ -188,6 +192,7 @@ class CompareResult:
                     "records": len(self.noise.records),
                     "rows_with_twin": self.rows_with_twin,
                     "rows_without_twin": len(self.rows) - self.rows_with_twin,
+                    "mode": self.twin_mode,
                     # how the twin was made, when its capture cast the golden program (dump --as-dtype)
                     "as_dtype": self.noise.manifest.get(AS_DTYPE_FIELD),
                 }
@@ -474,6 +479,7 @@ def compare_dumps(
         threshold_overrides=tuple(threshold_overrides),
         noise=noise,
         rows_with_twin=rows_with_twin,
+        twin_mode=twin.mode if twin is not None else None,
     )
 
 
@@ -602,7 +608,16 @@ def _noise_twin(
                 consequence,
                 TWIN_HINT,
             )
-    return NoiseTwin(errors=errors, against_my={id(row.my): row for row in against_my.rows}), rows_with_twin
+    mode, differing_calls = twin_mode(against_my.rows)
+    if mode == TWIN_NOISE_ONLY:
+        log.info(
+            "%s: %d calls of the my-run differ from the noise twin behind bit-exact inputs: it is another "
+            "implementation than the twin's program, so the twin's error is the expected noise, not its bits",
+            noise.root,
+            differing_calls,
+        )
+        return NoiseTwin(errors=errors, against_my={}, mode=mode), rows_with_twin
+    return NoiseTwin(errors=errors, against_my={id(row.my): row for row in against_my.rows}, mode=mode), rows_with_twin
 
 
 def _twin_coverage(

@@ -680,6 +680,33 @@ class NoiseTwin:
 
     errors: Mapping[int, float]
     against_my: Mapping[int, ComparisonRow]
+    #: :data:`TWIN_SAME_PROGRAM` where its bits judge the my-run, :data:`TWIN_NOISE_ONLY` where only its error does
+    mode: str = "same program"
+
+
+#: The my-run is the twin's program plus a defect: rows before the defect agree with the twin bit for bit.
+TWIN_SAME_PROGRAM = "same program"
+#: The my-run is another implementation (other kernels, another engine): the twin's error is the expected noise.
+TWIN_NOISE_ONLY = "noise reference"
+#: More calls than this that differ from the twin behind bit-exact inputs make the my-run another implementation.
+SAME_PROGRAM_MAX_DIFFERENCES = 2
+
+
+def twin_mode(against_twin: Sequence[ComparisonRow]) -> tuple[str, int]:
+    """Return whether a my-run is its noise twin's program plus a defect, and how many calls of a step differ behind exact inputs.
+
+    A defect makes one call differ from the twin while its inputs still agree bit for bit
+    (everything after it receives the difference). A port to other kernels -- vLLM, an NPU, a
+    fused library -- differs from the twin wherever its kernels do: many calls behind
+    bit-exact inputs (each branch fed by the same tensor, each step). Its bits then say
+    nothing: the twin serves as the noise to expect, not as the program to match.
+    """
+    calls_per_step: dict[int, set[CallId]] = {}
+    for row in against_twin:
+        if row.attribution == INTRODUCED and row.deciding_metric == EXACT_INPUTS_METRIC:
+            calls_per_step.setdefault(row.golden.key.step, set()).add(CallId.of(row.golden))
+    most = max(map(len, calls_per_step.values()), default=0)  # a defect differs once in every step it runs in
+    return (TWIN_NOISE_ONLY if most > SAME_PROGRAM_MAX_DIFFERENCES else TWIN_SAME_PROGRAM), most
 
 
 def attribute(
