@@ -113,7 +113,7 @@ def test_dump_as_dtype_bf16_records_the_golden_program_bit_for_bit_as_a_hand_cas
     assert sum(PARAMETER_DIGESTS_ATTR in r.attrs for r in twin_dump.records) > 10  # the digests were compared
     assert twin_dump.manifest["as_dtype"] == {
         "to": "bfloat16",
-        "from": {"float32": 22},  # 22 parameters; the rotary inv_freq buffer the model computes itself stays fp32
+        "from": {"float32": 21},  # 21 parameters; the rotary buffers the model computes itself stay fp32
         "outputs_returned_as": "float32",
     }
 
@@ -147,7 +147,7 @@ def test_compare_of_fp32_golden_and_bf16_run_prints_the_twin_command_and_that_co
     ) in printed
     noise = json.loads((runs / "report" / "summary.json").read_text())["noise"]
     assert noise["rows_without_twin"] == 0
-    assert noise["as_dtype"] == {"to": "bfloat16", "from": {"float32": 22}, "outputs_returned_as": "float32"}
+    assert noise["as_dtype"] == {"to": "bfloat16", "from": {"float32": 21}, "outputs_returned_as": "float32"}
 
 
 def test_a_twin_cast_to_another_precision_than_the_my_run_is_named(in_process: Path, tmp_path: Path) -> None:
