@@ -163,14 +163,23 @@ def print_summary(result: CompareResult, console: Console, written: Mapping[str,
 
 
 def twin_hint(result: CompareResult) -> str:
-    """Return advice to record a noise twin when the runs differ in precision and none was given, else ''."""
-    from llmcheck.core.verdicts import run_precision
+    """Return advice when the runs differ in precision and no noise twin was given, else ''.
+
+    A golden run less precise than the my-run is most likely the two paths given the wrong way
+    round, so the advice asks that first; otherwise it is to record a noise twin.
+    """
+    from llmcheck.core.verdicts import PRECISION_ORDER, run_precision
 
     if result.noise is not None:
         return ""
     golden, my = (run_precision([record.dtype for record in dump.records]) for dump in (result.golden, result.my))
     if golden is None or my is None or golden == my:
         return ""
+    if PRECISION_ORDER.index(golden) > PRECISION_ORDER.index(my):
+        return (
+            f"the golden run is less precise than the my-run ({golden} golden, {my} my): are -gp and -mp swapped? "
+            "-gp takes the trusted run, -mp the one under suspicion (docs/commands/compare.md)"
+        )
     return (
         f"the runs differ in precision ({golden} golden, {my} my): a defect smaller than {my} rounding noise "
         "passes unseen here; record the golden program at the my-run's precision and give it as "
