@@ -136,7 +136,16 @@ from llmcheck.core.report import (
 )
 from llmcheck.core.reporters import Reporter
 from llmcheck.core.seed_flags import seed_dump_options
-from llmcheck.core.store import NATIVE_SOURCE, DumpWriter, KeyFields, closing_state, find_dumps, index_line, read_dump
+from llmcheck.core.store import (
+    NATIVE_SOURCE,
+    TOPOLOGY_NAME,
+    DumpWriter,
+    KeyFields,
+    closing_state,
+    find_dumps,
+    index_line,
+    read_dump,
+)
 from llmcheck.core.weights import PARAMETER_ATTR, PARAMETER_DIGESTS_ATTR
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -265,6 +274,7 @@ __all__ = [  # noqa: RUF022 -- grouped by the question a plugin author asks, not
     "read_dump",
     "find_dumps",
     "NATIVE_SOURCE",
+    "TOPOLOGY_NAME",
     "closing_state",
     "RECORD_NAME_KEY",
     "index_line",
