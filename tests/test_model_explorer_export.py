@@ -118,8 +118,12 @@ def test_bad_inputs_are_one_clean_error_line(tmp_path: Path, capsys: pytest.Capt
     (tmp_path / "cmp_report.csv").write_text("name,io,call_index,verdict\nlm_head,output,0,pass\n")
     (tmp_path / "dump").mkdir()
     no_graph = error_of(tmp_path)
-    assert no_graph.startswith(f"llmcheck: error: {tmp_path / 'dump'}: no ONNX graph in the compared dumps")
-    assert "export_onnx=True" in no_graph
+    assert no_graph == (
+        f"llmcheck: error: {tmp_path / 'dump'}: no ONNX graph in the compared dumps: export model-explorer draws "
+        "the graph a torch dump holds only when made with --type onnx (dump the golden run again with llmcheck "
+        "dump --type tensor onnx (DumpConfig(export_onnx=True)) and compare again; for ATB run `llmcheck export "
+        "onnx` on its topology; or give the graph with --graph)"
+    )
     (tmp_path / "graph.onnx").write_text("not a model")
     assert error_of(tmp_path, "--graph", str(tmp_path / "graph.onnx")).startswith(
         f"llmcheck: error: {tmp_path / 'graph.onnx'}: cannot be read as ONNX"

@@ -247,10 +247,11 @@ def find_graph(summary: dict[str, Any], compare_dir: Path) -> Path:
         )
     where = ", ".join(searched) or compare_dir / SUMMARY_NAME
     raise DumpNotFoundError(
-        "no ONNX graph in the compared dumps",
+        "no ONNX graph in the compared dumps: export model-explorer draws the graph a torch dump holds only "
+        "when made with --type onnx",
         where=where,
-        hint="dump with --type onnx (DumpConfig(export_onnx=True)), or run `llmcheck export "
-        "onnx` on an ATB topology, or give the graph with --graph",
+        hint="dump the golden run again with llmcheck dump --type tensor onnx (DumpConfig(export_onnx=True)) "
+        "and compare again; for ATB run `llmcheck export onnx` on its topology; or give the graph with --graph",
     )
 
 
