@@ -344,3 +344,23 @@ def test_a_probe_given_by_the_user_is_preloaded_as_is(ascend, tmp_path, monkeypa
 def test_a_program_that_does_not_exist_is_a_usage_error(ascend_env, tmp_path, capsys):
     assert main(["dump", "--backend", "atb", "-o", str(tmp_path / "o"), "--exec", "no-such-program-xyz --flag"]) == 2
     assert "cannot run 'no-such-program-xyz': no such program" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("program_exit", "dump_exit"), [(0, 1), (4, 4)])
+def test_a_program_that_wrote_no_atb_dump_fails_the_dump_unless_it_failed_itself(
+    ascend_env, tmp_path, capsys, caplog, program_exit: int, dump_exit: int
+):
+    out = tmp_path / "o"
+    program = f"{sys.executable} -c 'import sys; sys.exit({program_exit})'"  # runs, but no ATB op: no dump
+    assert main(["dump", "--backend", "atb", "-o", str(out), "--exec", program]) == dump_exit
+    why = (
+        "no ATB dump was written (check that the program uses ATB, that the probe matches its ABI, and that no "
+        "stale ATB_SAVE_* variable filters every op)"
+    )
+    if program_exit == 0:  # the program succeeded, so nothing else would tell a CI step that the dump is missing
+        assert capsys.readouterr().err == f"llmcheck: error: {out}: {why}\n"
+    else:  # the program's own exit code says it failed; the warning says why there is no dump as well
+        (warning,) = [record for record in caplog.records if "no ATB dump" in record.getMessage()]
+        assert (
+            warning.levelname == "WARNING" and warning.getMessage() == f"{out}: {why}; the program exited with code 4"
+        )

@@ -220,3 +220,27 @@ def test_export_onnx_of_a_folder_says_it_is_one_and_names_the_topology_file_in_i
     assert capsys.readouterr().err.strip() == (
         f"llmcheck: error: {dump}: is a folder, not a topology file (give its topology file {LAYER})"
     )
+
+
+@pytest.mark.parametrize("with_graph", [False, True], ids=["default dump", "dumped with --type onnx"])
+def test_export_onnx_of_a_torch_dumps_topology_says_where_its_graph_is(tmp_path, capsys, with_graph: bool):
+    import torch
+
+    from compare_runs import capture_run
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU())
+    dump = capture_run(model, torch.ones(2, 4), tmp_path / "dump", export_onnx=with_graph)
+    topology = dump / "topology.json"
+    assert main(["export", "onnx", str(topology)]) == 1
+    what = f"llmcheck: error: {topology}: an llmcheck dump's module tree, which holds no dataflow to draw as ONNX"
+    if with_graph:  # the capture already drew it: say which file to open
+        expected = f"{what}; the capture wrote the dump's graph (open {dump / 'model.onnx'})"
+    else:  # name the flag that makes the capture write it
+        expected = (
+            f"{what}, and this dump has no graph (dump with --type onnx (DumpConfig(export_onnx=True)): the capture "
+            "writes its graph as model.onnx in the dump; export onnx converts ATB topologies)"
+        )
+    assert capsys.readouterr().err.strip() == expected
+    assert sorted(path.name for path in dump.iterdir() if path.suffix == ".onnx") == (
+        ["model.onnx"] if with_graph else []
+    )

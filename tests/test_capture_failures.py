@@ -296,7 +296,7 @@ def test_op_level_capture_stopped_mid_step_leaves_the_dispatch_mode(tmp_path: Pa
 @pytest.mark.parametrize(
     ("script", "exit_code", "says"),
     [
-        ("import torch\nprint(torch.ones(1).sum().item())\n", 0, "no forward ran"),
+        ("import torch\nprint(torch.ones(1).sum().item())\n", 1, "no forward ran"),  # no dump: a CI step fails
         ("import torch\nraise ValueError('broken program')\n", 1, "before any PyTorch module forward ran"),
         (None, 2, "before any PyTorch module forward ran"),  # the script file does not exist
         (
@@ -314,7 +314,12 @@ def test_the_end_message_tells_how_the_program_ended_and_whether_the_dump_is_who
     completed = _llmcheck("dump", "--backend", "torch", "-o", "out", "--exec", "python program.py", cwd=tmp_path)
     assert completed.returncode == exit_code, completed.stderr
     if says == "no forward ran":
-        assert "is it a Python program that imports torch?" in completed.stderr
+        assert completed.stdout == "1.0\n"  # the program itself succeeded
+        assert completed.stderr.splitlines()[-1] == (
+            f"llmcheck: error: {tmp_path / 'out'}: no dump was written: the program ran no PyTorch module forward "
+            "under capture (is it a Python program that imports torch?)"
+        )
+        assert find_dumps(tmp_path / "out") == []
         return
     assert "is it a Python program that imports torch?" not in completed.stderr
     ended = "was killed by signal 9" if exit_code == 137 else f"exited with code {exit_code}"

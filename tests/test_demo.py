@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import shlex
 from pathlib import Path
 
 import pytest
 
 from llmcheck.core.cli import main
+from llmcheck.demo import OWN_MODEL_COMMANDS
 
 
 def _summary(output: Path) -> dict:
@@ -75,7 +77,42 @@ def test_demo_in_bf16_makes_its_noise_twin_with_the_captures_cast_and_names_the_
     assert (
         "noise twin: the golden program in bfloat16, cast by the capture as `llmcheck dump --as-dtype bf16`" in printed
     )
-    assert "the golden program with its model cast to bfloat16 as it ran (23 float32 parameters and buffers)" in printed
+    assert "the golden program with its model cast to bfloat16 as it ran (21 float32 parameters and buffers)" in printed
     summary = _summary(tmp_path)
-    assert summary["noise"]["as_dtype"] == {"to": "bfloat16", "from": {"float32": 23}, "outputs_returned_as": "float32"}
+    assert summary["noise"]["as_dtype"] == {"to": "bfloat16", "from": {"float32": 21}, "outputs_returned_as": "float32"}
     assert summary["first_introduced"]["name"] == "model.layers.1.post_attention_layernorm"
+    assert printed.rstrip().endswith("\n".join(f"  {command}" for command in OWN_MODEL_COMMANDS))
+    (report,) = tmp_path.glob("run_*/report")
+    assert f"llmcheck export model-explorer {report}" in printed
+    assert main(["export", "model-explorer", str(report)]) == 0  # the golden dump holds the graph it needs
+    verdicts = json.loads((report / "model_explorer" / "node_data_verdict.json").read_text())
+    assert next(iter(verdicts.values()))["results"]["model.layers.1.post_attention_layernorm"] == {"value": 2}
+
+
+#: A user's own program, as the demo's closing commands assume it: it runs the model once, and SUSPECT=1
+#: stands for the set-up under suspicion (here: one weight 5 % off).
+INFER_PY = """\
+import os, torch
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 4))
+if os.environ.get("SUSPECT") == "1":
+    with torch.no_grad():
+        model[2].weight.mul_(1.05)
+with torch.no_grad():
+    model(torch.ones(2, 8))
+"""
+
+
+@pytest.mark.slow
+def test_the_commands_the_demo_ends_with_do_the_same_on_a_users_own_program(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "infer.py").write_text(INFER_PY)
+    monkeypatch.chdir(tmp_path)
+    golden_dump, my_dump, compare = (shlex.split(command)[1:] for command in OWN_MODEL_COMMANDS)
+    assert main(golden_dump) == 0
+    monkeypatch.setenv("SUSPECT", "1")
+    assert main(my_dump) == 0
+    assert main(compare) == 3  # done, and failing tensors found
+    summary = json.loads((tmp_path / "report" / "summary.json").read_text())
+    assert summary["first_introduced"]["name"] == "2"  # the Linear whose weight is off

@@ -230,10 +230,10 @@ def test_a_device_id_no_forward_ran_on_says_where_they_ran_and_that_device_left_
     completed = _llmcheck(
         "dump", "--backend", "torch", "-o", "out", "-device", "3", "--", "python", "infer.py", cwd=tmp_path
     )
-    assert completed.returncode == 0, completed.stderr
+    assert completed.returncode == 1, completed.stderr  # the program succeeded, but there is no dump
     assert find_dumps(tmp_path / "out") == []
-    assert (
-        f"{tmp_path / 'out'}: no dump was written: the program's PyTorch forwards ran on cpu, and "
+    assert completed.stderr.splitlines()[-1] == (
+        f"llmcheck: error: {tmp_path / 'out'}: no dump was written: the program's PyTorch forwards ran on cpu, and "
         "-device/--device-id 3 left them all out (give -device cpu, or leave -device out)"
-    ) in completed.stderr
+    )
     assert "imports torch" not in completed.stderr

@@ -9,6 +9,7 @@ server test starts the real Model Explorer (when installed) and loads it in head
 from __future__ import annotations
 
 import csv
+import importlib.util
 import json
 import os
 import shutil
@@ -89,7 +90,8 @@ def test_annotated_onnx_carries_the_values_for_netron(exported: Path) -> None:
     assert meta["llmcheck.verdict"] == "fail"
     assert meta["llmcheck.attribution"] == "introduced"
     assert float(meta["llmcheck.error"]) == pytest.approx(0.05, rel=1e-3)
-    assert node.doc_string == "llmcheck: fail, error 0.0499999, growth -, introduced"
+    # three significant digits: the 5 % reads the same whatever the last float digits of this CPU's kernels
+    assert node.doc_string == "llmcheck: fail, error 0.05, growth -, introduced"
     passing = next(node for node in model.graph.node if node.name == "model.layers.0.mlp.down_proj")
     assert {prop.key: prop.value for prop in passing.metadata_props}["llmcheck.verdict"] == "pass"
 
@@ -116,8 +118,12 @@ def test_bad_inputs_are_one_clean_error_line(tmp_path: Path, capsys: pytest.Capt
     (tmp_path / "cmp_report.csv").write_text("name,io,call_index,verdict\nlm_head,output,0,pass\n")
     (tmp_path / "dump").mkdir()
     no_graph = error_of(tmp_path)
-    assert no_graph.startswith(f"llmcheck: error: {tmp_path / 'dump'}: no ONNX graph in the compared dumps")
-    assert "export_onnx=True" in no_graph
+    assert no_graph == (
+        f"llmcheck: error: {tmp_path / 'dump'}: no ONNX graph in the compared dumps: export model-explorer draws "
+        "the graph a torch dump holds only when made with --type onnx (dump the golden run again with llmcheck "
+        "dump --type tensor onnx (DumpConfig(export_onnx=True)) and compare again; for ATB run `llmcheck export "
+        "onnx` on its topology; or give the graph with --graph)"
+    )
     (tmp_path / "graph.onnx").write_text("not a model")
     assert error_of(tmp_path, "--graph", str(tmp_path / "graph.onnx")).startswith(
         f"llmcheck: error: {tmp_path / 'graph.onnx'}: cannot be read as ONNX"
@@ -221,14 +227,29 @@ def test_model_explorer_serves_the_graph_and_the_overlay(exported: Path) -> None
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize(
+    ("hidden", "missing"),
+    [
+        (("model_explorer", "model_explorer_onnx"), "ai-edge-model-explorer"),  # neither: the README's install
+        (("model_explorer_onnx",), "model-explorer-onnx"),  # Model Explorer without its ONNX adapter
+    ],
+)
 def test_open_without_the_extra_says_how_to_install_it(
-    compare_dir: Path, tmp_path: Path, monkeypatch, capsys: pytest.CaptureFixture[str]
+    compare_dir: Path,
+    tmp_path: Path,
+    monkeypatch,
+    capsys: pytest.CaptureFixture[str],
+    hidden: tuple[str, ...],
+    missing: str,
 ) -> None:
+    if "model_explorer" not in hidden and importlib.util.find_spec("model_explorer") is None:
+        pytest.skip("needs Model Explorer without its ONNX adapter: pip install 'llmcheck[explorer]'")
     # None in sys.modules is Python's own way of making a package unimportable, as on a machine without it
-    monkeypatch.setitem(sys.modules, "model_explorer_onnx", None)
+    for module in hidden:
+        monkeypatch.setitem(sys.modules, module, None)
     assert main(["export", "model-explorer", str(compare_dir), "-o", str(tmp_path / "me"), "--open"]) == 1
     assert capsys.readouterr().err.strip() == (
-        "llmcheck: error: --open: needs Model Explorer, and model-explorer-onnx is not installed "
+        f"llmcheck: error: --open: needs Model Explorer, and {missing} is not installed "
         "(install it with: pip install 'llmcheck[explorer]')"
     )
     assert not (tmp_path / "me").exists()  # checked before anything is written
@@ -262,8 +283,7 @@ def test_atb_topology_onnx_nodes_get_the_pairs_of_their_op_ids(tmp_path: Path) -
     assert meta["llmcheck.record"] == "0_1" and meta["llmcheck.verdict"] == "fail"
     assert float(meta["llmcheck.error"]) == pytest.approx(1.0328, abs=1e-4)
     assert (
-        linear.doc_string
-        == "ATB LinearOperation LinearOperation_0_1\nllmcheck: fail, error 1.0328, growth -, introduced"
+        linear.doc_string == "ATB LinearOperation LinearOperation_0_1\nllmcheck: fail, error 1.03, growth -, introduced"
     )
 
 

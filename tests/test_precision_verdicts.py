@@ -330,6 +330,22 @@ def test_a_compare_across_precisions_without_a_twin_says_how_to_see_below_the_no
     assert "hint:" not in twin_console.export_text()
 
 
+def test_a_golden_run_less_precise_than_the_my_run_asks_whether_the_paths_are_swapped(llama, fp32_golden, tmp_path):
+    from rich.console import Console
+
+    from llmcheck.core.report import print_summary
+
+    bf16_run = _dump(copy.deepcopy(llama).to(torch.bfloat16), tmp_path / "bf16")
+    console = Console(record=True, width=300)
+    print_summary(compare_dumps(bf16_run, fp32_golden, workers=1), console)  # -gp bf16, -mp fp32
+    shown = console.export_text()
+    assert (
+        "hint: the golden run is less precise than the my-run (bf16 golden, fp32 my): are -gp and -mp swapped? "
+        "-gp takes the trusted run, -mp the one under suspicion (docs/commands/compare.md)"
+    ) in shown
+    assert "--noise-path" not in shown  # a noise twin of a bf16 golden is no answer to swapped paths
+
+
 def test_opcheck_counts_a_mask_at_the_dumped_dtypes_minus_infinity_as_agreeing():
     from llmcheck.core.opcheck.criteria import criterion_for
     from llmcheck.core.opcheck.measures import measure_output

@@ -18,6 +18,13 @@ from typing import Any
 
 PROMPT = "The capital of France is Paris. The capital of Germany is"
 WRONG_EPSILON = 1e-2
+#: What the demo does, on the user's own model: ``infer.py`` runs it, once set up as trusted and once as
+#: under suspicion (another device, kernel library or precision). The demo ends by printing them.
+OWN_MODEL_COMMANDS = (
+    'llmcheck dump --backend torch -o golden --exec "python infer.py"',
+    'llmcheck dump --backend torch -o my --exec "python infer.py"',
+    "llmcheck compare -gp golden -mp my -o report",
+)
 
 
 @contextmanager
@@ -61,10 +68,14 @@ def _load_model(console: Any) -> tuple[Any, Any, Any, str, int]:
 DEMO_BACKEND = "torch"
 
 
-def _run(model: Any, input_ids: Any, dump_path: Path, as_dtype: str | None = None) -> tuple[Path, Any]:
+def _run(
+    model: Any, input_ids: Any, dump_path: Path, as_dtype: str | None = None, *, graph: bool = False
+) -> tuple[Path, Any]:
     """Run one forward pass with the torch capture on; return the dump folder and the next-token logits.
 
     ``as_dtype`` is ``llmcheck dump --as-dtype``: the capture casts the model to it first.
+    ``graph``: also write the model graph the capture sees (``--type tensor onnx``), which
+    ``llmcheck export model-explorer`` lays the compare over.
     """
     import sys
 
@@ -78,7 +89,12 @@ def _run(model: Any, input_ids: Any, dump_path: Path, as_dtype: str | None = Non
         backend=DEMO_BACKEND,
         command=list(sys.argv),
         output_dir=dump_path,
-        options={"execute_range": [(0, 0)], "save_tensor_part": 2, "as_dtype": as_dtype},
+        options={
+            "execute_range": [(0, 0)],
+            "save_tensor_part": 2,
+            "as_dtype": as_dtype,
+            "type": ["tensor", "onnx"] if graph else ["tensor"],
+        },
     )
     with backend.capture_model(model, request) as handle:  # type: ignore[attr-defined]
         with torch.no_grad():
@@ -126,8 +142,8 @@ def run_demo(output: Path, dtype: str = "fp32") -> int:
         model, tokenizer, input_ids, description, layer = _load_model(console)
     console.print(f"  {description}; prompt of {input_ids.shape[1]} tokens", highlight=False)
     defective = f"model.layers.{layer}.post_attention_layernorm"
-    with _step(console, "golden run: float32, every module's inputs and outputs captured"):
-        golden_dump, golden_logits = _run(model, input_ids, run_folder / "golden")
+    with _step(console, "golden run: float32, every module's inputs and outputs captured, and its graph"):
+        golden_dump, golden_logits = _run(model, input_ids, run_folder / "golden", graph=True)
     console.print(f"  dump: {golden_dump}", highlight=False)
     noise_dump = None
     if dtype != "fp32":
@@ -181,5 +197,16 @@ def run_demo(output: Path, dtype: str = "fp32") -> int:
         named = introduced.golden.key.label() if introduced is not None else "nothing"
         console.print(f"[bold red]expected {defective}, llmcheck named {named}[/]", highlight=False)
     console.print(f"open the report in a browser: {written['html'].resolve().as_uri()}", highlight=False)
+    console.print(
+        f"see it over the model graph (Netron, Model Explorer): llmcheck export model-explorer {run_folder / 'report'}",
+        highlight=False,
+    )
     console.print(f"demo finished in {time.perf_counter() - started:.1f} s", highlight=False)
+    console.print(
+        "\nthe same on your own model -- infer.py runs it, set up as trusted for golden, as suspect for my "
+        "(docs/commands/dump.md):",
+        highlight=False,
+    )
+    for command in OWN_MODEL_COMMANDS:
+        console.print(f"  {command}", highlight=False, markup=False)
     return 0 if found else 1

@@ -140,6 +140,7 @@ from llmcheck.core.seed_flags import seed_dump_options
 from llmcheck.core.store import (
     AS_DTYPE_FIELD,
     NATIVE_SOURCE,
+    TOPOLOGY_NAME,
     DumpWriter,
     KeyFields,
     closing_state,
@@ -276,6 +277,7 @@ __all__ = [  # noqa: RUF022 -- grouped by the question a plugin author asks, not
     "find_dumps",
     "NATIVE_SOURCE",
     "AS_DTYPE_FIELD",
+    "TOPOLOGY_NAME",
     "closing_state",
     "RECORD_NAME_KEY",
     "index_line",

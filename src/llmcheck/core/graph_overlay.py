@@ -83,8 +83,16 @@ class GraphOverlay:
     graph_nodes: int = 0
 
 
-def _text(value: float | None) -> str:
-    return "" if value is None else f"{value:.6g}"
+#: Significant digits of the values in a node's metadata, which a program reads back as numbers.
+METADATA_DIGITS = 6
+#: Significant digits of the values in a node's doc string line, which a person reads in Netron: three, as in
+#: the compare's own messages, so that the last digits a library version or a CPU's kernels leave in a float
+#: (a 5 % error read as 0.0499999 on one machine, 0.05 on another) never change the text.
+SHOWN_DIGITS = 3
+
+
+def _text(value: float | None, digits: int = METADATA_DIGITS) -> str:
+    return "" if value is None else f"{value:.{digits}g}"
 
 
 def _number(cell: str | None) -> float | None:
@@ -239,10 +247,11 @@ def find_graph(summary: dict[str, Any], compare_dir: Path) -> Path:
         )
     where = ", ".join(searched) or compare_dir / SUMMARY_NAME
     raise DumpNotFoundError(
-        "no ONNX graph in the compared dumps",
+        "no ONNX graph in the compared dumps: export model-explorer draws the graph a torch dump holds only "
+        "when made with --type onnx",
         where=where,
-        hint="dump with --type onnx (DumpConfig(export_onnx=True)), or run `llmcheck export "
-        "onnx` on an ATB topology, or give the graph with --graph",
+        hint="dump the golden run again with llmcheck dump --type tensor onnx (DumpConfig(export_onnx=True)) "
+        "and compare again; for ATB run `llmcheck export onnx` on its topology; or give the graph with --graph",
     )
 
 
@@ -340,8 +349,8 @@ def export_graph_overlay(compare_dir: Path, output_dir: Path | None = None, grap
             node.metadata_props.add(key=key, value=value)
         own_doc = "\n".join(line for line in node.doc_string.splitlines() if not line.startswith("llmcheck: "))
         summary_line = (
-            f"llmcheck: {overlay.verdict}, error {_text(overlay.error) or '-'}, growth "
-            f"{_text(overlay.growth) or '-'}{', ' + overlay.attribution if overlay.attribution else ''}"
+            f"llmcheck: {overlay.verdict}, error {_text(overlay.error, SHOWN_DIGITS) or '-'}, growth "
+            f"{_text(overlay.growth, SHOWN_DIGITS) or '-'}{', ' + overlay.attribution if overlay.attribution else ''}"
         )
         node.doc_string = f"{own_doc}\n{summary_line}" if own_doc else summary_line
     with atomic_output(annotated, "wb") as handle:

@@ -215,19 +215,26 @@ def print_summary(result: CompareResult, console: Console, written: Mapping[str,
 
 
 def twin_hint(result: CompareResult) -> str:
-    """Return advice to record a noise twin, with the command that does, when the runs differ in precision and none was given, else ''.
+    """Return advice when the runs differ in precision and no noise twin was given, else ''.
 
-    The command comes from the plugin of the golden's capture (hook
-    ``llmcheck_noise_twin_command``); without one the advice is in words.
+    A golden run less precise than the my-run is most likely the two paths given the wrong way
+    round, so the advice asks that first; otherwise it is to record a noise twin, with the
+    command that does from the plugin of the golden's capture (hook ``llmcheck_noise_twin_command``),
+    or in words without one.
     """
     from llmcheck.core.plugins import get_plugins
-    from llmcheck.core.verdicts import run_precision
+    from llmcheck.core.verdicts import PRECISION_ORDER, run_precision
 
     if result.noise is not None:
         return ""
     golden, my = (run_precision([record.dtype for record in dump.records]) for dump in (result.golden, result.my))
     if golden is None or my is None or golden == my:
         return ""
+    if PRECISION_ORDER.index(golden) > PRECISION_ORDER.index(my):
+        return (
+            f"the golden run is less precise than the my-run ({golden} golden, {my} my): are -gp and -mp swapped? "
+            "-gp takes the trusted run, -mp the one under suspicion (docs/commands/compare.md)"
+        )
     why = (
         f"the runs differ in precision ({golden} golden, {my} my): a defect smaller than {my} rounding noise "
         "passes unseen here; "

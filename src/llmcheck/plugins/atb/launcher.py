@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from llmcheck.plugin_api import CaptureRequest, LlmcheckError, UsageError, run_program
+from llmcheck.plugin_api import CaptureRequest, DumpNotFoundError, LlmcheckError, UsageError, run_program
 from llmcheck.plugins.atb.probe_library import choose_probe
 
 log = logging.getLogger("llmcheck.atb")
@@ -29,6 +29,11 @@ BACKEND_NAME = "atb"
 DUMP_ROOT_PREFIX = "msit_dump_"
 #: The probe refuses to write with less free space than this.
 MIN_FREE_BYTES = 2 * 1024**3
+#: What to check when the probe wrote nothing.
+NO_DUMP_HINT = (
+    "check that the program uses ATB, that the probe matches its ABI, and that no stale ATB_SAVE_* variable "
+    "filters every op"
+)
 LOG_LEVEL_CODES = {"debug": 0, "info": 1, "warning": 2, "warn": 2, "error": 3, "fatal": 4, "critical": 5}
 #: What ``-seed`` sets for the child: deterministic collectives and matmuls (the seed tool's list).
 DETERMINISM_ENV = {
@@ -171,10 +176,11 @@ class AtbCaptureBackend:
         dump_root = self._dump_root(output_dir, timestamp)
         try:
             if dump_root is None:
+                what, hint = "no ATB dump was written", NO_DUMP_HINT
+                if completed.returncode == 0:  # a program that succeeded without a dump must not pass a CI step
+                    raise DumpNotFoundError(what, where=output_dir, hint=hint)
                 log.warning(
-                    "the run wrote no ATB dump under %s: check that the program uses ATB, that the probe "
-                    "matches its ABI, and that no stale ATB_SAVE_* variable filters every op",
-                    output_dir,
+                    "%s: %s (%s); the program exited with code %d", output_dir, what, hint, completed.returncode
                 )
             else:
                 self._post_steps(dump_root, types, info_dir)

@@ -13,9 +13,19 @@ import dataclasses
 from collections.abc import Callable
 from pathlib import Path
 
-from llmcheck.plugin_api import BackendOption, CaptureBackend, Dump, hookimpl, seed_dump_options
+from llmcheck.plugin_api import (
+    TOPOLOGY_NAME,
+    BackendOption,
+    CaptureBackend,
+    Dump,
+    LlmcheckError,
+    find_dumps,
+    hookimpl,
+    seed_dump_options,
+)
 from llmcheck.plugins.torch_hooks.backend import BACKEND_NAME, TorchCaptureBackend
 from llmcheck.plugins.torch_hooks.config import ON_CAPTURE_ERROR, ON_ERROR_STOP, as_dtype_name
+from llmcheck.plugins.torch_hooks.module_graph_onnx import ONNX_FILE
 from llmcheck.plugins.torch_hooks.twin_command import noise_twin_command
 
 #: Said under ``-er`` in ``llmcheck dump --help``: the Python API's ``token_range`` counts differently.
@@ -69,3 +79,25 @@ def llmcheck_register_backend_options(register: Callable[[BackendOption], None])
 @hookimpl
 def llmcheck_noise_twin_command(golden: Dump, precision: str, output_dir: Path) -> str | None:
     return noise_twin_command(golden, precision, output_dir)
+
+
+@hookimpl
+def llmcheck_export_onnx(topology_path: Path, level: int, output_path: Path | None) -> Path | None:
+    """Refuse an llmcheck dump's ``topology.json``, naming where its graph is or the flag that writes it.
+
+    The module tree there has names and nesting but no dataflow, so there is nothing true to
+    draw from it; the capture itself writes the graph it saw, as ``model.onnx`` in the dump.
+    """
+    dump = Path(topology_path).parent
+    if Path(topology_path).name != TOPOLOGY_NAME or find_dumps(dump) != [dump]:
+        return None
+    what = "an llmcheck dump's module tree, which holds no dataflow to draw as ONNX"
+    graph = dump / ONNX_FILE
+    if graph.is_file():
+        raise LlmcheckError(f"{what}; the capture wrote the dump's graph", where=topology_path, hint=f"open {graph}")
+    raise LlmcheckError(
+        f"{what}, and this dump has no graph",
+        where=topology_path,
+        hint=f"dump with --type onnx (DumpConfig(export_onnx=True)): the capture writes its graph as {ONNX_FILE} "
+        "in the dump; export onnx converts ATB topologies",
+    )

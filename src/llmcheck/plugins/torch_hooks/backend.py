@@ -23,7 +23,14 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from llmcheck.plugin_api import CaptureRequest, UsageError, closing_state, find_dumps, run_program
+from llmcheck.plugin_api import (
+    CaptureRequest,
+    DumpNotFoundError,
+    UsageError,
+    closing_state,
+    find_dumps,
+    run_program,
+)
 from llmcheck.plugins.torch_hooks.config import (
     CONFIG_ENV,
     LEFT_OUT_ENV,
@@ -228,6 +235,9 @@ def report_outcome(
     """Log what the run left: each dump, complete or cut, and how the program ended (it may have failed).
 
     ``not_started`` are the reasons captures could not create their dump (a full disk), one per line.
+    A program that succeeded but left no dump raises :class:`DumpNotFoundError` saying why, so that
+    ``llmcheck dump`` exits 1 and a CI step does not pass without a dump; a program that failed keeps
+    its own exit code, and why no dump was written is a warning.
     """
     ended = (
         f"the program was killed by signal {-returncode}"
@@ -244,35 +254,27 @@ def report_outcome(
     if not_started:
         more = f" (and {len(not_started) - 1} more)" if len(not_started) > 1 else ""
         disk_full = any(name in not_started[0] for name in DISK_FULL_ERRNO_NAMES)
-        log.warning(
-            "%s: %s: capture could not start: %s%s (%s); %s",
-            output_dir,
-            "no dump was written" if not written else f"{len(not_started)} capture(s) wrote no dump",
-            not_started[0],
-            more,
-            "free some space there or pass another folder with -o" if disk_full else "pass another folder with -o",
-            ended,
-        )
+        what = f"capture could not start: {not_started[0]}{more}"
+        hint = "free some space there or pass another folder with -o" if disk_full else "pass another folder with -o"
+        if written:
+            log.warning("%s: %d capture(s) wrote no dump: %s (%s); %s", output_dir, len(not_started), what, hint, ended)
+            return
+    elif written:
         return
-    if written:
-        return
-    if left_out:
-        log.warning(
-            "%s: no dump was written: the program's PyTorch forwards ran on %s, and %s %s left them all out "
-            "(give -device %s, or leave -device out)",
-            output_dir,
-            ", ".join(left_out),
-            DEVICE_FLAG,
-            ",".join(device_ids),
-            left_out[0],
+    elif left_out:
+        what = (
+            f"the program's PyTorch forwards ran on {', '.join(left_out)}, and {DEVICE_FLAG} "
+            f"{','.join(device_ids)} left them all out"
         )
+        hint = f"give -device {left_out[0]}, or leave -device out"
     elif returncode == 0:
-        log.warning(
-            "%s: no dump was written: the program ran no PyTorch module forward under capture "
-            "(is it a Python program that imports torch?)",
-            output_dir,
-        )
+        what = "the program ran no PyTorch module forward under capture"
+        hint = "is it a Python program that imports torch?"
     else:
         log.warning(
             "%s: no dump was written; %s before any PyTorch module forward ran under capture", output_dir, ended
         )
+        return
+    if returncode == 0:
+        raise DumpNotFoundError(f"no dump was written: {what}", where=output_dir, hint=hint)
+    log.warning("%s: no dump was written: %s (%s); %s", output_dir, what, hint, ended)
