@@ -687,6 +687,26 @@ def closing_state(path: Path) -> tuple[int | None, str | None]:
     return records, None
 
 
+def mark_cut(path: Path, reason: str) -> None:
+    """Mark a dump cut in its manifest, after its writer is gone; a dump cut already keeps its own reason first.
+
+    Why: a program stopped by Ctrl-C closes its dump as complete -- its capture cannot tell
+    an interrupted run from a finished one -- but only ``llmcheck dump``, which got the
+    signal, knows the run ended early. A manifest that cannot be read raises a
+    :class:`DumpFormatError`, one that cannot be written a :class:`WriteFailedError`.
+    """
+    manifest_path = Path(path) / MANIFEST_NAME
+    try:
+        manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise DumpFormatError("cannot read the manifest to mark the dump cut", where=manifest_path) from exc
+    if not isinstance(manifest, dict):
+        raise DumpFormatError("is not a JSON object; the dump cannot be marked cut", where=manifest_path)
+    earlier = manifest.get("cut")
+    manifest["cut"] = f"{earlier}; {reason}" if earlier else reason
+    _atomic_write_json(manifest_path, manifest)
+
+
 def find_dumps(path: Path) -> list[Path]:
     """Return the dump folders at ``path``: itself, or its direct children that are dumps."""
     path = Path(path)

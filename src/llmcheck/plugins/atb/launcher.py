@@ -13,7 +13,6 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-import signal
 import sys
 import time
 from collections.abc import Mapping
@@ -119,10 +118,6 @@ def free_timestamp(output_dir: Path, now: float | None = None) -> str:
     raise LlmcheckError("no free msit_dump_{timestamp} folder name in the next hour", where=output_dir)
 
 
-def _exit_code(returncode: int) -> int:
-    return 128 + -returncode if returncode < 0 else returncode
-
-
 class AtbCaptureBackend:
     """The ``atb`` capture backend: ATB's probe, preloaded into the user's program."""
 
@@ -164,10 +159,7 @@ class AtbCaptureBackend:
             probe.reason,
             output_dir / f"{DUMP_ROOT_PREFIX}{timestamp}",
         )
-        try:
-            completed = run_program(request.command, environment)
-        except KeyboardInterrupt:
-            return 128 + signal.SIGINT
+        program_run = run_program(request.command, environment)
         dump_root = self._dump_root(output_dir, timestamp)
         try:
             if dump_root is None:
@@ -182,7 +174,9 @@ class AtbCaptureBackend:
         finally:
             if "onnx" in types and info_dir.is_dir():
                 shutil.rmtree(info_dir, ignore_errors=True)
-        return _exit_code(completed.returncode)
+        if program_run.interrupted_by is not None:
+            log.warning("%s; the ATB dump holds what the probe wrote until then: read it as cut", program_run.ended)
+        return program_run.exit_code
 
     @staticmethod
     def _dump_root(output_dir: Path, timestamp: str) -> Path | None:

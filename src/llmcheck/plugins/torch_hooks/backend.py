@@ -22,7 +22,16 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from llmcheck.plugin_api import CaptureRequest, UsageError, closing_state, find_dumps, run_program
+from llmcheck.plugin_api import (
+    CaptureRequest,
+    LlmcheckError,
+    ProgramRun,
+    UsageError,
+    closing_state,
+    find_dumps,
+    mark_cut,
+    run_program,
+)
 from llmcheck.plugins.torch_hooks.config import (
     CONFIG_ENV,
     LEFT_OUT_ENV,
@@ -173,19 +182,26 @@ class TorchCaptureBackend:
             not_started_file = Path(notes) / "captures_not_started"
             env[LEFT_OUT_ENV] = str(left_out_file)
             env[NOT_STARTED_ENV] = str(not_started_file)
-            completed = run_program(command, env)
+            program_run = run_program(command, env)
             left_out = _noted_lines(left_out_file, split=True)
             not_started = _noted_lines(not_started_file)
-        exit_code = completed.returncode if completed.returncode >= 0 else 128 - completed.returncode
+        written = sorted(set(find_dumps(output_dir)) - dumps_before)
+        cut_reason = program_run.cut_reason
+        if cut_reason is not None:
+            for path in written:
+                try:
+                    mark_cut(path, cut_reason)
+                except LlmcheckError as exc:
+                    log.warning("%s; read it as a cut dump", exc.one_line())
         report_outcome(
-            sorted(set(find_dumps(output_dir)) - dumps_before),
-            completed.returncode,
+            written,
+            program_run,
             output_dir,
             left_out=left_out,
             device_ids=config.device_ids,
             not_started=not_started,
         )
-        return exit_code
+        return program_run.exit_code
 
     def capture_model(self, model: Any, request: CaptureRequest) -> Any:
         """Return a running capture of ``model`` in this process, configured by the request's seed flags.
@@ -213,7 +229,7 @@ def _noted_lines(notes: Path, *, split: bool = False) -> list[str]:
 
 def report_outcome(
     written: list[Path],
-    returncode: int,
+    program_run: ProgramRun,
     output_dir: Path,
     *,
     left_out: Sequence[str] = (),
@@ -224,11 +240,7 @@ def report_outcome(
 
     ``not_started`` are the reasons captures could not create their dump (a full disk), one per line.
     """
-    ended = (
-        f"the program was killed by signal {-returncode}"
-        if returncode < 0
-        else f"the program exited with code {returncode}"
-    )
+    ended = program_run.ended
     for path in written:
         records, cut = closing_state(path)
         counted = f", {records} records" if records is not None else ""
@@ -261,7 +273,7 @@ def report_outcome(
             ",".join(device_ids),
             left_out[0],
         )
-    elif returncode == 0:
+    elif program_run.returncode == 0:
         log.warning(
             "%s: no dump was written: the program ran no PyTorch module forward under capture "
             "(is it a Python program that imports torch?)",
