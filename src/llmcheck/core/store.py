@@ -770,6 +770,14 @@ def read_dump(path: Path) -> Dump:
             where=root,
             hint="upgrade llmcheck",
         )
+    if declared.end_time is not None and declared.records is None:
+        # Without the count, an index that lost lines would read as a whole dump.
+        raise DumpFormatError(
+            "field $.records: missing, though end_time says the writer closed the dump",
+            where=manifest_path,
+            hint="a closing manifest always counts its records: restore the dump's manifest.json, "
+            "or remove end_time to read the dump as one its writer did not close",
+        )
     index_path = _dump_file(root, INDEX_NAME, plain_names)
     cuts: list[str] = []
     raw = _read_bytes(index_path, DumpFormatError("index.jsonl is missing", where=index_path))
