@@ -471,16 +471,17 @@ class DumpWriter:
         self._raise_writer_error()
         self._write_closing_manifest(None)
 
-    def close_cut(self, reason: str) -> None:
+    def close_cut(self, reason: str) -> str | None:
         """Close the dump after a failure: keep every complete record, drop the rest, say why in the manifest.
 
         Never raises: it runs while the captured program goes on. The pending batch is
         dropped, a partial index line is cut off, temporary files are removed (which also
         frees the space a full disk needs for the small closing manifest). If even the
-        manifest cannot be written, the dump reads as one its writer did not close.
+        manifest cannot be written (a folder made read-only), the dump reads as one its
+        writer did not close, and the returned text says why; ``None``: the manifest says cut.
         """
         if self._finished:
-            return
+            return None
         self._closed = True
         self._batch = _Batch()
         self._stop_thread()
@@ -491,8 +492,11 @@ class DumpWriter:
             os.truncate(self.path / INDEX_NAME, self._index_bytes)
         for leftover in self.path.glob("*" + TEMPORARY_SUFFIX):
             remove_quietly(leftover)
-        with contextlib.suppress(WriteFailedError):  # a cut dump stays readable without its closing manifest
+        try:
             self._write_closing_manifest(reason)
+        except WriteFailedError as exc:  # a cut dump stays readable without its closing manifest
+            return exc.reason or exc.what
+        return None
 
     def _stop_thread(self) -> None:
         if self._queue is not None and self._thread is not None and self._thread.is_alive():

@@ -39,6 +39,7 @@ from llmcheck.plugins.torch_hooks.config import (
     LEVEL_OP,
     NOT_STARTED_ENV,
     ON_ERROR_STOP,
+    UNCLOSED_ENV,
     DumpConfig,
 )
 
@@ -180,11 +181,14 @@ class TorchCaptureBackend:
         with tempfile.TemporaryDirectory(prefix="llmcheck_dump_") as notes:
             left_out_file = Path(notes) / "left_out_devices"
             not_started_file = Path(notes) / "captures_not_started"
+            unclosed_file = Path(notes) / "dumps_not_closed"
             env[LEFT_OUT_ENV] = str(left_out_file)
             env[NOT_STARTED_ENV] = str(not_started_file)
+            env[UNCLOSED_ENV] = str(unclosed_file)
             program_run = run_program(command, env)
             left_out = _noted_lines(left_out_file, split=True)
             not_started = _noted_lines(not_started_file)
+            unclosed = dict(line.partition("\t")[::2] for line in _noted_lines(unclosed_file))
         written = sorted(set(find_dumps(output_dir)) - dumps_before)
         cut_reason = program_run.cut_reason
         if cut_reason is not None:
@@ -200,6 +204,7 @@ class TorchCaptureBackend:
             left_out=left_out,
             device_ids=config.device_ids,
             not_started=not_started,
+            unclosed=unclosed,
         )
         return program_run.exit_code
 
@@ -235,14 +240,18 @@ def report_outcome(
     left_out: Sequence[str] = (),
     device_ids: Sequence[str] = (),
     not_started: Sequence[str] = (),
+    unclosed: Mapping[str, str] | None = None,
 ) -> None:
     """Log what the run left: each dump, complete or cut, and how the program ended (it may have failed).
 
-    ``not_started`` are the reasons captures could not create their dump (a full disk), one per line.
+    ``not_started`` are the reasons captures could not create their dump (a full disk), one per line;
+    ``unclosed`` maps a dump folder to why its capture stopped but could not write its closing manifest.
     """
     ended = program_run.ended
     for path in written:
         records, cut = closing_state(path)
+        if unclosed and str(path) in unclosed:  # not killed: the capture said why it left the dump open
+            cut = f"capture stopped and could not write its closing manifest: {unclosed[str(path)]}"
         counted = f", {records} records" if records is not None else ""
         if cut is None:
             log.info("torch capture wrote %s (complete%s); %s", path, counted, ended)
