@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -88,3 +89,65 @@ def test_a_dump_folder_made_read_only_is_reported_as_unclosed_not_as_a_killed_pr
     assert "killed" not in stderr and "did not exit normally" not in stderr
     assert f"torch capture wrote {dump_path} (cut: capture stopped and could not write its closing manifest: " in stderr
     assert stderr.rstrip().endswith("the program exited with code 0")
+
+
+#: Runs a step, then waits until the file ``stop_NAME`` appears (the test's signal), then exits.
+WAITING_PROGRAM = textwrap.dedent("""
+    import os, sys, time
+    import torch
+
+    torch.set_num_threads(1)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.ReLU(), torch.nn.Linear(32, 32))
+    with torch.no_grad():
+        model(torch.ones(4, 32))
+        print("started", flush=True)
+        while not os.path.exists(f"stop_{sys.argv[2]}"):
+            time.sleep(0.05)
+    print(f"run {sys.argv[1]} done", flush=True)
+""")
+
+
+def _wait_for_line(process: subprocess.Popen, line: str) -> None:
+    assert process.stdout is not None
+    assert process.stdout.readline().strip() == line
+
+
+def test_two_runs_into_one_output_folder_each_report_only_their_own_dump(tmp_path: Path) -> None:
+    (tmp_path / "program.py").write_text(WAITING_PROGRAM)
+    runs = {
+        name: subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "llmcheck.core.cli",
+                "dump",
+                "-o",
+                "out",
+                "--exec",
+                f"python program.py {name} {name}",
+            ],
+            cwd=tmp_path,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for name in ("first", "second")
+    }
+    for process in runs.values():
+        _wait_for_line(process, "started")  # both dumps are open now
+    (tmp_path / "stop_first").touch()
+    first_stdout, first_stderr = runs["first"].communicate(timeout=300)  # the second run's dump is still open
+    (tmp_path / "stop_second").touch()
+    second_stdout, second_stderr = runs["second"].communicate(timeout=300)
+
+    dumps = find_dumps(tmp_path / "out")
+    assert len(dumps) == 2
+    for name, stdout, stderr in (("first", first_stdout, first_stderr), ("second", second_stdout, second_stderr)):
+        assert runs[name].returncode == 0, stderr
+        assert f"run {name} done" in stdout
+        (own,) = [path for path in dumps if json.loads((path / "manifest.json").read_text())["command_line"][2] == name]
+        reported = [line for line in stderr.splitlines() if "torch capture wrote" in line]
+        assert reported == [
+            f"llmcheck: INFO: torch capture wrote {own} (complete, 8 records); the program exited with code 0"
+        ]
+        assert "killed" not in stderr

@@ -39,6 +39,7 @@ from llmcheck.plugins.torch_hooks.config import (
     LEVEL_OP,
     NOT_STARTED_ENV,
     ON_ERROR_STOP,
+    STARTED_ENV,
     UNCLOSED_ENV,
     DumpConfig,
 )
@@ -177,19 +178,22 @@ class TorchCaptureBackend:
             output_dir.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise UsageError(f"cannot create the output folder: {exc.strerror}", where=output_dir) from exc
-        dumps_before = set(find_dumps(output_dir))
         with tempfile.TemporaryDirectory(prefix="llmcheck_dump_") as notes:
             left_out_file = Path(notes) / "left_out_devices"
             not_started_file = Path(notes) / "captures_not_started"
             unclosed_file = Path(notes) / "dumps_not_closed"
+            started_file = Path(notes) / "dumps_started"
             env[LEFT_OUT_ENV] = str(left_out_file)
+            env[STARTED_ENV] = str(started_file)
             env[NOT_STARTED_ENV] = str(not_started_file)
             env[UNCLOSED_ENV] = str(unclosed_file)
             program_run = run_program(command, env)
             left_out = _noted_lines(left_out_file, split=True)
             not_started = _noted_lines(not_started_file)
             unclosed = dict(line.partition("\t")[::2] for line in _noted_lines(unclosed_file))
-        written = sorted(set(find_dumps(output_dir)) - dumps_before)
+            # The run's own dumps, as its captures named them: another run writing into the same -o
+            # at the same time is not this run's to report (or to mark cut).
+            written = sorted(Path(line) for line in _noted_lines(started_file) if find_dumps(Path(line)))
         cut_reason = program_run.cut_reason
         if cut_reason is not None:
             for path in written:

@@ -56,6 +56,7 @@ from llmcheck.plugins.torch_hooks.config import (
     LEVEL_OP,
     NOT_STARTED_ENV,
     ON_ERROR_RAISE,
+    STARTED_ENV,
     UNCLOSED_ENV,
     DumpConfig,
 )
@@ -210,6 +211,7 @@ class CaptureSession:
                 self._not_started(exc)
         if self.writer is not None:
             self.path = self.writer.path
+            _note_for_parent(STARTED_ENV, str(self.path))
             if config.profile_cpu:
                 self._profiler = StepProfiler(self.path / "cpu_profiling")
             self.sink = TensorSink(

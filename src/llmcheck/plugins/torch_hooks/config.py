@@ -57,6 +57,9 @@ NOT_STARTED_ENV = "LLMCHECK_CAPTURE_NOT_STARTED"
 #: the dump folder, a tab, why its closing manifest could not be written), so ``llmcheck dump`` says
 #: that, not that the program was killed.
 UNCLOSED_ENV = "LLMCHECK_DUMP_UNCLOSED"
+#: Environment variable naming the file a child appends the folder of each dump it starts to (one line
+#: each), so ``llmcheck dump`` reports its own run's dumps -- not another run's writing into the same -o.
+STARTED_ENV = "LLMCHECK_DUMPS_STARTED"
 
 
 @dataclass
