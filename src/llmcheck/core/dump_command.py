@@ -92,7 +92,9 @@ class ProgramRun:
         """Return why a dump of this run is cut although its capture closed it (``None``: the run was not stopped)."""
         if self.interrupted_by is None:
             return None
-        return f"interrupted: llmcheck dump got {self.interrupted_by} and the program stopped before its end"
+        return (
+            f"interrupted: llmcheck dump got {self.interrupted_by} while the program ran, so its records may end early"
+        )
 
 
 def run_program(command: Sequence[str], env: Mapping[str, str]) -> ProgramRun:
