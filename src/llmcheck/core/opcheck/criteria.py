@@ -16,13 +16,13 @@ ignored (the original counted any error at a reference value under fp32 epsilon 
 A fixed relative tolerance cannot judge an accumulation: an fp32 matmul or attention whose
 terms cancel to near zero carries the rounding of its large partial sums, far past 2^-20 of
 its small result, in a perfectly healthy run. So where the op's reference can replay it at
-the recorded run's precision (its inputs in their dumped dtypes, on the CPU), an element
-also passes when its error is within ``RECORDED_ROUNDING_MULTIPLE`` times the error that
-replay makes at that element -- and, when that replay itself misses the fixed tolerance
-somewhere (an accumulation, not an elementwise op, which rounds within it), within
-``RECORDED_NOISE_MULTIPLE`` times its root-mean-square error over the output, so a kernel
-adding in another order passes too. An elementwise op's replay is within its dtype's
-rounding, so a wrong elementwise kernel is judged by the fixed tolerance alone.
+the recorded run's precision (its inputs in their dumped dtypes, on the CPU) and that replay
+itself misses the fixed tolerance somewhere (an accumulation), an element also passes when
+its error is within ``RECORDED_ROUNDING_MULTIPLE`` times the error that replay makes at that
+element, or within ``RECORDED_NOISE_MULTIPLE`` times the replay's root-mean-square error
+over the output, so a kernel adding in another order passes too. An elementwise op's replay
+is within its dtype's rounding, so a wrong elementwise kernel is judged by the fixed
+tolerance alone.
 """
 
 from __future__ import annotations
@@ -74,9 +74,10 @@ CRITERIA: dict[str, Criterion] = {
 }
 
 
-#: An element passes within this many times the error its replay at the recorded precision makes there.
+#: Where the replay at the recorded precision misses the fixed tolerance, an element passes within this many
+#: times the error that replay makes there ...
 RECORDED_ROUNDING_MULTIPLE = 2.0
-#: ... or within this many times that replay's root-mean-square error, where it misses the fixed tolerance.
+#: ... or within this many times that replay's root-mean-square error over the output.
 RECORDED_NOISE_MULTIPLE = 8.0
 
 
