@@ -9,28 +9,14 @@ bf16 and fp16 are measured by the script, not asserted here (the method is being
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
+from faulty_kernels import load_bug_zoo
+
 pytestmark = pytest.mark.slow
 
-ZOO_PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "bug_zoo.py"
-
-
-def _load_zoo():
-    spec = importlib.util.spec_from_file_location("bug_zoo", ZOO_PATH)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["bug_zoo"] = module  # dataclasses resolve their module by name
-    spec.loader.exec_module(module)
-    return module
-
-
-bug_zoo = _load_zoo()
+bug_zoo = load_bug_zoo()
 
 
 @pytest.fixture(scope="module")

@@ -54,7 +54,7 @@ from llmcheck.core.depth_profile import (
     placement,
     row_error,
 )
-from llmcheck.core.dump_command import run_program
+from llmcheck.core.dump_command import ProgramRun, run_program
 from llmcheck.core.dump_paths import folder_link_reason, inside_dump, is_real_folder, walk_files, warn_passed_over
 from llmcheck.core.dump_schema import convert as convert_json
 from llmcheck.core.dump_schema import decode as decode_json
@@ -146,6 +146,7 @@ from llmcheck.core.store import (
     closing_state,
     find_dumps,
     index_line,
+    mark_cut,
     read_dump,
 )
 from llmcheck.core.weights import PARAMETER_ATTR, PARAMETER_DIGESTS_ATTR
@@ -256,6 +257,7 @@ __all__ = [  # noqa: RUF022 -- grouped by the question a plugin author asks, not
     "walk_files",
     "folder_link_reason",
     "run_program",
+    "ProgramRun",
     "warn_passed_over",
     "is_real_folder",
     "NpyHeader",
@@ -279,6 +281,7 @@ __all__ = [  # noqa: RUF022 -- grouped by the question a plugin author asks, not
     "AS_DTYPE_FIELD",
     "TOPOLOGY_NAME",
     "closing_state",
+    "mark_cut",
     "RECORD_NAME_KEY",
     "index_line",
     "KeyFields",

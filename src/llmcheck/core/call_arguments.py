@@ -69,6 +69,24 @@ def encode_call(
     return {"args": encoded_args, "kwargs": encoded_kwargs}, tensors
 
 
+def _in_layout(loaded: torch.Tensor, stride: list[int], device: torch.device) -> torch.Tensor:
+    """Return a copy of ``loaded`` on ``device`` in the recorded ``stride``.
+
+    A stride of 0 is a broadcast (``expand``, as grouped-query attention repeats its KV
+    heads): one element stands for the whole dimension, so the copy holds it once and is
+    expanded again -- memory in which several elements are one cannot be copied into.
+    """
+    broadcast = [dim for dim, step in enumerate(stride) if step == 0 and loaded.shape[dim] > 1]
+    if not broadcast:
+        return torch.empty_strided(loaded.shape, stride, dtype=loaded.dtype, device=device).copy_(loaded)
+    held = loaded
+    for dim in broadcast:
+        held = held.narrow(dim, 0, 1)
+    base_stride = [1 if dim in broadcast else step for dim, step in enumerate(stride)]
+    base = torch.empty_strided(held.shape, base_stride, dtype=loaded.dtype, device=device).copy_(held)
+    return base.expand(loaded.shape)
+
+
 def decode_call(
     attrs: Mapping[str, Any],
     tensor_at: Callable[[str], torch.Tensor],
@@ -93,7 +111,7 @@ def decode_call(
             # another layout or a misaligned (memory-mapped) buffer.
             loaded = tensor_at(str(value["tensor"]))
             stride = value.get("stride") or torch.empty(loaded.shape, device="meta").stride()
-            return torch.empty_strided(loaded.shape, stride, dtype=loaded.dtype, device=target_device).copy_(loaded)
+            return _in_layout(loaded, list(stride), target_device)
         if tag == "float":
             return float(value["float"])
         if tag == "complex":

@@ -256,11 +256,18 @@ def _shape_text(shape: Sequence[int]) -> str:
 
 
 def incomparable_reason(golden: TensorRecord, my: TensorRecord) -> str | None:
-    """Return why two paired records cannot be measured element by element, or None when they can."""
+    """Return why two paired records cannot be measured element by element, or None when they can.
+
+    A mismatch of dtype or shape is named before missing data: a statistics-only pair is
+    judged on its statistics unless its shapes differ, and then the shapes are why.
+    """
+    problem = _dtype_problem(golden.dtype, my.dtype) or _shape_problem(golden, my)
+    if problem is not None:
+        return problem
     for side, record in (("golden", golden), ("my", my)):
         if record.data is None:
             return f"{side} has no tensor data (a statistics-only dump)"
-    return _dtype_problem(golden.dtype, my.dtype) or _shape_problem(golden, my)
+    return None
 
 
 @functools.cache
@@ -449,10 +456,14 @@ def compare_dumps(
         )
     table = TableJudge(judging_specs(specs, metric_names), threshold_overrides)
     made: list[ComparisonRow | None] = [None] * len(pairing.pairs)
+    same_dump = _same_dump(golden, my)
 
     def row_of(index: int, problem: str | None, measurement: Any) -> ComparisonRow:
         pair = pairing.pairs[index]
-        return _row(index, pair, specs, problem, measurement, threshold_overrides, run_floor, table, run_dtypes)
+        row = _row(index, pair, specs, problem, measurement, threshold_overrides, run_floor, table, run_dtypes)
+        if row.verdict == VERDICT_ERROR and same_dump and _same_record(pair):
+            return dataclasses.replace(row, verdict=VERDICT_PASS, reason=SAME_RECORD_REASON)
+        return row
 
     def measured(index: int, measurement: Any) -> None:  # the row is made as the measurement arrives
         made[index] = row_of(index, None, measurement)
@@ -481,6 +492,32 @@ def compare_dumps(
         rows_with_twin=rows_with_twin,
         twin_mode=twin.mode if twin is not None else None,
     )
+
+
+#: Why a pair that could not be measured passes when a dump is compared with itself.
+SAME_RECORD_REASON = "the same record of the same dump on both sides (nothing to measure)"
+
+
+def _same_dump(golden: Dump, my: Dump) -> bool:
+    """Return whether both sides are one dump on disk, and say so: every record is then compared with itself."""
+    try:
+        same = golden.root.resolve() == my.root.resolve()
+    except OSError:
+        return False
+    if same:  # a smoke test does this on purpose: a notice, not a warning
+        log.info(
+            "%s: golden and my-run are the same dump: every record is compared with itself, so every pair passes "
+            "(give another run's dump to find where they differ)",
+            my.root,
+        )
+    return same
+
+
+def _same_record(pair: Pair) -> bool:
+    """Return whether a pair's two records are one record of one dump (a dump compared with itself)."""
+    golden, my = pair.golden, pair.my
+    assert golden is not None and my is not None
+    return golden.key == my.key and golden.source_path == my.source_path
 
 
 def _measure(

@@ -40,19 +40,24 @@ class StatsJson(msgspec.Struct):
 
 
 class IndexLine(msgspec.Struct):
-    """One line of ``index.jsonl``: a record, and where its data is (``shard`` and ``tensor``, both or neither)."""
+    """One line of ``index.jsonl``: a record, and where its data is (``shard`` and ``tensor``, both or neither).
+
+    Every field of the record key, and the device and rank, are required: the writer always
+    writes them, and a default would read a line that lost one as another record (a line
+    without ``position`` as position ``"0"``) -- silently, or as a repeat of a real one.
+    """
 
     name: str
     dtype: str
     shape: tuple[Count, ...]  # a tuple as decoded: the record and its data handle share it as it is
     order: int
-    io: Literal["input", "output"] = "output"
-    position: str = "0"
-    step: Count = 0
-    call_index: int = 0
-    moment: Literal["before", "after"] = "after"
-    device: str = "cpu"
-    rank: Count = 0
+    io: Literal["input", "output"]
+    position: str
+    step: Count
+    call_index: int
+    moment: Literal["before", "after"]
+    device: str
+    rank: Count
     op_type: str | None = None
     parent: str | None = None
     stats: StatsJson | None = None

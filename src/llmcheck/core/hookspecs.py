@@ -77,13 +77,16 @@ def llmcheck_register_capture_backends(register: Callable[[CaptureBackend], None
     A backend is any object with ``name``, ``description`` and ``run(request) -> int``
     (:class:`~llmcheck.core.records.CaptureBackend`): ``llmcheck dump --backend NAME`` builds
     a :class:`~llmcheck.core.records.CaptureRequest` (the command as an argv list, the output
-    folder, the seed flags parsed into ``options``) and returns ``run``'s exit code.
+    folder, the seed flags parsed into ``options``) and returns ``run``'s exit code. Run the
+    user's program with ``plugin_api.run_program``: a program that cannot start is then the
+    same usage error for every backend, and a Ctrl-C is the program's to handle (its
+    :class:`~llmcheck.core.dump_command.ProgramRun` says whether the run was interrupted).
 
     Example::
 
-        import subprocess
+        import os
 
-        from llmcheck.plugin_api import CaptureRequest, hookimpl
+        from llmcheck.plugin_api import CaptureRequest, hookimpl, run_program
 
 
         class PlainRunBackend:
@@ -91,7 +94,7 @@ def llmcheck_register_capture_backends(register: Callable[[CaptureBackend], None
             description = "run the command with no capture (a skeleton to start from)"
 
             def run(self, request: CaptureRequest) -> int:
-                return subprocess.run(list(request.command), check=False).returncode
+                return run_program(request.command, os.environ).exit_code
 
 
         @hookimpl

@@ -833,6 +833,13 @@ class OpReference:
     ``inplace_inputs`` names, for ops that write into their inputs (ATB's KvCache,
     ReshapeAndCache), the input positions whose after-state is the op's result, in output
     order: opcheck uses them when the dump holds no output tensors for the op.
+
+    ``compute_as_recorded``, when given, takes the same arguments as ``compute`` but computes
+    the op at the recorded run's precision -- its inputs in their dumped dtypes, nothing
+    widened -- on the CPU. Its distance from ``compute``'s float64 result is the rounding a
+    correct kernel of that precision makes (an accumulation that cancels loses far more than
+    the dtype's relative tolerance); opcheck allows each dumped output that much
+    (``opcheck/criteria.py``). ``None``: only the fixed tolerance of the dtype applies.
     """
 
     op_type: str
@@ -841,6 +848,10 @@ class OpReference:
     ]
     description: str
     inplace_inputs: tuple[int, ...] = ()
+    compute_as_recorded: (
+        Callable[[Mapping[str, torch.Tensor], Mapping[str, Any]], Sequence[torch.Tensor] | Mapping[str, torch.Tensor]]
+        | None
+    ) = None
 
     @property
     def name(self) -> str:

@@ -478,16 +478,17 @@ class DumpWriter:
         self._raise_writer_error()
         self._write_closing_manifest(None)
 
-    def close_cut(self, reason: str) -> None:
+    def close_cut(self, reason: str) -> str | None:
         """Close the dump after a failure: keep every complete record, drop the rest, say why in the manifest.
 
         Never raises: it runs while the captured program goes on. The pending batch is
         dropped, a partial index line is cut off, temporary files are removed (which also
         frees the space a full disk needs for the small closing manifest). If even the
-        manifest cannot be written, the dump reads as one its writer did not close.
+        manifest cannot be written (a folder made read-only), the dump reads as one its
+        writer did not close, and the returned text says why; ``None``: the manifest says cut.
         """
         if self._finished:
-            return
+            return None
         self._closed = True
         self._batch = _Batch()
         self._stop_thread()
@@ -498,8 +499,11 @@ class DumpWriter:
             os.truncate(self.path / INDEX_NAME, self._index_bytes)
         for leftover in self.path.glob("*" + TEMPORARY_SUFFIX):
             remove_quietly(leftover)
-        with contextlib.suppress(WriteFailedError):  # a cut dump stays readable without its closing manifest
+        try:
             self._write_closing_manifest(reason)
+        except WriteFailedError as exc:  # a cut dump stays readable without its closing manifest
+            return exc.reason or exc.what
+        return None
 
     def _stop_thread(self) -> None:
         if self._queue is not None and self._thread is not None and self._thread.is_alive():
@@ -694,6 +698,26 @@ def closing_state(path: Path) -> tuple[int | None, str | None]:
     return records, None
 
 
+def mark_cut(path: Path, reason: str) -> None:
+    """Mark a dump cut in its manifest, after its writer is gone; a dump cut already keeps its own reason first.
+
+    Why: a program stopped by Ctrl-C closes its dump as complete -- its capture cannot tell
+    an interrupted run from a finished one -- but only ``llmcheck dump``, which got the
+    signal, knows the run ended early. A manifest that cannot be read raises a
+    :class:`DumpFormatError`, one that cannot be written a :class:`WriteFailedError`.
+    """
+    manifest_path = Path(path) / MANIFEST_NAME
+    try:
+        manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise DumpFormatError("cannot read the manifest to mark the dump cut", where=manifest_path) from exc
+    if not isinstance(manifest, dict):
+        raise DumpFormatError("is not a JSON object; the dump cannot be marked cut", where=manifest_path)
+    earlier = manifest.get("cut")
+    manifest["cut"] = f"{earlier}; {reason}" if earlier else reason
+    _atomic_write_json(manifest_path, manifest)
+
+
 def find_dumps(path: Path) -> list[Path]:
     """Return the dump folders at ``path``: itself, or its direct children that are dumps."""
     path = Path(path)
@@ -756,6 +780,14 @@ def read_dump(path: Path) -> Dump:
             f"dump format version {declared.format_version} is newer than this llmcheck reads ({FORMAT_VERSION})",
             where=root,
             hint="upgrade llmcheck",
+        )
+    if declared.end_time is not None and declared.records is None:
+        # Without the count, an index that lost lines would read as a whole dump.
+        raise DumpFormatError(
+            "field $.records: missing, though end_time says the writer closed the dump",
+            where=manifest_path,
+            hint="a closing manifest always counts its records: restore the dump's manifest.json, "
+            "or remove end_time to read the dump as one its writer did not close",
         )
     index_path = _dump_file(root, INDEX_NAME, plain_names)
     cuts: list[str] = []

@@ -387,12 +387,16 @@ class TensorSink:
         self.writer.close()
         self.finish()
 
-    def close_cut(self, reason: str) -> int:
-        """Close the dump after a failure at its last complete record; return how many records it keeps."""
+    def close_cut(self, reason: str) -> tuple[int, str | None]:
+        """Close the dump after a failure at its last complete record.
+
+        Return how many records it keeps, and why its closing manifest could not be written
+        (``None``: the manifest marks it cut).
+        """
         self._batch = _Batch()
         self.finish()  # the progress display ends with the capture
-        self.writer.close_cut(reason)
-        return self.writer.records_written
+        unclosed = self.writer.close_cut(reason)
+        return self.writer.records_written, unclosed
 
     def finish(self) -> None:
         """End the progress display (the dump is complete)."""
@@ -428,6 +432,6 @@ class NullSink:
     def close(self, build_tree: Callable[[], TopologyNode] | None) -> None:
         """No dump to close."""
 
-    def close_cut(self, reason: str) -> int:
-        """No dump to cut: it keeps no record."""
-        return 0
+    def close_cut(self, reason: str) -> tuple[int, str | None]:
+        """No dump to cut: it keeps no record, and there is no manifest to write."""
+        return 0, None

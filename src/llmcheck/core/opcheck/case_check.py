@@ -125,10 +125,40 @@ def check_case(
     except Exception as exc:  # a reference that breaks on odd inputs must not stop the run
         log.debug("reference for %s failed", case.label(), exc_info=True)
         return [_case_row(case, ADDITION_FAILED, f"reference failed: {type(exc).__name__}: {exc}")]
+    as_recorded = _computed_as_recorded(case, reference, inputs)
     rows = []
     for position, record in sorted(outputs.items(), key=lambda item: position_order(item[0])):
-        rows.append(_check_output(case, position, record, computed.get(position), device, precision_metrics))
+        rows.append(
+            _check_output(
+                case, position, record, computed.get(position), device, precision_metrics, as_recorded.get(position)
+            )
+        )
     return rows
+
+
+def _computed_as_recorded(case: OpCall, reference: OpReference, inputs: Mapping[str, Any]) -> dict[str, Any]:
+    """Return the op's outputs replayed at the recorded precision on the CPU, by position (none when it cannot be).
+
+    Only a measure of the rounding a correct kernel makes: a replay that fails leaves the
+    fixed tolerance alone to judge, and says why at debug level.
+    """
+    import torch
+
+    if reference.compute_as_recorded is None:
+        return {}
+    try:
+        with torch.no_grad():
+            replayed = reference.compute_as_recorded(
+                {position: tensor.cpu() for position, tensor in inputs.items()}, case.params
+            )
+    except Exception:  # e.g. a kernel this CPU lacks for the dtype
+        log.debug("%s: no replay at the recorded precision", case.label(), exc_info=True)
+        return {}
+    return {
+        position: value
+        for position, value in _as_positions(replayed).items()
+        if hasattr(value, "is_floating_point") and value.is_floating_point()
+    }
 
 
 def _check_output(
@@ -138,6 +168,7 @@ def _check_output(
     reference_output: Any,
     device: str,
     precision_metrics: Sequence[str],
+    as_recorded: Any = None,
 ) -> OpcheckRow:
     from llmcheck.core.opcheck.measures import measure_output
 
@@ -164,7 +195,12 @@ def _check_output(
         )
     try:
         measure = measure_output(
-            reference_output, dumped, criterion, cosine="cos_sim" in precision_metrics, kl="kl" in precision_metrics
+            reference_output,
+            dumped,
+            criterion,
+            cosine="cos_sim" in precision_metrics,
+            kl="kl" in precision_metrics,
+            as_recorded=as_recorded,
         )
     except (RuntimeError, TypeError, ValueError) as exc:  # e.g. a complex reference for a real output
         return _replace(base, fail_reason=f"cannot measure output {position}: {type(exc).__name__}: {exc}")

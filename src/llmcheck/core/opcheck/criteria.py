@@ -12,6 +12,17 @@ The relative error of element ``i`` is ``|my_i - ref_i| / max(|ref_i|, floor)`` 
 ``floor`` is the smallest normal number of the output dtype: below it the dtype's spacing
 is constant, so a value near zero is held to the dtype's resolution there instead of being
 ignored (the original counted any error at a reference value under fp32 epsilon as zero).
+
+A fixed relative tolerance cannot judge an accumulation: an fp32 matmul or attention whose
+terms cancel to near zero carries the rounding of its large partial sums, far past 2^-20 of
+its small result, in a perfectly healthy run. So where the op's reference can replay it at
+the recorded run's precision (its inputs in their dumped dtypes, on the CPU) and that replay
+itself misses the fixed tolerance somewhere (an accumulation), an element also passes when
+its error is within ``RECORDED_ROUNDING_MULTIPLE`` times the error that replay makes at that
+element, or within ``RECORDED_NOISE_MULTIPLE`` times the replay's root-mean-square error
+over the output, so a kernel adding in another order passes too. An elementwise op's replay
+is within its dtype's rounding, so a wrong elementwise kernel is judged by the fixed
+tolerance alone.
 """
 
 from __future__ import annotations
@@ -61,6 +72,13 @@ CRITERIA: dict[str, Criterion] = {
     "uint8": Criterion(ABSOLUTE, 1.0, 99.0),
     "bool": Criterion(ABSOLUTE, 0.0, 100.0),
 }
+
+
+#: Where the replay at the recorded precision misses the fixed tolerance, an element passes within this many
+#: times the error that replay makes there ...
+RECORDED_ROUNDING_MULTIPLE = 2.0
+#: ... or within this many times that replay's root-mean-square error over the output.
+RECORDED_NOISE_MULTIPLE = 8.0
 
 
 def criterion_for(dtype: str) -> Criterion | None:

@@ -9,12 +9,17 @@ and is counted in ``nonfinite_mismatch``.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
 
-from llmcheck.core.opcheck.criteria import RELATIVE, Criterion
+from llmcheck.core.opcheck.criteria import (
+    RECORDED_NOISE_MULTIPLE,
+    RECORDED_ROUNDING_MULTIPLE,
+    RELATIVE,
+    Criterion,
+)
 from llmcheck.core.sentinels import sentinel_limit
 
 #: Elements measured per chunk (32 MiB of float64 per side).
@@ -48,25 +53,62 @@ def relative_floor(dtype: torch.dtype) -> float:
     return 1.0
 
 
-def _chunks(reference: torch.Tensor, dumped: torch.Tensor) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    flat_reference = reference.reshape(-1)
-    flat_dumped = dumped.reshape(-1)
-    for start in range(0, flat_reference.numel(), CHUNK_ELEMENTS):
+def _chunks(*tensors: torch.Tensor) -> Iterator[tuple[torch.Tensor, ...]]:
+    """Yield the tensors (same number of elements) flattened, chunk by chunk, as float64 on the CPU."""
+    flat = [tensor.reshape(-1) for tensor in tensors]
+    for start in range(0, flat[0].numel(), CHUNK_ELEMENTS):
         stop = start + CHUNK_ELEMENTS
-        yield (
-            flat_reference[start:stop].to(device="cpu", dtype=torch.float64),
-            flat_dumped[start:stop].to(device="cpu", dtype=torch.float64),
+        yield tuple(part[start:stop].to(device="cpu", dtype=torch.float64) for part in flat)
+
+
+def recorded_allowance(
+    reference: torch.Tensor, as_recorded: torch.Tensor | None, criterion: Criterion, floor: float
+) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None:
+    """Return what gives, per chunk, the absolute error each element may have at the recorded run's precision.
+
+    The returned function takes a chunk of the reference and of ``as_recorded`` (the op
+    replayed in its recorded dtypes, see ``opcheck/criteria.py``). ``None`` -- the fixed
+    tolerance alone judges -- when there is no such replay, the criterion is not relative, or
+    the replay is within the tolerance everywhere (an elementwise op, which rounds within it).
+    """
+    if as_recorded is None or criterion.error_kind != RELATIVE or as_recorded.numel() != reference.numel():
+        return None
+    square_sum = 0.0
+    counted = 0
+    misses_tolerance = False
+    for golden, replayed in _chunks(reference, as_recorded):
+        error = (replayed - golden).abs_()
+        if not bool(torch.isfinite(error.sum())):  # rare: leave the NaN/Inf positions out
+            finite = torch.isfinite(error)
+            error, golden = error[finite], golden[finite]
+        square_sum += float(error.square().sum())
+        counted += error.numel()
+        misses_tolerance = misses_tolerance or bool(
+            (error > golden.abs().clamp_(min=floor) * criterion.tolerance).any()
         )
+    if not misses_tolerance or not counted:
+        return None
+    noise = RECORDED_NOISE_MULTIPLE * math.sqrt(square_sum / counted)
+
+    def allowance(golden: torch.Tensor, replayed: torch.Tensor) -> torch.Tensor:
+        error = (replayed - golden).abs_().nan_to_num_(nan=0.0, posinf=0.0)
+        return (error * RECORDED_ROUNDING_MULTIPLE).clamp_(min=noise)
+
+    return allowance
 
 
 def _errors(
-    golden: torch.Tensor, mine: torch.Tensor, floor: float, sentinel: float = math.inf
+    golden: torch.Tensor, mine: torch.Tensor, floor: float | torch.Tensor, sentinel: float = math.inf
 ) -> tuple[torch.Tensor, torch.Tensor, int]:
-    """Return absolute and relative errors per element, and how many positions disagree on NaN/Inf."""
+    """Return absolute and relative errors per element, and how many positions disagree on NaN/Inf.
+
+    ``floor``: the magnitude under which an element's error is taken relative to it instead
+    of to the reference (a number, or one per element).
+    """
     if bool(torch.isfinite(golden.sum())) and bool(torch.isfinite(mine.sum())):
         # Finite sums prove every element finite: the common case skips the NaN/Inf bookkeeping.
         absolute = (mine - golden).abs_()
-        return absolute, absolute / golden.abs().clamp_(min=floor), 0
+        return absolute, absolute / torch.maximum(golden.abs(), torch.as_tensor(floor, dtype=golden.dtype)), 0
     # The same NaN, or both at the dumped dtype's infinity sentinel (a mask: -inf, finfo.min), agree.
     agree = (
         (golden == mine)
@@ -76,23 +118,39 @@ def _errors(
     )
     finite = torch.isfinite(golden) & torch.isfinite(mine)
     absolute = torch.where(agree, 0.0, torch.where(finite, (mine - golden).abs(), math.inf))
-    relative = absolute / golden.abs().clamp(min=floor)
+    relative = absolute / torch.maximum(golden.abs(), torch.as_tensor(floor, dtype=golden.dtype))
     relative = torch.where(agree, 0.0, torch.where(finite, relative, math.inf))
     return absolute, relative, int((~agree & ~finite).sum())
 
 
 def measure_output(
-    reference: torch.Tensor, dumped: torch.Tensor, criterion: Criterion, *, cosine: bool = False, kl: bool = False
+    reference: torch.Tensor,
+    dumped: torch.Tensor,
+    criterion: Criterion,
+    *,
+    cosine: bool = False,
+    kl: bool = False,
+    as_recorded: torch.Tensor | None = None,
 ) -> OutputMeasure:
-    """Return the measures of ``dumped`` against ``reference`` (same number of elements, any dtypes)."""
+    """Return the measures of ``dumped`` against ``reference`` (same number of elements, any dtypes).
+
+    ``as_recorded``: the op replayed at the recorded run's precision, whose rounding each
+    element is allowed (``opcheck/criteria.py``); a relative error is then taken against the
+    larger of the reference and that allowance over the tolerance.
+    """
     numel = dumped.numel()
     floor = relative_floor(dumped.dtype)
     sentinel = sentinel_limit(str(dumped.dtype).removeprefix("torch."))
+    allowance = recorded_allowance(reference, as_recorded, criterion, floor)
     rel_within = abs_within = mismatches = 0
     max_rel = max_abs = 0.0
     dot = golden_square = mine_square = 0.0
-    for golden, mine in _chunks(reference, dumped):
-        absolute, relative, chunk_mismatches = _errors(golden, mine, floor, sentinel)
+    beside = [] if allowance is None or as_recorded is None else [as_recorded]
+    for golden, mine, *replayed in _chunks(reference, dumped, *beside):
+        element_floor: float | torch.Tensor = floor
+        if allowance is not None:
+            element_floor = allowance(golden, replayed[0]).div_(criterion.tolerance).clamp_(min=floor)
+        absolute, relative, chunk_mismatches = _errors(golden, mine, element_floor, sentinel)
         mismatches += chunk_mismatches
         rel_within += int(torch.count_nonzero(relative <= criterion.tolerance))
         abs_within += int(torch.count_nonzero(absolute <= criterion.tolerance))

@@ -13,7 +13,6 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-import signal
 import sys
 import time
 from collections.abc import Mapping
@@ -124,10 +123,6 @@ def free_timestamp(output_dir: Path, now: float | None = None) -> str:
     raise LlmcheckError("no free msit_dump_{timestamp} folder name in the next hour", where=output_dir)
 
 
-def _exit_code(returncode: int) -> int:
-    return 128 + -returncode if returncode < 0 else returncode
-
-
 class AtbCaptureBackend:
     """The ``atb`` capture backend: ATB's probe, preloaded into the user's program."""
 
@@ -169,26 +164,23 @@ class AtbCaptureBackend:
             probe.reason,
             output_dir / f"{DUMP_ROOT_PREFIX}{timestamp}",
         )
-        try:
-            completed = run_program(request.command, environment)
-        except KeyboardInterrupt:
-            return 128 + signal.SIGINT
+        program_run = run_program(request.command, environment)
         dump_root = self._dump_root(output_dir, timestamp)
         try:
             if dump_root is None:
                 what, hint = "no ATB dump was written", NO_DUMP_HINT
-                if completed.returncode == 0:  # a program that succeeded without a dump must not pass a CI step
+                if program_run.returncode == 0:  # a program that succeeded without a dump must not pass a CI step
                     raise DumpNotFoundError(what, where=output_dir, hint=hint)
-                log.warning(
-                    "%s: %s (%s); the program exited with code %d", output_dir, what, hint, completed.returncode
-                )
+                log.warning("%s: %s (%s); %s", output_dir, what, hint, program_run.ended)
             else:
                 self._post_steps(dump_root, types, info_dir)
                 print(f"llmcheck: ATB dump written to {dump_root}", file=sys.stderr)
         finally:
             if "onnx" in types and info_dir.is_dir():
                 shutil.rmtree(info_dir, ignore_errors=True)
-        return _exit_code(completed.returncode)
+        if program_run.interrupted_by is not None:
+            log.warning("%s; the ATB dump holds what the probe wrote until then: read it as cut", program_run.ended)
+        return program_run.exit_code
 
     @staticmethod
     def _dump_root(output_dir: Path, timestamp: str) -> Path | None:

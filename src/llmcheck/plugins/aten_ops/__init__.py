@@ -4,7 +4,8 @@ A torch dump captured at op level records each ATen call's overload as the recor
 ``op_type`` (``aten.mm.default``) and its non-tensor arguments exactly in ``attrs``. This
 plugin answers the reference resolver for any such op type: the reference runs the same
 overload again on the CPU from the dumped inputs widened to float64, so a low-precision
-kernel's output is held against a high-precision recomputation of the same call.
+kernel's output is held against a high-precision recomputation of the same call, within
+the rounding the same call makes when replayed in its recorded dtypes.
 """
 
 from __future__ import annotations
@@ -22,4 +23,9 @@ def llmcheck_resolve_op_reference(op_type: str) -> OpReference | None:
 
     if operator_named(op_type) is None:
         return None
-    return OpReference(op_type, AtenReplay(op_type), f"replay of {op_type} in float64 from its recorded arguments")
+    return OpReference(
+        op_type,
+        AtenReplay(op_type),
+        f"replay of {op_type} in float64 from its recorded arguments",
+        compute_as_recorded=AtenReplay(op_type, widen=False),
+    )

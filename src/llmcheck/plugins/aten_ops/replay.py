@@ -78,9 +78,14 @@ def _draws_random(operator: torch._ops.OpOverload, args: list[Any], kwargs: dict
 
 @dataclass(frozen=True, slots=True)
 class AtenReplay:
-    """The reference of one ATen overload: ``compute(inputs, params)`` replays the recorded call."""
+    """The reference of one ATen overload: ``compute(inputs, params)`` replays the recorded call.
+
+    ``widen`` ``False`` replays it in the recorded dtypes instead (each input copied, as an
+    in-place op writes into it): what a correct kernel of the recorded precision gives.
+    """
 
     op_type: str
+    widen: bool = True
 
     def __call__(self, inputs: Mapping[str, torch.Tensor], params: Mapping[str, Any]) -> dict[str, torch.Tensor]:
         operator = operator_named(self.op_type)
@@ -90,7 +95,10 @@ class AtenReplay:
         if name in UNREPLAYABLE:
             raise UnsupportedOpError(f"{self.op_type} cannot be replayed: {UNREPLAYABLE[name]}")
         device = next(iter(inputs.values())).device if inputs else torch.device("cpu")
-        widened = {position: _widened(tensor, device) for position, tensor in inputs.items()}
+        widened = {
+            position: _widened(tensor, device) if self.widen else tensor.to(device).clone()
+            for position, tensor in inputs.items()
+        }
 
         def tensor_at(position: str) -> torch.Tensor:
             if position not in widened:

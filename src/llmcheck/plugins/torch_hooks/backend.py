@@ -26,9 +26,12 @@ from typing import Any
 from llmcheck.plugin_api import (
     CaptureRequest,
     DumpNotFoundError,
+    LlmcheckError,
+    ProgramRun,
     UsageError,
     closing_state,
     find_dumps,
+    mark_cut,
     run_program,
 )
 from llmcheck.plugins.torch_hooks.config import (
@@ -38,6 +41,8 @@ from llmcheck.plugins.torch_hooks.config import (
     LEVEL_OP,
     NOT_STARTED_ENV,
     ON_ERROR_STOP,
+    STARTED_ENV,
+    UNCLOSED_ENV,
     DumpConfig,
 )
 
@@ -176,25 +181,39 @@ class TorchCaptureBackend:
             output_dir.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise UsageError(f"cannot create the output folder: {exc.strerror}", where=output_dir) from exc
-        dumps_before = set(find_dumps(output_dir))
         with tempfile.TemporaryDirectory(prefix="llmcheck_dump_") as notes:
             left_out_file = Path(notes) / "left_out_devices"
             not_started_file = Path(notes) / "captures_not_started"
+            unclosed_file = Path(notes) / "dumps_not_closed"
+            started_file = Path(notes) / "dumps_started"
             env[LEFT_OUT_ENV] = str(left_out_file)
+            env[STARTED_ENV] = str(started_file)
             env[NOT_STARTED_ENV] = str(not_started_file)
-            completed = run_program(command, env)
+            env[UNCLOSED_ENV] = str(unclosed_file)
+            program_run = run_program(command, env)
             left_out = _noted_lines(left_out_file, split=True)
             not_started = _noted_lines(not_started_file)
-        exit_code = completed.returncode if completed.returncode >= 0 else 128 - completed.returncode
+            unclosed = dict(line.partition("\t")[::2] for line in _noted_lines(unclosed_file))
+            # The run's own dumps, as its captures named them: another run writing into the same -o
+            # at the same time is not this run's to report (or to mark cut).
+            written = sorted(Path(line) for line in _noted_lines(started_file) if find_dumps(Path(line)))
+        cut_reason = program_run.cut_reason
+        if cut_reason is not None:
+            for path in written:
+                try:
+                    mark_cut(path, cut_reason)
+                except LlmcheckError as exc:
+                    log.warning("%s; read it as a cut dump", exc.one_line())
         report_outcome(
-            sorted(set(find_dumps(output_dir)) - dumps_before),
-            completed.returncode,
+            written,
+            program_run,
             output_dir,
             left_out=left_out,
             device_ids=config.device_ids,
             not_started=not_started,
+            unclosed=unclosed,
         )
-        return exit_code
+        return program_run.exit_code
 
     def capture_model(self, model: Any, request: CaptureRequest) -> Any:
         """Return a running capture of ``model`` in this process, configured by the request's seed flags.
@@ -225,27 +244,27 @@ def _noted_lines(notes: Path, *, split: bool = False) -> list[str]:
 
 def report_outcome(
     written: list[Path],
-    returncode: int,
+    program_run: ProgramRun,
     output_dir: Path,
     *,
     left_out: Sequence[str] = (),
     device_ids: Sequence[str] = (),
     not_started: Sequence[str] = (),
+    unclosed: Mapping[str, str] | None = None,
 ) -> None:
     """Log what the run left: each dump, complete or cut, and how the program ended (it may have failed).
 
-    ``not_started`` are the reasons captures could not create their dump (a full disk), one per line.
+    ``not_started`` are the reasons captures could not create their dump (a full disk), one per line;
+    ``unclosed`` maps a dump folder to why its capture stopped but could not write its closing manifest.
     A program that succeeded but left no dump raises :class:`DumpNotFoundError` saying why, so that
     ``llmcheck dump`` exits 1 and a CI step does not pass without a dump; a program that failed keeps
     its own exit code, and why no dump was written is a warning.
     """
-    ended = (
-        f"the program was killed by signal {-returncode}"
-        if returncode < 0
-        else f"the program exited with code {returncode}"
-    )
+    ended = program_run.ended
     for path in written:
         records, cut = closing_state(path)
+        if unclosed and str(path) in unclosed:  # not killed: the capture said why it left the dump open
+            cut = f"capture stopped and could not write its closing manifest: {unclosed[str(path)]}"
         counted = f", {records} records" if records is not None else ""
         if cut is None:
             log.info("torch capture wrote %s (complete%s); %s", path, counted, ended)
@@ -267,7 +286,7 @@ def report_outcome(
             f"{','.join(device_ids)} left them all out"
         )
         hint = f"give -device {left_out[0]}, or leave -device out"
-    elif returncode == 0:
+    elif program_run.returncode == 0:
         what = "the program ran no PyTorch module forward under capture"
         hint = "is it a Python program that imports torch?"
     else:
@@ -275,6 +294,6 @@ def report_outcome(
             "%s: no dump was written; %s before any PyTorch module forward ran under capture", output_dir, ended
         )
         return
-    if returncode == 0:
+    if program_run.returncode == 0:
         raise DumpNotFoundError(f"no dump was written: {what}", where=output_dir, hint=hint)
     log.warning("%s: no dump was written: %s (%s); %s", output_dir, what, hint, ended)

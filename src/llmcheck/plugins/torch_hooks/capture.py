@@ -57,6 +57,8 @@ from llmcheck.plugins.torch_hooks.config import (
     LEVEL_OP,
     NOT_STARTED_ENV,
     ON_ERROR_RAISE,
+    STARTED_ENV,
+    UNCLOSED_ENV,
     DumpConfig,
     step_runs,
 )
@@ -208,6 +210,7 @@ class CaptureSession:
                 self._not_started(exc)
         if self.writer is not None:
             self.path = self.writer.path
+            _note_for_parent(STARTED_ENV, str(self.path))
             if config.profile_cpu:
                 self._profiler = StepProfiler(self.path / "cpu_profiling")
             self.sink = TensorSink(
@@ -352,15 +355,17 @@ class CaptureSession:
         if self._profiler is not None and self._profiler.running:
             with suppress(Exception):  # the profile is lost with the rest of the capture
                 self._profiler.stop(self.step)
-        kept = self.sink.close_cut(reason)
+        kept, unclosed = self.sink.close_cut(reason)
         policy = "the error is raised into the program" if self._raises else "the program runs on"
-        log.warning(
-            "capture stopped: %s; the dump %s is closed as cut with its %d complete records, %s",
-            reason,
-            self.path,
-            kept,
-            policy,
-        )
+        if unclosed is None:
+            outcome = f"is closed as cut with its {kept} complete records"
+        else:
+            _note_for_parent(UNCLOSED_ENV, f"{self.path}\t{unclosed}")
+            outcome = (
+                f"keeps its {kept} complete records, but its closing manifest could not be written ({unclosed}): "
+                "it reads as a dump its writer did not close"
+            )
+        log.warning("capture stopped: %s; the dump %s %s, %s", reason, self.path, outcome, policy)
 
     def _remove_hooks(self, *, keep_root_after: bool) -> None:
         for handle in self._hooks:

@@ -53,6 +53,13 @@ LEFT_OUT_ENV = "LLMCHECK_LEFT_OUT_DEVICES"
 #: Environment variable naming the file a child appends why its capture could not start to (one line
 #: each: a full disk refused the new dump), so ``llmcheck dump`` blames the disk, not the program.
 NOT_STARTED_ENV = "LLMCHECK_CAPTURE_NOT_STARTED"
+#: Environment variable naming the file a child appends each dump it could not close to (one line each:
+#: the dump folder, a tab, why its closing manifest could not be written), so ``llmcheck dump`` says
+#: that, not that the program was killed.
+UNCLOSED_ENV = "LLMCHECK_DUMP_UNCLOSED"
+#: Environment variable naming the file a child appends the folder of each dump it starts to (one line
+#: each), so ``llmcheck dump`` reports its own run's dumps -- not another run's writing into the same -o.
+STARTED_ENV = "LLMCHECK_DUMPS_STARTED"
 
 #: ``as_dtype`` spellings -- the short names compare prints (``bf16``) and torch's own
 #: (``bfloat16``, ``half``, ``torch.float16``) -- and the torch dtype each stands for.
