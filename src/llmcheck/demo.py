@@ -154,7 +154,9 @@ def run_demo(output: Path, dtype: str = "fp32") -> int:
         ):
             noise_dump, _ = _run(model, input_ids, run_folder / "noise", as_dtype=dtype)
         console.print(f"  dump: {noise_dump}", highlight=False)
-        model = model.to(getattr(torch, DEMO_DTYPES[dtype]))  # the my-run: the program ported to this precision
+        # The twin's cast left the model at this precision as a loader gives it (its rotary frequencies
+        # still fp32; model.to() would round them too): the my-run is the program ported to it.
+        assert next(model.parameters()).dtype == getattr(torch, DEMO_DTYPES[dtype])
     norm = dict(model.named_modules())[defective]
     correct_epsilon = norm.variance_epsilon
     with _step(
