@@ -23,8 +23,8 @@ item states (the dump disagrees with itself).
 
 from __future__ import annotations
 
-import json
 import logging
+import os
 import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -45,6 +45,8 @@ from llmcheck.plugin_api import (
     TensorStats,
     inside_dump,
     merge_rank_dumps,
+    parse_dump_json,
+    read_dump_file,
 )
 from llmcheck.plugins.msprobe import SOURCE_NAME
 from llmcheck.plugins.msprobe.entry_names import parent_name, parse_entry_name
@@ -154,10 +156,10 @@ def _rank_dump(folders: list[RankFolder], root: Path) -> Dump:
     records: list[TensorRecord] = []
     headers = []
     for folder in sorted(folders, key=lambda folder: folder.step):
-        header, entries = _read_dump_json(folder.path / DUMP_JSON)
+        header, entries = _read_dump_json(folder.path / DUMP_JSON, folder.path)
         headers.append(header)
-        parents = _read_optional_json(folder.path / CONSTRUCT_JSON)
-        stacks = _stacks(_read_optional_json(folder.path / STACK_JSON))
+        parents = _read_optional_json(folder.path / CONSTRUCT_JSON, folder.path)
+        stacks = _stacks(_read_optional_json(folder.path / STACK_JSON, folder.path))
         records.extend(_entry_records(folder, entries, parents, stacks, first_order=len(records)))
     missing = [record.source_path for record in records if record.attrs.get("data_missing")]
     if missing:
@@ -179,15 +181,13 @@ def _rank_dump(folders: list[RankFolder], root: Path) -> Dump:
     return Dump(source=SOURCE_NAME, root=root, records=records, manifest=manifest)
 
 
-def _read_dump_json(path: Path) -> tuple[dict[str, Any], Mapping[str, Any]]:
+def _read_dump_json(path: Path, rank_folder: Path) -> tuple[dict[str, Any], Mapping[str, Any]]:
     try:
-        document = json.loads(path.read_bytes())
-    except ValueError as exc:
-        raise DumpFormatError(
-            f"not valid JSON ({exc})", where=path, hint="the dump was cut short or edited; re-run the msprobe dump"
-        ) from exc
-    except OSError as exc:
-        raise DumpFormatError(f"cannot be read: {exc}", where=path) from exc
+        # dump.json grows with the entries, like an index: no size limit, only the file rules
+        content = read_dump_file(path, rank_folder, limit_bytes=None)
+    except FileNotFoundError as exc:
+        raise DumpFormatError("is missing", where=path, hint=_REDUMP_HINT) from exc
+    document = _parsed(content, path)
     entries = document.get("data") if isinstance(document, dict) else None
     if not isinstance(entries, dict):
         raise DumpFormatError(
@@ -198,15 +198,23 @@ def _read_dump_json(path: Path) -> tuple[dict[str, Any], Mapping[str, Any]]:
     return {key: value for key, value in document.items() if key != "data"}, entries
 
 
-def _read_optional_json(path: Path) -> Any:
-    if not path.is_file():
+def _read_optional_json(path: Path, rank_folder: Path) -> Any:
+    """Return a rank folder's construct.json or stack.json parsed (``{}`` when absent); read under the dump's file rules."""
+    if not os.path.lexists(path):
         return {}
     try:
-        return json.loads(path.read_bytes())
-    except ValueError as exc:
+        return _parsed(read_dump_file(path, rank_folder), path)
+    except FileNotFoundError:
+        return {}
+
+
+def _parsed(content: bytes, path: Path) -> Any:
+    try:
+        return parse_dump_json(content, path)
+    except DumpFormatError as exc:
         raise DumpFormatError(
-            f"not valid JSON ({exc})", where=path, hint="the dump was cut short or edited; re-run the msprobe dump"
-        ) from exc
+            exc.what, where=path, hint="the dump was cut short or edited; re-run the msprobe dump"
+        ) from None
 
 
 def _stacks(document: Any) -> dict[str, tuple[str, ...]]:
@@ -347,8 +355,8 @@ def _record(
                 where=where,
                 hint=f"llmcheck reads {', '.join(TENSOR_SUFFIXES)} msprobe tensor files",
             )
+        inside_dump(tensor_path, folder.path)  # a link out, a FIFO, a name too long: one error naming it
         if tensor_path.is_file():
-            inside_dump(tensor_path, folder.path)
             saved_dtype = _checked_tensor_file(tensor_path, dtype, shape, where, label)
             if saved_dtype != dtype:
                 attrs["saved_dtype"] = saved_dtype
