@@ -308,3 +308,25 @@ def test_an_msprobe_stack_or_construct_json_linked_outside_the_rank_folder_is_re
     with pytest.raises(PathOutsideDumpError) as caught:
         get_plugins().load_tensors(dump)
     assert caught.value.one_line().startswith(f"{in_dump}: leads outside the dump {in_dump.parent} to {outside}")
+
+
+def test_a_manual_first_form_entry_naming_a_file_outside_the_my_dump_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from llmcheck import dump_data
+    from llmcheck.core.cli import main
+
+    my, elsewhere = tmp_path / "my", tmp_path / "elsewhere"
+    for folder in (my, elsewhere):
+        folder.mkdir()
+    np.save(my / "mine_0.npy", np.ones(4, np.float32))
+    np.save(elsewhere / "mine_1.npy", np.full(4, 7.0, np.float32))  # a value from outside both dumps
+    dump_data(0, "mlp_out", torch.ones(4), str(my / "mine_0.npy"), str(tmp_path / "golden"))
+    metadata = dump_data(1, "mlp_out", torch.ones(4), str(elsewhere / "mine_1.npy"), str(tmp_path / "golden"))
+    code = main(["compare", "-gp", str(metadata), "-mp", str(my), "-o", str(tmp_path / "report"), "-j", "1"])
+    assert code == 1
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        f"llmcheck: error: {metadata}: data_id mlp_out token 1 names {elsewhere / 'mine_1.npy'}, which leads outside "
+        f"the --my-path dump {my} (pass the folder that holds every file the entries name as --my-path)"
+    )
+    assert not (tmp_path / "report").exists()
