@@ -163,3 +163,15 @@ def test_an_msprobe_data_name_too_long_for_the_system_is_one_error(
         "...: a name in the path is 5003 characters, more than the system allows "
         "(the file that names it is damaged; write it again)"
     )
+
+
+def test_a_path_argument_too_long_for_the_system_is_one_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    too_long, good = tmp_path / ("y" * 5000), tmp_path / "good.pt"
+    torch.save(torch.ones(3), good)
+    line = _error_line(_compare(too_long, good, tmp_path), capsys)
+    assert line == (
+        f"llmcheck: error: {str(too_long)[:200]}...: a name in the path is 5000 characters, more than the system "
+        "allows (the file that names it is damaged; write it again)"
+    )

@@ -81,7 +81,7 @@ def _too_large(size_bytes: int, limit_bytes: int | None, path: Path) -> DumpForm
     )
 
 
-def _unresolvable(exc: OSError, path: Path) -> DumpFormatError:
+def unresolvable_path(exc: OSError, path: Path) -> DumpFormatError:
     """Return the error for a path the system cannot resolve (a loop, a name too long, no permission)."""
     if exc.errno == errno.ELOOP:
         return DumpFormatError(
@@ -117,7 +117,7 @@ def inside_dump(path: Path, root: Path | None, *, limit_bytes: int | None = None
             ) from None
         return path
     except OSError as exc:
-        raise _unresolvable(exc, path) from None
+        raise unresolvable_path(exc, path) from None
     if root is not None:
         real_root = Path(os.path.realpath(root))
         if real != real_root and real_root not in real.parents:
@@ -144,7 +144,7 @@ def read_dump_file(path: Path, root: Path | None, *, limit_bytes: int | None = M
     except FileNotFoundError:
         raise
     except OSError as exc:
-        raise _unresolvable(exc, path) from None
+        raise unresolvable_path(exc, path) from None
     with os.fdopen(descriptor, "rb") as handle:
         status = os.fstat(descriptor)
         refused = _not_regular(status.st_mode, path) or _too_large(status.st_size, limit_bytes, path)

@@ -36,6 +36,7 @@ import pluggy
 
 from llmcheck.core import hookspecs
 from llmcheck.core.backend_options import BackendOption, option_problem
+from llmcheck.core.dump_paths import unresolvable_path
 from llmcheck.core.errors import (
     DumpFormatError,
     DumpNotFoundError,
@@ -360,12 +361,16 @@ class Plugins:
         if source is not None and source not in self.sources():
             known = ", ".join(sorted(self.sources())) or "none"
             raise UsageError(f"unknown dump source {source!r}", where=path, hint=f"known sources: {known}")
-        if not path.exists():
+        try:
+            path.stat()
+        except (FileNotFoundError, NotADirectoryError):
             raise DumpNotFoundError(
                 "no such file or directory",
                 where=path,
                 hint="check the path: give a dump folder, a folder holding one dump, or a tensor file",
-            )
+            ) from None
+        except OSError as exc:  # a loop, a name too long for the system, no permission
+            raise unresolvable_path(exc, path) from None
         dump: Dump | None = self.manager.hook.llmcheck_load_tensors(path=path, source=source)
         if dump is None and source is None and tensor_folder and path.is_dir():
             dump = self._tensor_folder(path)
