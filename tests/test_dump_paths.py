@@ -19,7 +19,7 @@ import pytest
 import torch
 
 import llmcheck
-from llmcheck.core.errors import DumpFormatError, PathOutsideDumpError
+from llmcheck.core.errors import DumpFormatError, DumpNotFoundError, PathOutsideDumpError
 from llmcheck.core.plugins import get_plugins
 
 ATB_FIXTURE = Path(__file__).parent / "data" / "atb" / "msit_dump_20240131_120000"
@@ -330,3 +330,31 @@ def test_a_manual_first_form_entry_naming_a_file_outside_the_my_dump_is_refused(
         f"the --my-path dump {my} (pass the folder that holds every file the entries name as --my-path)"
     )
     assert not (tmp_path / "report").exists()
+
+
+#: Where each source keeps a run: the folder a run-folder link stands in for, below the built folder.
+RUN_FOLDERS = {
+    "llmcheck": "*",
+    "atb": "*/tensors/0_4242",
+    "fx": "gm_*_dump",
+    "ge": "20240101120000",
+    "msprobe": "step0",
+}
+
+
+@pytest.mark.parametrize("source", RUN_FOLDERS)
+def test_a_run_folder_that_is_a_link_is_never_entered_by_any_source_and_the_error_names_it(
+    source: str, tmp_path: Path, make_llmcheck_dump
+) -> None:
+    SOURCES[source](tmp_path / "dump", make_llmcheck_dump)
+    run = next((tmp_path / "dump").glob(RUN_FOLDERS[source]))
+    elsewhere = tmp_path / "elsewhere"
+    shutil.move(run, elsewhere)
+    run.symlink_to(elsewhere)  # the same rule whether it leads out of the dump or not: folder links are never entered
+    with pytest.raises(DumpNotFoundError) as caught:
+        get_plugins().load_tensors(tmp_path / "dump")
+    assert caught.value.what == (
+        f"no dump here but behind folder links, which llmcheck never enters: {run.name if source != 'atb' else 'tensors/0_4242'} "
+        f"(to {elsewhere})"
+    )
+    assert caught.value.hint == "pass the folder a link leads to, or copy it in"

@@ -37,7 +37,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from llmcheck.core.errors import DumpFormatError, PathOutsideDumpError
+from llmcheck.core.errors import DumpFormatError, DumpNotFoundError, PathOutsideDumpError
 
 #: The largest metadata file of a dump (a JSON, CSV or text file that is read whole) a reader loads.
 #: ATB's op_param.json and topology JSON, a manual metadata.json are kilobytes; msprobe's
@@ -196,15 +196,44 @@ def plain_file_names(root: Path) -> frozenset[str]:
         return frozenset()
 
 
-def walk_files(root: Path) -> Iterator[tuple[Path, list[str]]]:
-    """Yield ``(folder, file names)`` of every folder below ``root``, never entering a folder link."""
-    for directory, _, file_names in os.walk(root, followlinks=False):
-        yield Path(directory), file_names
+def walk_files(
+    root: Path, passed_over: list[tuple[Path, str]] | None = None, max_depth: int | None = None
+) -> Iterator[tuple[Path, list[str]]]:
+    """Yield ``(folder, file names)`` of every folder below ``root``, never entering a folder link.
+
+    ``passed_over``, when given, receives each folder link met, with :func:`folder_link_reason`
+    (the one rule of every source: a folder link in a dump, a run folder included, is never
+    entered, and named). ``max_depth`` stops the walk that many folders below ``root``.
+    """
+    base_depth = len(Path(root).parts)
+    for directory, folder_names, file_names in os.walk(root, followlinks=False):
+        folder = Path(directory)
+        if passed_over is not None:
+            links = sorted(folder / name for name in folder_names if os.path.islink(folder / name))
+            passed_over.extend((link, folder_link_reason(link, root)) for link in links)
+        if max_depth is not None and len(folder.parts) - base_depth >= max_depth:
+            folder_names[:] = []
+        yield folder, file_names
 
 
 def is_real_folder(path: Path) -> bool:
     """Return whether ``path`` is a folder and not a link to one (a walk enters only these)."""
     return path.is_dir() and not path.is_symlink()
+
+
+#: How many folder links an error about a dump found only behind them names.
+FOLDER_LINKS_NAMED = 5
+
+
+def only_behind_folder_links(where: Path, links: Sequence[Path]) -> DumpNotFoundError:
+    """Return the error for a dump whose runs are all behind folder links: the rule is never to enter one."""
+    named = [f"{link.relative_to(where)} (to {os.path.realpath(link)})" for link in links[:FOLDER_LINKS_NAMED]]
+    more = f" and {len(links) - FOLDER_LINKS_NAMED} more" if len(links) > FOLDER_LINKS_NAMED else ""
+    return DumpNotFoundError(
+        f"no dump here but behind folder links, which llmcheck never enters: {', '.join(named)}{more}",
+        where=where,
+        hint="pass the folder a link leads to, or copy it in",
+    )
 
 
 #: How many passed-over files and folders of one dump are named, a warning each, before the rest are counted.

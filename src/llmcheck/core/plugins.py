@@ -36,7 +36,7 @@ import pluggy
 
 from llmcheck.core import hookspecs
 from llmcheck.core.backend_options import BackendOption, option_problem
-from llmcheck.core.dump_paths import unresolvable_path
+from llmcheck.core.dump_paths import only_behind_folder_links, unresolvable_path, walk_files
 from llmcheck.core.errors import (
     DumpFormatError,
     DumpNotFoundError,
@@ -377,6 +377,9 @@ class Plugins:
         if dump is not None:
             return dump
         known = ", ".join(sorted(self.sources())) or "none"
+        links = _folder_links_in(path)
+        if links:  # the one rule of every source: a folder link in a dump is never entered
+            raise only_behind_folder_links(path, links)
         if source is None:
             raise DumpNotFoundError(
                 "no plugin recognises this as a dump",
@@ -609,3 +612,17 @@ def reset_plugins() -> None:
     """Forget the loaded plugins so the next :func:`get_plugins` loads them anew (tests, env changes)."""
     global _plugins
     _plugins = None
+
+
+#: How deep below a path that no plugin reads folder links are looked for (every source's run folders lie within).
+FOLDER_LINK_SEARCH_DEPTH = 3
+
+
+def _folder_links_in(path: Path) -> list[Path]:
+    """Return the folder links a few levels below ``path`` (a walk never enters them)."""
+    if not path.is_dir():
+        return []
+    links: list[tuple[Path, str]] = []
+    for _ in walk_files(path, links, max_depth=FOLDER_LINK_SEARCH_DEPTH):
+        pass  # the walk collects the links
+    return [link for link, _ in links]

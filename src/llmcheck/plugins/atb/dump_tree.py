@@ -48,6 +48,7 @@ from llmcheck.plugin_api import (
     folder_link_reason,
     inside_dump,
     merge_rank_dumps,
+    only_behind_folder_links,
     parse_dump_json,
     read_dump_file,
     warn_passed_over,
@@ -145,14 +146,17 @@ def locate_dump(path: Path) -> DumpLayout | None:
     return layout_of(roots[0]) if roots else None
 
 
-def _run_folders(layout: DumpLayout) -> list[Path]:
+def _run_folders(layout: DumpLayout) -> tuple[list[Path], list[Path]]:
+    """Return the ``{device}_{pid}`` run folders by device, and those that are links (never entered)."""
     folder = layout.tensors_dir
     if not folder.is_dir():
-        return []
+        return [], []
+    runs = [child for child in folder.iterdir() if child.is_dir() and _RUN_FOLDER.match(child.name)]
+    links = sorted(run for run in runs if run.is_symlink())
     return sorted(
-        (child for child in folder.iterdir() if child.is_dir() and _RUN_FOLDER.match(child.name)),
+        (run for run in runs if not run.is_symlink()),
         key=lambda child: tuple(int(part) for part in _RUN_FOLDER.match(child.name).groups()),  # type: ignore[union-attr]
-    )
+    ), links
 
 
 def _other_run_level_folders(layout: DumpLayout) -> list[Path]:
@@ -556,12 +560,15 @@ def load_atb_dump(path: Path) -> Dump | None:
         return _single_file_dump(path) if looks_like_bin(path) else None
     absolute = path.absolute()
     scope = absolute if absolute.is_relative_to(layout.tensors_dir) and absolute != layout.tensors_dir else None
-    runs = _run_folders(layout)
+    runs, links = _run_folders(layout)
     if scope is not None:
         runs = [run for run in runs if scope.is_relative_to(run)]
     else:
         for folder in _other_run_level_folders(layout):
             log.warning("%s: not read: the folder name is not {device}_{pid}", folder)
+        if links and not runs:
+            raise only_behind_folder_links(layout.root, links)
+        warn_passed_over(log, layout.tensors_dir, [(link, folder_link_reason(link, layout.root)) for link in links])
     if not runs:
         raise DumpNotFoundError(
             "ATB dump holds no tensors",

@@ -43,10 +43,12 @@ from llmcheck.plugin_api import (
     TensorData,
     TensorRecord,
     TensorStats,
+    folder_link_reason,
     inside_dump,
     merge_rank_dumps,
     parse_dump_json,
     read_dump_file,
+    warn_passed_over,
 )
 from llmcheck.plugins.msprobe import SOURCE_NAME
 from llmcheck.plugins.msprobe.entry_names import parent_name, parse_entry_name
@@ -116,12 +118,26 @@ def find_rank_folders(path: Path) -> list[RankFolder]:
         return []
     candidates = [path / DUMP_JSON, *sorted(path.glob(f"*/{DUMP_JSON}")), *sorted(path.glob(f"*/*/{DUMP_JSON}"))]
     folders = []
+    links: dict[Path, str] = {}
     for dump_json in candidates:
-        if looks_like_dump_json(dump_json):
+        link = _folder_link_between(path, dump_json.parent)
+        if link is not None:  # a step or rank folder that is a link: named, never entered
+            links.setdefault(link, folder_link_reason(link, path))
+        elif looks_like_dump_json(dump_json):
             folders.append(_rank_folder(dump_json.parent))
             if dump_json.parent == path:
                 break  # the user named one rank folder: its own dump only
+    if folders:
+        warn_passed_over(log, path, sorted(links.items()))
     return sorted(folders, key=lambda folder: (folder.rank, folder.step))
+
+
+def _folder_link_between(top: Path, folder: Path) -> Path | None:
+    """Return the first folder link on the way from ``top`` down to ``folder`` (``None``: none)."""
+    for below in reversed(folder.relative_to(top).parents[:-1]):
+        if (top / below).is_symlink():
+            return top / below
+    return folder if folder != top and folder.is_symlink() else None
 
 
 def _rank_folder(path: Path) -> RankFolder:

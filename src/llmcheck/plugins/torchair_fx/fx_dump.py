@@ -50,6 +50,7 @@ from llmcheck.plugin_api import (
     read_dump_file,
     read_npy_header,
     walk_files,
+    warn_passed_over,
 )
 from llmcheck.plugins.torchair_fx import SOURCE_NAME
 
@@ -198,11 +199,14 @@ def fx_files_under(path: Path) -> list[tuple[Path, FxDumpFileName]]:
         parsed = parse_fx_file_name(path.name)
         return [(path, parsed)] if parsed is not None else []
     found = []
-    for directory, file_names in walk_files(path):
+    folder_links: list[tuple[Path, str]] = []
+    for directory, file_names in walk_files(path, folder_links):
         for file_name in file_names:
             parsed = parse_fx_file_name(file_name)
             if parsed is not None:
                 found.append((inside_dump(directory / file_name, path), parsed))
+    if found:  # an FX dump: what it holds behind links is not read, and said so
+        warn_passed_over(log, path, folder_links)
     return found
 
 
