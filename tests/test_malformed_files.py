@@ -88,8 +88,12 @@ def _safetensors_with_header(path: Path, edit: dict[str, object]) -> Path:
             {"__metadata__": {"llmcheck_raw_dtypes": "{bfloat16"}},
             "__metadata__.llmcheck_raw_dtypes is not valid JSON: Expecting property name enclosed in double quotes",
         ),
+        (
+            {"w": {"dtype": ["F32"], "shape": [2], "data_offsets": [0, 8]}},
+            "tensor 'w' has unsupported dtype ['F32'] at byte 8",
+        ),
     ],
-    ids=["data_offsets null", "raw dtypes not JSON"],
+    ids=["data_offsets null", "raw dtypes not JSON", "dtype a list"],
 )
 def test_a_safetensors_header_with_a_field_of_the_wrong_kind_is_one_error_naming_the_file(
     edit: dict[str, object], expected: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
@@ -175,3 +179,21 @@ def test_a_path_argument_too_long_for_the_system_is_one_error(
         f"llmcheck: error: {str(too_long)[:200]}...: a name in the path is 5000 characters, more than the system "
         "allows (the file that names it is damaged; write it again)"
     )
+
+
+def test_an_msprobe_item_whose_type_is_not_text_is_read_by_its_dtype_and_shape(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    golden, rank = _msprobe_copy(tmp_path, "golden")
+    my, _ = _msprobe_copy(tmp_path, "my")
+    unedited_code = main(_compare(golden, my, tmp_path / "unedited"))
+    document = json.loads((rank / "dump.json").read_text())
+    entry = next(iter(document["data"].values()))
+    item = next(item for item in entry["output"] if isinstance(item, dict))
+    item["type"] = {"torch": "Tensor"}  # a value of the wrong kind, as an edit leaves it
+    (rank / "dump.json").write_text(json.dumps(document))
+    assert main(_compare(golden, my, tmp_path / "edited")) == unedited_code
+    assert "llmcheck: error:" not in capsys.readouterr().err
+    unedited = json.loads((tmp_path / "unedited" / "report" / "summary.json").read_text())
+    edited = json.loads((tmp_path / "edited" / "report" / "summary.json").read_text())
+    assert edited["counts"] == unedited["counts"]  # the item is still read as the tensor it describes

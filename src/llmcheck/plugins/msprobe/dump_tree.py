@@ -274,7 +274,7 @@ def is_tensor_entry(item: Any) -> bool:
     """
     if not isinstance(item, dict):
         return False
-    if item.get("type") in TENSOR_ITEM_TYPES:
+    if isinstance(item.get("type"), str) and item["type"] in TENSOR_ITEM_TYPES:
         return True
     return "dtype" in item and "shape" in item and not isinstance(item["dtype"], dict)
 

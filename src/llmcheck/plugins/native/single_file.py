@@ -192,7 +192,7 @@ def _safetensors_records(path: Path) -> list[TensorRecord]:
         entries.append((begin, end, name, code, shape))
     records = []
     for order, (begin, end, name, code, shape) in enumerate(sorted(entries, key=lambda entry: entry[0])):
-        dtype = raw_dtypes.get(name) or _SAFETENSORS_DTYPES.get(code)
+        dtype = raw_dtypes.get(name) or (_SAFETENSORS_DTYPES.get(code) if isinstance(code, str) else None)
         if dtype is None:
             raise DumpFormatError(f"tensor {name!r} has unsupported dtype {code!r}", where=path, offset=8)
         if name in raw_dtypes:  # stored as raw bytes; the true shape is not recoverable beyond its size
