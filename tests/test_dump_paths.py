@@ -196,6 +196,7 @@ READ_FILES = [
     ("atb", "**/0_RmsNormOperation/after/outtensor0.bin"),
     ("ge", "**/Add.Add_2.*"),
     ("manual", "**/golden_tensor/0/*.safetensors"),
+    ("msprobe", "**/dump.json"),
     ("msprobe", "**/stack.json"),
     ("msprobe", "**/construct.json"),
     ("msprobe", "**/*.output.0.pt"),

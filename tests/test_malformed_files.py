@@ -197,3 +197,26 @@ def test_an_msprobe_item_whose_type_is_not_text_is_read_by_its_dtype_and_shape(
     unedited = json.loads((tmp_path / "unedited" / "report" / "summary.json").read_text())
     edited = json.loads((tmp_path / "edited" / "report" / "summary.json").read_text())
     assert edited["counts"] == unedited["counts"]  # the item is still read as the tensor it describes
+
+
+def test_an_onnx_export_of_a_topology_that_is_a_fifo_is_one_error_and_never_a_hang(tmp_path: Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    import llmcheck
+
+    topology = tmp_path / "model.json"
+    os.mkfifo(topology)
+    completed = subprocess.run(
+        [sys.executable, "-m", "llmcheck.core.cli", "export", "onnx", str(topology)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(Path(llmcheck.__file__).parents[1])},
+    )
+    assert completed.returncode == 1
+    assert completed.stderr.splitlines()[-1] == (
+        f"llmcheck: error: {topology}: is a FIFO (named pipe), not a regular file; llmcheck reads only regular files "
+        "in a dump (replace it with the file it stands for)"
+    )

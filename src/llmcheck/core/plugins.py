@@ -36,7 +36,13 @@ import pluggy
 
 from llmcheck.core import hookspecs
 from llmcheck.core.backend_options import BackendOption, option_problem
-from llmcheck.core.dump_paths import only_behind_folder_links, unresolvable_path, walk_files
+from llmcheck.core.dump_paths import (
+    inside_dump,
+    only_behind_folder_links,
+    read_dump_file,
+    unresolvable_path,
+    walk_files,
+)
 from llmcheck.core.errors import (
     DumpFormatError,
     DumpNotFoundError,
@@ -476,6 +482,7 @@ class Plugins:
             else:
                 hint = "give a topology file, such as a dump's layer/{pid}/NAME.json or model/{pid}/NAME.json"
             raise DumpNotFoundError("is a folder, not a topology file", where=topology_path, hint=hint)
+        inside_dump(topology_path, None)  # a FIFO, a device, a loop: one error naming it, never a hang
         if not topology_path.is_file():
             raise DumpNotFoundError(
                 "no such topology file",
@@ -521,10 +528,14 @@ def _raise_if_broken_json(path: Path) -> None:
     if path.suffix.lower() != ".json":
         return
     try:
-        json.loads(path.read_bytes())
+        json.loads(read_dump_file(path, None))
     except json.JSONDecodeError as exc:
         raise DumpFormatError(
             f"not valid JSON: {exc.msg}", where=path, offset=exc.pos, hint="the file is truncated or corrupt"
+        ) from None
+    except RecursionError:
+        raise DumpFormatError(
+            "JSON nested too deep to read", where=path, hint="the file is truncated or corrupt"
         ) from None
     except (UnicodeDecodeError, OSError):
         return

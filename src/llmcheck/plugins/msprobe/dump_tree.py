@@ -99,8 +99,10 @@ class RankFolder:
 
 def looks_like_dump_json(path: Path) -> bool:
     """Return whether a file is an msprobe ``dump.json`` (its header names a task and a framework or level)."""
-    if path.name != DUMP_JSON or not path.is_file():
+    if path.name != DUMP_JSON or not os.path.lexists(path):
         return False
+    if not path.is_file():
+        return True  # a FIFO, a loop, a link to nothing in its place: the reader names what it is
     try:
         with open(path, "rb") as handle:
             head = handle.read(_SNIFF_BYTES)
