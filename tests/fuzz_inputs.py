@@ -5,13 +5,21 @@ the real writers) and names the one file of it to mutate and the command that re
 A case copies the seed, mutates that file with a ``random.Random(case)`` -- bytes flipped,
 inserted, deleted, truncated, non-UTF-8 bytes; for JSON a value replaced by another type,
 a key dropped; for binary headers the header text edited -- and runs the command in this
-process through ``llmcheck.core.cli.main``. The outcome is one of:
+process through ``llmcheck.core.cli.main``.
+
+The *hostile* kinds do not edit bytes: each case picks one of the valid seeds above and one
+file of its mutated run (``Seed.run``) and puts something else in its place -- a FIFO, a
+link to a device (``/dev/zero``), a symbolic link that loops -- or writes into one of its
+JSON documents a value nested 1,000 to 100,000 deep or a name longer than the system
+allows (a seed without JSON gets the long name in its path argument). The outcome is one of:
 
 * ``clean error`` -- exit 1 or 2 with one ``llmcheck: error:`` line that names a file;
 * ``loaded`` -- exit 0 or 3 (the mutation left a readable input, or changed only values);
 * ``internal error`` -- the CLI's ``internal error: ...`` line, an error naming no file, or
   an exception out of ``main``: a bug;
-* ``hang`` -- over :data:`CASE_TIMEOUT_S`.
+* ``hang`` -- over :data:`CASE_TIMEOUT_S`;
+* ``silent drop`` -- a file replaced by a FIFO, a device link or a loop, and the command
+  exits 0 or 3 without a line naming it: the file was dropped without a word.
 
 Used by ``tests/test_fuzz_inputs.py`` (a few cases per kind) and
 ``benchmarks/fuzz_inputs.py`` (hundreds per kind, printing the table of outcomes).
@@ -22,6 +30,8 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import logging
+import os
 import random
 import shutil
 import signal
@@ -33,7 +43,8 @@ from typing import Any
 import numpy as np
 
 CLEAN_ERROR, LOADED, INTERNAL_ERROR, HANG = "clean error", "loaded", "internal error", "hang"
-OUTCOMES = (CLEAN_ERROR, LOADED, INTERNAL_ERROR, HANG)
+SILENT_DROP = "silent drop"
+OUTCOMES = (CLEAN_ERROR, LOADED, INTERNAL_ERROR, HANG, SILENT_DROP)
 CASE_TIMEOUT_S = 30
 DATA = Path(__file__).parent / "data"
 
@@ -67,14 +78,24 @@ class Seed:
     target: Path
     style: str  # "json", "jsonl", "safetensors", "npy", "atb_bin", "text", "bytes"
     command: Callable[[Path], list[str]]  # given the output folder, the CLI arguments
+    run: Path  # the folder of the run the target belongs to: a hostile kind edits any file below it
 
 
 @dataclass(frozen=True)
 class InputKind:
-    """One kind of input and how to build its seed in a folder."""
+    """One kind of input and how to build its seed in a folder (a hostile kind edits the other kinds' seeds)."""
 
     name: str
-    build: Callable[[Path], Seed]
+    build: Callable[[Path], Seed] | None
+    hostile: Callable[[Seed, random.Random], Hostile] | None = None
+
+
+@dataclass(frozen=True)
+class Hostile:
+    """What a hostile edit did: the file it replaced (``None``: a value in a file), the command's arguments after it."""
+
+    replaced: Path | None
+    arguments: Callable[[list[str]], list[str]] = lambda arguments: arguments
 
 
 # --- mutations ------------------------------------------------------------------------------
@@ -214,7 +235,7 @@ def _llmcheck_dump_seed(file_name: str, style: str) -> Callable[[Path], Seed]:
     def build(folder: Path) -> Seed:
         golden = _torch_dump(folder / "golden")
         pristine = Path(shutil.copytree(golden, folder / "my" / golden.name))
-        return Seed(golden / file_name, style, _compare_with_pristine(golden, pristine))
+        return Seed(golden / file_name, style, _compare_with_pristine(golden, pristine), golden)
 
     return build
 
@@ -222,7 +243,7 @@ def _llmcheck_dump_seed(file_name: str, style: str) -> Callable[[Path], Seed]:
 def _opcheck_seed(folder: Path) -> Seed:
     dump = _torch_dump(folder / "ops", mode="op")
     return Seed(
-        dump / "index.jsonl", "jsonl", lambda output: ["opcheck", "-i", str(dump), "-o", str(output), "-j", "1"]
+        dump / "index.jsonl", "jsonl", lambda output: ["opcheck", "-i", str(dump), "-o", str(output), "-j", "1"], dump
     )
 
 
@@ -236,7 +257,7 @@ def _manual_seed(folder: Path) -> Seed:
             value = torch.full((3,), float(token))
             golden = dump_data("golden", data_id, value, token_id=token, output_path=folder)
             acl = dump_data("acl", data_id, value, token_id=token, output_path=folder)
-    return Seed(golden, "json", _compare_with_pristine(golden, acl))
+    return Seed(golden, "json", _compare_with_pristine(golden, acl), golden.parent)
 
 
 def _fx_seed(folder: Path) -> Seed:
@@ -249,7 +270,8 @@ def _fx_seed(folder: Path) -> Seed:
         np.save(step / "to-aten._to_copy.default.INPUT.1.20240101000000000003.npy", np.array("torch.float16"))
         paths.append(folder / side)
     target = paths[0] / "gm_20240101000000000001_dump" / "0" / "mm-aten.mm.default.OUTPUT.0.20240101000000000002.npy"
-    return Seed(target, "npy", _compare_with_pristine(paths[0], paths[1], "--golden-source", "fx", "--my-source", "fx"))
+    command = _compare_with_pristine(paths[0], paths[1], "--golden-source", "fx", "--my-source", "fx")
+    return Seed(target, "npy", command, paths[0])
 
 
 def _atb_seed(file_glob: str, style: str) -> Callable[[Path], Seed]:
@@ -258,7 +280,7 @@ def _atb_seed(file_glob: str, style: str) -> Callable[[Path], Seed]:
         golden = Path(shutil.copytree(source, folder / "golden" / source.name))
         my = Path(shutil.copytree(source, folder / "my" / source.name))
         target = sorted(golden.rglob(file_glob))[0]
-        return Seed(target, style, _compare_with_pristine(golden, my))
+        return Seed(target, style, _compare_with_pristine(golden, my), golden)
 
     return build
 
@@ -301,9 +323,28 @@ def _ge_seed(which: str) -> Callable[[Path], Seed]:
             target, style = next(golden.glob("dynamo_original_graph_*.txt")), "text"
         else:
             target, style = sorted(golden.rglob("Mul.Mul_1.*"))[0], "bytes"
-        return Seed(target, style, _compare_with_pristine(golden, my, "--golden-source", "ge", "--my-source", "ge"))
+        command = _compare_with_pristine(golden, my, "--golden-source", "ge", "--my-source", "ge")
+        return Seed(target, style, command, golden)
 
     return build
+
+
+def _checkpoint_seed(folder: Path) -> Seed:
+    from safetensors.torch import save_file
+
+    golden, my = folder / "golden", folder / "my"
+    for side in (golden, my):
+        side.mkdir()
+        (side / "config.json").write_text(json.dumps({"model_type": "tiny"}))
+        save_file(dict(_tiny_model().state_dict()), str(side / "model.safetensors"))
+    return Seed(golden / "model.safetensors", "safetensors", _compare_with_pristine(golden, my), golden)
+
+
+def _msprobe_seed(folder: Path) -> Seed:
+    source = DATA / "msprobe" / "msprobe_pytorch_dump"
+    golden = Path(shutil.copytree(source, folder / "golden" / "step0" / "rank0"))
+    shutil.copytree(source, folder / "my" / "step0" / "rank0")
+    return Seed(golden / "dump.json", "json", _compare_with_pristine(folder / "golden", folder / "my"), golden)
 
 
 KINDS: tuple[InputKind, ...] = (
@@ -316,9 +357,116 @@ KINDS: tuple[InputKind, ...] = (
     InputKind("FX .npy", _fx_seed),
     InputKind("ATB .bin", _atb_seed("outtensor0.bin", "atb_bin")),
     InputKind("ATB op csv", _atb_seed("operation_tensors_0.csv", "text")),
+    InputKind("ATB layer JSON", _atb_seed("Decoder_layer_0.json", "json")),
     InputKind("GE dump file", _ge_seed("dump")),
     InputKind("GE graph text", _ge_seed("graph")),
+    InputKind("checkpoint model.safetensors", _checkpoint_seed),
+    InputKind("msprobe dump.json", _msprobe_seed),
 )
+
+
+# --- hostile edits: something else in place of a file, a value no parser or file system takes ---------
+
+
+def _run_files(seed: Seed) -> list[Path]:
+    """Return the regular files of the seed's mutated run, in a stable order."""
+    return sorted(path for path in seed.run.rglob("*") if path.is_file() and not path.is_symlink())
+
+
+def _fifo(seed: Seed, rng: random.Random) -> Hostile:
+    target = rng.choice(_run_files(seed))
+    target.unlink()
+    os.mkfifo(target)
+    return Hostile(target)
+
+
+def _device_link(seed: Seed, rng: random.Random) -> Hostile:
+    target = rng.choice(_run_files(seed))
+    target.unlink()
+    target.symlink_to(rng.choice(("/dev/zero", "/dev/null", "/dev/urandom")))
+    return Hostile(target)
+
+
+def _link_loop(seed: Seed, rng: random.Random) -> Hostile:
+    target = rng.choice(_run_files(seed))
+    target.unlink()
+    if rng.random() < 0.5:
+        target.symlink_to(target.name)  # a link to itself
+    else:
+        partner = target.with_name(target.name + ".loop")
+        partner.symlink_to(target.name)
+        target.symlink_to(partner.name)  # two links, each to the other
+    return Hostile(target)
+
+
+def _json_documents(seed: Seed) -> list[Path]:
+    """Return the files of the run holding JSON: ``.json``, ``.jsonl`` and the headers of ``.safetensors``."""
+    return [path for path in _run_files(seed) if path.suffix in (".json", ".jsonl", ".safetensors")]
+
+
+def _replace_json_value(path: Path, rng: random.Random, value_text: str) -> None:
+    """Put ``value_text`` (raw JSON) in place of one value of one of the file's documents."""
+    sentinel = "\u0000llmcheck-fuzz\u0000"
+    data = path.read_bytes()
+
+    def edited(document_text: bytes) -> bytes:
+        document = json.loads(document_text)
+        paths = [found for found in _paths(document) if found]
+        if not paths:
+            return value_text.encode()
+        where = rng.choice(paths)
+        parent = document
+        for step in where[:-1]:
+            parent = parent[step]
+        parent[where[-1]] = sentinel
+        return json.dumps(document).replace(json.dumps(sentinel), value_text).encode()
+
+    if path.suffix == ".safetensors":
+        size = int.from_bytes(data[:8], "little")
+        header = edited(data[8 : 8 + size])
+        header += b" " * (-len(header) % 8)
+        path.write_bytes(len(header).to_bytes(8, "little") + header + data[8 + size :])
+    elif path.suffix == ".jsonl":
+        lines = data.splitlines()
+        at = rng.randrange(len(lines))
+        lines[at] = edited(lines[at])
+        path.write_bytes(b"\n".join(lines) + b"\n")
+    else:
+        path.write_bytes(edited(data))
+
+
+def _deep_json(seed: Seed, rng: random.Random) -> Hostile:
+    documents = _json_documents(seed)
+    if not documents:  # a run without JSON: the nesting goes into a file its reader would parse as one
+        documents = [seed.target]
+    depth = rng.choice((1_000, 10_000, 100_000))
+    opening, closing = rng.choice((("[", "]"), ('{"a":', "}")))
+    target = rng.choice(documents)
+    if target.suffix in (".json", ".jsonl", ".safetensors"):
+        _replace_json_value(target, rng, opening * depth + "0" + closing * depth)
+    else:
+        target.write_text(opening * depth + "0" + closing * depth)
+    return Hostile(None)
+
+
+def _long_name(seed: Seed, rng: random.Random) -> Hostile:
+    name = rng.choice(("x" * 256, "y" * 5_000, "/".join(["z"] * 2_100)))  # over NAME_MAX, and over PATH_MAX
+    documents = _json_documents(seed)
+    if documents and rng.random() < 0.75:
+        _replace_json_value(rng.choice(documents), rng, json.dumps(name))
+        return Hostile(None)
+    run = str(seed.run)  # no JSON to hold it: the path given on the command line gets the long name
+    return Hostile(None, lambda arguments: [f"{run}/{name}" if argument == run else argument for argument in arguments])
+
+
+HOSTILE_KINDS: tuple[InputKind, ...] = (
+    InputKind("FIFO in place of a file", None, _fifo),
+    InputKind("link to a device", None, _device_link),
+    InputKind("symbolic link loop", None, _link_loop),
+    InputKind("JSON nested deep", None, _deep_json),
+    InputKind("name too long", None, _long_name),
+)
+ALL_KINDS = KINDS + HOSTILE_KINDS
 
 
 # --- running ----------------------------------------------------------------------------------
@@ -343,36 +491,58 @@ def _on_alarm(signum: int, frame: Any) -> None:
 
 
 def run_case(kind: InputKind, seed_folder: Path, work: Path, case: int) -> CaseResult:
-    """Copy the seed, mutate it with ``random.Random(case)``, run its command and classify the outcome."""
+    """Copy the seed, mutate it with ``random.Random(case)``, run its command and classify the outcome.
+
+    A hostile kind picks the seed (of :data:`KINDS`) with the same generator; ``seed_folder`` is then unused.
+    """
     from llmcheck.core.cli import main
 
+    rng = random.Random(case)
+    base_kind = kind if kind.hostile is None else rng.choice(KINDS)
+    if kind.hostile is not None:
+        seed_folder = _SEEDS[base_kind.name][1]
     if work.exists():
         shutil.rmtree(work)
     shutil.copytree(seed_folder, work)
-    seed = _seed_in(kind, work)
-    mutate(seed, random.Random(case))
+    seed = _seed_in(base_kind, work)
+    if kind.hostile is None:
+        mutate(seed, rng)
+        hostile = Hostile(None)
+    else:
+        hostile = kind.hostile(seed, rng)
+    arguments = hostile.arguments(seed.command(work / "report"))
     errors, printed = io.StringIO(), io.StringIO()
+    warnings = logging.StreamHandler(errors)  # the CLI's own handler writes where stderr was when it was made
+    warnings.setFormatter(logging.Formatter("llmcheck: %(levelname)s: %(message)s"))
+    logging.getLogger("llmcheck").addHandler(warnings)
     previous = signal.signal(signal.SIGALRM, _on_alarm)
     signal.alarm(CASE_TIMEOUT_S)
     try:
         with contextlib.redirect_stderr(errors), contextlib.redirect_stdout(printed):
-            code = main(seed.command(work / "report"))
+            code = main(arguments)
     except _Timeout:
-        return CaseResult(kind.name, case, HANG, "")
+        return CaseResult(kind.name, case, HANG, base_kind.name)
     except BaseException as exc:
-        return CaseResult(kind.name, case, INTERNAL_ERROR, f"{type(exc).__name__}: {exc}")
+        return CaseResult(kind.name, case, INTERNAL_ERROR, f"{base_kind.name}: {type(exc).__name__}: {exc}")
     finally:
         signal.alarm(0)
         signal.signal(signal.SIGALRM, previous)
+        logging.getLogger("llmcheck").removeHandler(warnings)
     lines = [line for line in errors.getvalue().splitlines() if line.startswith("llmcheck: error:")]
     message = lines[-1] if lines else ""
     if "internal error" in message:
-        return CaseResult(kind.name, case, INTERNAL_ERROR, message)
+        return CaseResult(kind.name, case, INTERNAL_ERROR, f"{base_kind.name}: {message}")
+    if code in (0, 3) and hostile.replaced is not None:
+        named = any(str(hostile.replaced) in line for line in errors.getvalue().splitlines())
+        if not named:
+            return CaseResult(kind.name, case, SILENT_DROP, f"{base_kind.name}: {hostile.replaced} never named")
     if code in (0, 3) or (code == 1 and not message and "no pairs:" in printed.getvalue()):
         return CaseResult(kind.name, case, LOADED, message)  # read and reported (no pair at all is exit 1)
     if code in (1, 2) and message and str(work) in message:
         return CaseResult(kind.name, case, CLEAN_ERROR, message)
-    return CaseResult(kind.name, case, INTERNAL_ERROR, f"exit {code}, no error naming a file: {message!r}")
+    return CaseResult(
+        kind.name, case, INTERNAL_ERROR, f"{base_kind.name}: exit {code}, no error naming a file: {message!r}"
+    )
 
 
 #: each prepared kind's seed and the folder it was built in
@@ -386,15 +556,19 @@ def _seed_in(kind: InputKind, work: Path) -> Seed:
     def command(output: Path) -> list[str]:
         return [argument.replace(str(seed_root), str(work)) for argument in seed.command(output)]
 
-    return Seed(work / seed.target.relative_to(seed_root), seed.style, command)
+    return Seed(work / seed.target.relative_to(seed_root), seed.style, command, work / seed.run.relative_to(seed_root))
 
 
 def prepare(kinds: tuple[InputKind, ...], base: Path) -> dict[str, Path]:
-    """Build every kind's seed under ``base`` and return each kind's seed folder."""
+    """Build every kind's seed under ``base`` and return each kind's seed folder (a hostile kind needs them all)."""
+    needed = KINDS if any(kind.hostile is not None for kind in kinds) else kinds
     folders = {}
-    for index, kind in enumerate(kinds):
-        folder = base / f"seed{index}"
-        folder.mkdir(parents=True)
-        _SEEDS[kind.name] = (kind.build(folder), folder)
-        folders[kind.name] = folder
+    for index, kind in enumerate(KINDS):
+        if kind in needed:
+            folder = base / f"seed{index}"
+            folder.mkdir(parents=True)
+            assert kind.build is not None
+            _SEEDS[kind.name] = (kind.build(folder), folder)
+            folders[kind.name] = folder
+    folders.update({kind.name: base for kind in kinds if kind.hostile is not None})
     return folders

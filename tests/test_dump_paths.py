@@ -7,15 +7,19 @@ that stays inside the dump is read; link loops never make a walk endless.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from llmcheck.core.errors import DumpFormatError, PathOutsideDumpError
+import llmcheck
+from llmcheck.core.errors import DumpFormatError, DumpNotFoundError, PathOutsideDumpError
 from llmcheck.core.plugins import get_plugins
 
 ATB_FIXTURE = Path(__file__).parent / "data" / "atb" / "msit_dump_20240131_120000"
@@ -67,8 +71,6 @@ def _checkpoint(folder: Path, make_llmcheck_dump) -> tuple[Path, Path]:
 
 
 def _msprobe(folder: Path, make_llmcheck_dump) -> tuple[Path, Path]:
-    import json
-
     rank = folder / "step0" / "rank0"
     (rank / "dump_tensor_data").mkdir(parents=True)
     item = {
@@ -159,3 +161,201 @@ def test_link_loops_in_an_atb_tree_are_one_error_or_not_entered(tmp_path: Path) 
     assert caught.value.one_line() == (
         f"{looping}: is a symbolic link that loops (remove the link or replace it with the file)"
     )
+
+
+# --- what is no regular file, what is too large, what cannot be resolved: one line naming it, never a hang ---
+
+
+def _compare_in_subprocess(golden: Path, my: Path, output: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    """Run ``llmcheck compare`` in its own process: a reader that blocks (on a FIFO) fails the test by its timeout."""
+    environment = {**os.environ, "PYTHONPATH": str(Path(llmcheck.__file__).parents[1])}
+    command = [sys.executable, "-m", "llmcheck.core.cli", "compare", "-gp", str(golden), "-mp", str(my)]
+    return subprocess.run(
+        [*command, "-o", str(output), "-j", "1", *extra],
+        capture_output=True,
+        text=True,
+        timeout=COMPARE_TIMEOUT_S,
+        env=environment,
+    )
+
+
+#: Long enough for a compare of these small dumps on a loaded machine; a reader blocked on a FIFO never ends.
+COMPARE_TIMEOUT_S = 120
+
+#: (source, a file of its dump, by a glob below the built folder): every kind of file a reader opens.
+READ_FILES = [
+    ("llmcheck", "**/index.jsonl"),
+    ("llmcheck", "**/manifest.json"),
+    ("llmcheck", "**/shard_*.safetensors"),
+    ("fx", "**/*.npy"),
+    ("file", "model-00002-of-00002.safetensors"),
+    ("atb", "**/layer/4242/Decoder_layer_0.json"),
+    ("atb", "**/operation_io_tensors/4242/operation_tensors_1.csv"),
+    ("atb", "**/cpu_profiling/4242/operation_statistic_0.txt"),
+    ("atb", "**/0_RmsNormOperation/op_param.json"),
+    ("atb", "**/0_RmsNormOperation/after/outtensor0.bin"),
+    ("ge", "**/Add.Add_2.*"),
+    ("manual", "**/golden_tensor/0/*.safetensors"),
+    ("msprobe", "**/dump.json"),
+    ("msprobe", "**/stack.json"),
+    ("msprobe", "**/construct.json"),
+    ("msprobe", "**/*.output.0.pt"),
+]
+
+
+def _built_pair(source: str, tmp_path: Path, make_llmcheck_dump) -> tuple[Path, Path]:
+    """Return a dump of ``source`` and a pristine copy of it to compare with."""
+    dump, _ = SOURCES[source](tmp_path / "dump", make_llmcheck_dump)
+    shutil.copytree(tmp_path / "dump", tmp_path / "pristine", symlinks=True)
+    return dump, tmp_path / "pristine" / dump.relative_to(tmp_path / "dump")
+
+
+def _source_flags(source: str) -> tuple[str, ...]:
+    return ("--golden-source", source, "--my-source", source) if source in ("fx", "ge") else ()
+
+
+@pytest.mark.parametrize("source, pattern", READ_FILES, ids=[f"{source}:{glob}" for source, glob in READ_FILES])
+def test_a_fifo_in_place_of_any_file_a_reader_opens_is_one_error_naming_it_and_never_a_hang(
+    source: str, pattern: str, tmp_path: Path, make_llmcheck_dump
+) -> None:
+    dump, pristine = _built_pair(source, tmp_path, make_llmcheck_dump)
+    fifo = sorted((tmp_path / "dump").glob(pattern))[0]
+    fifo.unlink()
+    os.mkfifo(fifo)  # opening it for reading would wait forever for a writer
+    completed = _compare_in_subprocess(dump, pristine, tmp_path / "report", *_source_flags(source))
+    assert completed.returncode == 1, completed.stderr
+    assert completed.stderr.splitlines()[-1] == (
+        f"llmcheck: error: {fifo}: is a FIFO (named pipe), not a regular file; llmcheck reads only regular files "
+        "in a dump (replace it with the file it stands for)"
+    )
+
+
+#: The ATB files besides the tensors that were read through a link to /dev/zero (memory grew to gigabytes).
+ATB_AUXILIARY = [
+    "layer/4242/Decoder_layer_0.json",
+    "operation_io_tensors/4242/operation_tensors_1.csv",
+    "cpu_profiling/4242/operation_statistic_0.txt",
+    "tensors/0_4242/0/0_Decoder_layer/0_RmsNormOperation/op_param.json",
+]
+
+
+@pytest.mark.parametrize("relative", ATB_AUXILIARY)
+def test_an_atb_auxiliary_file_linked_to_a_device_is_refused_as_outside_the_dump(
+    relative: str, tmp_path: Path, make_llmcheck_dump
+) -> None:
+    dump, pristine = _built_pair("atb", tmp_path, make_llmcheck_dump)
+    (dump / relative).unlink()
+    (dump / relative).symlink_to("/dev/zero")
+    completed = _compare_in_subprocess(dump, pristine, tmp_path / "report")
+    assert completed.returncode == 1, completed.stderr
+    assert completed.stderr.splitlines()[-1] == (
+        f"llmcheck: error: {dump / relative}: leads outside the dump {dump} to /dev/zero (llmcheck reads only files "
+        "inside the dump; copy the file in instead of linking to it)"
+    )
+
+
+@pytest.mark.parametrize("relative", ATB_AUXILIARY)
+def test_an_atb_auxiliary_file_linked_outside_the_dump_is_refused_and_its_content_never_read(
+    relative: str, tmp_path: Path
+) -> None:
+    dump = Path(shutil.copytree(ATB_FIXTURE, tmp_path / ATB_FIXTURE.name))
+    outside = tmp_path / "elsewhere" / Path(relative).name
+    outside.parent.mkdir()
+    shutil.move(dump / relative, outside)
+    (dump / relative).symlink_to(outside)
+    with pytest.raises(PathOutsideDumpError) as caught:
+        get_plugins().load_tensors(dump)
+    assert caught.value.one_line().startswith(f"{dump / relative}: leads outside the dump {dump} to {outside}")
+
+
+def test_a_symbolic_link_loop_on_an_atb_auxiliary_file_is_one_error_naming_it(tmp_path: Path) -> None:
+    dump = Path(shutil.copytree(ATB_FIXTURE, tmp_path / ATB_FIXTURE.name))
+    looping = dump / ATB_AUXILIARY[0]
+    looping.unlink()
+    looping.symlink_to(looping.name)
+    with pytest.raises(DumpFormatError) as caught:
+        get_plugins().load_tensors(dump)
+    assert caught.value.one_line() == (
+        f"{looping}: is a symbolic link that loops (remove the link or replace it with the file)"
+    )
+
+
+def test_a_metadata_file_larger_than_the_limit_is_refused_before_it_is_read(tmp_path: Path) -> None:
+    from llmcheck.plugin_api import METADATA_LIMIT_BYTES
+
+    dump = Path(shutil.copytree(ATB_FIXTURE, tmp_path / ATB_FIXTURE.name))
+    op_param = dump / ATB_AUXILIARY[3]
+    with open(op_param, "r+b") as handle:
+        handle.truncate(METADATA_LIMIT_BYTES + 1)  # sparse: no disk is written
+    with pytest.raises(DumpFormatError) as caught:
+        get_plugins().load_tensors(dump)
+    assert caught.value.one_line() == (
+        f"{op_param}: is {METADATA_LIMIT_BYTES + 1} bytes, more than the {METADATA_LIMIT_BYTES} a metadata file "
+        "may have (this file is read whole; check that it is the file the tool wrote)"
+    )
+
+
+@pytest.mark.parametrize("file_name", ["stack.json", "construct.json"])
+def test_an_msprobe_stack_or_construct_json_linked_outside_the_rank_folder_is_refused(
+    file_name: str, tmp_path: Path, make_llmcheck_dump
+) -> None:
+    dump, tensor_file = _msprobe(tmp_path / "dump", make_llmcheck_dump)
+    in_dump = tensor_file.parent.parent / file_name
+    outside = tmp_path / "elsewhere" / file_name
+    outside.parent.mkdir()
+    outside.write_text(json.dumps({"Tensor.__add__.0.forward": ["File /etc/passwd, line 1"]}))
+    in_dump.unlink()
+    in_dump.symlink_to(outside)
+    with pytest.raises(PathOutsideDumpError) as caught:
+        get_plugins().load_tensors(dump)
+    assert caught.value.one_line().startswith(f"{in_dump}: leads outside the dump {in_dump.parent} to {outside}")
+
+
+def test_a_manual_first_form_entry_naming_a_file_outside_the_my_dump_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from llmcheck import dump_data
+    from llmcheck.core.cli import main
+
+    my, elsewhere = tmp_path / "my", tmp_path / "elsewhere"
+    for folder in (my, elsewhere):
+        folder.mkdir()
+    np.save(my / "mine_0.npy", np.ones(4, np.float32))
+    np.save(elsewhere / "mine_1.npy", np.full(4, 7.0, np.float32))  # a value from outside both dumps
+    dump_data(0, "mlp_out", torch.ones(4), str(my / "mine_0.npy"), str(tmp_path / "golden"))
+    metadata = dump_data(1, "mlp_out", torch.ones(4), str(elsewhere / "mine_1.npy"), str(tmp_path / "golden"))
+    code = main(["compare", "-gp", str(metadata), "-mp", str(my), "-o", str(tmp_path / "report"), "-j", "1"])
+    assert code == 1
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        f"llmcheck: error: {metadata}: data_id mlp_out token 1 names {elsewhere / 'mine_1.npy'}, which leads outside "
+        f"the --my-path dump {my} (pass the folder that holds every file the entries name as --my-path)"
+    )
+    assert not (tmp_path / "report").exists()
+
+
+#: Where each source keeps a run: the folder a run-folder link stands in for, below the built folder.
+RUN_FOLDERS = {
+    "llmcheck": "*",
+    "atb": "*/tensors/0_4242",
+    "fx": "gm_*_dump",
+    "ge": "20240101120000",
+    "msprobe": "step0",
+}
+
+
+@pytest.mark.parametrize("source", RUN_FOLDERS)
+def test_a_run_folder_that_is_a_link_is_never_entered_by_any_source_and_the_error_names_it(
+    source: str, tmp_path: Path, make_llmcheck_dump
+) -> None:
+    SOURCES[source](tmp_path / "dump", make_llmcheck_dump)
+    run = next((tmp_path / "dump").glob(RUN_FOLDERS[source]))
+    elsewhere = tmp_path / "elsewhere"
+    shutil.move(run, elsewhere)
+    run.symlink_to(elsewhere)  # the same rule whether it leads out of the dump or not: folder links are never entered
+    with pytest.raises(DumpNotFoundError) as caught:
+        get_plugins().load_tensors(tmp_path / "dump")
+    assert caught.value.what == (
+        f"no dump here but behind folder links, which llmcheck never enters: {run.name if source != 'atb' else 'tensors/0_4242'} "
+        f"(to {elsewhere})"
+    )
+    assert caught.value.hint == "pass the folder a link leads to, or copy it in"

@@ -356,8 +356,7 @@ def test_a_topology_link_to_nothing_is_an_error_naming_it(tmp_path: Path) -> Non
     with pytest.raises(DumpFormatError) as error:
         read_dump(writer.path)
     assert error.value.one_line() == (
-        f"{link}: is a link to {writer.path / 'gone.json'}, which does not exist "
-        "(copy the topology file in, or remove the link)"
+        f"{link}: is a link to {writer.path / 'gone.json'}, which does not exist (copy the file in, or remove the link)"
     )
 
 

@@ -16,8 +16,9 @@ What is here, by the question a plugin author asks:
   attrs compare reads of parameters (:data:`PARAMETER_ATTR`, :data:`PARAMETER_DIGESTS_ATTR`),
   and the module-tree naming convention (:data:`ROOT_MODULE`, :func:`module_parent`, ...).
 * **How do I fail?** The typed errors; the CLI prints them as one line.
-* **How do I read a dump's files safely?** :func:`inside_dump`, :func:`walk_files`,
-  :func:`is_real_folder` (one containment rule), :func:`read_npy_header`, and the tensor
+* **How do I read a dump's files safely?** :func:`inside_dump`, :func:`read_dump_file`,
+  :func:`parse_dump_json`, :func:`walk_files`, :func:`is_real_folder` (one rule: regular
+  files inside the dump, metadata files bounded), :func:`read_npy_header`, and the tensor
   I/O helpers (:func:`tensor_from_byte_range`, ...; they import torch on first use).
 * **Which records make one op call?** :class:`OpCall`, :func:`group_op_calls`.
 * **How do I write files?** :func:`atomic_write_text`, :func:`atomic_write_with`,
@@ -55,7 +56,17 @@ from llmcheck.core.depth_profile import (
     row_error,
 )
 from llmcheck.core.dump_command import ProgramRun, run_program
-from llmcheck.core.dump_paths import folder_link_reason, inside_dump, is_real_folder, walk_files, warn_passed_over
+from llmcheck.core.dump_paths import (
+    METADATA_LIMIT_BYTES,
+    folder_link_reason,
+    inside_dump,
+    is_real_folder,
+    only_behind_folder_links,
+    parse_dump_json,
+    read_dump_file,
+    walk_files,
+    warn_passed_over,
+)
 from llmcheck.core.dump_schema import convert as convert_json
 from llmcheck.core.dump_schema import decode as decode_json
 from llmcheck.core.errors import (
@@ -254,8 +265,12 @@ __all__ = [  # noqa: RUF022 -- grouped by the question a plugin author asks, not
     "UnsupportedOpError",
     # reading a dump's files
     "inside_dump",
+    "read_dump_file",
+    "parse_dump_json",
+    "METADATA_LIMIT_BYTES",
     "walk_files",
     "folder_link_reason",
+    "only_behind_folder_links",
     "run_program",
     "ProgramRun",
     "warn_passed_over",

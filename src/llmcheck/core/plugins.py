@@ -36,6 +36,13 @@ import pluggy
 
 from llmcheck.core import hookspecs
 from llmcheck.core.backend_options import BackendOption, option_problem
+from llmcheck.core.dump_paths import (
+    inside_dump,
+    only_behind_folder_links,
+    read_dump_file,
+    unresolvable_path,
+    walk_files,
+)
 from llmcheck.core.errors import (
     DumpFormatError,
     DumpNotFoundError,
@@ -360,18 +367,25 @@ class Plugins:
         if source is not None and source not in self.sources():
             known = ", ".join(sorted(self.sources())) or "none"
             raise UsageError(f"unknown dump source {source!r}", where=path, hint=f"known sources: {known}")
-        if not path.exists():
+        try:
+            path.stat()
+        except (FileNotFoundError, NotADirectoryError):
             raise DumpNotFoundError(
                 "no such file or directory",
                 where=path,
                 hint="check the path: give a dump folder, a folder holding one dump, or a tensor file",
-            )
+            ) from None
+        except OSError as exc:  # a loop, a name too long for the system, no permission
+            raise unresolvable_path(exc, path) from None
         dump: Dump | None = self.manager.hook.llmcheck_load_tensors(path=path, source=source)
         if dump is None and source is None and tensor_folder and path.is_dir():
             dump = self._tensor_folder(path)
         if dump is not None:
             return dump
         known = ", ".join(sorted(self.sources())) or "none"
+        links = _folder_links_in(path)
+        if links:  # the one rule of every source: a folder link in a dump is never entered
+            raise only_behind_folder_links(path, links)
         if source is None:
             raise DumpNotFoundError(
                 "no plugin recognises this as a dump",
@@ -475,6 +489,7 @@ class Plugins:
             else:
                 hint = "give a topology file, such as a dump's layer/{pid}/NAME.json or model/{pid}/NAME.json"
             raise DumpNotFoundError("is a folder, not a topology file", where=topology_path, hint=hint)
+        inside_dump(topology_path, None)  # a FIFO, a device, a loop: one error naming it, never a hang
         if not topology_path.is_file():
             raise DumpNotFoundError(
                 "no such topology file",
@@ -520,10 +535,14 @@ def _raise_if_broken_json(path: Path) -> None:
     if path.suffix.lower() != ".json":
         return
     try:
-        json.loads(path.read_bytes())
+        json.loads(read_dump_file(path, None))
     except json.JSONDecodeError as exc:
         raise DumpFormatError(
             f"not valid JSON: {exc.msg}", where=path, offset=exc.pos, hint="the file is truncated or corrupt"
+        ) from None
+    except RecursionError:
+        raise DumpFormatError(
+            "JSON nested too deep to read", where=path, hint="the file is truncated or corrupt"
         ) from None
     except (UnicodeDecodeError, OSError):
         return
@@ -611,3 +630,17 @@ def reset_plugins() -> None:
     """Forget the loaded plugins so the next :func:`get_plugins` loads them anew (tests, env changes)."""
     global _plugins
     _plugins = None
+
+
+#: How deep below a path that no plugin reads folder links are looked for (every source's run folders lie within).
+FOLDER_LINK_SEARCH_DEPTH = 3
+
+
+def _folder_links_in(path: Path) -> list[Path]:
+    """Return the folder links a few levels below ``path`` (a walk never enters them)."""
+    if not path.is_dir():
+        return []
+    links: list[tuple[Path, str]] = []
+    for _ in walk_files(path, links, max_depth=FOLDER_LINK_SEARCH_DEPTH):
+        pass  # the walk collects the links
+    return [link for link, _ in links]

@@ -30,7 +30,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from llmcheck.core.errors import UsageError
+from llmcheck.core.errors import LlmcheckError, UsageError
 from llmcheck.core.metric_engine import (
     DEFAULT_CHUNK_VALUES,
     PairJob,
@@ -149,6 +149,13 @@ class RayExecutor:
                     f"cannot reach the Ray cluster: {exc}",
                     where=f"--ray-address {self.address}",
                     hint="start it with `ray start --head`, or leave --ray-address out for a local one",
+                ) from exc
+            except Exception as exc:  # Ray raises a bare Exception when a node times out while it starts
+                first_line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+                raise LlmcheckError(
+                    f"the Ray cluster did not start: {first_line}",
+                    where="--executor ray" if self.address is None else f"--ray-address {self.address}",
+                    hint="see `ray status` and Ray's logs under /tmp/ray, or use --executor local",
                 ) from exc
         measure = ray.remote(max_retries=TASK_RETRIES, runtime_env={"env_vars": SINGLE_THREADED_BLAS})(measure_chunk)
         specs_ref = ray.put(list(specs))

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from llmcheck.core.atomic_files import TEMPORARY_SUFFIX, atomic_write_text, remove_quietly, write_failed
-from llmcheck.core.dump_paths import inside_dump, plain_file_names
+from llmcheck.core.dump_paths import METADATA_LIMIT_BYTES, inside_dump, plain_file_names, read_dump_file
 from llmcheck.core.dump_schema import (
     IndexLine,
     ManifestJson,
@@ -654,12 +654,12 @@ def is_dump_dir(path: Path) -> bool:
     one, which the reader then reports as such instead of "not a dump".
     """
     manifest = Path(path) / MANIFEST_NAME
-    if not manifest.is_file():
+    if not os.path.lexists(manifest):
         return False
     try:
-        document = json.loads(manifest.read_text())
-    except (OSError, ValueError):
-        return (Path(path) / INDEX_NAME).is_file()
+        document = json.loads(read_dump_file(manifest, path))
+    except (OSError, ValueError, RecursionError, LlmcheckError):
+        return os.path.lexists(Path(path) / INDEX_NAME)
     return isinstance(document, dict) and document.get("format") == FORMAT_NAME
 
 
@@ -749,14 +749,12 @@ def _read_shard_header(shard: Path) -> tuple[bytes, int]:
     return header_bytes, 8 + header_size
 
 
-def _read_bytes(path: Path, when_missing: LlmcheckError) -> bytes:
-    """Return a file's bytes; a missing file raises ``when_missing``, an unreadable one a format error naming it."""
+def _read_bytes(path: Path, root: Path, when_missing: LlmcheckError, limit_bytes: int | None) -> bytes:
+    """Return the bytes of a dump's own file (a regular file inside the dump); a missing file raises ``when_missing``."""
     try:
-        return path.read_bytes()
+        return read_dump_file(path, root, limit_bytes=limit_bytes)
     except FileNotFoundError as exc:
         raise when_missing from exc
-    except OSError as exc:
-        raise DumpFormatError(f"cannot read: {exc.strerror}", where=path) from exc
 
 
 @paused_cyclic_gc()
@@ -771,7 +769,10 @@ def read_dump(path: Path) -> Dump:
     plain_names = plain_file_names(root)
     manifest_path = _dump_file(root, MANIFEST_NAME, plain_names)
     manifest_bytes = _read_bytes(
-        manifest_path, DumpNotFoundError("not an llmcheck dump (no manifest.json)", where=root)
+        manifest_path,
+        root,
+        DumpNotFoundError("not an llmcheck dump (no manifest.json)", where=root),
+        METADATA_LIMIT_BYTES,
     )
     manifest = decode(manifest_bytes, dict[str, Any], manifest_path)
     declared = convert(manifest, ManifestJson, manifest_path)
@@ -791,7 +792,8 @@ def read_dump(path: Path) -> Dump:
         )
     index_path = _dump_file(root, INDEX_NAME, plain_names)
     cuts: list[str] = []
-    raw = _read_bytes(index_path, DumpFormatError("index.jsonl is missing", where=index_path))
+    # the index grows with the records (10**5 lines and more): no size limit, only the file rules
+    raw = _read_bytes(index_path, root, DumpFormatError("index.jsonl is missing", where=index_path), None)
     records = _index_records(root, raw, str(index_path), cuts, plain_names)
     expected_records = declared.records
     if isinstance(expected_records, int) and len(records) < expected_records and not cuts:
@@ -816,18 +818,14 @@ def read_dump(path: Path) -> Dump:
     if declared.cut:
         cuts.insert(0, f"capture stopped early: {declared.cut}")
     topology = None
-    topology_path = _dump_file(root, TOPOLOGY_NAME, plain_names)
-    if topology_path.is_symlink() and not topology_path.exists():  # optional, but a link says one was meant
-        raise DumpFormatError(
-            f"is a link to {os.readlink(topology_path)}, which does not exist",
-            where=topology_path,
-            hint="copy the topology file in, or remove the link",
+    topology_path = _dump_file(root, TOPOLOGY_NAME, plain_names)  # optional; a link to nothing is an error
+    if os.path.lexists(topology_path):
+        topology_bytes = _read_bytes(
+            topology_path,
+            root,
+            DumpFormatError("topology.json vanished while read", where=topology_path),
+            METADATA_LIMIT_BYTES,
         )
-    if topology_path.is_file():
-        try:
-            topology_bytes = topology_path.read_bytes()
-        except OSError as exc:
-            raise DumpFormatError(f"cannot read: {exc.strerror}", where=topology_path) from exc
         topology = topology_from_json(decode(topology_bytes, TopologyJson, topology_path))
     cut = None
     if cuts:

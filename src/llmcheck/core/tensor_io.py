@@ -96,19 +96,52 @@ def load_weights_only(path: Path, refused_hint: str | None = None) -> object:
     """
     import pickle
 
+    if Path(path).stat().st_size == 0:
+        raise DumpFormatError("is empty (0 bytes), not a torch file", where=path, hint="save the tensor again")
     try:
         try:  # memory-mapped: only the bytes a chunk needs are read
-            return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+            content = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
         except RuntimeError as exc:
             if "mmap" not in str(exc):
                 raise
-            return torch.load(path, map_location="cpu", weights_only=True)  # the legacy (non-zip) format
+            content = torch.load(path, map_location="cpu", weights_only=True)  # the legacy (non-zip) format
     except pickle.UnpicklingError as exc:
-        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise DumpFormatError(
-            f"refused: not loadable with weights_only=True ({first_line})",
+            f"refused: not loadable with weights_only=True ({_first_line(exc)})",
             where=path,
             hint=refused_hint or "llmcheck never unpickles arbitrary objects; save plain tensors or containers of them",
         ) from exc
     except (RuntimeError, EOFError, ValueError, OSError) as exc:
-        raise DumpFormatError(f"not a readable torch file: {str(exc).strip().splitlines()[0]}", where=path) from exc
+        raise DumpFormatError(f"not a readable torch file: {_first_line(exc)}", where=path) from exc
+    _refuse_dataless(content, path, "")
+    return content
+
+
+def _first_line(exc: BaseException) -> str:
+    """Return the first line of an exception's message, or its type's name when it has none (an empty file's)."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _refuse_dataless(content: object, path: Path, name: str) -> None:
+    """Raise naming the first tensor in a loaded file that holds no dense values: a meta or a sparse tensor."""
+    if isinstance(content, torch.Tensor):
+        which = f"tensor {name!r}" if name else "a tensor"
+        if content.is_meta:
+            raise DumpFormatError(
+                f"holds {which} on the meta device, which has no values (only a shape and a dtype)",
+                where=path,
+                hint="save the tensor of a real run",
+            )
+        if content.layout != torch.strided:
+            raise DumpFormatError(
+                f"holds {which} of layout {content.layout}, not a dense tensor",
+                where=path,
+                hint="save tensor.to_dense()",
+            )
+    elif isinstance(content, dict):
+        for key, item in content.items():
+            _refuse_dataless(item, path, f"{name}.{key}" if name else str(key))
+    elif isinstance(content, (list, tuple)):
+        for index, item in enumerate(content):
+            _refuse_dataless(item, path, f"{name}.{index}" if name else str(index))

@@ -25,6 +25,7 @@ from llmcheck.plugin_api import (
     SourceInfo,
     UserMapping,
     hookimpl,
+    read_dump_file,
     seed_dump_options,
 )
 from llmcheck.plugins.atb.onnx_export import atb_json_to_onnx
@@ -86,10 +87,10 @@ def llmcheck_export_onnx(topology_path: Path, level: int, output_path: Path | No
         return None
     from llmcheck.plugins.atb.topology import looks_like_topology
 
-    try:
-        document: Any = json.loads(Path(topology_path).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None  # not JSON: another plugin's kind of topology
+    try:  # a FIFO, a device, an oversized file: one error naming it (read_dump_file), never a hang
+        document: Any = json.loads(read_dump_file(Path(topology_path), None))
+    except (FileNotFoundError, ValueError, RecursionError):
+        return None  # not JSON: another plugin's kind of topology (the core names what is wrong with it)
     if not looks_like_topology(document):
         return None
     return atb_json_to_onnx(topology_path, level, output_path)

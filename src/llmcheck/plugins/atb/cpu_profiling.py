@@ -17,7 +17,7 @@ import logging
 import re
 from pathlib import Path
 
-from llmcheck.plugin_api import DumpFormatError, LlmcheckError
+from llmcheck.plugin_api import DumpFormatError, LlmcheckError, read_dump_file
 
 log = logging.getLogger("llmcheck.atb")
 
@@ -27,11 +27,14 @@ EXECUTE_MARKER = "kernelExecuteTime"
 SETUP_MARKER = "runnerSetupTime"
 
 
-def parse_cpu_profiling_text(path: Path) -> dict[str, dict[str, str]]:
-    """Return ``{opname: {"execute_<key>"|"setup_<key>": value}}`` of one probe text file, ops in first-seen order."""
+def parse_cpu_profiling_text(path: Path, dump_root: Path | None = None) -> dict[str, dict[str, str]]:
+    """Return ``{opname: {"execute_<key>"|"setup_<key>": value}}`` of one probe text file, ops in first-seen order.
+
+    ``dump_root`` is the dump the file belongs to (``None``: a file named alone).
+    """
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        text = read_dump_file(path, dump_root).decode("utf-8")
     except FileNotFoundError as exc:
         raise DumpFormatError("no such cpu profiling file", where=path, hint="check the path") from exc
     except UnicodeDecodeError as exc:
@@ -88,7 +91,7 @@ def convert_cpu_profiling(folder: Path) -> list[Path]:
         if not TEXT_NAME.match(text_path.name):
             continue
         csv_path = text_path.with_suffix(".csv")
-        content = cpu_profiling_csv_text(parse_cpu_profiling_text(text_path))
+        content = cpu_profiling_csv_text(parse_cpu_profiling_text(text_path, folder))
         try:
             with open(csv_path, "x", encoding="utf-8", newline="") as handle:
                 handle.write(content)
@@ -102,14 +105,16 @@ def convert_cpu_profiling(folder: Path) -> list[Path]:
     return written
 
 
-def read_cpu_profiling_csv(path: Path) -> dict[str, dict[str, float]]:
+def read_cpu_profiling_csv(path: Path, dump_root: Path | None = None) -> dict[str, dict[str, float]]:
     """Return ``{opname: {column: µs or count}}`` of a converted CSV (empty cells left out)."""
     path = Path(path)
     try:
-        with open(path, encoding="utf-8", newline="") as handle:
-            rows = list(csv.DictReader(handle))
+        text = read_dump_file(path, dump_root).decode("utf-8")
     except FileNotFoundError as exc:
         raise DumpFormatError("no such cpu profiling CSV", where=path, hint="check the path") from exc
+    except UnicodeDecodeError as exc:
+        raise DumpFormatError("cpu profiling CSV is not UTF-8 text", where=path, offset=exc.start) from None
+    rows = list(csv.DictReader(io.StringIO(text, newline="")))
     by_op: dict[str, dict[str, float]] = {}
     for row_number, row in enumerate(rows, start=2):
         op_name = row.get("opname")

@@ -26,11 +26,10 @@ entered) are each named in a warning saying why their tensors were not read.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,7 +41,6 @@ from llmcheck.plugin_api import (
     MOMENT_AFTER,
     MOMENT_BEFORE,
     Dump,
-    DumpFormatError,
     DumpNotFoundError,
     RecordKey,
     TensorRecord,
@@ -50,6 +48,9 @@ from llmcheck.plugin_api import (
     folder_link_reason,
     inside_dump,
     merge_rank_dumps,
+    only_behind_folder_links,
+    parse_dump_json,
+    read_dump_file,
     warn_passed_over,
 )
 from llmcheck.plugins.atb import SOURCE_NAME
@@ -145,14 +146,17 @@ def locate_dump(path: Path) -> DumpLayout | None:
     return layout_of(roots[0]) if roots else None
 
 
-def _run_folders(layout: DumpLayout) -> list[Path]:
+def _run_folders(layout: DumpLayout) -> tuple[list[Path], list[Path]]:
+    """Return the ``{device}_{pid}`` run folders by device, and those that are links (never entered)."""
     folder = layout.tensors_dir
     if not folder.is_dir():
-        return []
+        return [], []
+    runs = [child for child in folder.iterdir() if child.is_dir() and _RUN_FOLDER.match(child.name)]
+    links = sorted(run for run in runs if run.is_symlink())
     return sorted(
-        (child for child in folder.iterdir() if child.is_dir() and _RUN_FOLDER.match(child.name)),
+        (run for run in runs if not run.is_symlink()),
         key=lambda child: tuple(int(part) for part in _RUN_FOLDER.match(child.name).groups()),  # type: ignore[union-attr]
-    )
+    ), links
 
 
 def _other_run_level_folders(layout: DumpLayout) -> list[Path]:
@@ -168,14 +172,15 @@ def _overlaps(folder: Path, scope: Path | None) -> bool:
     return scope is None or folder.is_relative_to(scope) or scope.is_relative_to(folder)
 
 
-def _read_op_param(op_dir: Path) -> dict[str, Any] | None:
+def _read_op_param(op_dir: Path, dump_root: Path) -> dict[str, Any] | None:
     param_path = op_dir / "op_param.json"
-    if not param_path.is_file():
+    if not os.path.lexists(param_path):
         return None
     try:
-        value = json.loads(param_path.read_text(encoding="utf-8") or "{}")
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise DumpFormatError(f"op_param.json is not JSON: {exc}", where=param_path) from None
+        text = read_dump_file(param_path, dump_root)
+    except FileNotFoundError:
+        return None
+    value = parse_dump_json(text or b"{}", param_path)
     if value in ("", None):  # graph operations have no params of their own
         return {}
     return value if isinstance(value, dict) else {"param": value}
@@ -218,7 +223,7 @@ class _Walk:
                 for csv_path in folder.iterdir():
                     match = _OP_CSV_NAME.match(csv_path.name)
                     if match:
-                        for row in read_op_csv(csv_path):
+                        for row in read_op_csv(csv_path, self.layout.root):
                             self.csv_params.setdefault((int(match.group(1)), row.op_name), dict(row.op_param))
         return self.csv_params.get((step, op_name))
 
@@ -237,8 +242,8 @@ def _tensor_files(folder: Path, walk: _Walk, *, moment_folder: bool) -> list[tup
         return []
     with entries:
         for entry in entries:
-            if not (entry.is_symlink() or entry.is_file()):  # a link is judged by inside_dump
-                continue
+            if entry.is_dir(follow_symlinks=False):
+                continue  # anything else named like a tensor file (a link, a FIFO) is judged by inside_dump
             match = _TENSOR_FILE.match(entry.name)
             if match:
                 io = IO_INPUT if match.group("io").lower() == "in" else IO_OUTPUT
@@ -296,7 +301,7 @@ def _record(
 def _visit_op(walk: _Walk, op_dir: Path, step: int, ids: tuple[int, ...], names: tuple[str, ...], op_type: str) -> None:
     op_id = "_".join(str(i) for i in ids)
     parent = "_".join(str(i) for i in ids[:-1]) or None
-    op_param = _read_op_param(op_dir)
+    op_param = _read_op_param(op_dir, walk.layout.root)
     if op_param is None:
         op_param = walk.op_param_from_csv(step, f"{op_type}_{op_id}")
     op_path = "/".join(names)
@@ -377,7 +382,7 @@ def _topology(layout: DumpLayout, device: int, pid: int) -> tuple[TopologyNode |
     files = models or layers
     if not files:
         return None, []
-    graphs = [read_topology(path) for path in files]
+    graphs = [read_topology(path, layout.root) for path in files]
 
     def first_counter(graph: Any) -> tuple[int, str]:
         name = graph.children[0].op_name if graph.is_model and graph.children else graph.op_name
@@ -442,7 +447,11 @@ def _cpu_profiling(layout: DumpLayout, pid: int) -> tuple[dict[tuple[int, str], 
             chosen[int(match.group(1))] = path  # a converted CSV wins over its text file
     values: dict[tuple[int, str], dict[str, Any]] = {}
     for step, path in chosen.items():
-        table = read_cpu_profiling_csv(path) if path.suffix == ".csv" else parse_cpu_profiling_text(path)
+        table: Mapping[str, Mapping[str, Any]] = (
+            read_cpu_profiling_csv(path, layout.root)
+            if path.suffix == ".csv"
+            else parse_cpu_profiling_text(path, layout.root)
+        )
         for op_name, columns in table.items():
             values[(step, op_name)] = {name: _number(value) for name, value in columns.items()}
     return values, list(chosen.values())
@@ -551,12 +560,15 @@ def load_atb_dump(path: Path) -> Dump | None:
         return _single_file_dump(path) if looks_like_bin(path) else None
     absolute = path.absolute()
     scope = absolute if absolute.is_relative_to(layout.tensors_dir) and absolute != layout.tensors_dir else None
-    runs = _run_folders(layout)
+    runs, links = _run_folders(layout)
     if scope is not None:
         runs = [run for run in runs if scope.is_relative_to(run)]
     else:
         for folder in _other_run_level_folders(layout):
             log.warning("%s: not read: the folder name is not {device}_{pid}", folder)
+        if links and not runs:
+            raise only_behind_folder_links(layout.root, links)
+        warn_passed_over(log, layout.tensors_dir, [(link, folder_link_reason(link, layout.root)) for link in links])
     if not runs:
         raise DumpNotFoundError(
             "ATB dump holds no tensors",

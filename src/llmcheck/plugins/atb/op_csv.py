@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from llmcheck.plugin_api import DumpFormatError
+from llmcheck.plugin_api import DumpFormatError, read_dump_file
 from llmcheck.plugins.atb.acl_dtypes import dtype_from_csv_name
 from llmcheck.plugins.atb.op_names import split_op_name
 
@@ -106,11 +106,11 @@ def _tensors(
     return tuple(tensors)
 
 
-def read_op_csv(path: Path) -> list[OpCsvRow]:
-    """Return the rows of an op or kernel CSV; a malformed row is an error naming its byte offset."""
+def read_op_csv(path: Path, dump_root: Path | None = None) -> list[OpCsvRow]:
+    """Return the rows of an op or kernel CSV (of the dump at ``dump_root``, or named alone); a malformed row is an error naming its byte offset."""
     path = Path(path)
     try:
-        text = path.read_bytes().decode("utf-8")
+        text = read_dump_file(path, dump_root).decode("utf-8")
     except FileNotFoundError as exc:
         raise DumpFormatError("no such op CSV", where=path, hint="check the path given with -c/--csv-path") from exc
     except UnicodeDecodeError as exc:
@@ -148,6 +148,8 @@ def read_op_csv(path: Path) -> list[OpCsvRow]:
             op_param = json.loads(param_text) if param_text else {}
         except ValueError:
             raise DumpFormatError(f"OpParam is not JSON: {param_text[:60]!r}", where=path, offset=line_offset) from None
+        except RecursionError:
+            raise DumpFormatError("OpParam is JSON nested too deep to read", where=path, offset=line_offset) from None
         op_type, op_id = split_op_name(cells["OpName"].strip())
         rows.append(
             OpCsvRow(

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from llmcheck.plugin_api import DumpFormatError, TopologyNode
+from llmcheck.plugin_api import DumpFormatError, TopologyNode, parse_dump_json, read_dump_file
 from llmcheck.plugins.atb.op_names import split_op_name
 
 #: Deeper than this is a corrupt or cyclic file, not a real graph.
@@ -72,6 +72,8 @@ def _param(path: Path, node: Mapping[str, Any], where: str) -> Mapping[str, Any]
             value = json.loads(value)
         except ValueError:
             return {"param": value}
+        except RecursionError:
+            raise DumpFormatError(f"{where}: param is JSON nested too deep to read", where=path) from None
     if not isinstance(value, dict):
         raise DumpFormatError(f"{where}: param must be an object, got {type(value).__name__}", where=path)
     return value
@@ -116,17 +118,13 @@ def parse_topology(document: Any, path: Path) -> AtbGraphNode:
     return _node(Path(path), document, 0)
 
 
-def read_topology(path: Path) -> AtbGraphNode:
-    """Return the tree of an ATB layer or model topology JSON file."""
+def read_topology(path: Path, dump_root: Path | None = None) -> AtbGraphNode:
+    """Return the tree of an ATB layer or model topology JSON file (of the dump at ``dump_root``, or named alone)."""
     path = Path(path)
     try:
-        document = json.loads(path.read_text(encoding="utf-8"))
+        document = parse_dump_json(read_dump_file(path, dump_root), path)
     except FileNotFoundError as exc:
         raise DumpFormatError("no such topology file", where=path, hint="check the path") from exc
-    except UnicodeDecodeError as exc:
-        raise DumpFormatError("topology is not UTF-8 text", where=path, offset=exc.start) from None
-    except json.JSONDecodeError as exc:
-        raise DumpFormatError(f"topology is not JSON: {exc.msg}", where=path, offset=exc.pos) from None
     return parse_topology(document, path)
 
 

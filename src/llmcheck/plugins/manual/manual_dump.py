@@ -106,7 +106,8 @@ def resolve_tensor_file(entry_path: str, metadata: Path) -> Path:
         )
     parts = [part for part in path.parts if part not in (path.anchor, ".")]
     candidates = [folder.joinpath(*parts[start:]) for folder in (metadata.parent, root) for start in range(len(parts))]
-    found = next((candidate for candidate in candidates if candidate.is_file() or candidate.is_symlink()), None)
+    # anything there but a folder (a link, a FIFO) is found, then judged by inside_dump
+    found = next((found for found in candidates if os.path.lexists(found) and not found.is_dir()), None)
     if found is not None:
         return inside_dump(found, root)
     if path.is_absolute() and Path(path).exists():

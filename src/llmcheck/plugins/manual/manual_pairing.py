@@ -1,9 +1,10 @@
 """The manual mapping's pairing rule: pairs are what the user's ``dump_data`` calls said, by data id and token.
 
-* First seed form: each golden record names its counterpart file (``attrs["my_path"]``).
-  The counterpart is the record of the *my* dump holding that file when there is one,
-  else the file read on its own -- so ``--my-path`` may be that file, its folder, or any
-  path, as the seed allows. Records of the *my* dump no entry names stay unmatched, with
+* First seed form: each golden record names its counterpart file (``attrs["my_path"]``),
+  which must lie inside the *my* dump (``--my-path``, links resolved: the one containment
+  rule of every reader). The counterpart is the record of the *my* dump holding that file
+  when there is one, else the file read on its own -- so ``--my-path`` may be that file or
+  a folder holding it. Records of the *my* dump no entry names stay unmatched, with
   a note saying so.
 * Second seed form: a golden and an acl ``metadata.json``; records pair when their
   ``data_id`` and ``token_id`` agree. A data id/token on one side only stays unmatched,
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from llmcheck.plugin_api import Dump, Pair, PairPriority, TensorRecord
+from llmcheck.plugin_api import Dump, Pair, PairPriority, PathOutsideDumpError, TensorRecord, inside_dump
 from llmcheck.plugins.manual.manual_dump import FORM_MAPPED, SOURCE_NAME, load_tensor_record
 
 RULE = "manual_mapping"
@@ -27,14 +28,28 @@ def _file_of(record: TensorRecord) -> Path | None:
     return Path(record.data.path).resolve()
 
 
+def _named_file(record: TensorRecord, metadata: Path, my_root: Path) -> Path:
+    """Return the file a first-form entry names, which must lie inside the ``--my-path`` dump (the one containment rule)."""
+    my_file = Path(str(record.attrs["my_path"]))
+    try:
+        return inside_dump(my_file, my_root)
+    except PathOutsideDumpError:
+        raise PathOutsideDumpError(
+            f"data_id {record.attrs['data_id']} token {record.attrs['token_id']} names {my_file}, "
+            f"which leads outside the --my-path dump {my_root}",
+            where=metadata,
+            hint="pass the folder that holds every file the entries name as --my-path",
+        ) from None
+
+
 def mapped_pairs(golden: Dump, my: Dump) -> list[Pair]:
-    """Return the pairs of a first-form golden dump: each golden tensor with the file it names."""
+    """Return the pairs of a first-form golden dump: each golden tensor with the file it names inside the my dump."""
     metadata = Path(str(golden.manifest["metadata"]))
     mine_by_file = {_file_of(record): record for record in my.records if _file_of(record) is not None}
     used: set[int] = set()
     pairs = []
     for record in golden.records:
-        my_file = Path(str(record.attrs["my_path"]))
+        my_file = _named_file(record, metadata, Path(my.root))
         counterpart = mine_by_file.get(my_file.resolve())
         if counterpart is not None:
             used.add(id(counterpart))  # the my dump's own record: kept as it is, so the core sees it paired

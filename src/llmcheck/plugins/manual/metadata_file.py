@@ -25,7 +25,7 @@ from typing import Annotated, Any
 
 import msgspec
 
-from llmcheck.plugin_api import DumpFormatError, atomic_write_text, convert_json, decode_json
+from llmcheck.plugin_api import DumpFormatError, atomic_write_text, convert_json, decode_json, read_dump_file
 
 log = logging.getLogger("llmcheck.manual")
 
@@ -62,19 +62,15 @@ def parse_metadata(value: Any, where: Path) -> dict[str, dict[str, Any]]:
 def read_metadata(path: Path) -> dict[str, dict[str, Any]]:
     """Return the mapping stored in a ``metadata.json``."""
     try:
-        raw = Path(path).read_bytes()
+        raw = read_dump_file(Path(path), None)  # a regular file of at most METADATA_LIMIT_BYTES
     except FileNotFoundError as exc:
         raise DumpFormatError("no such metadata file", where=path, hint="check the path") from exc
-    except OSError as exc:
-        raise DumpFormatError(f"cannot read: {exc.strerror}", where=path) from exc
     return parse_metadata(decode_json(raw, Any, path), path)
 
 
 def looks_like_metadata(path: Path) -> bool:
     """Return whether a JSON file has the manual mapping's shape (cheap enough to ask of any ``.json``)."""
     try:
-        if path.stat().st_size > 64 * 1024 * 1024:
-            return False
         read_metadata(path)
         return True
     except (OSError, DumpFormatError):

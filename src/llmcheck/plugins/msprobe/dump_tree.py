@@ -23,8 +23,8 @@ item states (the dump disagrees with itself).
 
 from __future__ import annotations
 
-import json
 import logging
+import os
 import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -43,8 +43,12 @@ from llmcheck.plugin_api import (
     TensorData,
     TensorRecord,
     TensorStats,
+    folder_link_reason,
     inside_dump,
     merge_rank_dumps,
+    parse_dump_json,
+    read_dump_file,
+    warn_passed_over,
 )
 from llmcheck.plugins.msprobe import SOURCE_NAME
 from llmcheck.plugins.msprobe.entry_names import parent_name, parse_entry_name
@@ -95,8 +99,10 @@ class RankFolder:
 
 def looks_like_dump_json(path: Path) -> bool:
     """Return whether a file is an msprobe ``dump.json`` (its header names a task and a framework or level)."""
-    if path.name != DUMP_JSON or not path.is_file():
+    if path.name != DUMP_JSON or not os.path.lexists(path):
         return False
+    if not path.is_file():
+        return True  # a FIFO, a loop, a link to nothing in its place: the reader names what it is
     try:
         with open(path, "rb") as handle:
             head = handle.read(_SNIFF_BYTES)
@@ -114,12 +120,26 @@ def find_rank_folders(path: Path) -> list[RankFolder]:
         return []
     candidates = [path / DUMP_JSON, *sorted(path.glob(f"*/{DUMP_JSON}")), *sorted(path.glob(f"*/*/{DUMP_JSON}"))]
     folders = []
+    links: dict[Path, str] = {}
     for dump_json in candidates:
-        if looks_like_dump_json(dump_json):
+        link = _folder_link_between(path, dump_json.parent)
+        if link is not None:  # a step or rank folder that is a link: named, never entered
+            links.setdefault(link, folder_link_reason(link, path))
+        elif looks_like_dump_json(dump_json):
             folders.append(_rank_folder(dump_json.parent))
             if dump_json.parent == path:
                 break  # the user named one rank folder: its own dump only
+    if folders:
+        warn_passed_over(log, path, sorted(links.items()))
     return sorted(folders, key=lambda folder: (folder.rank, folder.step))
+
+
+def _folder_link_between(top: Path, folder: Path) -> Path | None:
+    """Return the first folder link on the way from ``top`` down to ``folder`` (``None``: none)."""
+    for below in reversed(folder.relative_to(top).parents[:-1]):
+        if (top / below).is_symlink():
+            return top / below
+    return folder if folder != top and folder.is_symlink() else None
 
 
 def _rank_folder(path: Path) -> RankFolder:
@@ -154,10 +174,10 @@ def _rank_dump(folders: list[RankFolder], root: Path) -> Dump:
     records: list[TensorRecord] = []
     headers = []
     for folder in sorted(folders, key=lambda folder: folder.step):
-        header, entries = _read_dump_json(folder.path / DUMP_JSON)
+        header, entries = _read_dump_json(folder.path / DUMP_JSON, folder.path)
         headers.append(header)
-        parents = _read_optional_json(folder.path / CONSTRUCT_JSON)
-        stacks = _stacks(_read_optional_json(folder.path / STACK_JSON))
+        parents = _read_optional_json(folder.path / CONSTRUCT_JSON, folder.path)
+        stacks = _stacks(_read_optional_json(folder.path / STACK_JSON, folder.path))
         records.extend(_entry_records(folder, entries, parents, stacks, first_order=len(records)))
     missing = [record.source_path for record in records if record.attrs.get("data_missing")]
     if missing:
@@ -179,15 +199,13 @@ def _rank_dump(folders: list[RankFolder], root: Path) -> Dump:
     return Dump(source=SOURCE_NAME, root=root, records=records, manifest=manifest)
 
 
-def _read_dump_json(path: Path) -> tuple[dict[str, Any], Mapping[str, Any]]:
+def _read_dump_json(path: Path, rank_folder: Path) -> tuple[dict[str, Any], Mapping[str, Any]]:
     try:
-        document = json.loads(path.read_bytes())
-    except ValueError as exc:
-        raise DumpFormatError(
-            f"not valid JSON ({exc})", where=path, hint="the dump was cut short or edited; re-run the msprobe dump"
-        ) from exc
-    except OSError as exc:
-        raise DumpFormatError(f"cannot be read: {exc}", where=path) from exc
+        # dump.json grows with the entries, like an index: no size limit, only the file rules
+        content = read_dump_file(path, rank_folder, limit_bytes=None)
+    except FileNotFoundError as exc:
+        raise DumpFormatError("is missing", where=path, hint=_REDUMP_HINT) from exc
+    document = _parsed(content, path)
     entries = document.get("data") if isinstance(document, dict) else None
     if not isinstance(entries, dict):
         raise DumpFormatError(
@@ -198,15 +216,23 @@ def _read_dump_json(path: Path) -> tuple[dict[str, Any], Mapping[str, Any]]:
     return {key: value for key, value in document.items() if key != "data"}, entries
 
 
-def _read_optional_json(path: Path) -> Any:
-    if not path.is_file():
+def _read_optional_json(path: Path, rank_folder: Path) -> Any:
+    """Return a rank folder's construct.json or stack.json parsed (``{}`` when absent); read under the dump's file rules."""
+    if not os.path.lexists(path):
         return {}
     try:
-        return json.loads(path.read_bytes())
-    except ValueError as exc:
+        return _parsed(read_dump_file(path, rank_folder), path)
+    except FileNotFoundError:
+        return {}
+
+
+def _parsed(content: bytes, path: Path) -> Any:
+    try:
+        return parse_dump_json(content, path)
+    except DumpFormatError as exc:
         raise DumpFormatError(
-            f"not valid JSON ({exc})", where=path, hint="the dump was cut short or edited; re-run the msprobe dump"
-        ) from exc
+            exc.what, where=path, hint="the dump was cut short or edited; re-run the msprobe dump"
+        ) from None
 
 
 def _stacks(document: Any) -> dict[str, tuple[str, ...]]:
@@ -250,7 +276,7 @@ def is_tensor_entry(item: Any) -> bool:
     """
     if not isinstance(item, dict):
         return False
-    if item.get("type") in TENSOR_ITEM_TYPES:
+    if isinstance(item.get("type"), str) and item["type"] in TENSOR_ITEM_TYPES:
         return True
     return "dtype" in item and "shape" in item and not isinstance(item["dtype"], dict)
 
@@ -347,8 +373,8 @@ def _record(
                 where=where,
                 hint=f"llmcheck reads {', '.join(TENSOR_SUFFIXES)} msprobe tensor files",
             )
+        inside_dump(tensor_path, folder.path)  # a link out, a FIFO, a name too long: one error naming it
         if tensor_path.is_file():
-            inside_dump(tensor_path, folder.path)
             saved_dtype = _checked_tensor_file(tensor_path, dtype, shape, where, label)
             if saved_dtype != dtype:
                 attrs["saved_dtype"] = saved_dtype

@@ -25,9 +25,11 @@ from llmcheck.plugin_api import (
     SourceInfo,
     UserMapping,
     find_dumps,
+    folder_link_reason,
     hookimpl,
     merge_rank_dumps,
     read_dump,
+    warn_passed_over,
 )
 from llmcheck.plugins.native import pairing, single_file
 
@@ -56,8 +58,11 @@ def llmcheck_load_tensors(path: Path, source: str | None) -> Dump | None:
     if source not in (None, NATIVE_SOURCE):
         return None
     dumps = find_dumps(path)
+    links = [folder for folder in dumps if folder != Path(path) and folder.is_symlink()]
+    dumps = [folder for folder in dumps if folder not in links]  # a run folder that is a link: named, never entered
     if not dumps:
         return None
+    warn_passed_over(log, Path(path), [(link, folder_link_reason(link, path)) for link in links])
     loaded = [read_dump(folder) for folder in dumps]
     for folder, dump in zip(dumps, loaded):
         if dump.cut:

@@ -15,7 +15,6 @@ weights_only=True)`` -- never arbitrary unpickling.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import os
@@ -32,6 +31,7 @@ from llmcheck.plugin_api import (
     TensorData,
     TensorRecord,
     inside_dump,
+    parse_dump_json,
     read_npy_header,
 )
 
@@ -175,30 +175,28 @@ def _safetensors_records(path: Path) -> list[TensorRecord]:
             raise DumpFormatError(
                 f"header length {header_size} exceeds the file ({file_size} bytes)", where=path, offset=0
             )
-        try:
-            header = json.loads(handle.read(header_size))
-        except ValueError as exc:
-            raise DumpFormatError(f"header is not JSON: {exc}", where=path, offset=8) from exc
+        header = parse_dump_json(handle.read(header_size), path, "header")
     if not isinstance(header, dict):
         raise DumpFormatError("header is not a JSON object", where=path, offset=8)
-    raw_dtypes = json.loads(header.get("__metadata__", {}).get("llmcheck_raw_dtypes", "{}"))
+    raw_dtypes = _raw_dtypes(header, path)
     data_start = 8 + header_size
-    entries = sorted(
-        ((name, entry) for name, entry in header.items() if name != "__metadata__"),
-        key=lambda item: item[1].get("data_offsets", [0])[0],
-    )
-    records = []
-    for order, (name, entry) in enumerate(entries):
+    entries = []
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
         try:
             begin, end = (int(v) for v in entry["data_offsets"])
             code, shape = entry["dtype"], tuple(int(v) for v in entry["shape"])
         except (KeyError, TypeError, ValueError) as exc:
             raise DumpFormatError(f"tensor {name!r} has a malformed header entry", where=path, offset=8) from exc
-        dtype = raw_dtypes.get(name) or _SAFETENSORS_DTYPES.get(code)
+        entries.append((begin, end, name, code, shape))
+    records = []
+    for order, (begin, end, name, code, shape) in enumerate(sorted(entries, key=lambda entry: entry[0])):
+        dtype = raw_dtypes.get(name) or (_SAFETENSORS_DTYPES.get(code) if isinstance(code, str) else None)
         if dtype is None:
             raise DumpFormatError(f"tensor {name!r} has unsupported dtype {code!r}", where=path, offset=8)
         if name in raw_dtypes:  # stored as raw bytes; the true shape is not recoverable beyond its size
-            shape = (int(shape[0]) // DTYPE_ITEMSIZE[dtype],)
+            shape = (math.prod(shape) // DTYPE_ITEMSIZE[dtype],)
         if data_start + end > file_size or begin > end:
             raise DumpFormatError(
                 f"tensor {name!r} bytes {begin}..{end} run past the end of the file",
@@ -208,6 +206,22 @@ def _safetensors_records(path: Path) -> list[TensorRecord]:
         data = TensorData(dtype=dtype, shape=shape, path=path, offset=data_start + begin, nbytes=end - begin)
         records.append(_record(name, order, data, path, f"{path.name}:{name}"))
     return records
+
+
+def _raw_dtypes(header: dict[str, Any], path: Path) -> dict[str, str]:
+    """Return ``{tensor name: dtype}`` of the tensors llmcheck stored as raw bytes (``__metadata__.llmcheck_raw_dtypes``)."""
+    metadata = header.get("__metadata__", {})
+    text = metadata.get("llmcheck_raw_dtypes", "{}") if isinstance(metadata, dict) else None
+    raw_dtypes = parse_dump_json(text, path, "__metadata__.llmcheck_raw_dtypes") if isinstance(text, str) else None
+    if not isinstance(raw_dtypes, dict) or not all(
+        isinstance(dtype, str) and dtype in DTYPE_ITEMSIZE for dtype in raw_dtypes.values()
+    ):
+        raise DumpFormatError(
+            "__metadata__.llmcheck_raw_dtypes is not a JSON object of {tensor name: dtype name}",
+            where=path,
+            offset=8,
+        )
+    return raw_dtypes
 
 
 # --- .pt / .pth ------------------------------------------------------------------------------------

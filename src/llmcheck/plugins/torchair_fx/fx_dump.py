@@ -25,9 +25,9 @@ its values are that dtype's.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
+import os
 import re
 from collections import defaultdict
 from dataclasses import dataclass
@@ -46,8 +46,11 @@ from llmcheck.plugin_api import (
     TensorRecord,
     TopologyNode,
     inside_dump,
+    parse_dump_json,
+    read_dump_file,
     read_npy_header,
     walk_files,
+    warn_passed_over,
 )
 from llmcheck.plugins.torchair_fx import SOURCE_NAME
 
@@ -160,15 +163,12 @@ class SavedAsFloat32Loader:
         return saved.to(torch_dtype(self.dtype))
 
 
-def read_saved_dtypes(step_folder: Path) -> dict[str, str]:
+def read_saved_dtypes(step_folder: Path, dump_root: Path) -> dict[str, str]:
     """Return ``{file name: true dtype}`` from a step folder's ``llmcheck_saved_dtypes.json`` (empty when absent)."""
     path = step_folder / SAVED_DTYPES_FILE
-    if not path.is_file():
+    if not os.path.lexists(path):
         return {}
-    try:
-        saved = json.loads(path.read_text(encoding="utf-8"))
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise DumpFormatError(f"not valid JSON: {exc}", where=path) from None
+    saved = parse_dump_json(read_dump_file(path, dump_root), path)
     if not isinstance(saved, dict) or not all(isinstance(v, str) and v in _TRUE_DTYPES for v in saved.values()):
         raise DumpFormatError("expected {file name: dtype} with bfloat16/float8 dtypes", where=path)
     return saved
@@ -199,11 +199,14 @@ def fx_files_under(path: Path) -> list[tuple[Path, FxDumpFileName]]:
         parsed = parse_fx_file_name(path.name)
         return [(path, parsed)] if parsed is not None else []
     found = []
-    for directory, file_names in walk_files(path):
+    folder_links: list[tuple[Path, str]] = []
+    for directory, file_names in walk_files(path, folder_links):
         for file_name in file_names:
             parsed = parse_fx_file_name(file_name)
             if parsed is not None:
                 found.append((inside_dump(directory / file_name, path), parsed))
+    if found:  # an FX dump: what it holds behind links is not read, and said so
+        warn_passed_over(log, path, folder_links)
     return found
 
 
@@ -257,7 +260,7 @@ def load_fx_dump(path: Path) -> Dump | None:
                 hint="the file is corrupt; dump again or remove it",
             )
         if file_path.parent not in saved_dtypes:
-            saved_dtypes[file_path.parent] = read_saved_dtypes(file_path.parent)
+            saved_dtypes[file_path.parent] = read_saved_dtypes(file_path.parent, root)
         data = _tensor_data(file_path, header, dtype, saved_dtypes[file_path.parent].get(file_path.name))
         index = graph_index[placement.graph_folder]
         nodes_by_graph[index].setdefault(parsed.node, parsed.target)

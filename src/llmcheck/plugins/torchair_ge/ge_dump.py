@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import math
 import mmap
-import os
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -39,7 +38,6 @@ from llmcheck.plugin_api import (
     DTYPE_ITEMSIZE,
     DumpFormatError,
     TensorData,
-    folder_link_reason,
     inside_dump,
     walk_files,
 )
@@ -549,7 +547,8 @@ def dump_files_under(folder: Path, skipped: list[tuple[Path, str]] | None = None
     (``COMPANION_SUFFIXES``) aside -- and a folder link, which is never entered.
     """
     found: list[tuple[Path, GeDumpFileName]] = []
-    for directory, file_names in walk_files(folder):
+    links: list[tuple[Path, str]] = []
+    for directory, file_names in walk_files(folder, links):
         unparsed = []
         found_before = len(found)
         for file_name in file_names:
@@ -562,14 +561,6 @@ def dump_files_under(folder: Path, skipped: list[tuple[Path, str]] | None = None
             continue
         if unparsed and (len(found) > found_before or _is_step_folder(directory)):
             skipped.extend((path, NOT_A_DUMP_FILE_NAME) for path in sorted(unparsed))
-        skipped.extend((link, folder_link_reason(link, folder)) for link in _folder_links(directory))
+    if skipped is not None:
+        skipped.extend(links)
     return sorted(found, key=lambda item: str(item[0]))
-
-
-def _folder_links(directory: Path) -> list[Path]:
-    """Return the links to folders directly in ``directory`` (a walk never enters them)."""
-    try:
-        with os.scandir(directory) as entries:
-            return sorted(Path(entry.path) for entry in entries if entry.is_symlink() and entry.is_dir())
-    except OSError:
-        return []

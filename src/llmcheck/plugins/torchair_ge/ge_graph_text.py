@@ -34,7 +34,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Union
 
-from llmcheck.plugin_api import DumpFormatError
+from llmcheck.plugin_api import DumpFormatError, read_dump_file
 
 GRAPH_FILE_PREFIX = "dynamo_original_graph"
 FX_TENSOR_NAME_ATTR = "_fx_tensor_name"
@@ -314,7 +314,7 @@ def read_ge_graph(path: Path) -> GeGraph:
     """Return the GE graph in a torchair graph text file; a malformed file is a one-line error."""
     path = Path(path)
     try:
-        text = path.read_bytes().decode("utf-8")
+        text = read_dump_file(path, None).decode("utf-8")  # found inside the dump, or named by the user
     except UnicodeDecodeError as exc:
         raise DumpFormatError("graph text is not UTF-8", where=path, offset=exc.start) from None
     except OSError as exc:
