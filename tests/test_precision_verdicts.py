@@ -584,3 +584,30 @@ def test_a_twin_of_another_implementation_is_used_as_noise_and_the_report_says_s
     judged = compare_dumps(fp32_golden, defective, noise=twin, workers=1)
     assert judged.summary()["noise"]["mode"] == "same program"
     assert judged.culprit is not None and judged.culprit.key.name == DEFECTIVE
+
+
+def test_wrong_weights_are_introduced_again_in_every_decode_step_and_their_module_only_encloses_them(tmp_path):
+    # Each decode step runs the wrong weights anew: in step 1 down_proj's input still passes, so it is
+    # where that step's error is introduced, and its mlp only encloses it (not "inherited" from step 0).
+    from llmcheck.bundled_model import random_llama
+
+    def generate(model: torch.nn.Module, folder: Path):
+        config = DumpConfig(dump_path=str(folder), token_range=[0, 1], tensor_part=2)
+        with register_hook(model, config) as handle, torch.no_grad():
+            model.generate(torch.tensor([[1, 5, 9, 13, 17, 21, 25, 29]]), max_new_tokens=2, do_sample=False)
+        return get_plugins().load_tensors(Path(handle.path))
+
+    defective = random_llama(seed=0, num_layers=4)
+    with torch.no_grad():
+        defective.model.layers[2].mlp.down_proj.weight.mul_(1.05)
+    result = compare_dumps(
+        generate(random_llama(seed=0, num_layers=4), tmp_path / "g"), generate(defective, tmp_path / "m")
+    )
+    labels = {
+        (row.golden.key.name, row.golden.key.step): row.attribution
+        for row in result.rows
+        if row.golden.key.io == "output" and row.golden.key.name.startswith("model.layers.2.mlp")
+    }
+    for step in (0, 1):
+        assert labels[("model.layers.2.mlp.down_proj", step)] == "introduced"
+        assert labels[("model.layers.2.mlp", step)] == "encloses"

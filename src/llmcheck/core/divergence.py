@@ -195,7 +195,8 @@ class _Judge:
         self.sibling_group = self._sibling_groups({})
         self.judged: dict[int, ComparisonRow] = {}
         self.introduced_in_step: dict[int, list[ComparisonRow]] = {}  # step -> its introduced rows, in order
-        self.weights_named: dict[str, ComparisonRow] = {}  # parameter -> the row that named it
+        # (step, parameter) -> the row that named it: each step the wrong weights enter the computation anew
+        self.weights_named: dict[tuple[int, str], ComparisonRow] = {}
 
     def _sibling_groups(self, cutoff: Mapping[int, int]) -> list[tuple[SiblingGroup, int] | None]:
         """Return, by position, the row's sibling group and its member number there (None without siblings).
@@ -433,10 +434,11 @@ class _Judge:
         if same_call is not None:
             return INHERITED, f"the same call's {same_call.golden.key.label()} is where the error is introduced"
         if weight is not None:  # a leaf: whatever fed the op, these values were loaded wrong
-            if weight.parameter in self.weights_named:
-                first = self.weights_named[weight.parameter]
+            named = (row.golden.key.step, weight.parameter)
+            if named in self.weights_named:
+                first = self.weights_named[named]
                 return INHERITED, f"the same weights as {first.golden.key.label()}: {weight.evidence}"
-            self.weights_named[weight.parameter] = row
+            self.weights_named[named] = row
             return INTRODUCED, ""
         label = self._label(row, error, feeding, failing_feeders, anomaly)
         if label == INHERITED and not failing_feeders and not evidence and earlier:
