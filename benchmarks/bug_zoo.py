@@ -509,6 +509,8 @@ class CaseResult:
     pairs: int
     elapsed_s: float
     peer: dict[str, Any] = field(default_factory=dict)
+    #: a miss whose defective module llmcheck still names among its noise suspects (a warning, no failure)
+    suspected: bool = False
 
     @property
     def is_clean(self) -> bool:
@@ -520,7 +522,7 @@ class CaseResult:
             mark = "FALSE-CULPRIT" if self.false_culprit else "clean-ok"
             where = "-"
         else:
-            mark = "HIT" if self.hit else "miss"
+            mark = "HIT" if self.hit else "miss (suspect)" if self.suspected else "miss"
             where = f"L{self.layer}"
         text = (
             f"{self.setting:<16} {self.arch:<6} {self.defect:<20} {where:<3} {mark:<13} "
@@ -567,7 +569,7 @@ def score(
         named = result.first_introduced.golden
     counts = result.counts()
     introduced_rows = sum(1 for row in result.rows if row.attribution == "introduced")
-    blamed, blamed_module, hit, false_culprit = "nothing", None, None, None
+    blamed, blamed_module, hit, false_culprit, suspected = "nothing", None, None, None, False
     if named is not None:
         key = named.key
         suspect = " [op one run only]" if result.first_introduced is None else ""
@@ -580,6 +582,11 @@ def score(
         false_culprit = counts["failures"] > 0 or named is not None
     else:
         hit = named is not None and is_accepted(named.key.name, named.key.io, accepted, setting.capture)
+        suspected = not hit and any(
+            row.attribution == "suspect"
+            and is_accepted(row.golden.key.name, row.golden.key.io, accepted, setting.capture)
+            for row in result.rows
+        )
     return CaseResult(
         setting=setting.name,
         arch=arch,
@@ -595,6 +602,7 @@ def score(
         warnings=counts["warnings"],
         pairs=counts["pairs"],
         elapsed_s=round(elapsed_s, 3),
+        suspected=suspected,
     )
 
 

@@ -301,7 +301,7 @@ def plan(settings: Sequence[str], defects: Sequence[str], clean: bool) -> list[t
 
 def table(results: Sequence[bug_zoo.CaseResult]) -> str:
     """Return one table: per setting, the hit rate over defects and the false culprits over clean controls."""
-    lines = [f"{'setting':<24} {'hits':>12} {'false culprits':>16}  missed"]
+    lines = [f"{'setting':<24} {'hits':>12} {'false culprits':>16} {'suspects':>9}  missed"]
     for name in dict.fromkeys(result.setting for result in results):
         mine = [result for result in results if result.setting == name]
         defects = [result for result in mine if not result.is_clean]
@@ -310,8 +310,9 @@ def table(results: Sequence[bug_zoo.CaseResult]) -> str:
         false = sum(1 for result in clean if result.false_culprit)
         hit_text = f"{hits}/{len(defects)} {100 * hits / len(defects):.0f}%" if defects else "-"
         false_text = f"{false}/{len(clean)}" if clean else "-"
-        missed = ", ".join(f"{r.defect}@L{r.layer}" for r in defects if not r.hit)
-        lines.append(f"{name:<24} {hit_text:>12} {false_text:>16}  {missed}")
+        missed = ", ".join(f"{r.defect}@L{r.layer}{' (suspect)' if r.suspected else ''}" for r in defects if not r.hit)
+        suspected = sum(1 for result in defects if result.suspected)  # misses still named as a noise suspect
+        lines.append(f"{name:<24} {hit_text:>12} {false_text:>16} {suspected:>9}  {missed}")
     return "\n".join(lines)
 
 
