@@ -8,7 +8,9 @@ docs/README.md):
 * every other line is the output the commands print, stdout and stderr together;
 * ``…`` in a line matches any text within that line (timings, paths, dates, pids, sizes),
   and a line holding only ``…`` matches any number of lines (an abridged listing);
-* a command ending in ``# exit N`` must exit with N, every other command with 0.
+* a command ending in ``# exit N`` must exit with N, every other command with 0;
+* a code block of another kind whose first line is ``# NAME.EXT`` (``# timed_backend.py``)
+  is written to that file, for the console blocks after it.
 
 The blocks of a page run in order in one fresh folder, so a later block may use the files an
 earlier one wrote; paths in the examples are relative to that folder. A block opened as
@@ -62,15 +64,29 @@ class ConsoleBlock:
     commands: list[Command]
 
 
+@dataclass
+class ExampleFile:
+    """A code block whose first line is ``# NAME.EXT``: the file the console blocks after it use."""
+
+    name: str
+    text: str
+
+
 _FENCE = re.compile(r"^(`{3,})(\S*)(.*)$")
+_FILE_NAME = re.compile(r"^# ([\w-]+\.\w+)$")
 _HEREDOC = re.compile(r"<<-?\s*(['\"]?)([A-Za-z_][A-Za-z0-9_]*)\1")
 _EXIT = re.compile(r"#\s*exit\s+(\d+)\b[^#]*$")
 
 
 def _console_blocks(page: str) -> list[ConsoleBlock]:
     """Return the ```console blocks of a page under docs/, each parsed into commands and expected output."""
+    return [example for example in _examples(page) if isinstance(example, ConsoleBlock)]
+
+
+def _examples(page: str) -> list[ConsoleBlock | ExampleFile]:
+    """Return a page's console blocks and named files (```python opening with ``# NAME.py``), in page order."""
     lines = (DOCS / page).read_text().splitlines()
-    blocks = []
+    blocks: list[ConsoleBlock | ExampleFile] = []
     index = 0
     while index < len(lines):
         fence = _FENCE.match(lines[index])
@@ -90,6 +106,8 @@ def _console_blocks(page: str) -> list[ConsoleBlock]:
             blocks.append(
                 ConsoleBlock(page, start + 1, "slow" in fence.group(3).split(), _commands(page, start + 2, body))
             )
+        elif body and (name := _FILE_NAME.match(body[0])):
+            blocks.append(ExampleFile(name.group(1), "\n".join(body) + "\n"))
     return blocks
 
 
@@ -135,6 +153,24 @@ def _expected_pattern(expected_lines: list[str]) -> re.Pattern[str]:
     return re.compile("".join(parts))
 
 
+def _as_printed(expected_lines: list[str], actual_lines: list[str]) -> list[str]:
+    """Return the documented lines with each ``…`` line that matches a printed one replaced by it, for a readable diff."""
+    shown = []
+    position = 0
+    for line in expected_lines:
+        if VARIES in line and line.strip() != VARIES:
+            pattern = _expected_pattern([line])
+            match = next(
+                (at for at in range(position, len(actual_lines)) if pattern.fullmatch(actual_lines[at] + "\n")), None
+            )
+            if match is not None:
+                shown.append(actual_lines[match])
+                position = match + 1
+                continue
+        shown.append(line)
+    return shown
+
+
 def _normalised(output: str) -> str:
     lines = [line.rstrip() for line in output.splitlines()]
     while lines and not lines[-1]:
@@ -175,7 +211,11 @@ def _run_block(block: ConsoleBlock, folder: Path) -> None:
         if not _expected_pattern(expected.splitlines()).fullmatch(actual):
             diff = "\n".join(
                 difflib.unified_diff(
-                    expected.splitlines(), actual.splitlines(), "documented", "printed now", lineterm=""
+                    _as_printed(expected.splitlines(), actual.splitlines()),
+                    actual.splitlines(),
+                    "documented",
+                    "printed now",
+                    lineterm="",
                 )
             )
             raise AssertionError(f"{where}: the command prints other output than the page shows\n{diff}")
@@ -193,9 +233,11 @@ def _pages() -> list[str]:
 def _run_page(page: str, tmp_path: Path, *, slow: bool) -> None:
     (tmp_path / "tests").mkdir()
     (tmp_path / "tests" / "data").symlink_to(ROOT / "tests" / "data")  # the sample dumps, as from the repo's root
-    blocks = [block for block in _console_blocks(page) if slow or not block.slow]
-    for block in blocks:
-        _run_block(block, tmp_path)
+    for example in _examples(page):
+        if isinstance(example, ExampleFile):
+            (tmp_path / example.name).write_text(example.text)
+        elif slow or not example.slow:
+            _run_block(example, tmp_path)
 
 
 @pytest.mark.parametrize("page", [page for page in _pages() if any(not b.slow for b in _console_blocks(page))])
@@ -241,7 +283,19 @@ def test_console_blocks_parse_commands_heredocs_and_exit_codes(tmp_path: Path, m
     assert second.expected_exit == 3 and second.expected_lines == ["error line"] and second.line == 6
 
 
-def test_a_drifted_example_fails_with_a_diff(tmp_path: Path) -> None:
-    block = ConsoleBlock("page.md", 1, False, [Command("echo 'evidence: new words'", 2, 0, ["evidence: old words"])])
-    with pytest.raises(AssertionError, match=r"docs/page\.md:2: .*\n(.*\n)*-evidence: old words\n\+evidence: new"):
+def test_a_drifted_example_fails_with_a_diff_of_the_drifted_lines_only(tmp_path: Path) -> None:
+    printing = "echo 'compared in 0.5 s'; echo 'evidence: new words'"
+    block = ConsoleBlock("page.md", 1, False, [Command(printing, 2, 0, ["compared in … s", "evidence: old words"])])
+    with pytest.raises(AssertionError) as failure:
         _run_block(block, tmp_path)
+    message = str(failure.value)
+    assert message.startswith("docs/page.md:2: the command prints other output than the page shows")
+    assert "-evidence: old words\n+evidence: new words" in message
+    assert "-compared" not in message  # the line matched, its varying part included
+
+
+def test_an_example_that_exits_otherwise_than_documented_fails(tmp_path: Path) -> None:
+    block = ConsoleBlock("page.md", 1, False, [Command("echo out; exit 3", 2, 0, ["out"])])
+    with pytest.raises(AssertionError, match=r"docs/page\.md:2: exit code 3, the page says 0"):
+        _run_block(block, tmp_path)
+    _run_block(ConsoleBlock("page.md", 1, False, [Command("echo out; exit 3  # exit 3", 2, 3, ["out"])]), tmp_path)
