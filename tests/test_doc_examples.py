@@ -58,6 +58,8 @@ class Command:
 
 @dataclass
 class ConsoleBlock:
+    """A ```console block: its commands in order, each with the output the page shows for it."""
+
     page: str
     line: int  # 1-based line of the opening fence
     slow: bool
@@ -246,10 +248,8 @@ def test_page_examples_print_what_the_page_shows(page: str, tmp_path: Path) -> N
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("page", [page for page in _pages() if any(b.slow for b in _console_blocks(page))] or ["-"])
+@pytest.mark.parametrize("page", [page for page in _pages() if any(b.slow for b in _console_blocks(page))])
 def test_page_slow_examples_print_what_the_page_shows(page: str, tmp_path: Path) -> None:
-    if page == "-":
-        pytest.skip("no page has a slow console block")
     _run_page(page, tmp_path, slow=True)
 
 
@@ -274,10 +274,11 @@ def test_console_blocks_parse_commands_heredocs_and_exit_codes(tmp_path: Path, m
         "```console\n"
         "$ python - <<'PY'\nprint('hello')\nPY\nhello\n"
         "$ llmcheck compare -gp a \\\n    -mp b  # exit 3\nerror line\n"
-        "```\n"
+        "```\n\n```python\n# tool.py\nprint('a tool')\n```\n\n````markdown\n```console\n$ not run\n```\n````\n"
     )
     monkeypatch.setattr(sys.modules[__name__], "DOCS", tmp_path)
-    (block,) = _console_blocks("page.md")
+    block, tool = _examples("page.md")
+    assert tool == ExampleFile("tool.py", "# tool.py\nprint('a tool')\n")  # the console block inside ```` is text
     first, second = block.commands
     assert first.text == "python - <<'PY'\nprint('hello')\nPY" and first.expected_lines == ["hello"]
     assert second.expected_exit == 3 and second.expected_lines == ["error line"] and second.line == 6
