@@ -20,6 +20,12 @@ held against the rows that fed it (:mod:`llmcheck.core.feeders`) and judged by t
   than the rounding floor) fails as introduced even under the dtype's fail threshold.
 * **The dtype table** (:mod:`llmcheck.core.verdicts`) still fails what is past it.
 
+Trained weights added four guards (``benchmarks/real_model_zoo.py``): a module's output is also
+held against the absolute errors of the parts of its sum (a cancelling residual add is not a
+defect); a growth under :data:`MIN_GROWTH` never introduces; the rows before a step's first
+introduced row are judged again without the siblings after it; and in reduced precision without
+a twin, a modest excess is a *suspect* (a warning) until the failure it hands on confirms it.
+
 A failing row is *introduced* when no feeder fails, *inherited* when a feeder fails and this
 row carries that error on (rows that carry at least :data:`CARRY_FRACTION` of a failing
 feeder's error fail with it), *amplified* when a feeder fails but this row adds error beyond
@@ -193,10 +199,7 @@ class _Judge:
         numbers: dict[Hashable, int] = {}
         slots = [numbers.setdefault(_slot(row), len(numbers)) for row in self.ordered]
         self.places = structure_keys([(row.golden.key.name, slot) for row, slot in zip(self.ordered, slots)])
-        self.feeder_errors = [
-            self._received_error(position, row, feeding)
-            for position, (row, feeding) in enumerate(zip(self.ordered, self.feeding))
-        ]
+        self.feeder_errors = [self._received_error(row, feeding) for row, feeding in zip(self.ordered, self.feeding)]
         self.slots = slots
         self.sibling_group = self._sibling_groups({})
         self.judged: dict[int, ComparisonRow] = {}
@@ -238,7 +241,7 @@ class _Judge:
         known = [error for row in feeding.rows if (error := self.errors[id(row)]) is not None]
         return max(known) if known else None
 
-    def _received_error(self, position: int, row: ComparisonRow, feeding: Feeding) -> float | None:
+    def _received_error(self, row: ComparisonRow, feeding: Feeding) -> float | None:
         """Return the error a row received: its largest feeder error, or what the parts of its sum carry, if more.
 
         The parts' errors are absolute: the two largest, added, bound the error of a sum of
