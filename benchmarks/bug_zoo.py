@@ -459,22 +459,26 @@ QUICK_DEFECTS = ["down_proj_x1.05", "norm_eps_1e-2", "softmax_scale_x1.1", "rope
 CAPTURE_OPTIONS: dict[str, Any] = {}
 
 
-def capture_config(dump_path: Path, capture: str) -> Any:
-    """Return the ``DumpConfig`` of one capture mode: every module's inputs and outputs, or every operator's."""
+def capture_config(dump_path: Path, capture: str, **options: Any) -> Any:
+    """Return the ``DumpConfig`` of one capture mode: every module's inputs and outputs, or every operator's.
+
+    ``options`` are further ``DumpConfig`` fields (over :data:`CAPTURE_OPTIONS`).
+    """
     from llmcheck import DumpConfig
 
+    fields = {**CAPTURE_OPTIONS, **options}
     if capture == "op":
-        return DumpConfig(dump_path=str(dump_path), token_range=[0], tensor_part=2, mode="op", **CAPTURE_OPTIONS)
+        return DumpConfig(dump_path=str(dump_path), token_range=[0], tensor_part=2, mode="op", **fields)
     return DumpConfig(
-        dump_path=str(dump_path), token_range=[0], tensor_part=2, statistics_only=capture == "stats", **CAPTURE_OPTIONS
+        dump_path=str(dump_path), token_range=[0], tensor_part=2, statistics_only=capture == "stats", **fields
     )
 
 
-def capture_run(model: torch.nn.Module, ids: torch.Tensor, dump_path: Path, capture: str) -> Path:
+def capture_run(model: torch.nn.Module, ids: torch.Tensor, dump_path: Path, capture: str, **options: Any) -> Path:
     """Run one forward pass under llmcheck's torch capture and return the dump folder."""
     from llmcheck import register_hook
 
-    with register_hook(model, capture_config(dump_path, capture)) as handle, torch.no_grad():
+    with register_hook(model, capture_config(dump_path, capture, **options)) as handle, torch.no_grad():
         model(ids)
     assert handle.path is not None
     return Path(handle.path)

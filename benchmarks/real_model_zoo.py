@@ -211,17 +211,8 @@ def cast(model: torch.nn.Module, dtype: str) -> torch.nn.Module:
 
 
 def capture(model: torch.nn.Module, ids: torch.Tensor, dump_path: Path, setting: Setting) -> Path:
-    from llmcheck import DumpConfig, register_hook
-
-    options: dict[str, Any] = dict(dump_path=str(dump_path), token_range=[0], tensor_part=2)
-    if setting.capture == "op":
-        options["mode"] = "op"
-    options["statistics_only"] = setting.capture == "stats"
-    options["weight_digests"] = setting.weight_digests
-    with register_hook(model, DumpConfig(**options)) as handle, torch.no_grad():
-        model(ids)
-    assert handle.path is not None
-    return Path(handle.path)
+    """Run one forward pass under the bug zoo's capture of this setting's mode, with or without weight digests."""
+    return bug_zoo.capture_run(model, ids, dump_path, setting.capture, weight_digests=setting.weight_digests)
 
 
 class RealZoo:

@@ -149,17 +149,20 @@ class CompareResult:
         """
         introduced = self.first_introduced
         if introduced is not None:
-            owner = code_owner(self.rows, introduced)
-            return (owner or introduced).golden
+            return (self._code_owner or introduced).golden
         return self.suspects.first()
+
+    @functools.cached_property
+    def _code_owner(self) -> ComparisonRow | None:
+        """Return the output row of the module whose own code made the first introduced row, if that is an input."""
+        introduced = self.first_introduced
+        return code_owner(self.rows, introduced) if introduced is not None else None
 
     @property
     def culprit_seen_at(self) -> TensorRecord | None:
         """Return the introduced input the culprit module's own code made, where :attr:`culprit` names its module."""
         introduced = self.first_introduced
-        if introduced is None or code_owner(self.rows, introduced) is None:
-            return None
-        return introduced.golden
+        return introduced.golden if introduced is not None and self._code_owner is not None else None
 
     @functools.cached_property
     def suspects(self) -> Suspects:

@@ -683,6 +683,12 @@ class _Judge:
                 )
 
 
+#: The my-run is the twin's program plus a defect: rows before the defect agree with the twin bit for bit.
+TWIN_SAME_PROGRAM = "same program"
+#: The my-run is another implementation (other kernels, another engine): the twin's error is the expected noise.
+TWIN_NOISE_ONLY = "noise reference"
+
+
 @dataclass(frozen=True)
 class NoiseTwin:
     """What the noise twin says: its error against the golden at each tensor, and the my-run judged against it.
@@ -696,13 +702,9 @@ class NoiseTwin:
     errors: Mapping[int, float]
     against_my: Mapping[int, ComparisonRow]
     #: :data:`TWIN_SAME_PROGRAM` where its bits judge the my-run, :data:`TWIN_NOISE_ONLY` where only its error does
-    mode: str = "same program"
+    mode: str = TWIN_SAME_PROGRAM
 
 
-#: The my-run is the twin's program plus a defect: rows before the defect agree with the twin bit for bit.
-TWIN_SAME_PROGRAM = "same program"
-#: The my-run is another implementation (other kernels, another engine): the twin's error is the expected noise.
-TWIN_NOISE_ONLY = "noise reference"
 #: More calls than this that differ from the twin behind bit-exact inputs make the my-run another implementation.
 SAME_PROGRAM_MAX_DIFFERENCES = 2
 
