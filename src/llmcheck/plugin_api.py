@@ -6,7 +6,8 @@ What is here, by the question a plugin author asks:
 
 * **How do I implement a hook?** :data:`hookimpl` (the hooks: ``docs/hooks.md``).
 * **What do hooks exchange?** The record nouns: :class:`RecordKey`, :class:`TensorRecord`,
-  :class:`TensorStats`, :class:`TensorData`, :class:`TopologyNode`, :class:`Dump`,
+  :class:`TensorStats`, :class:`TensorData`, :class:`TopologyNode`, :class:`Dump` (a serving
+  engine's per-step rows: :class:`BatchLayout`),
   :class:`Pair` and :class:`PairPriority`, :class:`UserMapping`, :class:`SourceInfo`,
   :class:`CaptureBackend` / :class:`CaptureRequest`, :class:`MetricSpec` /
   :class:`MetricAccumulator` / :class:`MetricResult` (a row's metrics: :class:`JudgedMetrics`,
@@ -104,6 +105,7 @@ from llmcheck.core.records import (
     VERDICT_FAIL,
     VERDICT_PASS,
     VERDICT_WARN,
+    BatchLayout,
     CaptureBackend,
     CaptureRequest,
     ChunkMetricAccumulator,
@@ -150,6 +152,7 @@ from llmcheck.core.reporters import Reporter
 from llmcheck.core.seed_flags import seed_dump_options
 from llmcheck.core.store import (
     AS_DTYPE_FIELD,
+    BATCHES_NAME,
     NATIVE_SOURCE,
     TOPOLOGY_NAME,
     DumpWriter,
@@ -220,6 +223,7 @@ __all__ = [  # noqa: RUF022 -- grouped by the question a plugin author asks, not
     "CaptureBackend",
     "CaptureRequest",
     "ChunkMetricAccumulator",
+    "BatchLayout",
     "Dump",
     "MetricAccumulator",
     "JudgedMetrics",
@@ -294,6 +298,7 @@ __all__ = [  # noqa: RUF022 -- grouped by the question a plugin author asks, not
     "find_dumps",
     "NATIVE_SOURCE",
     "AS_DTYPE_FIELD",
+    "BATCHES_NAME",
     "TOPOLOGY_NAME",
     "closing_state",
     "mark_cut",

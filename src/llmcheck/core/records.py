@@ -330,6 +330,58 @@ class TopologyNode:
             yield from child.walk()
 
 
+@dataclass(frozen=True, slots=True)
+class BatchLayout:
+    """Which request and token position each row of one step's flattened batch holds.
+
+    Serving engines (vLLM, SGLang) run every scheduled request of an engine step as one
+    ``[tokens, hidden]`` batch: prefill chunks and decode tokens of several requests side by
+    side. A golden run of one request (transformers, ``[batch, seq, hidden]``) pairs with
+    such a step only through this bookkeeping: request ``request_ids[i]`` holds rows
+    ``query_start_loc[i]`` to ``query_start_loc[i + 1]`` (exclusive), and row ``r`` is the
+    token at ``positions[r]`` of its request. Capture writes it per step; loaders of engine
+    dumps put it in :attr:`Dump.batches`; pairing plugins cut requests out of a step with it.
+    """
+
+    step: int
+    request_ids: tuple[str, ...]
+    query_start_loc: tuple[int, ...]
+    positions: tuple[int, ...]
+    rank: int = 0
+
+    def rows_of(self, request_id: str) -> range | None:
+        """Return the rows request ``request_id`` holds in this step, or ``None`` when it did not run."""
+        try:
+            index = self.request_ids.index(request_id)
+        except ValueError:
+            return None
+        return range(self.query_start_loc[index], self.query_start_loc[index + 1])
+
+    def as_json(self) -> dict[str, Any]:
+        """Return the layout as the JSON object a dump's ``batches.jsonl`` holds, one line per step."""
+        return {
+            "step": self.step,
+            "rank": self.rank,
+            "request_ids": list(self.request_ids),
+            "query_start_loc": list(self.query_start_loc),
+            "positions": list(self.positions),
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> BatchLayout:
+        """Return the layout a ``batches.jsonl`` line holds; a missing or mistyped field raises ``KeyError``/``TypeError``/``ValueError``."""
+        request_ids = tuple(str(item) for item in data["request_ids"])
+        query_start_loc = tuple(int(item) for item in data["query_start_loc"])
+        positions = tuple(int(item) for item in data["positions"])
+        if len(query_start_loc) != len(request_ids) + 1:
+            raise ValueError(f"{len(request_ids)} requests need {len(request_ids) + 1} query start offsets")
+        if query_start_loc and (query_start_loc[0] != 0 or list(query_start_loc) != sorted(query_start_loc)):
+            raise ValueError("query start offsets must start at 0 and never decrease")
+        if query_start_loc and query_start_loc[-1] > len(positions):
+            raise ValueError(f"query start offsets reach row {query_start_loc[-1]} of {len(positions)} positions")
+        return cls(int(data["step"]), request_ids, query_start_loc, positions, int(data.get("rank", 0)))
+
+
 #: ``Dump.manifest["layout"]`` of a dump read from tensor files given directly (one ``.bin``,
 #: ``.npy`` or ``.pt`` file, a checkpoint's shards) rather than from a captured run's folder.
 LAYOUT_TENSOR_FILES = "file"
@@ -348,6 +400,8 @@ class Dump:
     topology: TopologyNode | None = None
     manifest: Mapping[str, Any] = field(default_factory=dict)
     cut: str | None = None
+    #: A serving engine's per-step batch bookkeeping, keyed by ``(rank, step)`` (see :class:`BatchLayout`).
+    batches: Mapping[tuple[int, int], BatchLayout] = field(default_factory=dict)
 
     @property
     def is_tensor_files(self) -> bool:
@@ -386,6 +440,11 @@ def merge_rank_dumps(dumps: Sequence[Dump], ranks: Sequence[int], root: Path) ->
         topology=dumps[0].topology,
         manifest={**dumps[0].manifest, "ranks": list(ranks)},
         cut="; ".join(cuts) or None,
+        batches={
+            (rank, step): replace(layout, rank=rank)
+            for dump, rank in zip(dumps, ranks)
+            for (_, step), layout in dump.batches.items()
+        },
     )
 
 

@@ -51,6 +51,7 @@ from llmcheck.core.errors import DumpFormatError, DumpNotFoundError, LlmcheckErr
 from llmcheck.core.gc_pause import paused_cyclic_gc
 from llmcheck.core.records import (
     DTYPE_ITEMSIZE,
+    BatchLayout,
     Dump,
     RecordKey,
     TensorData,
@@ -74,6 +75,8 @@ FORMAT_VERSION = 1
 MANIFEST_NAME = "manifest.json"
 INDEX_NAME = "index.jsonl"
 TOPOLOGY_NAME = "topology.json"
+#: A serving engine's per-step batch bookkeeping, one :class:`~llmcheck.core.records.BatchLayout` JSON per line.
+BATCHES_NAME = "batches.jsonl"
 DUMP_DIR_PREFIX = "llmcheck_dump_"
 #: The manifest field of a dump whose capture ran the program cast to another dtype (torch: ``--as-dtype``):
 #: ``{"to": dtype, "from": {dtype: count of floating parameters and buffers}, "outputs_returned_as": dtype}``.
@@ -438,6 +441,18 @@ class DumpWriter:
             raise LlmcheckError("the dump is closed", where=self.path)
         self.flush()
         self._hand_to_writer(_Batch(prepare=prepare, topology=topology))
+
+    def add_batch_layout(self, layout: BatchLayout) -> None:
+        """Append one step's batch bookkeeping to ``batches.jsonl`` (written at once: a line per engine step)."""
+        self._raise_writer_error()
+        if self._closed:
+            raise LlmcheckError("the dump is closed", where=self.path)
+        path = self.path / BATCHES_NAME
+        try:
+            with open(path, "a", encoding="utf-8") as out:
+                out.write(json.dumps(layout.as_json(), separators=(",", ":")) + "\n")
+        except OSError as exc:
+            raise write_failed(path, exc) from exc
 
     def write_topology(self, topology: TopologyNode) -> None:
         """Write the run's module/op tree once, as ``topology.json``."""
@@ -827,10 +842,48 @@ def read_dump(path: Path) -> Dump:
             METADATA_LIMIT_BYTES,
         )
         topology = topology_from_json(decode(topology_bytes, TopologyJson, topology_path))
+    batches = _batch_layouts(root, plain_names, int(manifest.get("rank") or 0))
     cut = None
     if cuts:
         cut = "; ".join(cuts) + f"; {len(records)} records were flushed before the cut"
-    return Dump(source=NATIVE_SOURCE, root=root, records=records, topology=topology, manifest=manifest, cut=cut)
+    return Dump(
+        source=NATIVE_SOURCE,
+        root=root,
+        records=records,
+        topology=topology,
+        manifest=manifest,
+        cut=cut,
+        batches=batches,
+    )
+
+
+def _batch_layouts(root: Path, plain_names: frozenset[str], rank: int) -> dict[tuple[int, int], BatchLayout]:
+    """Return the dump's ``batches.jsonl`` by ``(rank, step)`` (empty when the capture wrote none).
+
+    A line that is not a layout is a format error naming the file and line: pairing a
+    serving engine's rows by broken bookkeeping would compare other tokens without a word.
+    A last line cut short by a kill is dropped, as the index's is.
+    """
+    path = _dump_file(root, BATCHES_NAME, plain_names)
+    if not os.path.lexists(path):
+        return {}
+    raw = _read_bytes(path, root, DumpFormatError("batches.jsonl vanished while read", where=path), None)
+    lines = raw.split(b"\n")
+    layouts: dict[tuple[int, int], BatchLayout] = {}
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            layout = BatchLayout.from_json(json.loads(line))
+        except (ValueError, KeyError, TypeError) as exc:
+            if number == len(lines) and not raw.endswith(b"\n"):
+                break  # the writer was killed mid-line
+            detail = f"missing field {exc}" if isinstance(exc, KeyError) else str(exc)
+            raise DumpFormatError(f"line {number} is not a batch layout: {detail}", where=path) from exc
+        layouts[(rank, layout.step)] = BatchLayout(
+            layout.step, layout.request_ids, layout.query_start_loc, layout.positions, rank
+        )
+    return layouts
 
 
 def _dump_file(root: Path, name: str, plain_names: frozenset[str]) -> Path:
