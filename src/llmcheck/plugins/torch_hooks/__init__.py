@@ -23,7 +23,12 @@ from llmcheck.plugin_api import (
     hookimpl,
     seed_dump_options,
 )
-from llmcheck.plugins.torch_hooks.backend import BACKEND_NAME, TorchCaptureBackend
+from llmcheck.plugins.torch_hooks.backend import (
+    BACKEND_NAME,
+    VLLM_BACKEND_NAME,
+    TorchCaptureBackend,
+    VllmCaptureBackend,
+)
 from llmcheck.plugins.torch_hooks.config import ON_CAPTURE_ERROR, ON_ERROR_STOP, as_dtype_name
 from llmcheck.plugins.torch_hooks.module_graph_onnx import ONNX_FILE
 from llmcheck.plugins.torch_hooks.twin_command import noise_twin_command
@@ -35,35 +40,39 @@ TOKEN_RANGE_NOTE = " (In Python, DumpConfig(token_range=[0, 4]) lists steps: 0 a
 @hookimpl
 def llmcheck_register_capture_backends(register: Callable[[CaptureBackend], None]) -> None:
     register(TorchCaptureBackend())
+    register(VllmCaptureBackend())
 
 
 @hookimpl
 def llmcheck_register_backend_options(register: Callable[[BackendOption], None]) -> None:
+    for option in seed_dump_options(VLLM_BACKEND_NAME):  # steps are engine steps: -er 0-3 is the first four
+        register(option)
+    for backend in (BACKEND_NAME, VLLM_BACKEND_NAME):
+        register(
+            BackendOption(
+                backend,
+                "on_capture_error",
+                "A failure inside capture (a full disk): 'stop' capture "
+                "and let the program run on, or also 'raise' it into the program.",
+                choices=ON_CAPTURE_ERROR,
+                default=ON_ERROR_STOP,
+            )
+        )
+        register(
+            BackendOption(
+                backend,
+                "no_weight_digests",
+                "Do not record digests of each module's parameters (compare then cannot tell weights that "
+                "differ from the golden's beyond rounding; saves one pass over the weights per dump).",
+                type=bool,
+            )
+        )
     for option in seed_dump_options(BACKEND_NAME):
         register(
             dataclasses.replace(option, help=option.help + TOKEN_RANGE_NOTE)
             if option.name == "execute_range"
             else option
         )
-    register(
-        BackendOption(
-            BACKEND_NAME,
-            "on_capture_error",
-            "A failure inside capture (a full disk): 'stop' capture "
-            "and let the program run on, or also 'raise' it into the program.",
-            choices=ON_CAPTURE_ERROR,
-            default=ON_ERROR_STOP,
-        )
-    )
-    register(
-        BackendOption(
-            BACKEND_NAME,
-            "no_weight_digests",
-            "Do not record digests of each module's parameters (compare then cannot tell weights that "
-            "differ from the golden's beyond rounding; saves one pass over the weights per dump).",
-            type=bool,
-        )
-    )
     register(
         BackendOption(
             BACKEND_NAME,

@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import importlib.abc
 import importlib.util
+import json
 import logging
 import os
 import sys
 from typing import Any
 
-from llmcheck.plugins.torch_hooks.config import CONFIG_ENV
+from llmcheck.plugins.torch_hooks.config import CONFIG_ENV, ENGINE_VLLM
 
 log = logging.getLogger("llmcheck.torch")
 
@@ -30,6 +31,9 @@ sessions: list[Any] = []
 
 class _AfterTorchImport(importlib.abc.MetaPathFinder):
     """Finds nothing itself; lets ``import torch`` proceed, then installs capture once torch is ready."""
+
+    def __init__(self, *, first_module: bool) -> None:
+        self.first_module = first_module
 
     def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
         if name != "torch":
@@ -43,19 +47,38 @@ class _AfterTorchImport(importlib.abc.MetaPathFinder):
 
         def exec_module(module: Any) -> None:
             original_exec(module)
-            _install()
+            _install(first_module=self.first_module)
 
         loader.exec_module = exec_module  # type: ignore[method-assign]
         return spec
 
 
 def arm() -> None:
-    """Turn capture on for this process: now if torch is imported, else right after it is."""
+    """Turn capture on for this process: now if torch is imported, else right after it is.
+
+    Inside a serving engine (``DumpConfig.engine``) the model is not the first module called:
+    the engine's own hook (:mod:`.vllm_engine`) finds it where its model runner loads it.
+    """
     _configure_logging(os.environ.get("LLMCHECK_LOG_LEVEL", "info"))
+    engine = _engine_asked()
+    if engine == ENGINE_VLLM:
+        from llmcheck.plugins.torch_hooks import vllm_engine
+
+        vllm_engine.arm()
     if "torch" in sys.modules:
-        _install()
+        _install(first_module=engine is None)
     else:
-        sys.meta_path.insert(0, _AfterTorchImport())
+        sys.meta_path.insert(0, _AfterTorchImport(first_module=engine is None))
+
+
+def _engine_asked() -> str | None:
+    """Return the engine the config names (``None``: capture the first module called); the config is checked later."""
+    try:
+        values = json.loads(os.environ.get(CONFIG_ENV, "{}"))
+    except ValueError:
+        return None  # reported in one line where the config is read
+    engine = values.get("engine") if isinstance(values, dict) else None
+    return engine if isinstance(engine, str) else None
 
 
 def _configure_logging(level_name: str) -> None:
@@ -71,10 +94,12 @@ def _configure_logging(level_name: str) -> None:
     logger.setLevel(level)
 
 
-def _install() -> None:
+def _install(*, first_module: bool = True) -> None:
     import torch
 
     _seed_if_asked(torch)
+    if not first_module:
+        return
     original_call = torch.nn.Module.__call__
     started = False
 

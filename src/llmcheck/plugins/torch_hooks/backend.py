@@ -36,6 +36,7 @@ from llmcheck.plugin_api import (
 )
 from llmcheck.plugins.torch_hooks.config import (
     CONFIG_ENV,
+    ENGINE_VLLM,
     LEFT_OUT_ENV,
     LEVEL_MODULE,
     LEVEL_OP,
@@ -49,6 +50,7 @@ from llmcheck.plugins.torch_hooks.config import (
 log = logging.getLogger("llmcheck.torch")
 
 BACKEND_NAME = "torch"
+VLLM_BACKEND_NAME = "vllm"
 
 BOOTSTRAP_DIR = Path(__file__).resolve().parent / "bootstrap"
 #: Where the child finds the llmcheck package if its Python does not have it installed.
@@ -174,7 +176,7 @@ class TorchCaptureBackend:
             # unactivated environment); llmcheck's own interpreter has torch and llmcheck.
             log.debug("running %r as %s", command[0], sys.executable)
             command[0] = sys.executable
-        config = config_from_options(request.options, request.output_dir, command)
+        config = self.config_for(request, command)
         env = child_environment(config, request.log_level, request.options.get("seed"))
         output_dir = Path(config.dump_path)
         try:
@@ -215,6 +217,10 @@ class TorchCaptureBackend:
         )
         return program_run.exit_code
 
+    def config_for(self, request: CaptureRequest, command: list[str]) -> DumpConfig:
+        """Return the capture config of the request's flags, for the program ``command``."""
+        return config_from_options(request.options, request.output_dir, command)
+
     def capture_model(self, model: Any, request: CaptureRequest) -> Any:
         """Return a running capture of ``model`` in this process, configured by the request's seed flags.
 
@@ -227,6 +233,37 @@ class TorchCaptureBackend:
 
         config = config_from_options(request.options, request.output_dir, list(request.command))
         return register_hook(model, dataclasses.replace(config, command_line=None))
+
+
+class VllmCaptureBackend(TorchCaptureBackend):
+    """The ``vllm`` dump backend: capture the model inside vLLM's engine, one step per engine step.
+
+    The program runs exactly as under the torch backend; only where capture attaches differs
+    (:mod:`.vllm_engine`): the model vLLM's model runner loads, in whichever process runs it.
+    """
+
+    name = VLLM_BACKEND_NAME
+    description = "PyTorch module and ATen-op capture inside vLLM (offline LLM or vllm serve), eager mode"
+    is_default = False
+
+    def config_for(self, request: CaptureRequest, command: list[str]) -> DumpConfig:
+        """Return the torch backend's config for these flags, capturing inside vLLM."""
+        config = super().config_for(request, command)
+        if config.export_onnx or config.profile_cpu:
+            raise UsageError(
+                "the vllm backend records tensors and statistics only",
+                where="--type",
+                hint="use --type tensor, stats or op with --backend vllm",
+            )
+        return dataclasses.replace(config, engine=ENGINE_VLLM)
+
+    def capture_model(self, model: Any, request: CaptureRequest) -> Any:
+        """Refuse: vLLM's model lives inside its engine; capture it with ``llmcheck dump --backend vllm``."""
+        raise UsageError(
+            "the vllm backend captures a program that runs vLLM, not a model object",
+            where="--backend vllm",
+            hint='run llmcheck dump --backend vllm -o OUT --exec "python offline.py"',
+        )
 
 
 def _noted_lines(notes: Path, *, split: bool = False) -> list[str]:

@@ -42,6 +42,7 @@ from llmcheck.plugin_api import (
     MOMENT_AFTER,
     MOMENT_BEFORE,
     PARAMETER_DIGESTS_ATTR,
+    BatchLayout,
     DumpWriter,
     LlmcheckError,
     NullSink,
@@ -157,8 +158,19 @@ class CaptureSession:
     copies, statistics and the writer behind the sink (``TensorSink``, shared through ``plugin_api``).
     """
 
-    def __init__(self, model: torch.nn.Module, config: DumpConfig) -> None:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        config: DumpConfig,
+        *,
+        outside_steps: bool = False,
+        manifest_fields: dict[str, Any] | None = None,
+    ) -> None:
         self.model = model
+        #: Steps begin and end where the caller says (:meth:`begin_outside_step`), not at the model's
+        #: forward: a serving engine's step runs the forward and then the logits, and its warm-up
+        #: forwards are no step at all.
+        self.outside_steps = outside_steps
         self.config = config
         self._cast = ModelCast(model, config.as_dtype) if config.as_dtype is not None else None
         self.selection = ModuleSelection(model, config)
@@ -202,7 +214,10 @@ class CaptureSession:
                     rank=self.rank,
                     device=self.device,
                     dir_suffix=f"rank{self.rank}_{self.device}",
-                    extra_fields={AS_DTYPE_FIELD: self._cast.manifest_entry()} if self._cast is not None else None,
+                    extra_fields={
+                        **(manifest_fields or {}),
+                        **({AS_DTYPE_FIELD: self._cast.manifest_entry()} if self._cast is not None else {}),
+                    },
                 )
             except UsageError:  # a dump_path no dump can go in: the call is wrong, not the disk
                 raise
@@ -407,6 +422,8 @@ class CaptureSession:
 
         def before(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
             try:
+                if is_root and self.outside_steps and self._root_depth == 0:
+                    return None  # a forward outside the engine's steps (warm-up, profiling)
                 if is_root:
                     self._root_depth += 1
                     if self._root_depth == 1:
@@ -521,6 +538,35 @@ class CaptureSession:
             self.busy = previous
 
     # --- steps ---
+
+    def begin_outside_step(self) -> None:
+        """Begin a step the caller drives (``outside_steps``): the module calls until :meth:`end_outside_step` make it."""
+        if self.closed or self.failure is not None:
+            return
+        try:
+            self._root_depth += 1
+            if self._root_depth == 1:
+                self._begin_step()
+        except Exception as exc:
+            self.contain(exc)
+
+    def end_outside_step(self, layout: BatchLayout | None = None) -> None:
+        """End the step :meth:`begin_outside_step` began; ``layout`` is its rows' bookkeeping, kept when it was dumped."""
+        if self.closed or self._root_depth == 0:
+            return
+        try:
+            if self.failure is None and self._root_depth == 1:
+                dumped = self._dumping
+                self._end_step()
+                if dumped and layout is not None and self.writer is not None:
+                    self.writer.add_batch_layout(layout)
+        except Exception as exc:
+            self.contain(exc)
+        finally:
+            self._root_depth -= 1
+            if self._root_depth == 0 and self.failure is not None:
+                self._leave_op_mode()
+                self._remove_hooks(keep_root_after=False)
 
     def _begin_step(self) -> None:
         self.step += 1

@@ -61,6 +61,10 @@ UNCLOSED_ENV = "LLMCHECK_DUMP_UNCLOSED"
 #: each), so ``llmcheck dump`` reports its own run's dumps -- not another run's writing into the same -o.
 STARTED_ENV = "LLMCHECK_DUMPS_STARTED"
 
+#: ``DumpConfig.engine`` of a capture inside vLLM (``llmcheck dump --backend vllm``).
+ENGINE_VLLM = "vllm"
+ENGINES = (ENGINE_VLLM,)
+
 #: ``as_dtype`` spellings -- the short names compare prints (``bf16``) and torch's own
 #: (``bfloat16``, ``half``, ``torch.float16``) -- and the torch dtype each stands for.
 AS_DTYPE_NAMES = {
@@ -138,7 +142,9 @@ class DumpConfig:
     torch's names: cast the model's floating parameters and buffers to this dtype when the
     capture starts, and the floating tensors its forward is given at every call, so the
     unchanged program runs at that precision -- the noise twin of ``compare --noise-path``;
-    floating results go back in the model's dtype when it holds them exactly; see :mod:`.dtype_cast`).
+    floating results go back in the model's dtype when it holds them exactly; see :mod:`.dtype_cast`),
+    ``engine`` (``None``: capture the first module the program calls; ``"vllm"``: the model vLLM's
+    model runner loads, one step per engine step; see :mod:`.vllm_engine`).
     Seed aliases accepted: ``layer_name`` (a glob, added to ``include``),
     ``dump_statistics_mode`` (1 = statistics only).
     """
@@ -163,6 +169,7 @@ class DumpConfig:
     on_capture_error: str = ON_ERROR_STOP
     weight_digests: bool = True
     as_dtype: str | None = None
+    engine: str | None = None
     layer_name: str | None = None
     dump_statistics_mode: int = 0
     command_line: Sequence[str] | None = field(default=None, repr=False)
@@ -217,6 +224,10 @@ class DumpConfig:
                 hint="'stop' keeps the program running, 'raise' hands it the error",
             )
         self.as_dtype = as_dtype_name(self.as_dtype, "DumpConfig.as_dtype")
+        if self.engine is not None and self.engine not in ENGINES:
+            raise UsageError(
+                f"unknown engine {self.engine!r}", where="DumpConfig.engine", hint=f"use one of {', '.join(ENGINES)}"
+            )
         if self.dump_statistics_mode not in (0, 1, 2):
             raise UsageError(
                 f"dump_statistics_mode must be 0, 1 or 2, got {self.dump_statistics_mode!r}",
