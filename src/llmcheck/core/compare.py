@@ -152,6 +152,18 @@ class CompareResult:
             return (self._code_owner or introduced).golden
         return self.suspects.first()
 
+    @property
+    def culprit_partner(self) -> TensorRecord | None:
+        """Return the my-run's record paired with :attr:`culprit` (another name where the runs are laid out apart).
+
+        A serving engine's ``qkv_proj`` is the partner of transformers' ``k_proj``: the report
+        names both, so the culprit reads in the my-run's own modules too.
+        """
+        introduced = self.first_introduced
+        if introduced is not None:
+            return (self._code_owner or introduced).my
+        return self.suspects.first()
+
     @functools.cached_property
     def _code_owner(self) -> ComparisonRow | None:
         """Return the output row of the module whose own code made the first introduced row, if that is an input."""
@@ -211,6 +223,8 @@ class CompareResult:
                 if (culprit := self.culprit) is None
                 else {
                     "name": culprit.key.name,
+                    # the my-run's partner record: another module where the runs are laid out apart
+                    "my_name": partner.key.name if (partner := self.culprit_partner) is not None else None,
                     "io": culprit.key.io,
                     "position": culprit.key.position,
                     "step": culprit.key.step,
