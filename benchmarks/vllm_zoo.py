@@ -79,24 +79,25 @@ def inject(model, defect=defect, layer=int(layer)):
             return torch.cat([q_part, v_part, k_part], dim=-1), bias
 
         attention.qkv_proj.register_forward_hook(swap)
-    elif defect == "o_proj_scale":  # a projection's weight loaded with a stray scale
-        with torch.no_grad():
-            attention.o_proj.weight.mul_(1.05)
+    elif defect == "o_proj_scale":  # a stray scale on one projection's output
+
+        def scale(module, args, output):
+            return output[0] * 1.05, output[1]
+
+        attention.o_proj.register_forward_hook(scale)
     elif defect == "dropped_residual":  # the attention's residual add left out of the fused norm
 
         def drop(module, args):
             return (args[0], torch.zeros_like(args[1]))
 
         block.post_attention_layernorm.register_forward_pre_hook(drop)
-    elif defect == "up_shard":  # the two halves of up_proj's rows loaded in each other's place
-        size = mlp.gate_up_proj.weight.shape[0] // 2
-        with torch.no_grad():
-            up = mlp.gate_up_proj.weight[size:].clone()
-            mlp.gate_up_proj.weight[size:] = torch.cat([up[size // 2 :], up[: size // 2]])
     elif defect == "attn_scale":  # the attention kernel's softmax scale
         attention.attn.impl.scale = attention.attn.impl.scale * 1.25
-    elif defect != "none":
+    elif defect not in ("none", *CHECKPOINT_DEFECTS):
         raise SystemExit(f"unknown defect {defect}")
+
+
+CHECKPOINT_DEFECTS = ("up_shard",)  # in the weights vLLM loads: see write_checkpoint
 
 
 llm = LLM(
@@ -107,7 +108,7 @@ llm = LLM(
     max_model_len=512,
     seed=0,
 )
-if defect != "none":
+if defect not in ("none", *CHECKPOINT_DEFECTS):
     llm.apply_model(inject)
 out = llm.generate([prompt], SamplingParams(max_tokens=int(new_tokens), temperature=0))[0]
 print(json.dumps(list(out.outputs[0].token_ids)))
@@ -124,14 +125,40 @@ class Defect:
 
 
 DEFECTS = (
-    Defect("rope_theta", "self_attn.attn", "rope theta x4 in the layer's rotary table"),
+    Defect("rope_theta", "self_attn", "rope theta x4 in the layer's rotary table"),
     Defect("norm_eps", "post_attention_layernorm", "post-attention RMSNorm epsilon 1e-1"),
     Defect("kv_swap", "self_attn.qkv_proj", "k and v swapped in the qkv split"),
-    Defect("o_proj_scale", "self_attn.o_proj", "o_proj weight x1.05"),
+    Defect("o_proj_scale", "self_attn.o_proj", "o_proj output x1.05"),
     Defect("dropped_residual", "post_attention_layernorm", "residual not added in the fused norm"),
-    Defect("up_shard", "mlp.gate_up_proj", "up_proj row halves swapped (a bad shard)"),
+    Defect("up_shard", "mlp.gate_up_proj", "up_proj rows' halves swapped in the checkpoint (a bad shard)"),
     Defect("attn_scale", "self_attn.attn", "attention softmax scale x1.25"),
 )
+
+
+#: Defects in the checkpoint vLLM loads rather than in the loaded model: vLLM's CPU linears pack
+#: their weights at load time (``weight`` is left empty), so a weight edited afterwards is never read.
+CHECKPOINT_DEFECTS = ("up_shard",)
+
+
+def write_checkpoint(model: Path, folder: Path, defect: str) -> Path:
+    """Return a copy of the checkpoint with the defect in its weights (a shard loaded in the wrong place)."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    target = folder / f"checkpoint_{defect}"
+    if (target / "model.safetensors").is_file():
+        return target
+    target.mkdir(parents=True, exist_ok=True)
+    for item in model.iterdir():
+        if item.name != "model.safetensors":
+            shutil.copy2(item, target / item.name)
+    weights = load_file(str(model / "model.safetensors"))
+    if defect == "up_shard":  # the two halves of up_proj's rows (two tensor-parallel shards) swapped
+        name = f"model.layers.{LAYER}.mlp.up_proj.weight"
+        half = weights[name].shape[0] // 2
+        weights[name] = torch.cat([weights[name][half:], weights[name][:half]]).contiguous()
+    save_file(weights, str(target / "model.safetensors"), metadata={"format": "pt"})
+    return target
 
 
 def vllm_python() -> str | None:
@@ -200,6 +227,8 @@ def dump_vllm(
     """Dump one vLLM run (every engine step) into ``out``; return its tokens and the finished dump command."""
     import shlex
 
+    if defect in CHECKPOINT_DEFECTS:
+        model = write_checkpoint(model, program.parent, defect)
     argv = vllm_argv(python, program, model, dtype, defect)
     command = [*llmcheck_command(), "dump", "--backend", "vllm", "-o", str(out), "-er", "all", "-l", "warning", *extra]
     done = _run([*command, "--exec", shlex.join(argv)], env=vllm_environment())
@@ -216,18 +245,20 @@ def compare(golden: Path, my: Path, out: Path, twin: Path | None = None) -> dict
 
 
 def culprit_text(summary: dict) -> str:
-    """Return the compare's culprit as one text: the golden record and its my-side partner, or ''."""
-    culprit = summary.get("culprit") or summary.get("first_introduced") or {}
+    """Return the compare's culprit as one text: the vLLM module, and its transformers partner where it differs."""
+    culprit = summary.get("culprit") or {}
     if not culprit:
         return ""
-    return f"{culprit.get('name', '')} (my: {culprit.get('my_name', culprit.get('name', ''))})"
+    mine, golden = culprit.get("my_name") or culprit["name"], culprit["name"]
+    return mine if mine == golden else f"{mine} (transformers: {golden})"
 
 
 def names_module(summary: dict, defect: Defect) -> bool:
-    """Return whether the compare's culprit is the defect's module in the defect's layer."""
-    culprit = summary.get("culprit") or summary.get("first_introduced") or {}
-    wanted = f"layers.{LAYER}.{defect.module}"
-    return any(wanted in str(culprit.get(field, "")) for field in ("my_name", "name"))
+    """Return whether the culprit is the defect's vLLM module (or a module inside it) in the defect's layer."""
+    culprit = summary.get("culprit") or {}
+    named = str(culprit.get("my_name") or culprit.get("name") or "")
+    wanted = f"model.layers.{LAYER}.{defect.module}"
+    return named == wanted or named.startswith(wanted + ".")
 
 
 def time_runs(python: str, program: Path, model: Path, folder: Path, repeats: int = 2) -> dict[str, float]:
@@ -283,7 +314,9 @@ def main() -> int:
                 verdict = "clean" if not summary.get("culprit") else "FALSE CULPRIT"
             else:
                 verdict = "hit" if names_module(summary, defect) else "miss"
-            rows.append((dtype, defect.what, verdict, counts["failures"], culprit_text(summary), tokens == golden_tokens))
+            rows.append(
+                (dtype, defect.what, verdict, counts["failures"], culprit_text(summary), tokens == golden_tokens)
+            )
     print(f"\n{len(rows)} cases in {time.perf_counter() - started:.0f} s (vLLM eager, CPU; defects in layer {LAYER})")
     print("| vLLM dtype | case | verdict | failing rows | culprit (golden record, my: vLLM module) | same tokens |")
     print("|---|---|---|---|---|---|")

@@ -38,6 +38,7 @@ from llmcheck.core.errors import EXIT_FAILURE, EXIT_FAILURES_FOUND, EXIT_OK, Llm
 from llmcheck.core.gc_pause import paused_cyclic_gc
 from llmcheck.core.pairing import Pairing, merge_pairs
 from llmcheck.core.records import (
+    IO_OUTPUT,
     VERDICT_ERROR,
     VERDICT_FAIL,
     VERDICT_PASS,
@@ -160,9 +161,13 @@ class CompareResult:
         names both, so the culprit reads in the my-run's own modules too.
         """
         introduced = self.first_introduced
-        if introduced is not None:
-            return (self._code_owner or introduced).my
-        return self.suspects.first()
+        if introduced is None:
+            return self.suspects.first()
+        if introduced.my.key.io == IO_OUTPUT and introduced.golden.key.io != IO_OUTPUT:
+            # the golden computes this input in its module's own code; the my-run has a module for it
+            # (an engine's attention core, its fused add-and-norm): that module made the error
+            return introduced.my
+        return (self._code_owner or introduced).my
 
     @functools.cached_property
     def _code_owner(self) -> ComparisonRow | None:

@@ -70,7 +70,10 @@ def engine_rows(
 
     parts = []
     for data, (start, stop) in zip(sources, spans):
-        tensor = data.load()[start:stop]
+        tensor = data.load()
+        if tensor.dim() >= 3 and tensor.shape[0] == 1:  # a dumper that kept a batch dimension of one
+            tensor = tensor[0]
+        tensor = tensor[start:stop]
         if columns is not None:
             tensor = tensor[..., columns[0] : columns[1]]
         parts.append(tensor)
@@ -204,7 +207,7 @@ def _engine_record(
     width = (columns[1] - columns[0]) if columns is not None else _row_width(first.shape)
     if rows * width != _numel(reference.shape):
         return None
-    whole = len(found) == 1 and spans[0].start == 0 and spans[0].stop == first.shape[0] and columns is None
+    whole = len(found) == 1 and spans[0].start == 0 and spans[0].stop == _rows(first.shape) and columns is None
     dtype = first.dtype
     cast = None
     if not is_float_dtype(dtype) and not is_float_dtype(reference.dtype) and dtype != reference.dtype:
@@ -274,9 +277,14 @@ def _part_digests(digests: dict[str, object], part: str) -> dict[str, object]:
     return {name.removesuffix(suffix): value for name, value in digests.items() if name.endswith(suffix)}
 
 
+def _rows(shape: tuple[int, ...]) -> int:
+    """Return the rows of an engine tensor: its first dimension, the second behind a batch dimension of one."""
+    return shape[1] if len(shape) >= 3 and shape[0] == 1 else shape[0]
+
+
 def _row_width(shape: tuple[int, ...]) -> int:
     width = 1
-    for size in shape[1:]:
+    for size in shape[2 if len(shape) >= 3 and shape[0] == 1 else 1 :]:
         width *= size
     return width
 

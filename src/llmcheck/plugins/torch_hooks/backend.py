@@ -214,6 +214,7 @@ class TorchCaptureBackend:
             device_ids=config.device_ids,
             not_started=not_started,
             unclosed=unclosed,
+            backend=self.name,
         )
         return program_run.exit_code
 
@@ -288,6 +289,7 @@ def report_outcome(
     device_ids: Sequence[str] = (),
     not_started: Sequence[str] = (),
     unclosed: Mapping[str, str] | None = None,
+    backend: str = BACKEND_NAME,
 ) -> None:
     """Log what the run left: each dump, complete or cut, and how the program ended (it may have failed).
 
@@ -304,9 +306,9 @@ def report_outcome(
             cut = f"capture stopped and could not write its closing manifest: {unclosed[str(path)]}"
         counted = f", {records} records" if records is not None else ""
         if cut is None:
-            log.info("torch capture wrote %s (complete%s); %s", path, counted, ended)
+            log.info("%s capture wrote %s (complete%s); %s", backend, path, counted, ended)
         else:
-            log.warning("torch capture wrote %s (cut%s: %s); %s", path, counted, cut, ended)
+            log.warning("%s capture wrote %s (cut%s: %s); %s", backend, path, counted, cut, ended)
     if not_started:
         more = f" (and {len(not_started) - 1} more)" if len(not_started) > 1 else ""
         disk_full = any(name in not_started[0] for name in DISK_FULL_ERRNO_NAMES)

@@ -1,0 +1,181 @@
+"""``llmcheck dump --backend vllm`` on a real vLLM (V1 engine, CPU) running SmolLM2-135M, compared against transformers.
+
+vLLM runs with the interpreter ``LLMCHECK_VLLM_PYTHON`` names (vLLM pins another transformers
+than these tests: CI builds it a venv of its own, ``.ci/run``), else this one if it imports
+vLLM; without either these tests skip, saying how to install it, and under
+``LLMCHECK_REQUIRE_VLLM=1`` (CI) they fail instead. The cases are ``benchmarks/vllm_zoo.py``'s.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from llmcheck.plugin_api import read_dump
+
+pytestmark = pytest.mark.slow
+
+REQUIRE_ENV = "LLMCHECK_REQUIRE_VLLM"
+INSTALL_HINT = "install vLLM in a venv of its own and set LLMCHECK_VLLM_PYTHON to its python (docs/sources/vllm.md)"
+ZOO_PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "vllm_zoo.py"
+
+
+def _load_zoo() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("vllm_zoo", ZOO_PATH)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["vllm_zoo"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+zoo = _load_zoo()
+
+
+@pytest.fixture(scope="module")
+def vllm_python() -> str:
+    python = zoo.vllm_python()
+    if python is None:
+        reason = f"vLLM is not installed: {INSTALL_HINT}"
+        if os.environ.get(REQUIRE_ENV) == "1":
+            pytest.fail(f"{reason} ({REQUIRE_ENV}=1 requires it)")
+        pytest.skip(reason)
+    return python
+
+
+@pytest.fixture(scope="module")
+def model() -> Path:
+    from llmcheck.bundled_model import smollm2_folder
+
+    try:
+        return smollm2_folder()
+    except Exception as exc:  # the bundled model's package is an optional install
+        pytest.skip(f"the bundled SmolLM2 is not installed: {exc}")
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory, vllm_python: str, model: Path) -> dict[str, object]:
+    """The programs, the transformers golden (fp32, every step) and its bf16 noise twin, made once."""
+    folder = tmp_path_factory.mktemp("vllm")
+    golden_program, engine_program = zoo.write_programs(folder)
+    golden_tokens = zoo.dump_golden(folder, golden_program, folder / "golden")
+    zoo.dump_golden(folder, golden_program, folder / "twin", as_dtype="bf16")
+    return {"folder": folder, "engine": engine_program, "golden_tokens": golden_tokens}
+
+
+def _dump(runs: dict, vllm_python: str, model: Path, name: str, dtype: str, defect: str) -> tuple[list[int], Path]:
+    out = runs["folder"] / name
+    tokens, _ = zoo.dump_vllm(vllm_python, runs["engine"], model, out, dtype, defect)
+    return tokens, out
+
+
+def test_clean_fp32_run_pairs_every_row_with_transformers_and_generates_the_same_text(
+    runs: dict, vllm_python: str, model: Path
+) -> None:
+    plain = subprocess.run(
+        zoo.vllm_argv(vllm_python, runs["engine"], model, "float32", "none"),
+        capture_output=True,
+        text=True,
+        env=zoo.vllm_environment(),
+        timeout=600,
+        check=True,
+    )
+    tokens, out = _dump(runs, vllm_python, model, "clean_fp32", "float32", "none")
+    assert tokens == zoo.tokens_printed(plain.stdout)  # capture changes nothing the program computes
+    assert tokens == runs["golden_tokens"]  # fp32 vLLM and transformers agree on the bundled model
+
+    (dump_path,) = out.glob("llmcheck_dump_*")
+    dump = read_dump(dump_path)
+    assert dump.manifest["engine"]["name"] == "vllm" and dump.manifest["engine"]["mode"] == "eager"
+    steps = sorted(step for _, step in dump.batches)
+    assert steps == list(range(zoo.NEW_TOKENS))  # the prefill, then one engine step per decoded token
+    prefill = dump.batches[(0, 0)]
+    assert len(prefill.request_ids) == 1 and prefill.positions == tuple(range(len(prefill.positions)))
+    assert dump.batches[(0, 1)].positions == (len(prefill.positions),)
+    layers = {record.key.name for record in dump.records if record.key.name.count(".") == 2}
+    assert {f"model.layers.{index}" for index in range(30)} <= layers
+
+    summary = zoo.compare(runs["folder"] / "golden", out, runs["folder"] / "report_clean_fp32")
+    counts = summary["counts"]
+    assert counts["pairs"] > 5000 and counts["failures"] == 0 and counts["errors"] == 0
+    assert counts["unmatched_golden_unexpected"] == 0 and counts["unmatched_my_unexpected"] == 0
+    assert summary["culprit"] is None
+    pairs = json.loads((runs["folder"] / "report_clean_fp32" / "pairs.json").read_text())
+    rules = {pair["rule"] for pair in pairs["pairs"]}
+    assert all(rule.startswith("serving_layout(request ") for rule in rules)
+    partners = {(pair["golden"]["name"], pair["my"]["name"]) for pair in pairs["pairs"]}
+    assert ("model.layers.3.self_attn.k_proj", "model.layers.3.self_attn.qkv_proj") in partners
+    assert ("model.layers.3.mlp.down_proj", "model.layers.3.mlp.act_fn") in partners  # down_proj's input
+    assert ("model.layers.3", "model.layers.4.input_layernorm") in partners  # the residual sum
+
+
+@pytest.mark.parametrize("defect", zoo.DEFECTS, ids=[defect.name for defect in zoo.DEFECTS])
+def test_a_defect_injected_into_vllm_is_named_at_its_vllm_module_in_fp32(
+    runs: dict, vllm_python: str, model: Path, defect: object
+) -> None:
+    _, out = _dump(runs, vllm_python, model, f"fp32_{defect.name}", "float32", defect.name)
+    summary = zoo.compare(runs["folder"] / "golden", out, runs["folder"] / f"report_fp32_{defect.name}")
+    assert zoo.names_module(summary, defect), summary["culprit"]
+
+
+def test_bf16_vllm_with_a_transformers_twin_names_no_false_culprit_and_finds_the_defects(
+    runs: dict, vllm_python: str, model: Path
+) -> None:
+    twin = runs["folder"] / "twin"
+    _, clean = _dump(runs, vllm_python, model, "clean_bf16", "bfloat16", "none")
+    summary = zoo.compare(runs["folder"] / "golden", clean, runs["folder"] / "report_bf16_clean", twin)
+    assert summary["culprit"] is None, summary["culprit"]
+    assert summary["noise"]["rows_with_twin"] > 5000
+    named = []
+    for defect in zoo.DEFECTS:
+        _, out = _dump(runs, vllm_python, model, f"bf16_{defect.name}", "bfloat16", defect.name)
+        summary = zoo.compare(runs["folder"] / "golden", out, runs["folder"] / f"report_bf16_{defect.name}", twin)
+        named.append((defect.name, zoo.names_module(summary, defect), zoo.culprit_text(summary)))
+    assert sum(hit for _, hit, _ in named) >= len(zoo.DEFECTS) - 1, named
+
+
+def test_a_child_process_engine_is_captured_statistics_only(runs: dict, vllm_python: str, model: Path) -> None:
+    out = runs["folder"] / "child_stats"
+    argv = zoo.vllm_argv(vllm_python, runs["engine"], model, "float32", "none")
+    command = [*zoo.llmcheck_command(), "dump", "--backend", "vllm", "-sd", "-er", "0-2", "-o", str(out)]
+    done = subprocess.run(
+        [*command, "--exec", shlex.join(argv)],
+        capture_output=True,
+        text=True,
+        env=zoo.vllm_environment(in_process=False),
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert zoo.tokens_printed(done.stdout) == runs["golden_tokens"]
+    (dump_path,) = out.glob("llmcheck_dump_*")
+    dump = read_dump(dump_path)
+    assert dump.cut is None
+    assert dump.manifest["pid"] != os.getpid() and sorted(step for _, step in dump.batches) == [0, 1, 2]
+    assert all(record.data is None and record.stats is not None for record in dump.records)
+    assert "wrote" in done.stderr and "complete" in done.stderr
+
+
+def test_compiled_mode_is_refused_in_one_line_before_compiling(runs: dict, vllm_python: str, model: Path) -> None:
+    out = runs["folder"] / "compiled"
+    argv = zoo.vllm_argv(vllm_python, runs["engine"], model, "float32", "none", mode="compiled")
+    done = subprocess.run(
+        [*zoo.llmcheck_command(), "dump", "--backend", "vllm", "-o", str(out), "--exec", shlex.join(argv)],
+        capture_output=True,
+        text=True,
+        env=zoo.vllm_environment(),
+        timeout=600,
+    )
+    assert done.returncode != 0
+    refusals = [
+        line for line in done.stderr.splitlines() if line.startswith("llmcheck: error: vLLM runs this model compiled")
+    ]
+    assert len(refusals) == 1 and "--enforce-eager" in refusals[0], done.stderr[-3000:]
+    assert not list(out.glob("llmcheck_dump_*"))  # refused before any dump was started
