@@ -30,7 +30,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 VLLM_PYTHON_ENV = "LLMCHECK_VLLM_PYTHON"
-PROMPT = "The capital of France is"
+#: About 40 tokens: a prompt of a few tokens hides what only far positions show (a rotary table's error).
+PROMPT = (
+    "The Eiffel Tower was built for the 1889 World's Fair in Paris. At first many artists criticised "
+    "its design, but today it is one of the most visited monuments in the world, and its height is"
+)
 NEW_TOKENS = 8
 #: The decoder layer each defect is injected into (SmolLM2-135M has 30).
 LAYER = 14

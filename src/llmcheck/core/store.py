@@ -733,6 +733,26 @@ def mark_cut(path: Path, reason: str) -> None:
     _atomic_write_json(manifest_path, manifest)
 
 
+def close_from_outside(path: Path, records: int, note: str) -> None:
+    """Write the closing manifest of a dump whose writer was killed, holding ``records`` whole records.
+
+    Why: a server's shutdown may kill the process that captured (vLLM force-kills its model
+    worker) after the last step was written whole; the process that ran the program knows
+    that, and closes the dump as its writer would have, saying who closed it (``closed_by``).
+    A manifest that cannot be read raises a :class:`DumpFormatError`, one that cannot be
+    written a :class:`WriteFailedError`.
+    """
+    manifest_path = Path(path) / MANIFEST_NAME
+    try:
+        manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise DumpFormatError("cannot read the manifest to close the dump", where=manifest_path) from exc
+    if not isinstance(manifest, dict):
+        raise DumpFormatError("is not a JSON object; the dump cannot be closed", where=manifest_path)
+    manifest.update(end_time=time.strftime("%Y-%m-%dT%H:%M:%S%z"), records=records, closed_by=note)
+    _atomic_write_json(manifest_path, manifest)
+
+
 def find_dumps(path: Path) -> list[Path]:
     """Return the dump folders at ``path``: itself, or its direct children that are dumps."""
     path = Path(path)

@@ -19,6 +19,7 @@ import os
 import re
 import sys
 import tempfile
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -29,9 +30,11 @@ from llmcheck.plugin_api import (
     LlmcheckError,
     ProgramRun,
     UsageError,
+    close_from_outside,
     closing_state,
     find_dumps,
     mark_cut,
+    read_dump,
     run_program,
 )
 from llmcheck.plugins.torch_hooks.config import (
@@ -165,6 +168,9 @@ class TorchCaptureBackend:
     description = "PyTorch module and ATen-op capture of an unmodified program (CPU, CUDA, NPU)"
     #: ``llmcheck dump`` without ``--backend`` uses this backend
     is_default = True
+    #: Whether a dump its program closed holds only whole steps, even when llmcheck was signalled: a
+    #: program's forward may be cut mid-step by Ctrl-C (torch), an engine finishes its step first (vllm).
+    steps_are_whole = False
 
     def run(self, request: CaptureRequest) -> int:
         """Run the request's command with capture on; return its exit code (128+N when killed by signal N)."""
@@ -200,8 +206,13 @@ class TorchCaptureBackend:
             # at the same time is not this run's to report (or to mark cut).
             written = sorted(Path(line) for line in _noted_lines(started_file) if find_dumps(Path(line)))
         cut_reason = program_run.cut_reason
-        if cut_reason is not None:
+        written_cut = written
+        if cut_reason is not None and self.steps_are_whole:
             for path in written:
+                self.close_whole_steps(path, program_run)
+            written_cut = [path for path in written if closing_state(path)[1] is not None]
+        if cut_reason is not None:
+            for path in written_cut:
                 try:
                     mark_cut(path, cut_reason)
                 except LlmcheckError as exc:
@@ -217,6 +228,47 @@ class TorchCaptureBackend:
             backend=self.name,
         )
         return program_run.exit_code
+
+    def close_whole_steps(self, path: Path, program_run: ProgramRun) -> None:
+        """Close a stopped program's dump that holds whole steps only, as its killed writer would have.
+
+        A server stopped by SIGINT or SIGTERM finishes its engine step, and its dump is whole
+        whether the capturing process closed it or was killed at shutdown after writing it (vLLM
+        force-kills its model worker). Each step's batch layout is written after its records
+        are handed to the writer, and every step records the same modules: so the dump is
+        whole when its last step has a layout and as many records as the step before. A dump
+        that is not is left to be marked cut.
+        """
+        stopped = f"the program was stopped by {program_run.interrupted_by}"
+        if closing_state(path)[1] is None:
+            log.info("%s: %s and closed its dump: every engine step it holds is whole", path, stopped)
+            return
+        try:
+            dump = read_dump(path)
+        except LlmcheckError:
+            return
+        per_step = Counter(record.key.step for record in dump.records)
+        steps = sorted(per_step)
+        if not steps or dump.cut is None or "unfinished shard" in dump.cut or "holds" in dump.cut:
+            return
+        last = steps[-1]
+        rank = int(dump.manifest.get("rank") or 0)
+        whole = (rank, last) in dump.batches and (len(steps) == 1 or per_step[last] == per_step[steps[-2]])
+        if not whole:
+            return
+        note = f"llmcheck dump: {stopped}, and its capturing process ended without closing it; steps 0-{last} are whole"
+        try:
+            close_from_outside(path, len(dump.records), note)
+        except LlmcheckError as exc:
+            log.warning("%s; read it as a cut dump", exc.one_line())
+            return
+        log.info(
+            "%s: %s; its capturing process was ended before it closed the dump, which holds "
+            "%d whole engine steps: llmcheck closed it",
+            path,
+            stopped,
+            len(steps),
+        )
 
     def config_for(self, request: CaptureRequest, command: list[str]) -> DumpConfig:
         """Return the capture config of the request's flags, for the program ``command``."""
@@ -246,6 +298,8 @@ class VllmCaptureBackend(TorchCaptureBackend):
     name = VLLM_BACKEND_NAME
     description = "PyTorch module and ATen-op capture inside vLLM (offline LLM or vllm serve), eager mode"
     is_default = False
+    #: ``vllm serve`` stopped by SIGINT or SIGTERM finishes its engine step and exits: its dump is whole.
+    steps_are_whole = True
 
     def config_for(self, request: CaptureRequest, command: list[str]) -> DumpConfig:
         """Return the torch backend's config for these flags, capturing inside vLLM."""

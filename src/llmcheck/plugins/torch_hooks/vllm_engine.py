@@ -206,9 +206,43 @@ def _capture_of(runner: Any) -> _EngineCapture | None:
         sys.stderr.write(f"llmcheck: error: {exc.one_line()}\n")
         return None
     autocapture.sessions.append(session)
+    _close_when_the_process_ends(session)
     capture = _EngineCapture(runner, session)
     runner.__dict__[_ATTRIBUTE] = capture
     return capture
+
+
+def _close_when_the_process_ends(session: Any) -> None:
+    """Close the dump when a multiprocessing child ends too: vLLM's engine core is one, and ends with ``os._exit``.
+
+    A child of ``multiprocessing`` never runs ``atexit`` handlers; it runs the finalizers
+    registered with ``multiprocessing.util`` as ``run()`` returns -- also when a stopped
+    server's SIGTERM ends the engine's loop with ``SystemExit``. Without this the dump of a
+    ``vllm serve`` stopped cleanly would read as killed. In the main process the same
+    finalizers run at exit; closing twice is a no-op. A server's shutdown also signals its
+    workers before it kills those that linger (vLLM on CPU force-kills its model worker):
+    SIGTERM or SIGINT closes the dump first, then does what it did before.
+    """
+    import multiprocessing.util
+    import signal
+    import threading
+
+    multiprocessing.util.Finalize(None, session.close_at_exit, exitpriority=100)
+    if threading.current_thread() is not threading.main_thread():
+        return  # Python runs signal handlers in the main thread only
+    for number in (signal.SIGTERM, signal.SIGINT):
+        previous = signal.getsignal(number)
+
+        def close_then_go_on(signum: int, frame: Any, previous: Any = previous) -> None:
+            # a server stopping its workers: each engine step the dump holds is whole, close it now
+            session.close_at_exit()
+            if callable(previous):
+                previous(signum, frame)
+            elif previous == signal.SIG_DFL:
+                signal.signal(signum, signal.SIG_DFL)
+                os.kill(os.getpid(), signum)
+
+        signal.signal(number, close_then_go_on)
 
 
 def _engine_entry(runner: Any) -> dict[str, Any]:
