@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -216,7 +217,7 @@ def dump_golden(folder: Path, program: Path, out: Path, *, as_dtype: str | None 
     command = [*llmcheck_command(), "dump", "--backend", "torch", "-o", str(out), "-er", "all", "-l", "warning"]
     if as_dtype:
         command += ["--as-dtype", as_dtype]
-    done = _run([*command, "--exec", f"python {program} '{PROMPT}' {NEW_TOKENS}"])
+    done = _run([*command, "--exec", shlex.join(["python", str(program), PROMPT, str(NEW_TOKENS)])])
     return tokens_printed(done.stdout)
 
 
@@ -229,8 +230,6 @@ def dump_vllm(
     python: str, program: Path, model: Path, out: Path, dtype: str, defect: str, *, extra: tuple[str, ...] = ()
 ) -> tuple[list[int], subprocess.CompletedProcess[str]]:
     """Dump one vLLM run (every engine step) into ``out``; return its tokens and the finished dump command."""
-    import shlex
-
     if defect in CHECKPOINT_DEFECTS:
         model = write_checkpoint(model, program.parent, defect)
     argv = vllm_argv(python, program, model, dtype, defect)
@@ -267,8 +266,6 @@ def names_module(summary: dict, defect: Defect) -> bool:
 
 def time_runs(python: str, program: Path, model: Path, folder: Path, repeats: int = 2) -> dict[str, float]:
     """Return the best wall time of a plain vLLM run and of runs under statistics-only and full capture."""
-    import shlex
-
     argv = vllm_argv(python, program, model, "float32", "none")
     env = vllm_environment()
     modes = {

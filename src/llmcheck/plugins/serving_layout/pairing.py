@@ -106,6 +106,9 @@ def serving_pairs(golden: Dump, my: Dump) -> list[Pair] | None:
         (name for name in ("model.norm", "model.final_layernorm", "norm") if (name, "output", "1") in _names(by_slot)),
         "model.norm",
     )
+    # SiluAndMul (act_fn gives down_proj's input) goes with the fused gate_up_proj; an engine running
+    # transformers' modules (SGLang's hooks on an HF model) has act_fn = silu(gate)
+    fused_mlp = any(name.endswith("mlp.gate_up_proj") for name, *_ in by_slot)
     positions = reference_positions(reference)
     rule = f"{RULE}(request {request}: {how})"
     pairs: list[Pair] = []
@@ -119,11 +122,18 @@ def serving_pairs(golden: Dump, my: Dump) -> list[Pair] | None:
         source = engine_source(key.name, key.io, key.position, layer_count, final_norm) or EngineSource(
             key.name, key.io, key.position
         )
+        if not fused_mlp and source.name.endswith("mlp.act_fn"):  # transformers' own MLP: act_fn is silu(gate)
+            source = EngineSource(key.name, key.io, key.position)
         step_positions = positions.get(key.step)
         spans = spans_of(step_positions, where) if step_positions else None
         built = None
         if spans is not None:
             built = _engine_record(record, source, spans, by_slot, engine, rank, request)
+            if built is None and source != EngineSource(key.name, key.io, key.position):
+                # an engine that runs transformers' own modules (SGLang's hooks on an HF model) keeps their names
+                built = _engine_record(
+                    record, EngineSource(key.name, key.io, key.position), spans, by_slot, engine, rank, request
+                )
         if built is None:  # claimed, so that no same-name rule pairs it with a batch of other rows
             why = "its positions never ran in the request" if spans is None else f"none at {source.name}"
             pairs.append(_one_sided(record, not engine_is_my, f"{NO_ENGINE_COUNTERPART}: {why}", expected=False))
