@@ -243,7 +243,7 @@ def test_an_sglang_dump_against_a_transformers_golden_names_the_defect_and_a_cle
     clean = _dumper_run(tmp_path / "sglang_clean")
 
     code, summary = _compare(tmp_path / "golden", defective, tmp_path / "out")
-    clean_code, clean_summary = _compare(tmp_path / "golden", clean, tmp_path / "clean")
+    _, clean_summary = _compare(tmp_path / "golden", clean, tmp_path / "clean")
 
     assert code == EXIT_FAILURES_FOUND
     assert summary["culprit"]["name"] == DEFECT_MODULE and summary["culprit"]["my_name"] == DEFECT_MODULE
