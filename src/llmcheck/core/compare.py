@@ -667,6 +667,14 @@ def _noise_twin(
                 consequence,
                 TWIN_HINT,
             )
+    if bool(my.batches) != bool(noise.batches):
+        # a serving engine's batch against a per-request twin (or the reverse): another implementation by its layout
+        log.info(
+            "%s: the my-run is a serving engine's batch and the noise twin a run of one request: another "
+            "implementation than the twin's program, so the twin's error is the expected noise, not its bits",
+            noise.root,
+        )
+        return NoiseTwin(errors=errors, against_my={}, mode=TWIN_NOISE_ONLY), rows_with_twin
     mode, differing_calls = twin_mode(against_my.rows)
     if mode == TWIN_NOISE_ONLY:
         log.info(

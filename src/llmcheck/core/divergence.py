@@ -204,6 +204,7 @@ class _Judge:
         self.sibling_group = self._sibling_groups({})
         self.judged: dict[int, ComparisonRow] = {}
         self.introduced_in_step: dict[int, list[ComparisonRow]] = {}  # step -> its introduced rows, in order
+        self.twin_suspects: dict[int, list[ComparisonRow]] = {}  # step -> rows suspected against the twin, in order
         # (step, parameter) -> the row that named it: each step the wrong weights enter the computation anew
         self.weights_named: dict[tuple[int, str], ComparisonRow] = {}
 
@@ -234,6 +235,7 @@ class _Judge:
         self.sibling_group = self._sibling_groups(cutoff)
         self.judged = {}
         self.introduced_in_step = {}
+        self.twin_suspects = {}
         self.weights_named = {}
         return self.run()
 
@@ -324,6 +326,14 @@ class _Judge:
                 verdict, deciding, metrics, evidence = self._twin_verdict(row, error, twin, metrics)
                 if verdict == VERDICT_FAIL and deciding == TWIN_METRIC and not failing_feeders:
                     verdict, metrics, evidence = self._twin_drift(feeding, error, twin, growth, metrics, evidence)
+                elif (
+                    verdict == VERDICT_WARN
+                    and deciding == TWIN_METRIC
+                    and not failing_feeders
+                    and self._twin_suspect(feeding, error, twin, growth)
+                ):
+                    suspect = True
+                    evidence += f"; its inputs are within {max(self._carried_twin_ratio(feeding), 1.0):.3g}x theirs"
             anomaly = (
                 self._twin_anomaly(twin_row)
                 if twin is not None
@@ -377,6 +387,8 @@ class _Judge:
         if metrics is not row.metrics and metrics == row.metrics:
             metrics = row.metrics
         attribution = SUSPECT if suspect and verdict == VERDICT_WARN else row.attribution
+        if attribution == SUSPECT and twin is not None:
+            self.twin_suspects.setdefault(row.golden.key.step, []).append(row)
         if verdict == VERDICT_FAIL:
             attribution, why = self._attribution(row, error, feeding, failing_feeders, anomaly, weight, evidence)
             if why:
@@ -384,6 +396,15 @@ class _Judge:
             confirmed = (
                 self._confirmed_suspect(feeding, error) if attribution == INTRODUCED and weight is None else None
             )
+            if (
+                confirmed is None
+                and attribution == INTRODUCED
+                and weight is None
+                and twin is not None
+                and error is not None
+                and error < DECISIVE_FACTOR * twin
+            ):
+                confirmed = self._confirmed_twin_suspect(row)
             if confirmed is not None:
                 attribution = INHERITED
                 evidence = (
@@ -503,6 +524,27 @@ class _Judge:
         )
         return verdict, TWIN_METRIC, metrics, evidence
 
+    def _carried_twin_ratio(self, feeding: Feeding) -> float:
+        """Return the largest error-over-twin ratio among a row's feeders (0 where none has a twin)."""
+        carried = 0.0
+        for feeder in feeding.rows:
+            feeder_twin = self.twin.errors.get(id(feeder.golden)) if self.twin is not None else None
+            feeder_error = self.errors.get(id(feeder))
+            if feeder_twin and feeder_error is not None:
+                carried = max(carried, feeder_error / feeder_twin)
+        return carried
+
+    def _twin_suspect(self, feeding: Feeding, error: float, twin: float, growth: float | None) -> bool:
+        """Return whether a row that warns against the twin jumps past its inputs' excess: a defect too small to fail.
+
+        Its excess over the twin is :data:`MIN_GROWTH` times what its inputs carry or more, and it
+        grows the error it received as much: where a bf16 port scales one projection by 5 %,
+        2.4x the twin's noise there. A suspect is named where a failure it hands on confirms it.
+        """
+        ratio = error / twin if twin > 0 else math.inf
+        carried = max(self._carried_twin_ratio(feeding), 1.0)
+        return ratio >= MIN_GROWTH * carried and growth is not None and growth >= MIN_GROWTH
+
     def _twin_drift(
         self,
         feeding: Feeding,
@@ -523,12 +565,7 @@ class _Judge:
         inputs handed it (a residual sum the attention's noise enters diluted). A defect's
         excess jumps where it sits: ~1x to 100x, and its error outgrows what it was handed.
         """
-        carried = 0.0
-        for feeder in feeding.rows:
-            feeder_twin = self.twin.errors.get(id(feeder.golden)) if self.twin is not None else None
-            feeder_error = self.errors.get(id(feeder))
-            if feeder_twin and feeder_error is not None:
-                carried = max(carried, feeder_error / feeder_twin)
+        carried = self._carried_twin_ratio(feeding)
         ratio = error / twin if twin > 0 else math.inf
         shrinks = growth is not None and growth < 1.0  # smaller than the error it was handed
         if carried <= 1.0 or (ratio > MIN_GROWTH * carried and not shrinks):
@@ -546,6 +583,38 @@ class _Judge:
             f"{evidence}, but its inputs are {carried:.3g}x theirs already: a drift it carries, not added here",
         )
 
+    def _confirmed_twin_suspect(self, row: ComparisonRow) -> ComparisonRow | None:
+        """Return the step's latest twin suspect before ``row``, made introduced, for a failure too weak to be its own.
+
+        Against a noise twin a defect under the fail line warns where it sits and fails further
+        on, where the model amplifies it (the logits): a failure no more than
+        :data:`DECISIVE_FACTOR` times its twin's, behind a suspect of its step, carries it.
+        """
+        step = row.golden.key.step
+        for earlier in reversed(self.twin_suspects.get(step, [])):
+            if earlier.golden.order < row.golden.order:
+                return self._confirm(earlier)
+        return None
+
+    def _confirm(self, feeder: ComparisonRow) -> ComparisonRow:
+        """Make a suspect introduced: the failure it hands on settles the doubt."""
+        judged = self.judged[id(feeder)]
+        deciding = judged.deciding_metric or GROWTH_METRIC
+        settled = judged.metrics.get(deciding)
+        metrics = dict(judged.metrics)
+        if settled is not None:
+            metrics[deciding] = MetricResult(
+                settled.name, settled.value, VERDICT_FAIL, None, settled.warn_threshold, settled.higher_is_better
+            )
+        self.judged[id(feeder)] = judged.with_changes(
+            verdict=VERDICT_FAIL,
+            attribution=INTRODUCED,
+            metrics=metrics,
+            evidence=judged.evidence.split("; in ", 1)[0] + "; confirmed by the failure it hands on",
+        )
+        self.introduced_in_step.setdefault(feeder.golden.key.step, []).append(feeder)
+        return feeder
+
     def _confirmed_suspect(self, feeding: Feeding, error: float | None) -> ComparisonRow | None:
         """Return a suspect feeder that a failing row confirms, made introduced; None where there is none.
 
@@ -561,22 +630,7 @@ class _Judge:
             carried = self.errors[id(feeder)]
             if judged is None or judged.attribution != SUSPECT or not carried or error < CARRY_FRACTION * carried:
                 continue
-            deciding = judged.deciding_metric or GROWTH_METRIC
-            settled = judged.metrics.get(deciding)
-            metrics = dict(judged.metrics)
-            if settled is not None:
-                metrics[deciding] = MetricResult(
-                    settled.name, settled.value, VERDICT_FAIL, None, settled.warn_threshold, settled.higher_is_better
-                )
-            confirmed = judged.with_changes(
-                verdict=VERDICT_FAIL,
-                attribution=INTRODUCED,
-                metrics=metrics,
-                evidence=judged.evidence.split("; in ", 1)[0] + "; confirmed by the failure it hands on",
-            )
-            self.judged[id(feeder)] = confirmed
-            self.introduced_in_step.setdefault(feeder.golden.key.step, []).append(feeder)
-            return feeder
+            return self._confirm(feeder)
         return None
 
     def _in_noise(self, row: ComparisonRow, anomaly: tuple[str, float, float, str], baseline: Baseline | None) -> bool:

@@ -21,7 +21,7 @@ from llmcheck.core.divergence import (
     TWIN_METRIC,
     WEIGHTS_METRIC,
 )
-from llmcheck.core.records import VERDICT_ERROR, VERDICT_FAIL, VERDICT_WARN, ComparisonRow
+from llmcheck.core.records import IO_INPUT, VERDICT_ERROR, VERDICT_FAIL, VERDICT_WARN, ComparisonRow, is_float_dtype
 
 if TYPE_CHECKING:  # pragma: no cover
     from rich.console import Console
@@ -184,6 +184,18 @@ def print_summary(result: CompareResult, console: Console, written: Mapping[str,
         same = introduced is not None and introduced.index == first.index
         if not same:  # the same row: one line says both
             console.print(f"first divergence: {divergence_line(first)}", markup=False)
+        if not is_float_dtype(first.golden.dtype) and first.golden.key.io == IO_INPUT and not first.fed_by:
+            console.print(
+                f"  the runs were given other values at {first.golden.key.label()}: when a generating run "
+                "picked other tokens, every later step compares other inputs, not the same computation"
+                + (
+                    f"; judge the steps before it (dump with -er 0-{first.golden.key.step - 1})"
+                    if first.golden.key.step > 0
+                    else ""
+                ),
+                markup=False,
+                highlight=False,
+            )
         if introduced is not None:
             also = " (the first divergence too)" if same else ""
             console.print(f"[bold]first introduced divergence: {divergence_line(introduced)}{also}[/]", highlight=False)
