@@ -145,7 +145,7 @@ def test_bf16_vllm_with_a_transformers_twin_names_no_false_culprit_and_finds_the
 def test_a_child_process_engine_is_captured_statistics_only(runs: dict, vllm_python: str, model: Path) -> None:
     out = runs["folder"] / "child_stats"
     argv = zoo.vllm_argv(vllm_python, runs["engine"], model, "float32", "none")
-    command = [*zoo.llmcheck_command(), "dump", "--backend", "vllm", "-sd", "-er", "0-2", "-o", str(out)]
+    command = [*zoo.llmcheck_command(), "dump", "--backend", "vllm", "-sd", "-er", "0,2", "-o", str(out)]
     done = subprocess.run(
         [*command, "--exec", shlex.join(argv)],
         capture_output=True,

@@ -189,7 +189,7 @@ def print_summary(result: CompareResult, console: Console, written: Mapping[str,
                 f"  the runs were given other values at {first.golden.key.label()}: when a generating run "
                 "picked other tokens, every later step compares other inputs, not the same computation"
                 + (
-                    f"; judge the steps before it (dump with -er 0-{first.golden.key.step - 1})"
+                    f"; judge the steps before it (dump with -er 0,{first.golden.key.step - 1})"
                     if first.golden.key.step > 0
                     else ""
                 ),

@@ -721,16 +721,22 @@ def mark_cut(path: Path, reason: str) -> None:
     signal, knows the run ended early. A manifest that cannot be read raises a
     :class:`DumpFormatError`, one that cannot be written a :class:`WriteFailedError`.
     """
+    manifest_path, manifest = _manifest_to_amend(path, "mark the dump cut")
+    earlier = manifest.get("cut")
+    manifest["cut"] = f"{earlier}; {reason}" if earlier else reason
+    _atomic_write_json(manifest_path, manifest)
+
+
+def _manifest_to_amend(path: Path, what: str) -> tuple[Path, dict[str, Any]]:
+    """Return a dump's manifest path and content, for a process other than its writer to amend; one error line else."""
     manifest_path = Path(path) / MANIFEST_NAME
     try:
         manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
-        raise DumpFormatError("cannot read the manifest to mark the dump cut", where=manifest_path) from exc
+        raise DumpFormatError(f"cannot read the manifest to {what}", where=manifest_path) from exc
     if not isinstance(manifest, dict):
-        raise DumpFormatError("is not a JSON object; the dump cannot be marked cut", where=manifest_path)
-    earlier = manifest.get("cut")
-    manifest["cut"] = f"{earlier}; {reason}" if earlier else reason
-    _atomic_write_json(manifest_path, manifest)
+        raise DumpFormatError(f"is not a JSON object; cannot {what}", where=manifest_path)
+    return manifest_path, manifest
 
 
 def close_from_outside(path: Path, records: int, note: str) -> None:
@@ -742,13 +748,7 @@ def close_from_outside(path: Path, records: int, note: str) -> None:
     A manifest that cannot be read raises a :class:`DumpFormatError`, one that cannot be
     written a :class:`WriteFailedError`.
     """
-    manifest_path = Path(path) / MANIFEST_NAME
-    try:
-        manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise DumpFormatError("cannot read the manifest to close the dump", where=manifest_path) from exc
-    if not isinstance(manifest, dict):
-        raise DumpFormatError("is not a JSON object; the dump cannot be closed", where=manifest_path)
+    manifest_path, manifest = _manifest_to_amend(path, "close the dump")
     manifest.update(end_time=time.strftime("%Y-%m-%dT%H:%M:%S%z"), records=records, closed_by=note)
     _atomic_write_json(manifest_path, manifest)
 

@@ -19,6 +19,7 @@ import json
 import logging
 import os
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from llmcheck.plugins.torch_hooks.config import CONFIG_ENV, ENGINE_VLLM
@@ -29,17 +30,18 @@ log = logging.getLogger("llmcheck.torch")
 sessions: list[Any] = []
 
 
-class _AfterTorchImport(importlib.abc.MetaPathFinder):
-    """Finds nothing itself; lets ``import torch`` proceed, then installs capture once torch is ready."""
+class AfterImport(importlib.abc.MetaPathFinder):
+    """Finds nothing itself; lets ``import NAME`` proceed, then calls ``then(module)`` once the module is ready."""
 
-    def __init__(self, *, first_module: bool) -> None:
-        self.first_module = first_module
+    def __init__(self, name: str, then: Callable[[Any], None]) -> None:
+        self.name = name
+        self.then = then
 
     def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
-        if name != "torch":
+        if name != self.name:
             return None
         sys.meta_path.remove(self)
-        spec = importlib.util.find_spec("torch")
+        spec = importlib.util.find_spec(name)
         if spec is None or spec.loader is None:
             return spec
         loader = spec.loader
@@ -47,7 +49,7 @@ class _AfterTorchImport(importlib.abc.MetaPathFinder):
 
         def exec_module(module: Any) -> None:
             original_exec(module)
-            _install(first_module=self.first_module)
+            self.then(module)
 
         loader.exec_module = exec_module  # type: ignore[method-assign]
         return spec
@@ -68,7 +70,7 @@ def arm() -> None:
     if "torch" in sys.modules:
         _install(first_module=engine is None)
     else:
-        sys.meta_path.insert(0, _AfterTorchImport(first_module=engine is None))
+        sys.meta_path.insert(0, AfterImport("torch", lambda _torch: _install(first_module=engine is None)))
 
 
 def _engine_asked() -> str | None:

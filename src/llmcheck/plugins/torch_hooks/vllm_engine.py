@@ -25,8 +25,6 @@ tensor-parallel size.
 
 from __future__ import annotations
 
-import importlib.abc
-import importlib.util
 import logging
 import os
 import sys
@@ -52,34 +50,15 @@ COMPILED_REFUSAL = (
 _ATTRIBUTE = "_llmcheck_capture"
 
 
-class _AfterRunnerImport(importlib.abc.MetaPathFinder):
-    """Finds nothing itself; lets vLLM's model runner module load, then wraps its runner class."""
-
-    def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
-        if name != RUNNER_MODULE:
-            return None
-        sys.meta_path.remove(self)
-        spec = importlib.util.find_spec(name)
-        if spec is None or spec.loader is None:
-            return spec
-        loader = spec.loader
-        original_exec = loader.exec_module
-
-        def exec_module(module: Any) -> None:
-            original_exec(module)
-            _wrap_runner(module.GPUModelRunner)
-
-        loader.exec_module = exec_module  # type: ignore[method-assign]
-        return spec
-
-
 def arm() -> None:
     """Wrap vLLM's model runner now if its module is loaded, else as soon as it is."""
     module = sys.modules.get(RUNNER_MODULE)
     if module is not None:
         _wrap_runner(module.GPUModelRunner)
     else:
-        sys.meta_path.insert(0, _AfterRunnerImport())
+        from llmcheck.plugins.torch_hooks.autocapture import AfterImport
+
+        sys.meta_path.insert(0, AfterImport(RUNNER_MODULE, lambda runner: _wrap_runner(runner.GPUModelRunner)))
 
 
 def _wrap_runner(runner_class: type) -> None:
