@@ -105,23 +105,28 @@ def inject(model, defect=defect, layer=int(layer)):
 CHECKPOINT_DEFECTS = ("up_shard",)  # in the weights vLLM loads: see write_checkpoint
 
 
-llm = LLM(
-    model=model_path,
-    dtype=dtype,
-    enforce_eager=mode in ("eager", "timed"),
-    gpu_memory_utilization=0.1,
-    max_model_len=512,
-    seed=0,
-)
-if defect not in ("none", *CHECKPOINT_DEFECTS):
-    llm.apply_model(inject)
-import time
+def main():
+    llm = LLM(
+        model=model_path,
+        dtype=dtype,
+        enforce_eager=mode in ("eager", "timed"),
+        gpu_memory_utilization=0.1,
+        max_model_len=512,
+        seed=0,
+    )
+    if defect not in ("none", *CHECKPOINT_DEFECTS):
+        llm.apply_model(inject)
+    import time
 
-started = time.perf_counter()
-sampling = SamplingParams(max_tokens=int(new_tokens), temperature=0, ignore_eos=mode == "timed")
-out = llm.generate([prompt], sampling)[0]
-print(json.dumps({"generate_s": time.perf_counter() - started}))
-print(json.dumps(list(out.outputs[0].token_ids)))
+    started = time.perf_counter()
+    sampling = SamplingParams(max_tokens=int(new_tokens), temperature=0, ignore_eos=mode == "timed")
+    out = llm.generate([prompt], sampling)[0]
+    print(json.dumps({"generate_s": time.perf_counter() - started}))
+    print(json.dumps(list(out.outputs[0].token_ids)))
+
+
+if __name__ == "__main__":  # vLLM's engine process is spawned: it imports this file again
+    main()
 """
 
 

@@ -25,11 +25,13 @@ from pathlib import Path
 from typing import Any
 
 from llmcheck.plugin_api import (
+    BATCHES_NAME,
     CaptureRequest,
     DumpNotFoundError,
     LlmcheckError,
     ProgramRun,
     UsageError,
+    atomic_write_text,
     close_from_outside,
     closing_state,
     find_dumps,
@@ -257,7 +259,12 @@ class TorchCaptureBackend:
         if not whole:
             return
         note = f"llmcheck dump: {stopped}, and its capturing process ended without closing it; steps 0-{last} are whole"
+        lost = sorted(step for layout_rank, step in dump.batches if layout_rank == rank and step not in per_step)
         try:
+            if lost:  # the kill came while a step's records were still on their way to the disk: that step is lost
+                note += f"; step {', '.join(map(str, lost))} was lost (its records were not written)"
+                kept = [layout.as_json() for (_, step), layout in sorted(dump.batches.items()) if step in per_step]
+                atomic_write_text(path / BATCHES_NAME, "".join(json.dumps(line) + "\n" for line in kept))
             close_from_outside(path, len(dump.records), note)
         except LlmcheckError as exc:
             log.warning("%s; read it as a cut dump", exc.one_line())
