@@ -35,7 +35,7 @@ def test_without_cuda_each_cuda_part_is_named_as_skipped_in_one_table(tmp_path: 
     assert rows == {
         "cuda-tests": "skipped: no CUDA device - -",
         "capture-overhead": "skipped: no CUDA device - -",
-        "vllm": "skipped: no vLLM backend in this llmcheck - -",
+        "vllm": "skipped: vLLM is not installed - -",
     }
     assert table[-1] == f"logs: {tmp_path}"
 
