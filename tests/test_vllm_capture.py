@@ -249,3 +249,15 @@ def test_a_served_model_with_two_concurrent_requests_is_dumped_and_closed_when_s
     steps = {step for _, step in served.batches}
     layers = {(record.key.step, record.key.name) for record in served.records if record.key.name.count(".") == 2}
     assert all((step, f"model.layers.{index}") in layers for step in steps for index in range(30))
+
+
+def test_op_level_inside_vllm_records_the_engines_own_kernels_by_module(
+    runs: dict, vllm_python: str, model: Path
+) -> None:
+    out = runs["folder"] / "ops"
+    zoo.dump_vllm(vllm_python, runs["engine"], model, out, "float32", "none", extra=("--type", "op"))
+    (dump_path,) = out.glob("llmcheck_dump_*")
+    ops = {record.key.name for record in read_dump(dump_path).records if "/" in record.key.name}
+    attention = {name for name in ops if name.startswith("model.layers.3.self_attn.attn/")}
+    assert any("attention" in name for name in attention), sorted(attention)  # vLLM's attention op
+    assert any(name.startswith("model.layers.3.self_attn.qkv_proj/") for name in ops)
