@@ -318,14 +318,11 @@ def module_phase(hunt: Hunt, folder: Path, golden: Path, found: dict[str, Any]) 
         flags += ["-ids", ",".join(selected), "-child", "False"]
     result = _full_compare(hunt, folder, flags, found)
     culprit = result.pop("culprit")
-    confirmed = culprit["name"] if culprit is not None else None
-    inside = confirmed is not None and (confirmed == module or confirmed.startswith(module + "."))
-    result.update(
-        producers=producers,
-        module=confirmed if inside else module,
-        confirmed=inside,
-        module_id=ids.get(confirmed if inside else module),
-    )
+    confirmed: str = culprit["name"] if culprit is not None else ""
+    # the full tensors may name a module inside the one the statistics named: the finer one wins
+    inside = confirmed == module or confirmed.startswith(module + ".")
+    chosen = confirmed if inside else module
+    result.update(producers=producers, module=chosen, confirmed=inside, module_id=ids.get(chosen))
     return result
 
 
