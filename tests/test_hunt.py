@@ -115,8 +115,10 @@ def test_hunt_of_a_nondeterministic_golden_stops_with_one_line(
         ["hunt", "--golden", "python infer.py --dropout", "--my", "python infer.py", "-o", "moving", "-l", "warning"]
     )
     assert code == 4
-    stopped = [line for line in capsys.readouterr().out.splitlines() if line.startswith("stopped:")]
+    stopped = capsys.readouterr().out.splitlines()
     assert len(stopped) == 1
+    assert stopped[0].startswith("stopped: ")
+    assert stopped[0].endswith("; wrote moving/hunt.json")
     assert "the golden program is not deterministic: two runs of it differ first at model.layers.0" in stopped[0]
     assert not (workdir / "moving" / "1_determinism" / "phase.json").exists()
     assert not (workdir / "moving" / "2_statistics").exists()

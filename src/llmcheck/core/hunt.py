@@ -25,7 +25,7 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -47,8 +47,11 @@ EXIT_CULPRIT_NAMED = 3
 EXIT_NOT_DETERMINISTIC = 4
 EXIT_OTHER_TOKENS = 5
 
-#: Exit codes of a child that mean it did its job (compare and opcheck give 3 when something fails).
-CHILD_DONE_CODES = (0, 3)
+#: Exit codes of a child that mean it did its job: a dump's program succeeded; compare and opcheck
+#: give 3 when something fails, and opcheck 1 when it could check nothing (said in the verdict).
+DUMP_DONE_CODES = (0,)
+COMPARE_DONE_CODES = (0, 3)
+OPCHECK_DONE_CODES = (0, 1, 3)
 
 #: The short dtype names ``dump --as-dtype`` takes, for the floating dtypes a record may hold.
 SHORT_DTYPES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16", "float64": "fp64"}
@@ -86,9 +89,8 @@ class Hunt:
     my_program: str
     output_dir: Path
     log_level: str = "warning"
-    runs: list[ChildRun] = field(default_factory=list)
 
-    def llmcheck(self, args: Sequence[str], log_file: Path) -> ChildRun:
+    def llmcheck(self, args: Sequence[str], log_file: Path, done_codes: Sequence[int]) -> ChildRun:
         """Return the run of ``llmcheck ARGS`` as a child (its output in ``log_file``); a failure is one error line."""
         argv = [sys.executable, "-m", "llmcheck.core.cli", *args]
         log.info("running %s", display_command(argv))
@@ -96,7 +98,7 @@ class Hunt:
         with log_file.open("w", encoding="utf-8") as output:
             completed = subprocess.run(argv, stdout=output, stderr=subprocess.STDOUT, check=False)
         run = ChildRun(argv, completed.returncode, time.perf_counter() - started)
-        if completed.returncode not in CHILD_DONE_CODES:
+        if completed.returncode not in done_codes:
             lines = [line for line in log_file.read_text(encoding="utf-8", errors="replace").splitlines() if line]
             raise LlmcheckError(
                 f"'{display_command(argv)}' failed with exit code {completed.returncode}: "
@@ -110,7 +112,7 @@ class Hunt:
         """Return the run of ``llmcheck dump`` of ``program`` into ``folder`` and the dump it wrote."""
         folder.mkdir(parents=True, exist_ok=True)
         args = ["dump", "--backend", "torch", *flags, "-o", str(folder), "-l", self.log_level, "--exec", program]
-        run = self.llmcheck(args, folder.with_suffix(".log"))
+        run = self.llmcheck(args, folder.with_suffix(".log"), DUMP_DONE_CODES)
         dumps = find_dumps(folder)
         if not dumps:
             raise LlmcheckError(
@@ -125,7 +127,7 @@ class Hunt:
         if noise is not None:
             args += ["--noise-path", str(noise.parent)]
         report.mkdir(parents=True, exist_ok=True)
-        run = self.llmcheck(args, report.with_suffix(".log"))
+        run = self.llmcheck(args, report.with_suffix(".log"), COMPARE_DONE_CODES)
         summary: dict[str, Any] = json.loads((report / "summary.json").read_text(encoding="utf-8"))
         return run, summary
 
@@ -381,15 +383,16 @@ def opcheck_phase(hunt: Hunt, folder: Path, found: dict[str, Any]) -> dict[str, 
     """Return opcheck's verdict on the culprit operator, recomputed in float64 from the my-run's dumped inputs."""
     report = folder / "report"
     report.mkdir(parents=True, exist_ok=True)
-    run = hunt.llmcheck(["opcheck", "-i", found["my_dump"], "-o", str(report)], folder / "opcheck.log")
+    args = ["opcheck", "-i", found["my_dump"], "-o", str(report)]
+    run = hunt.llmcheck(args, folder / "opcheck.log", OPCHECK_DONE_CODES)
     verdicts = []
-    with (report / "opcheck_result.csv").open(encoding="utf-8", newline="") as rows:
-        for row in csv.DictReader(rows):
-            if row["op_id"] == found["operator"]:
-                verdicts.append(row)
+    result_file = report / "opcheck_result.csv"
+    if result_file.is_file():
+        with result_file.open(encoding="utf-8", newline="") as rows:
+            verdicts = [row for row in csv.DictReader(rows) if row["op_id"] == found["operator"]]
     counts = Counter(row["precision_result"] for row in verdicts)
     if not verdicts:
-        verdict = "not checked (opcheck has no row for it)"
+        verdict = f"not checked (opcheck has no row for it; see {folder / 'opcheck.log'})"
     elif set(counts) == {"PASS"}:
         verdict = (
             "PASS: the operator computes what its inputs and arguments ask for; the error is in what "

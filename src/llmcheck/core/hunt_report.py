@@ -71,8 +71,10 @@ def print_summary(report: Mapping[str, Any]) -> None:
         for run in result.get("runs", []):
             click.echo(f"  $ {run['command']}")
     if report["stopped"]:
-        click.echo(f"stopped: {report['stopped']}")
-    elif found["module"] is None:
+        # one line: where the hunt could not go on, and the report that keeps what it found so far
+        click.echo(f"stopped: {report['stopped']}; wrote {report['report_path']}")
+        return
+    if found["module"] is None:
         click.echo("no divergence: the my-run agrees with the golden within noise at every step")
     else:
         steps = [f"step {found['step']}", f"module {found['module']}"]
