@@ -140,3 +140,35 @@ def test_hunt_bad_input_is_one_error_line(
     assert len(error) == 1
     assert error[0].startswith("llmcheck: error: broken/1_determinism/golden.log: 'llmcheck dump --backend torch")
     assert "failed with exit code 2" in error[0]
+
+
+def _token_dump(folder: Path, tokens_by_step: list[list[int]]) -> Path:
+    import torch
+
+    from llmcheck.core.records import RecordKey, TensorRecord
+    from llmcheck.core.statistics import tensor_stats
+    from llmcheck.core.store import DumpWriter
+
+    with DumpWriter(folder, "test") as writer:
+        for step, tokens in enumerate(tokens_by_step):
+            tensor = torch.tensor([tokens])
+            key = RecordKey(name="root", io="input", position="input_ids", step=step, moment="before")
+            record = TensorRecord(
+                key=key, dtype="int64", shape=tuple(tensor.shape), order=step, stats=tensor_stats(tensor)
+            )
+            writer.add(record, None)
+    return writer.path
+
+
+def test_other_tokens_are_found_at_the_first_decode_step_fed_another_token(tmp_path: Path) -> None:
+    from llmcheck.core.hunt import first_moved_record, first_token_divergence
+
+    golden = _token_dump(tmp_path / "golden", [[1, 7, 42, 9], [34], [63]])
+    same = _token_dump(tmp_path / "same", [[1, 7, 42, 9], [34], [63]])
+    other = _token_dump(tmp_path / "other", [[1, 7, 42, 9], [34], [151]])
+    assert first_token_divergence(golden, same) is None
+    assert first_token_divergence(golden, other) == 2
+    assert first_moved_record(golden, same) is None
+    assert first_moved_record(golden, other) == (
+        "root step 2 input.input_ids (before): l2norm 63.0, mean 63.0 vs l2norm 151.0, mean 151.0"
+    )
