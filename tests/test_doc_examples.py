@@ -41,6 +41,7 @@ PAGES_WITH_EXAMPLES = [
     "commands/dump.md",
     "commands/opcheck.md",
     "commands/export.md",
+    "commands/hunt.md",
     "sources/file.md",
     "sources/manual.md",
 ]

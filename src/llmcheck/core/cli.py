@@ -393,6 +393,34 @@ def opcheck(
     )
 
 
+# --- hunt ------------------------------------------------------------------------------
+
+
+@cli.command(short_help="From two programs to the culprit operator: statistics first, full tensors where it matters.")
+@click.option(
+    "--golden", "golden_program", required=True, help='The trusted program\'s command line: "python infer.py".'
+)
+@click.option("--my", "my_program", required=True, help="The command line of the program under suspicion.")
+@click.option(
+    "-o",
+    "--output",
+    type=click.Path(path_type=Path),
+    required=True,
+    help="Folder of the hunt: one sub-folder per phase, hunt.json.",
+)
+@click.option("--fresh", is_flag=True, help="Redo every phase, even those a previous hunt finished there.")
+@log_level_option
+def hunt(golden_program: str, my_program: str, output: Path, fresh: bool, log_level: str) -> None:
+    """Find the step, module and operator where the my-run's error is introduced, then opcheck it.
+
+    Example: llmcheck hunt --golden "python infer.py" --my "python infer.py --dtype bf16" -o hunt_out
+    """
+    _configure_logging(log_level)
+    from llmcheck.core.hunt import run_hunt
+
+    raise SystemExit(run_hunt(golden_program, my_program, output, fresh=fresh, log_level=log_level))
+
+
 # --- export ----------------------------------------------------------------------------
 
 
