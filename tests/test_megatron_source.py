@@ -93,3 +93,31 @@ def test_megatron_source_forced_reads_an_sglang_run_the_same_way(tmp_path: Path)
     dump = get_plugins().load_tensors(_run(tmp_path / "run", "sglang"), source="megatron")
 
     assert dump.source == "megatron" and len(dump.records) == 7
+
+
+def test_megatron_against_a_transformers_golden_names_the_module_whose_weight_was_scaled(tmp_path: Path) -> None:
+    from llmcheck import DumpConfig, register_hook
+    from llmcheck.bundled_model import random_llama
+
+    model = random_llama(seed=0)
+    with torch.no_grad(), register_hook(model, DumpConfig(dump_path=tmp_path / "golden")):
+        model(PROMPT)
+
+    def megatron_run(base: Path, defect: bool) -> Path:  # the dumper's module hooks, inside Megatron
+        model = random_llama(seed=0)
+        if defect:
+            with torch.no_grad():
+                model.model.layers[1].mlp.down_proj.weight.mul_(1.05)
+        dumper = Dumper(base, "dump_20250101_000000_000000", framework="megatron")
+        with torch.no_grad(), dumper.module_hooks(model):
+            megatron_batch(dumper, PROMPT, [PROMPT.shape[-1]])
+            model(PROMPT)
+        dumper.step()
+        return base
+
+    code, summary = _compare(tmp_path / "golden", megatron_run(tmp_path / "bad", True), tmp_path / "out")
+    _, clean = _compare(tmp_path / "golden", megatron_run(tmp_path / "clean", False), tmp_path / "clean")
+
+    assert code == EXIT_FAILURES_FOUND
+    assert summary["culprit"]["name"] == summary["culprit"]["my_name"] == "model.layers.1.mlp.down_proj"
+    assert clean["counts"]["failures"] == 0 and clean["culprit"] is None and clean["counts"]["pairs"] > 50
