@@ -99,11 +99,13 @@ class _Batch:
 
 
 def version_counter(tensor: torch.Tensor) -> int | None:
-    """Return the tensor's in-place version counter, or ``None`` for inference tensors (they have none)."""
-    try:
-        return tensor._version
-    except RuntimeError:
-        return None
+    """Return the tensor's in-place version counter, or ``None`` for inference tensors (they have none).
+
+    Asked first rather than caught: reading ``_version`` of an inference tensor raises a C++
+    error whose translation costs about 20 us -- per recorded tensor, in a program that runs
+    under ``torch.inference_mode()`` (vLLM), twice the rest of a record's cost.
+    """
+    return None if tensor.is_inference() else tensor._version
 
 
 @dataclass(frozen=True, slots=True)
@@ -289,10 +291,7 @@ class TensorSink:
         is a handful of Python operations and one ``clone`` -- no statistics, no host read.
         """
         batch = self._batch
-        try:
-            version: int | None = tensor._version
-        except RuntimeError:  # an inference tensor has no version counter
-            version = None
+        version = None if tensor.is_inference() else tensor._version  # an inference tensor has no counter
         seen = None if op_output else batch.seen.get(id(tensor))
         shape = tensor.shape
         known = batch.same_data.get(same_data) if same_data is not None else None
