@@ -209,8 +209,8 @@ def _run(command: list[str], env: dict[str, str] | None = None, timeout: int = 9
 
 
 def tokens_printed(stdout: str) -> list[int]:
-    """Return the token ids a program printed as its last JSON line."""
-    return json.loads(stdout.strip().splitlines()[-1])
+    """Return the token ids a program printed as its last JSON list (vLLM may log to stdout after it)."""
+    return next(json.loads(line) for line in reversed(stdout.splitlines()) if line.startswith("["))
 
 
 def write_programs(folder: Path) -> tuple[Path, Path]:
@@ -240,7 +240,9 @@ def vllm_argv(
 
 def generate_seconds(stdout: str) -> float:
     """Return how long the program's ``generate`` took, as it printed it (the line before its tokens)."""
-    return float(json.loads(stdout.strip().splitlines()[-2])["generate_s"])
+    return float(
+        next(json.loads(line) for line in reversed(stdout.splitlines()) if '"generate_s"' in line)["generate_s"]
+    )
 
 
 def dump_vllm(

@@ -209,7 +209,7 @@ class TorchCaptureBackend:
             written = sorted(Path(line) for line in _noted_lines(started_file) if find_dumps(Path(line)))
         cut_reason = program_run.cut_reason
         written_cut = written
-        if cut_reason is not None and self.steps_are_whole:
+        if self.steps_are_whole:  # stopped by a signal, or its engine's processes killed as the program ended
             for path in written:
                 self.close_whole_steps(path, program_run)
             written_cut = [path for path in written if closing_state(path)[1] is not None]
@@ -241,10 +241,17 @@ class TorchCaptureBackend:
         whole when its last step has a layout and as many records as the step before. A dump
         that is not is left to be marked cut.
         """
-        stopped = f"the program was stopped by {program_run.interrupted_by}"
-        if closing_state(path)[1] is None:
-            log.info("%s: %s and closed its dump: every engine step it holds is whole", path, stopped)
+        if program_run.interrupted_by is None:
+            stopped = "the program ended"
+        else:
+            stopped = f"the program was stopped by {program_run.interrupted_by}"
+        state = closing_state(path)[1]
+        if state is None:
+            if program_run.interrupted_by is not None:
+                log.info("%s: %s and closed its dump: every engine step it holds is whole", path, stopped)
             return
+        if not state.startswith("the capture did not close it"):
+            return  # cut for a reason of its own (a full disk): it says so itself
         try:
             dump = read_dump(path)
         except LlmcheckError:
