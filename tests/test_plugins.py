@@ -153,6 +153,21 @@ def test_cli_start_up_does_not_import_torch() -> None:
     assert result.stdout.strip().endswith("False")
 
 
+def test_a_compare_of_statistics_dumps_does_not_import_torch(tmp_path: Path) -> None:
+    # every source plugin is asked whether it reads the dump: none may import torch to answer
+    from llmcheck.core.records import RecordKey, TensorRecord, TensorStats
+    from llmcheck.core.store import DumpWriter
+
+    for side in ("golden", "my"):
+        with DumpWriter(tmp_path / side, "test") as writer:
+            stats = TensorStats(min=-1.0, max=1.0, mean=0.0, l2norm=2.0, nan_count=0, inf_count=0)
+            writer.add(TensorRecord(RecordKey("layer", "output"), "float32", (4,), order=0, stats=stats), None)
+    compare = ["compare", "-gp", str(tmp_path / "golden"), "-mp", str(tmp_path / "my"), "-o", str(tmp_path / "out")]
+    code = f"import sys; from llmcheck.core.cli import main; rc = main({compare!r}); print('torch' in sys.modules)"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.strip().endswith("False"), result.stdout + result.stderr
+
+
 # --- one test per hook (tests/test_hook_docs.py checks every hook has one) ----------------
 
 

@@ -16,7 +16,7 @@ from numbers import Number
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from llmcheck.plugin_api import DumpFormatError, dtype_name, load_weights_only
+from llmcheck.plugin_api import DumpFormatError
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -31,6 +31,9 @@ ItemPath = tuple[Any, ...]
 
 def load_saved(path: Path) -> object:
     """Return what a ``.pt`` file holds, loaded with ``weights_only=True`` (memory-mapped)."""
+    # imported here, as torch is below: a compare that reads no SGLang dump must not pay for torch
+    from llmcheck.plugin_api import load_weights_only
+
     return load_weights_only(path, refused_hint=_REFUSED_HINT)
 
 
@@ -45,6 +48,8 @@ def split_value_and_meta(content: object) -> tuple[object, Mapping[str, Any]]:
 def tensor_items(value: object) -> list[tuple[ItemPath, str, tuple[int, ...]]] | None:
     """Return ``(item path, dtype, shape)`` of each tensor a value holds, or None when it holds none to compare."""
     import torch
+
+    from llmcheck.plugin_api import dtype_name
 
     if isinstance(value, torch.Tensor):
         return [((), dtype_name(value.dtype), tuple(value.shape))]
