@@ -106,6 +106,42 @@ def test_dump_warns_when_execute_range_selects_only_steps_the_program_never_reac
     assert f"torch capture wrote {dump_path} (complete, 0 records); the program exited with code 0" in completed.stderr
 
 
+def test_max_depth_and_exit_after_range_dump_the_model_outputs_of_one_step_and_end_the_program(
+    tmp_path: Path, script: Path
+) -> None:
+    command = f"python {script} result.json 0"
+    flags = ["-sd", "-er", "1,1", "--exit-after-range", "--max-depth", "0"]
+    completed = _llmcheck("dump", "--backend", "torch", "-o", "out", *flags, "--exec", command, cwd=tmp_path)
+    assert completed.returncode == 0, completed.stderr
+    assert not (tmp_path / "result.json").exists()  # ended after step 1: the rest of the program never ran
+    (dump_path,) = find_dumps(tmp_path / "out")
+    dump = read_dump(dump_path)
+    assert {(record.key.name, record.key.step) for record in dump.records} == {("root", 1)}
+    assert dump.manifest["model_dtypes"] == {"float32": len(list(random_llama(seed=0).parameters()))}
+    assert (
+        f"torch capture wrote {dump_path} (complete, {len(dump.records)} records); "
+        "the capture ended the program after step 1, the last one asked for"
+    ) in completed.stderr
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (
+            ["-er", "all", "--exit-after-range"],
+            "llmcheck: error: --exit-after-range: -er all dumps every step: there is no last step to end the program "
+            "after (give -er LOW,HIGH, or leave --exit-after-range out)",
+        ),
+        (["--max-depth", "-1"], "llmcheck: error: --max-depth: must be a number of levels >= 0, got -1"),
+    ],
+)
+def test_exit_after_range_and_max_depth_refuse_what_cannot_work(tmp_path: Path, flags: list[str], message: str) -> None:
+    completed = _llmcheck("dump", "--backend", "torch", "-o", "out", *flags, "--exec", "python -c pass", cwd=tmp_path)
+    assert completed.returncode == 2
+    assert completed.stderr.strip().startswith(message)
+    assert len(completed.stderr.strip().splitlines()) == 1
+
+
 def test_dump_without_weight_digests_records_none(tmp_path: Path, script: Path) -> None:
     completed = _llmcheck(
         "dump",

@@ -153,6 +153,7 @@ from llmcheck.core.seed_flags import seed_dump_options
 from llmcheck.core.store import (
     AS_DTYPE_FIELD,
     BATCHES_NAME,
+    MODEL_DTYPES_FIELD,
     NATIVE_SOURCE,
     TOPOLOGY_NAME,
     DumpWriter,
@@ -299,6 +300,7 @@ __all__ = [  # noqa: RUF022 -- grouped by the question a plugin author asks, not
     "find_dumps",
     "NATIVE_SOURCE",
     "AS_DTYPE_FIELD",
+    "MODEL_DTYPES_FIELD",
     "BATCHES_NAME",
     "TOPOLOGY_NAME",
     "close_from_outside",

@@ -8,6 +8,7 @@ shell), and the output folder checked -- all before the program runs.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import signal
@@ -69,6 +70,17 @@ class ProgramRun:
     interrupted_by: str | None = None
     #: a second signal stopped the wait: llmcheck killed the program before its clean-up ended
     wait_stopped: bool = False
+    #: the capture ended the program after this step, the last one asked for (``--exit-after-range``)
+    ended_after_step: int | None = None
+
+    def ended_by_capture(self, step: int) -> ProgramRun:
+        """Return this run as ended by the capture after ``step``, as asked: a success, whatever code it gave.
+
+        A program whose engine ran in another process may fail when the capture ends that
+        process (vLLM's front end sees its engine die); the run still did what was asked.
+        """
+        returncode = self.returncode if self.interrupted_by is not None else 0
+        return dataclasses.replace(self, returncode=returncode, ended_after_step=step)
 
     @property
     def exit_code(self) -> int:
@@ -80,6 +92,8 @@ class ProgramRun:
         """Return how the program ended, in words: ``the program exited with code 7 after SIGINT``."""
         if self.wait_stopped:
             return f"the program was killed by llmcheck after a second {self.interrupted_by}, before it finished"
+        if self.ended_after_step is not None and self.interrupted_by is None:
+            return f"the capture ended the program after step {self.ended_after_step}, the last one asked for"
         how = (
             f"the program was killed by signal {-self.returncode}"
             if self.returncode < 0

@@ -19,6 +19,7 @@ from llmcheck.plugin_api import (
     CaptureBackend,
     Dump,
     LlmcheckError,
+    UsageError,
     find_dumps,
     hookimpl,
     seed_dump_options,
@@ -61,6 +62,25 @@ def llmcheck_register_backend_options(register: Callable[[BackendOption], None])
         register(
             BackendOption(
                 backend,
+                "max_depth",
+                "Record only modules at most this many levels below the model: 0 is the model's own inputs "
+                "and outputs (its logits), 3 a Llama's decoder layers model.layers.N.",
+                type=int,
+                parse=_max_depth,
+            )
+        )
+        register(
+            BackendOption(
+                backend,
+                "exit_after_range",
+                "End the program once the last step of -er is dumped (exit code 0): the steps after it "
+                "would not be recorded anyway.",
+                type=bool,
+            )
+        )
+        register(
+            BackendOption(
+                backend,
                 "no_weight_digests",
                 "Do not record digests of each module's parameters (compare then cannot tell weights that "
                 "differ from the golden's beyond rounding; saves one pass over the weights per dump).",
@@ -83,6 +103,12 @@ def llmcheck_register_backend_options(register: Callable[[BackendOption], None])
             parse=as_dtype_name,
         )
     )
+
+
+def _max_depth(value: int | None, flag: str) -> int | None:
+    if value is not None and value < 0:
+        raise UsageError(f"must be a number of levels >= 0, got {value}", where=flag, hint="0 is the model itself")
+    return value
 
 
 @hookimpl

@@ -41,6 +41,7 @@ from llmcheck.plugin_api import (
 )
 from llmcheck.plugins.torch_hooks.config import (
     CONFIG_ENV,
+    ENDED_ENV,
     ENGINE_VLLM,
     LEFT_OUT_ENV,
     LEVEL_MODULE,
@@ -121,7 +122,21 @@ def config_from_options(options: Mapping[str, Any], output_dir: Path, command: l
         on_capture_error=options.get("on_capture_error", ON_ERROR_STOP),
         weight_digests=not options.get("no_weight_digests", False),
         as_dtype=options.get("as_dtype"),
+        max_depth=options.get("max_depth"),
+        exit_after_range=_exit_after_range(options, token_range),
     )
+
+
+def _exit_after_range(options: Mapping[str, Any], token_range: Sequence[int] | None) -> bool:
+    """Return ``--exit-after-range``, refused with ``-er all``: there is no last step to end after."""
+    wanted = bool(options.get("exit_after_range"))
+    if wanted and token_range is None:
+        raise UsageError(
+            "-er all dumps every step: there is no last step to end the program after",
+            where="--exit-after-range",
+            hint="give -er LOW,HIGH, or leave --exit-after-range out",
+        )
+    return wanted
 
 
 def parse_device_ids(text: Any) -> list[str]:
@@ -196,17 +211,22 @@ class TorchCaptureBackend:
             not_started_file = Path(notes) / "captures_not_started"
             unclosed_file = Path(notes) / "dumps_not_closed"
             started_file = Path(notes) / "dumps_started"
+            ended_file = Path(notes) / "program_ended"
+            env[ENDED_ENV] = str(ended_file)
             env[LEFT_OUT_ENV] = str(left_out_file)
             env[STARTED_ENV] = str(started_file)
             env[NOT_STARTED_ENV] = str(not_started_file)
             env[UNCLOSED_ENV] = str(unclosed_file)
             program_run = run_program(command, env)
+            ended_after = _noted_lines(ended_file)
             left_out = _noted_lines(left_out_file, split=True)
             not_started = _noted_lines(not_started_file)
             unclosed = dict(line.partition("\t")[::2] for line in _noted_lines(unclosed_file))
             # The run's own dumps, as its captures named them: another run writing into the same -o
             # at the same time is not this run's to report (or to mark cut).
             written = sorted(Path(line) for line in _noted_lines(started_file) if find_dumps(Path(line)))
+        if ended_after:  # the capture ended the program as asked; its other processes may have failed at that
+            program_run = program_run.ended_by_capture(int(ended_after[0]))
         cut_reason = program_run.cut_reason
         written_cut = written
         if self.steps_are_whole:  # stopped by a signal, or its engine's processes killed as the program ended

@@ -26,6 +26,7 @@ from __future__ import annotations
 import atexit
 import logging
 import os
+import sys
 import weakref
 from collections.abc import Sequence
 from contextlib import AbstractContextManager, nullcontext, suppress
@@ -39,6 +40,7 @@ from llmcheck.plugin_api import (
     AS_DTYPE_FIELD,
     IO_INPUT,
     IO_OUTPUT,
+    MODEL_DTYPES_FIELD,
     MOMENT_AFTER,
     MOMENT_BEFORE,
     PARAMETER_DIGESTS_ATTR,
@@ -53,6 +55,7 @@ from llmcheck.plugin_api import (
     dtype_name,
 )
 from llmcheck.plugins.torch_hooks.config import (
+    ENDED_ENV,
     LEFT_OUT_ENV,
     LEVEL_MODULE,
     LEVEL_OP,
@@ -215,6 +218,7 @@ class CaptureSession:
                     device=self.device,
                     dir_suffix=f"rank{self.rank}_{self.device}",
                     extra_fields={
+                        MODEL_DTYPES_FIELD: self._model_dtypes(),
                         **(manifest_fields or {}),
                         **({AS_DTYPE_FIELD: self._cast.manifest_entry()} if self._cast is not None else {}),
                     },
@@ -251,6 +255,20 @@ class CaptureSession:
         atexit.register(self._atexit)
         if self.path is not None:
             log.info("capturing %s into %s", type(model).__name__, self.path)
+
+    def _model_dtypes(self) -> dict[str, int]:
+        """Return how many floating parameters the model runs in each dtype (after ``as_dtype``), for the manifest.
+
+        A dump of the model's outputs only does not show the precision the model ran at (a
+        model may return float32 logits from bfloat16 layers); ``llmcheck hunt`` reads it here.
+        """
+        target = self._cast.manifest_entry()["to"] if self._cast is not None else None
+        counts: dict[str, int] = {}
+        for parameter in self.model.parameters():
+            if parameter.is_floating_point():
+                name = target or dtype_name(parameter.dtype).removeprefix("torch.")
+                counts[name] = counts.get(name, 0) + 1
+        return counts
 
     # --- public ---
 
@@ -485,6 +503,7 @@ class CaptureSession:
                     if self._root_depth == 0 and self.failure is not None:
                         self._leave_op_mode()
                         self._remove_hooks(keep_root_after=False)
+                    self._end_program_if_done()
             return None
 
         self._hooks.append(module.register_forward_pre_hook(before, with_kwargs=True))
@@ -567,6 +586,27 @@ class CaptureSession:
             if self._root_depth == 0 and self.failure is not None:
                 self._leave_op_mode()
                 self._remove_hooks(keep_root_after=False)
+            self._end_program_if_done()
+
+    def _end_program_if_done(self) -> None:
+        """End the program once the last step asked for is dumped (``exit_after_range``), its dump closed first.
+
+        The rest of the program would only compute steps nobody records: for a dump of the
+        prefill of a long generation that is most of its time. ``os._exit`` skips the program's
+        own clean-up, which is what is wanted (no more forwards), after flushing its output;
+        the note tells ``llmcheck dump`` this end is the one asked for.
+        """
+        if self._root_depth != 0 or self.closed or not self.config.ends_program_after(self.step):
+            return
+        self.close()
+        if self.failure is not None:
+            return  # the dump is cut: the program runs on, as after any failure inside capture
+        _note_for_parent(ENDED_ENV, str(self.step))
+        log.info("dumped the last step asked for (%d): ending the program (exit_after_range)", self.step)
+        for stream in (sys.stdout, sys.stderr):
+            with suppress(Exception):
+                stream.flush()
+        os._exit(0)
 
     def _begin_step(self) -> None:
         self.step += 1

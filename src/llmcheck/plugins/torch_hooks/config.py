@@ -60,6 +60,10 @@ UNCLOSED_ENV = "LLMCHECK_DUMP_UNCLOSED"
 #: Environment variable naming the file a child appends the folder of each dump it starts to (one line
 #: each), so ``llmcheck dump`` reports its own run's dumps -- not another run's writing into the same -o.
 STARTED_ENV = "LLMCHECK_DUMPS_STARTED"
+#: Environment variable naming the file a child writes to when its capture ended the program after the
+#: last step of ``token_range`` (``exit_after_range``): the step, so ``llmcheck dump`` reports that
+#: end as the one asked for, whatever exit code the program's other processes then gave.
+ENDED_ENV = "LLMCHECK_PROGRAM_ENDED"
 
 #: ``DumpConfig.engine`` of a capture inside vLLM (``llmcheck dump --backend vllm``).
 ENGINE_VLLM = "vllm"
@@ -144,7 +148,12 @@ class DumpConfig:
     unchanged program runs at that precision -- the noise twin of ``compare --noise-path``;
     floating results go back in the model's dtype when it holds them exactly; see :mod:`.dtype_cast`),
     ``engine`` (``None``: capture the first module the program calls; ``"vllm"``: the model vLLM's
-    model runner loads, one step per engine step; see :mod:`.vllm_engine`).
+    model runner loads, one step per engine step; see :mod:`.vllm_engine`), ``max_depth`` (record
+    only modules at most this many levels below the model: 0 is the model's own inputs and
+    outputs, 3 a Llama's decoder layers ``model.layers.N``; a coarse dump of every step costs a few
+    records per step), ``exit_after_range`` (end the program once the last step of ``token_range``
+    is dumped and the dump closed: a dump of step 0 of a long generation then costs the load and
+    the prefill only; exit code 0).
     Seed aliases accepted: ``layer_name`` (a glob, added to ``include``),
     ``dump_statistics_mode`` (1 = statistics only).
     """
@@ -170,6 +179,8 @@ class DumpConfig:
     weight_digests: bool = True
     as_dtype: str | None = None
     engine: str | None = None
+    max_depth: int | None = None
+    exit_after_range: bool = False
     layer_name: str | None = None
     dump_statistics_mode: int = 0
     command_line: Sequence[str] | None = field(default=None, repr=False)
@@ -228,6 +239,18 @@ class DumpConfig:
             raise UsageError(
                 f"unknown engine {self.engine!r}", where="DumpConfig.engine", hint=f"use one of {', '.join(ENGINES)}"
             )
+        if self.max_depth is not None and (not isinstance(self.max_depth, int) or self.max_depth < 0):
+            raise UsageError(
+                f"max_depth must be a number of levels >= 0, got {self.max_depth!r}",
+                where="DumpConfig.max_depth",
+                hint="0 records the model's own inputs and outputs only",
+            )
+        if self.exit_after_range and self.token_range is None:
+            raise UsageError(
+                "exit_after_range needs a last step to end after, and token_range is every step",
+                where="DumpConfig.exit_after_range",
+                hint="give token_range (-er 0,0), or leave exit_after_range off",
+            )
         if self.dump_statistics_mode not in (0, 1, 2):
             raise UsageError(
                 f"dump_statistics_mode must be 0, 1 or 2, got {self.dump_statistics_mode!r}",
@@ -275,6 +298,10 @@ class DumpConfig:
     def dumps_step(self, step: int) -> bool:
         """Return whether step ``step`` (the n-th forward of the top-level model) is dumped."""
         return self.token_range is None or step in self.token_range
+
+    def ends_program_after(self, step: int) -> bool:
+        """Return whether the program is ended after step ``step``: the last one dumped, with ``exit_after_range``."""
+        return self.exit_after_range and self.token_range is not None and step >= self.token_range[-1]
 
     def as_json(self) -> dict[str, Any]:
         """Return the config as JSON-safe values (module classes by name), for manifests and child processes."""

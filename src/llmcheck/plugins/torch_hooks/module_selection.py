@@ -11,6 +11,8 @@ Rules (documented in ``docs/sources/torch.md``):
   ``model.layers.3`` also selects ``model.layers.3.mlp.down_proj``); exclude wins;
 * ``module_list`` keeps modules of those classes (module level), or operators run inside
   such a module (op level);
+* ``max_depth`` keeps modules at most that many levels below the model (``model.layers.3`` is
+  3 levels down; the model itself 0), at both levels;
 * ``module_ids`` (``-ids``) and ``type_prefixes`` (``-opname``) are OR-ed, as in the seed:
   an id selects that module (and, with ``include_children``, its subtree); a prefix
   selects module classes (module level) or ATen operators (op level) whose lower-cased
@@ -54,6 +56,11 @@ def _lineage(name: str) -> list[str]:
     return [name, *module_ancestors(name)]
 
 
+def module_depth(name: str) -> int:
+    """Return how many levels below the model module ``name`` is: 0 for the model, 3 for ``model.layers.3``."""
+    return 0 if name == ROOT_NAME else name.count(".") + 1
+
+
 def _matches_type(module: torch.nn.Module, module_list: Iterable[Any]) -> bool:
     for entry in module_list:
         if isinstance(entry, str):
@@ -83,6 +90,7 @@ class ModuleSelection:
             path_ok = (
                 not config.include or any(fnmatchcase(n, p) for n in lineage for p in config.include)
             ) and not any(fnmatchcase(n, p) for n in lineage for p in config.exclude)
+            path_ok = path_ok and (config.max_depth is None or module_depth(name) <= config.max_depth)
             id_match = self.ids.get(name) in wanted_ids or (
                 config.include_children and any(self.ids.get(n) in wanted_ids for n in lineage[1:])
             )
