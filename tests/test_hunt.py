@@ -23,13 +23,16 @@ INFER = textwrap.dedent(
     model = random_llama(seed=0)
     if "--defect" in sys.argv:  # a fused norm's hard-coded epsilon, in a middle layer
         model.model.layers[1].post_attention_layernorm.variance_epsilon = 1e-1
+    if "--sampled" in sys.argv:  # the same model, but its tokens drawn, not the most likely: other tokens
+        torch.manual_seed(7)
     if "--dropout" in sys.argv:  # left in train mode: attention dropout moves every run
         model.train()
         torch.manual_seed(int.from_bytes(os.urandom(4), "little"))  # random_llama seeded torch
         for layer in model.model.layers:
             layer.self_attn.attention_dropout = 0.5
     with torch.no_grad():
-        print(model.generate(torch.tensor([[1, 7, 42, 9]]), max_new_tokens=2, do_sample=False))
+        drawn = {"do_sample": True, "top_k": 0} if "--sampled" in sys.argv else {"do_sample": False}
+        print(model.generate(torch.tensor([[1, 7, 42, 9]]), max_new_tokens=2, **drawn))
     """
 )
 
@@ -75,36 +78,49 @@ def test_hunt_names_the_module_a_full_module_dump_compare_names_and_goes_on_to_t
     assert path["operator"] == "model.layers.1.post_attention_layernorm/aten.add.Tensor"
     assert path["opcheck"].startswith("PASS")
     phases = finished_hunt["phases"]
-    assert list(phases) == ["1_determinism", "2_statistics", "3_module", "4_operator", "5_opcheck"]
+    assert list(phases) == ["1_steps", "2_blocks", "3_module", "4_operator", "5_opcheck"]
+    assert path["block"] == "model.layers.1"
     assert phases["3_module"]["confirmed"] is True
     assert all(phase["bytes_written"] > 0 for phase in phases.values())
-    assert phases["1_determinism"]["runs"][0]["command"].startswith("llmcheck dump --backend torch -sd -er all")
+    # the step search: the model's own inputs and outputs, every step
+    assert phases["1_steps"]["runs"][0]["command"].startswith("llmcheck dump --backend torch -sd -er all --max-depth 0")
+    steps = read_dump(Path(phases["1_steps"]["dumps"]["my"])).records
+    assert {record.key.name for record in steps} == {"root"}
+    assert {record.key.step for record in steps} == {0, 1}
+    # the blocks: statistics of step 0 down to the decoder layers, the program ended after that step
+    blocks = read_dump(Path(phases["2_blocks"]["dumps"]["my"])).records
+    assert {record.key.step for record in blocks} == {0}
+    assert "model.layers.1" in {record.key.name for record in blocks}
+    assert max(record.key.name.count(".") for record in blocks) == 2
+    assert "tensor([[" in (workdir / "hunt_out" / "1_steps" / "my.log").read_text()
+    assert "tensor([[" not in (workdir / "hunt_out" / "2_blocks" / "my.log").read_text()
     # full tensors of the culprit's step only, and of its subtree and its inputs' producers only
-    records = read_dump(Path(phases["3_module"]["my_dump"])).records
+    records = read_dump(Path(phases["3_module"]["dumps"]["my"])).records
     assert {record.key.step for record in records} == {0}
     kept = {record.key.name for record in records}
     assert "model.layers.1.post_attention_layernorm" in kept
-    assert not any(name.startswith(("model.layers.0", "model.layers.2", "lm_head")) for name in kept)
+    assert "model.layers.0" in kept  # the producer of the block's input: its own records, not its children's
+    assert not any(name.startswith(("model.layers.0.", "model.layers.2", "lm_head")) for name in kept)
 
 
-def test_hunt_resumes_after_the_determinism_phase_and_fresh_redoes_it(
+def test_hunt_resumes_after_the_step_search_and_fresh_redoes_it(
     workdir: Path, finished_hunt: dict, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     out = workdir / "hunt_out"
-    marker = out / "1_determinism" / "phase.json"
+    marker = out / "1_steps" / "phase.json"
     written_at = marker.stat().st_mtime_ns
-    for later in ("2_statistics", "3_module", "4_operator", "5_opcheck"):
+    for later in ("2_blocks", "3_module", "4_operator", "5_opcheck"):
         shutil.rmtree(out / later)
     assert _hunt(workdir, "hunt_out", "python infer.py --defect", monkeypatch=monkeypatch) == 3
     resumed = json.loads((out / "hunt.json").read_text())
     assert marker.stat().st_mtime_ns == written_at
-    assert resumed["phases"]["1_determinism"]["reused"] is True
-    assert resumed["phases"]["2_statistics"]["reused"] is False
+    assert resumed["phases"]["1_steps"]["reused"] is True
+    assert resumed["phases"]["2_blocks"]["reused"] is False
     assert resumed["path"] == finished_hunt["path"]
 
     assert _hunt(workdir, "hunt_out", "python infer.py --defect", "--fresh", monkeypatch=monkeypatch) == 3
     assert marker.stat().st_mtime_ns != written_at
-    assert json.loads((out / "hunt.json").read_text())["phases"]["1_determinism"]["reused"] is False
+    assert json.loads((out / "hunt.json").read_text())["phases"]["1_steps"]["reused"] is False
 
 
 def test_hunt_of_a_nondeterministic_golden_stops_with_one_line(
@@ -119,9 +135,26 @@ def test_hunt_of_a_nondeterministic_golden_stops_with_one_line(
     assert len(stopped) == 1
     assert stopped[0].startswith("stopped: ")
     assert stopped[0].endswith("; wrote moving/hunt.json")
+    # the block phase's run and one more of the same: the first decoder layer is the first record that moved
     assert "the golden program is not deterministic: two runs of it differ first at model.layers.0" in stopped[0]
-    assert not (workdir / "moving" / "1_determinism" / "phase.json").exists()
-    assert not (workdir / "moving" / "2_statistics").exists()
+    assert "see moving/2_blocks/golden and moving/2_blocks/golden_again" in stopped[0]
+    assert not (workdir / "moving" / "2_blocks" / "phase.json").exists()
+    assert not (workdir / "moving" / "3_module").exists()
+
+
+def test_hunt_of_runs_fed_other_tokens_stops_at_the_step_before_with_one_line(
+    workdir: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # the same model: its logits agree at step 0, then the my-run draws another token than the golden's best
+    code = _hunt(workdir, "sampled", "python infer.py --sampled", monkeypatch=monkeypatch)
+    assert code == 5
+    stopped = capsys.readouterr().out.splitlines()
+    assert stopped == [
+        "stopped: the runs generated other tokens from step 1 and no record of steps 0 to 0 diverges beyond noise: "
+        "the step search stops at step 0 (teacher forcing, feeding the my-run the golden's tokens, is out of scope); "
+        "wrote sampled/hunt.json"
+    ]
+    assert json.loads((workdir / "sampled" / "hunt.json").read_text())["path"]["step"] is None
 
 
 def test_hunt_bad_input_is_one_error_line(
@@ -138,7 +171,7 @@ def test_hunt_bad_input_is_one_error_line(
     )
     error = capsys.readouterr().err.strip().splitlines()
     assert len(error) == 1
-    assert error[0].startswith("llmcheck: error: broken/1_determinism/golden.log: 'llmcheck dump --backend torch")
+    assert error[0].startswith("llmcheck: error: broken/1_steps/golden.log: 'llmcheck dump --backend torch")
     assert "failed with exit code 2" in error[0]
 
 
@@ -172,3 +205,22 @@ def test_other_tokens_are_found_at_the_first_decode_step_fed_another_token(tmp_p
     assert first_moved_record(golden, other) == (
         "root step 2 input.input_ids (before): l2norm 63.0, mean 63.0 vs l2norm 151.0, mean 151.0"
     )
+
+
+def test_the_block_level_is_the_first_depth_that_splits_the_model_and_a_block_opens_whole() -> None:
+    from llmcheck.core.hunt import block_depth, module_depth, selection_ids
+
+    names = ["root", "model", "lm_head", "model.embed_tokens", "model.layers", "model.norm", "model.rotary_emb"]
+    layers = [f"model.layers.{index}" for index in range(30)]
+    assert module_depth("root") == 0 and module_depth("model.layers.3") == 3
+    assert block_depth(names + layers + [f"{layer}.mlp" for layer in layers]) == 3
+    assert block_depth(["root", "model"]) == 1
+    ids = {
+        "root": "",
+        "model": "0",
+        "model.layers.1": "0_1_1",
+        "model.layers.1.mlp": "0_1_1_3",
+        "model.layers.0": "0_1_0",
+    }
+    assert selection_ids(ids, "model.layers.1", ["model.layers.0"], subtree=True) == ["0_1_1", "0_1_1_3", "0_1_0"]
+    assert selection_ids(ids, "model", ["root"], subtree=False) == ["0"]

@@ -261,3 +261,30 @@ def test_op_level_inside_vllm_records_the_engines_own_kernels_by_module(
     attention = {name for name in ops if name.startswith("model.layers.3.self_attn.attn/")}
     assert any("attention" in name for name in attention), sorted(attention)  # vLLM's attention op
     assert any(name.startswith("model.layers.3.self_attn.qkv_proj/") for name in ops)
+
+
+def test_hunt_drives_the_vllm_backend_from_the_step_to_the_operator(
+    tmp_path: Path, vllm_python: str, model: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from llmcheck.core.cli import main
+
+    _, engine = zoo.write_programs(tmp_path)
+    for name, value in zoo.vllm_environment().items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.chdir(tmp_path)
+    golden, my = (
+        shlex.join(zoo.vllm_argv(vllm_python, engine, model, "float32", defect)) for defect in ("none", "norm_eps")
+    )
+    code = main(["hunt", "--backend", "vllm", "--golden", golden, "--my", my, "-o", "hunt", "-l", "warning"])
+    assert code == 3
+    report = json.loads((tmp_path / "hunt" / "hunt.json").read_text())
+    path = report["path"]
+    layer = f"model.layers.{zoo.LAYER}"
+    assert (path["step"], path["block"], path["module"]) == (0, layer, f"{layer}.post_attention_layernorm")
+    assert path["operator"].startswith(f"{layer}.post_attention_layernorm/")
+    steps = report["phases"]["1_steps"]
+    assert steps["runs"][0]["command"].startswith("llmcheck dump --backend vllm -sd -er all --max-depth 1")
+    # every later phase ended the engine after the prefill: one step in its dumps
+    for phase in ("2_blocks", "3_module"):
+        dumped = read_dump(Path(report["phases"][phase]["dumps"]["my"]))
+        assert {record.key.step for record in dumped.records} == {0}

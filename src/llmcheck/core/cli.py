@@ -409,8 +409,25 @@ def opcheck(
     help="Folder of the hunt: one sub-folder per phase, hunt.json.",
 )
 @click.option("--fresh", is_flag=True, help="Redo every phase, even those a previous hunt finished there.")
+@click.option(
+    "--backend",
+    type=click.Choice(["torch", "vllm"]),
+    default="torch",
+    show_default=True,
+    help="Capture backend of both programs: torch (any PyTorch program), vllm (programs serving with vLLM).",
+)
+@click.option(
+    "-j",
+    "--jobs",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="Programs run at once within a phase; more than 1 only where the machine holds that many copies of the model.",
+)
 @log_level_option
-def hunt(golden_program: str, my_program: str, output: Path, fresh: bool, log_level: str) -> None:
+def hunt(
+    golden_program: str, my_program: str, output: Path, fresh: bool, backend: str, jobs: int, log_level: str
+) -> None:
     """Find the step, module and operator where the my-run's error is introduced, then opcheck it.
 
     Example: llmcheck hunt --golden "python infer.py" --my "python infer.py --dtype bf16" -o hunt_out
@@ -418,7 +435,9 @@ def hunt(golden_program: str, my_program: str, output: Path, fresh: bool, log_le
     _configure_logging(log_level)
     from llmcheck.core.hunt import run_hunt
 
-    raise SystemExit(run_hunt(golden_program, my_program, output, fresh=fresh, log_level=log_level))
+    raise SystemExit(
+        run_hunt(golden_program, my_program, output, fresh=fresh, log_level=log_level, backend=backend, jobs=jobs)
+    )
 
 
 # --- export ----------------------------------------------------------------------------

@@ -5,12 +5,19 @@ command lines a user can repeat), keeps its dumps and reports under ``OUT/<phase
 writes ``phase.json`` last: a phase whose folder holds it is done, and a later hunt with the
 same programs reuses it instead of running it again (``--fresh`` redoes every phase).
 
-1. ``1_determinism``: the golden twice, statistics only, every step; any record that moves stops the hunt.
-2. ``2_statistics``: the my-run statistics only (and the golden's noise twin when the precisions
-   differ); compare with the first golden run: the step and the module where the error is introduced.
-3. ``3_module``: full tensors of that step, that module's subtree and the producers of its inputs.
+1. ``1_steps``: both programs (and the golden's noise twin when the precisions differ), statistics
+   of the model's own inputs and outputs at every step: the first step whose logits diverge beyond noise.
+2. ``2_blocks``: statistics of that step only, down to the first level of the module tree wide
+   enough to split the model (a Llama's decoder layers): the block where the error is introduced.
+3. ``3_module``: full tensors of that step, that block's subtree and the producers of its inputs:
+   the module inside it.
 4. ``4_operator``: the operators inside that module, at that step: the culprit operator.
 5. ``5_opcheck``: the my-run's operators recomputed in float64 from its dumped inputs.
+
+Every phase after the first ends each program once its step is dumped (``--exit-after-range``),
+so a late phase costs a program's start and its steps up to the culprit's, not a whole run. Each
+program runs in several phases: the records two of its runs both hold must agree bit for bit,
+else the program is not deterministic and the hunt stops, naming the first record that moved.
 """
 
 from __future__ import annotations
@@ -25,21 +32,33 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from llmcheck.core.atomic_files import atomic_write_text
 from llmcheck.core.errors import LlmcheckError, UsageError
-from llmcheck.core.records import TensorRecord
-from llmcheck.core.store import find_dumps, read_dump
+from llmcheck.core.records import ROOT_MODULE, TensorRecord
+from llmcheck.core.store import MODEL_DTYPES_FIELD, TOPOLOGY_NAME, find_dumps, read_dump
 
 log = logging.getLogger("llmcheck.hunt")
 
 #: The file a phase writes last: its folder holds a finished phase.
 PHASE_MARKER = "phase.json"
 REPORT_NAME = "hunt.json"
-PHASES = ("1_determinism", "2_statistics", "3_module", "4_operator", "5_opcheck")
+PHASES = ("1_steps", "2_blocks", "3_module", "4_operator", "5_opcheck")
+
+#: The capture backends a hunt drives, and how deep the step search records in each: the torch
+#: backend's model returns its logits (depth 0); vLLM's returns hidden states, and its logits come
+#: from a module the runner calls after the forward (``logits_processor``, one level down).
+STEP_SEARCH_DEPTH = {"torch": 0, "vllm": 1}
+BACKENDS = tuple(STEP_SEARCH_DEPTH)
+#: Backends whose ``dump`` records a noise twin (``--as-dtype``).
+TWIN_BACKENDS = ("torch",)
+#: The block phase records the shallowest levels of the module tree that hold at least this many
+#: modules: a Llama's decoder layers, a GPT-2's blocks.
+BLOCK_PHASE_MODULES = 8
 
 #: Exit codes of ``llmcheck hunt`` (docs/commands/hunt.md).
 EXIT_NO_DIVERGENCE = 0
@@ -58,7 +77,7 @@ SHORT_DTYPES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16", "float
 
 
 class HuntStopped(LlmcheckError):
-    """The hunt cannot go on (a golden that moves, runs fed other tokens): one line, its own exit code."""
+    """The hunt cannot go on (a program that moves, runs fed other tokens): one line, its own exit code."""
 
     def __init__(self, what: str, exit_code: int) -> None:
         super().__init__(what)
@@ -82,13 +101,25 @@ class ChildRun:
 
 
 @dataclass
+class DumpRun:
+    """One program a phase dumps: which program, into which folder, with which flags."""
+
+    program: str
+    folder: Path
+    flags: list[str]
+
+
+@dataclass
 class Hunt:
-    """The inputs of one hunt and what its phases ran."""
+    """The inputs of one hunt and how it runs its children."""
 
     golden_program: str
     my_program: str
     output_dir: Path
     log_level: str = "warning"
+    backend: str = "torch"
+    #: programs dumped at once within a phase (their runs are independent)
+    jobs: int = 1
 
     def llmcheck(self, args: Sequence[str], log_file: Path, done_codes: Sequence[int]) -> ChildRun:
         """Return the run of ``llmcheck ARGS`` as a child (its output in ``log_file``); a failure is one error line."""
@@ -111,7 +142,7 @@ class Hunt:
     def dump(self, program: str, folder: Path, flags: Sequence[str]) -> tuple[ChildRun, Path]:
         """Return the run of ``llmcheck dump`` of ``program`` into ``folder`` and the dump it wrote."""
         folder.mkdir(parents=True, exist_ok=True)
-        args = ["dump", "--backend", "torch", *flags, "-o", str(folder), "-l", self.log_level, "--exec", program]
+        args = ["dump", "--backend", self.backend, *flags, "-o", str(folder), "-l", self.log_level, "--exec", program]
         run = self.llmcheck(args, folder.with_suffix(".log"), DUMP_DONE_CODES)
         dumps = find_dumps(folder)
         if not dumps:
@@ -119,6 +150,14 @@ class Hunt:
                 "the program ran but wrote no dump", where=folder, hint=f"see {folder.with_suffix('.log')}"
             )
         return run, dumps[-1]
+
+    def dump_all(self, runs: Sequence[DumpRun]) -> list[tuple[ChildRun, Path]]:
+        """Return the runs and dumps of several programs, ``jobs`` at a time, in the order given."""
+        if self.jobs <= 1 or len(runs) <= 1:
+            return [self.dump(run.program, run.folder, run.flags) for run in runs]
+        with ThreadPoolExecutor(max_workers=self.jobs) as pool:
+            futures = [pool.submit(self.dump, run.program, run.folder, run.flags) for run in runs]
+            return [future.result() for future in futures]
 
     def compare(self, golden: Path, my: Path, report: Path, noise: Path | None) -> tuple[ChildRun, dict[str, Any]]:
         """Return the run of ``llmcheck compare`` and the ``summary.json`` it wrote."""
@@ -144,7 +183,7 @@ def folder_bytes(folder: Path) -> int:
     return sum(path.stat().st_size for path in folder.rglob("*") if path.is_file())
 
 
-# --- phases ------------------------------------------------------------------------------
+# --- what two dumps say ------------------------------------------------------------------
 
 
 def record_label(record: TensorRecord) -> str:
@@ -160,17 +199,23 @@ def _fingerprint(record: TensorRecord) -> tuple[Any, ...]:
     return (record.dtype, tuple(record.shape), values)
 
 
-def first_moved_record(first: Path, second: Path) -> str | None:
-    """Return the first record (execution order) whose statistics differ between two dumps, ``None`` when bit-identical."""
+def first_moved_record(first: Path, second: Path, *, common_only: bool = False) -> str | None:
+    """Return the first record (execution order) whose statistics differ between two dumps, ``None`` when bit-identical.
+
+    ``common_only``: compare only the records both dumps hold (two runs of one program with
+    other selections); else a record only one holds is a difference too.
+    """
     first_records = sorted(read_dump(first).records, key=lambda record: record.order)
     second_by_key = {record.key: record for record in read_dump(second).records}
     for record in first_records:
         other = second_by_key.get(record.key)
         if other is None:
+            if common_only:
+                continue
             return f"{record_label(record)} (only in the first run)"
         if _fingerprint(record) != _fingerprint(other):
             return f"{record_label(record)}: {_stats_text(record)} vs {_stats_text(other)}"
-    if len(second_by_key) != len(first_records):
+    if not common_only and len(second_by_key) != len(first_records):
         return f"the second run has {len(second_by_key)} records, the first {len(first_records)}"
     return None
 
@@ -182,9 +227,17 @@ def _stats_text(record: TensorRecord) -> str:
     return f"l2norm {stats.l2norm!r}, mean {stats.mean!r}"
 
 
-def dominant_float_dtype(dump: Path) -> str | None:
-    """Return the floating dtype most of a dump's records hold (``torch.bfloat16``), ``None`` when none is floating."""
-    dtypes = (record.dtype.removeprefix("torch.") for record in read_dump(dump).records)
+def run_dtype(dump: Path) -> str | None:
+    """Return the floating dtype a run's model ran in (``bfloat16``), ``None`` when unknown.
+
+    The capture's manifest says how many parameters ran in each dtype; a dump without it is
+    judged by the floating dtype most of its records hold.
+    """
+    loaded = read_dump(dump)
+    declared = loaded.manifest.get(MODEL_DTYPES_FIELD)
+    if isinstance(declared, dict) and declared:
+        return str(max(declared.items(), key=lambda item: item[1])[0]).removeprefix("torch.")
+    dtypes = (record.dtype.removeprefix("torch.") for record in loaded.records)
     counts = Counter(dtype for dtype in dtypes if dtype in SHORT_DTYPES)
     return counts.most_common(1)[0][0] if counts else None
 
@@ -194,102 +247,42 @@ def first_token_divergence(golden: Path, my: Path) -> int | None:
     my_by_key = {record.key: record for record in read_dump(my).records}
     steps = []
     for record in read_dump(golden).records:
-        if record.key.name == "root" and record.key.io == "input" and record.key.step > 0 and "int" in record.dtype:
+        if (
+            record.key.name == ROOT_MODULE
+            and record.key.io == "input"
+            and record.key.step > 0
+            and "int" in record.dtype
+        ):
             other = my_by_key.get(record.key)
             if other is None or _fingerprint(other) != _fingerprint(record):
                 steps.append(record.key.step)
     return min(steps) if steps else None
 
 
-def determinism_phase(hunt: Hunt, folder: Path) -> dict[str, Any]:
-    """Run the golden twice, statistics only; return the phase's result, or stop the hunt when a record moved."""
-    flags = ["-sd", "-er", "all"]
-    first_run, first = hunt.dump(hunt.golden_program, folder / "golden", flags)
-    second_run, second = hunt.dump(hunt.golden_program, folder / "golden_again", flags)
-    moved = first_moved_record(first, second)
-    if moved is not None:
-        # the compare's report shows how far the runs moved; of two identical runs it would say nothing
-        hunt.compare(first, second, folder / "report", None)
-        raise HuntStopped(
-            f"the golden program is not deterministic: two runs of it differ first at {moved} "
-            f"(make it deterministic -- eval mode, no dropout or sampling, fixed seeds -- before hunting; "
-            f"see {folder / 'report'})",
-            EXIT_NOT_DETERMINISTIC,
-        )
-    records = len(read_dump(first).records)
-    return {
-        "runs": [first_run.as_json(), second_run.as_json()],
-        "golden_dump": str(first),
-        "evidence": f"two golden runs are bit-identical ({records} records, statistics of every step)",
-    }
-
-
-def statistics_phase(hunt: Hunt, folder: Path, golden: Path) -> dict[str, Any]:
-    """Return where the error is introduced: the step and the module, from statistics of every step."""
-    flags = ["-sd", "-er", "all"]
-    runs = []
-    my_run, my = hunt.dump(hunt.my_program, folder / "my", flags)
-    runs.append(my_run.as_json())
-    golden_dtype, my_dtype = dominant_float_dtype(golden), dominant_float_dtype(my)
-    twin_dtype = SHORT_DTYPES[my_dtype] if my_dtype is not None and golden_dtype != my_dtype else None
-    twin = None
-    if twin_dtype is not None:
-        twin_run, twin = hunt.dump(hunt.golden_program, folder / "twin", [*flags, "--as-dtype", twin_dtype])
-        runs.append(twin_run.as_json())
-    compare_run, summary = hunt.compare(golden, my, folder / "report", twin)
-    runs.append(compare_run.as_json())
-    result: dict[str, Any] = {
-        "runs": runs,
-        "my_dump": str(my),
-        "golden_dtype": golden_dtype,
-        "my_dtype": my_dtype,
-        "twin_dtype": twin_dtype,
-        "counts": summary["counts"],
-    }
-    culprit = summary.get("culprit") or summary.get("first_introduced")
-    token_step = first_token_divergence(golden, my)
-    if token_step is not None and (culprit is None or culprit["step"] >= token_step):
-        result["stopped"] = (
-            f"the runs generated other tokens from step {token_step} and no record of steps 0 to "
-            f"{token_step - 1} diverges beyond noise: the step search stops at step {token_step - 1} "
-            "(teacher forcing, feeding the my-run the golden's tokens, is out of scope)"
-        )
-        return result
-    if culprit is None:
-        return result
-    introduced = summary.get("first_introduced") or {}
-    result.update(
-        step=culprit["step"],
-        module=culprit["name"],
-        evidence=_evidence_text(introduced, culprit),
-    )
-    return result
-
-
-def _evidence_text(introduced: dict[str, Any], culprit: dict[str, Any]) -> str:
-    if introduced.get("name") != culprit["name"]:
-        return f"named by compare as the culprit ({culprit.get('seen_at') or culprit['name']})"
-    value = introduced.get("value")
-    shown = f"{value:.6g}" if isinstance(value, float) else str(value)
-    return (
-        f"{introduced['name']} step {introduced['step']} {introduced['io']}.{introduced['position']}: "
-        f"{introduced['metric']} {shown}, {introduced['attribution']}; {introduced.get('evidence') or ''}"
-    ).rstrip("; ")
-
-
-def module_ids(topology_file: Path) -> dict[str, str]:
-    """Return ``module name -> id`` (``0_1_3``) from a dump's ``topology.json``."""
+def module_tree(topology_file: Path) -> dict[str, str]:
+    """Return ``module name -> id`` (``0_1_3``, ``""`` for the model) from a dump's ``topology.json``, in tree order."""
     ids: dict[str, str] = {}
 
     def visit(node: dict[str, Any]) -> None:
-        node_id = node.get("attrs", {}).get("id")
-        if node_id is not None:
-            ids[node["name"]] = str(node_id)
+        ids[node["name"]] = str(node.get("attrs", {}).get("id", ""))
         for child in node.get("children", []):
             visit(child)
 
     visit(json.loads(topology_file.read_text(encoding="utf-8")))
     return ids
+
+
+def module_depth(name: str) -> int:
+    """Return how many levels below the model a module is (``--max-depth``): 0 for the model, 3 for ``model.layers.3``."""
+    return 0 if name == ROOT_MODULE else name.count(".") + 1
+
+
+def block_depth(names: Sequence[str]) -> int:
+    """Return the shallowest depth down to which the module tree holds :data:`BLOCK_PHASE_MODULES` modules (at least 1)."""
+    depths = sorted(module_depth(name) for name in names)
+    if len(depths) <= BLOCK_PHASE_MODULES:
+        return max(1, depths[-1] if depths else 1)
+    return max(1, depths[BLOCK_PHASE_MODULES - 1])
 
 
 def input_producers(report: Path, module: str, step: int) -> list[str]:
@@ -307,75 +300,219 @@ def input_producers(report: Path, module: str, step: int) -> list[str]:
     return producers
 
 
-def selection_ids(ids: dict[str, str], module: str, producers: Sequence[str]) -> list[str]:
-    """Return the ``-ids`` of a module's subtree and of its inputs' producers (their own records only)."""
-    subtree = [node_id for name, node_id in ids.items() if name == module or name.startswith(module + ".")]
-    return subtree + [ids[name] for name in producers if name in ids and ids[name] not in subtree]
+def selection_ids(ids: dict[str, str], module: str, producers: Sequence[str], *, subtree: bool) -> list[str]:
+    """Return the ``-ids`` of a module (its subtree with ``subtree``) and of its inputs' producers (their own records only)."""
+    chosen = [node_id for name, node_id in ids.items() if name == module or (subtree and name.startswith(module + "."))]
+    return [node_id for node_id in chosen if node_id] + [
+        ids[name] for name in producers if ids.get(name) and ids[name] not in chosen
+    ]
 
 
-def module_phase(hunt: Hunt, folder: Path, golden: Path, found: dict[str, Any]) -> dict[str, Any]:
-    """Return the module confirmed on full tensors of one step: its subtree and its inputs' producers."""
-    step, module = found["step"], found["module"]
-    ids = module_ids(golden / "topology.json")
-    producers = input_producers(Path(found["report"]), module, step)
-    selected = selection_ids(ids, module, producers)
-    flags = ["-er", f"{step},{step}"]
-    if selected:
-        flags += ["-ids", ",".join(selected), "-child", "False"]
-    result = _full_compare(hunt, folder, flags, found)
-    culprit = result.pop("culprit")
-    confirmed: str = culprit["name"] if culprit is not None else ""
-    # the full tensors may name a module inside the one the statistics named: the finer one wins
-    inside = confirmed == module or confirmed.startswith(module + ".")
-    chosen = confirmed if inside else module
-    result.update(producers=producers, module=chosen, confirmed=inside, module_id=ids.get(chosen))
+def _evidence_text(introduced: dict[str, Any], culprit: dict[str, Any]) -> str:
+    if introduced.get("name") != culprit["name"]:
+        return f"named by compare as the culprit ({culprit.get('seen_at') or culprit['name']})"
+    value = introduced.get("value")
+    shown = f"{value:.6g}" if isinstance(value, float) else str(value)
+    return (
+        f"{introduced['name']} step {introduced['step']} {introduced['io']}.{introduced['position']}: "
+        f"{introduced['metric']} {shown}, {introduced['attribution']}; {introduced.get('evidence') or ''}"
+    ).rstrip("; ")
+
+
+def _culprit(summary: dict[str, Any]) -> dict[str, Any] | None:
+    """Return the compare's culprit (else the first record where an error is introduced), with its op type."""
+    introduced = summary.get("first_introduced")
+    culprit = summary.get("culprit") or introduced
+    if culprit is not None and introduced is not None and introduced["name"] == culprit["name"]:
+        culprit = {**culprit, "op_type": introduced.get("op_type")}
+    return culprit
+
+
+# --- determinism ---------------------------------------------------------------------------
+
+#: How the stop line names each program of a phase.
+PROGRAM_LABELS = {
+    "golden": "the golden program",
+    "my": "the my program",
+    "twin": "the golden program at the my-run's precision (its noise twin)",
+}
+
+
+def check_same_program(hunt: Hunt, who: str, earlier: Path, later: Path, again: DumpRun | None) -> None:
+    """Stop the hunt when two runs of one program disagree on a record both hold (bit for bit).
+
+    ``again``: a run with the later run's selection, made only when they disagree, so the
+    stop names the first record that moved among all the later run records (a module, not
+    only the logits the earlier run held).
+    """
+    moved = first_moved_record(later, earlier, common_only=True)
+    if moved is None:
+        return
+    where = f"{later.parent.parent}"
+    if again is not None:
+        _, repeated = hunt.dump(again.program, again.folder, again.flags)
+        moved = first_moved_record(later, repeated) or moved
+        where = f"{later.parent} and {repeated.parent}"
+    raise HuntStopped(
+        f"{PROGRAM_LABELS.get(who, who)} is not deterministic: two runs of it differ first at {moved} "
+        f"(make it deterministic -- eval mode, no dropout or sampling, fixed seeds -- before hunting; "
+        f"see {where})",
+        EXIT_NOT_DETERMINISTIC,
+    )
+
+
+def check_programs(hunt: Hunt, found: dict[str, Any], dumps: dict[str, Path], again: dict[str, DumpRun]) -> None:
+    """Check each program's dump of this phase against its dump of the phase before (``found``'s ``dumps``)."""
+    for role, dump in dumps.items():
+        earlier = found.get("dumps", {}).get(role)
+        if earlier is not None:
+            check_same_program(hunt, role, Path(earlier), dump, again.get(role))
+
+
+# --- phases --------------------------------------------------------------------------------
+
+
+def _phase_runs(
+    hunt: Hunt, folder: Path, flags: list[str], twin_dtype: str | None, *, golden: bool = True
+) -> tuple[dict[str, Path], list[dict[str, Any]], dict[str, DumpRun]]:
+    """Dump the phase's programs (golden, my, the twin) with ``flags``; return their dumps, runs, and the runs as asked."""
+    asked = {}
+    if golden:
+        asked["golden"] = DumpRun(hunt.golden_program, folder / "golden", flags)
+    asked["my"] = DumpRun(hunt.my_program, folder / "my", flags)
+    if twin_dtype is not None:
+        asked["twin"] = DumpRun(hunt.golden_program, folder / "twin", [*flags, "--as-dtype", twin_dtype])
+    done = hunt.dump_all(list(asked.values()))
+    dumps = {role: dump for role, (_, dump) in zip(asked, done)}
+    return dumps, [run.as_json() for run, _ in done], asked
+
+
+def steps_phase(hunt: Hunt, folder: Path) -> dict[str, Any]:
+    """Return the first step whose model outputs diverge beyond noise, from statistics of every step."""
+    flags = ["-sd", "-er", "all", "--max-depth", str(STEP_SEARCH_DEPTH[hunt.backend])]
+    dumps, runs, _ = _phase_runs(hunt, folder, flags, None)
+    golden_dtype, my_dtype = run_dtype(dumps["golden"]), run_dtype(dumps["my"])
+    differ = my_dtype is not None and golden_dtype != my_dtype
+    twin_dtype = SHORT_DTYPES.get(my_dtype or "") if differ and hunt.backend in TWIN_BACKENDS else None
+    if twin_dtype is not None:
+        twin_run, dumps["twin"] = hunt.dump(hunt.golden_program, folder / "twin", [*flags, "--as-dtype", twin_dtype])
+        runs.append(twin_run.as_json())
+    elif differ:
+        log.warning(
+            "the runs differ in precision (%s golden, %s my), and the %s backend records no noise twin: "
+            "verdicts use the default thresholds",
+            golden_dtype,
+            my_dtype,
+            hunt.backend,
+        )
+    compare_run, summary = hunt.compare(dumps["golden"], dumps["my"], folder / "report", dumps.get("twin"))
+    runs.append(compare_run.as_json())
+    result: dict[str, Any] = {
+        "runs": runs,
+        "dumps": {role: str(dump) for role, dump in dumps.items()},
+        "golden_dtype": golden_dtype,
+        "my_dtype": my_dtype,
+        "twin_dtype": twin_dtype,
+        "counts": summary["counts"],
+    }
+    culprit = _culprit(summary)
+    token_step = first_token_divergence(dumps["golden"], dumps["my"])
+    if token_step is not None and (culprit is None or culprit["step"] >= token_step):
+        result["stopped"] = (
+            f"the runs generated other tokens from step {token_step} and no record of steps 0 to "
+            f"{token_step - 1} diverges beyond noise: the step search stops at step {token_step - 1} "
+            "(teacher forcing, feeding the my-run the golden's tokens, is out of scope)"
+        )
+        return result
+    if culprit is None:
+        return result
+    introduced = summary.get("first_introduced") or {}
+    result.update(step=culprit["step"], evidence=_evidence_text(introduced, culprit))
     return result
+
+
+def blocks_phase(hunt: Hunt, folder: Path, found: dict[str, Any]) -> dict[str, Any]:
+    """Return the block (a decoder layer) where the error is introduced at the step, from its statistics alone."""
+    step = found["step"]
+    names = list(module_tree(Path(found["dumps"]["golden"]) / TOPOLOGY_NAME))
+    depth = block_depth(names)
+    flags = ["-sd", "-er", f"{step},{step}", "--exit-after-range", "--max-depth", str(depth)]
+    dumps, runs, asked = _phase_runs(hunt, folder, flags, found.get("twin_dtype"))
+    again = {role: DumpRun(run.program, folder / f"{role}_again", run.flags) for role, run in asked.items()}
+    check_programs(hunt, found, dumps, again)
+    compare_run, summary = hunt.compare(dumps["golden"], dumps["my"], folder / "report", dumps.get("twin"))
+    runs.append(compare_run.as_json())
+    result: dict[str, Any] = {
+        "runs": runs,
+        "dumps": {role: str(dump) for role, dump in dumps.items()},
+        "depth": depth,
+        "counts": summary["counts"],
+    }
+    culprit = _culprit(summary)
+    if culprit is None or culprit["step"] != step:
+        result["stopped"] = (
+            f"the model's outputs diverge at step {step}, but no module down to depth {depth} is where an error "
+            f"is introduced at that step (see {folder / 'report'})"
+        )
+        return result
+    introduced = summary.get("first_introduced") or {}
+    result.update(module=culprit["name"], evidence=_evidence_text(introduced, culprit))
+    return result
+
+
+def module_phase(hunt: Hunt, folder: Path, found: dict[str, Any]) -> dict[str, Any]:
+    """Return the module confirmed on full tensors of one step: the block's subtree and its inputs' producers."""
+    step, block = found["step"], found["module"]
+    ids = module_tree(Path(found["dumps"]["golden"]) / TOPOLOGY_NAME)
+    producers = input_producers(Path(found["report"]), block, step)
+    # a block at the block level is opened whole; a shallower one was named for its own code, not its children's
+    selected = selection_ids(ids, block, producers, subtree=module_depth(block) >= found["depth"])
+    flags = ["-er", f"{step},{step}", "--exit-after-range", "-ids", ",".join(selected), "-child", "False"]
+    dumps, runs, _ = _phase_runs(hunt, folder, flags, found.get("twin_dtype"))
+    check_programs(hunt, found, dumps, {})
+    compare_run, summary = hunt.compare(dumps["golden"], dumps["my"], folder / "report", dumps.get("twin"))
+    runs.append(compare_run.as_json())
+    culprit = _culprit(summary)
+    confirmed: str = culprit["name"] if culprit is not None else ""
+    # the full tensors may name a module inside the block: the finer one wins
+    inside = confirmed == block or confirmed.startswith(block + ".")
+    chosen = confirmed if inside else block
+    introduced = summary.get("first_introduced")
+    return {
+        "runs": runs,
+        "dumps": {role: str(dump) for role, dump in dumps.items()},
+        "counts": summary["counts"],
+        "evidence": _evidence_text(introduced, culprit) if culprit is not None and introduced else None,
+        "producers": producers,
+        "module": chosen,
+        "confirmed": inside,
+        "module_id": ids.get(chosen) or None,
+    }
 
 
 def operator_phase(hunt: Hunt, folder: Path, found: dict[str, Any]) -> dict[str, Any]:
     """Return the culprit operator: the ATen ops run inside the module, at the step, compared."""
-    flags = ["--type", "op", "-er", f"{found['step']},{found['step']}"]
+    flags = ["--type", "op", "-er", f"{found['step']},{found['step']}", "--exit-after-range"]
     if found.get("module_id"):
         flags += ["-ids", found["module_id"]]
     # Between precisions the casts add operators only one run has (aten._to_copy), so fp32 golden
     # operators do not pair one to one with the my-run's: the twin -- the golden program at the
     # my-run's precision, same selection -- is the golden here, and its own noise reference, so
     # the first operator whose output departs from it on bit-exact inputs is named however small.
-    result = _full_compare(hunt, folder, flags, found, twin_as_golden=bool(found.get("twin_dtype")))
-    culprit = result.pop("culprit")
-    result["operator"] = culprit["name"] if culprit is not None else None
-    result["op_type"] = culprit.get("op_type") if culprit is not None else None
-    return result
-
-
-def _full_compare(
-    hunt: Hunt, folder: Path, flags: list[str], found: dict[str, Any], *, twin_as_golden: bool = False
-) -> dict[str, Any]:
-    runs = []
-    golden: Path | None = None
-    if not twin_as_golden:
-        golden_run, golden = hunt.dump(hunt.golden_program, folder / "golden", flags)
-        runs.append(golden_run.as_json())
-    my_run, my = hunt.dump(hunt.my_program, folder / "my", flags)
-    runs.append(my_run.as_json())
-    twin = None
-    if found.get("twin_dtype"):
-        twin_run, twin = hunt.dump(hunt.golden_program, folder / "twin", [*flags, "--as-dtype", found["twin_dtype"]])
-        runs.append(twin_run.as_json())
-    reference = golden if golden is not None else twin
-    assert reference is not None  # twin_as_golden is only asked for with a twin
-    compare_run, summary = hunt.compare(reference, my, folder / "report", twin)
+    twin_dtype = found.get("twin_dtype")
+    dumps, runs, _ = _phase_runs(hunt, folder, flags, twin_dtype, golden=twin_dtype is None)
+    reference = dumps.get("golden") or dumps["twin"]
+    compare_run, summary = hunt.compare(reference, dumps["my"], folder / "report", dumps.get("twin"))
     runs.append(compare_run.as_json())
+    culprit = _culprit(summary)
     introduced = summary.get("first_introduced")
-    culprit = summary.get("culprit") or introduced
-    if culprit is not None and introduced is not None and introduced["name"] == culprit["name"]:
-        culprit = {**culprit, "op_type": introduced.get("op_type")}
     return {
         "runs": runs,
-        "my_dump": str(my),
+        "my_dump": str(dumps["my"]),
         "counts": summary["counts"],
-        "culprit": culprit,
         "evidence": _evidence_text(introduced, culprit) if culprit is not None and introduced else None,
+        "operator": culprit["name"] if culprit is not None else None,
+        "op_type": culprit.get("op_type") if culprit is not None else None,
     }
 
 
@@ -431,7 +568,16 @@ def run_phase(
     return result
 
 
-def run_hunt(golden_program: str, my_program: str, output_dir: Path, *, fresh: bool, log_level: str) -> int:
+def run_hunt(
+    golden_program: str,
+    my_program: str,
+    output_dir: Path,
+    *,
+    fresh: bool,
+    log_level: str,
+    backend: str = "torch",
+    jobs: int = 1,
+) -> int:
     """Run the hunt, write ``OUT/hunt.json``, print its summary; return the exit code."""
     from llmcheck.core.hunt_report import print_summary, write_report
 
@@ -441,6 +587,10 @@ def run_hunt(golden_program: str, my_program: str, output_dir: Path, *, fresh: b
     for program, flag in ((golden_program, "--golden"), (my_program, "--my")):
         if not program.strip():
             raise UsageError("no program given", where=flag, hint='give the command line, e.g. "python infer.py"')
+    if backend not in BACKENDS:
+        raise UsageError(f"unknown backend {backend!r}", where="--backend", hint=f"use one of {', '.join(BACKENDS)}")
+    if jobs < 1:
+        raise UsageError(f"must be 1 or more, got {jobs}", where="-j/--jobs")
     if fresh:
         for name in (*PHASES, REPORT_NAME):
             path = output_dir / name
@@ -449,31 +599,37 @@ def run_hunt(golden_program: str, my_program: str, output_dir: Path, *, fresh: b
             elif path.exists():
                 path.unlink()
     output_dir.mkdir(parents=True, exist_ok=True)
-    hunt = Hunt(golden_program, my_program, output_dir, log_level=log_level)
-    inputs = {"golden": golden_program, "my": my_program}
+    hunt = Hunt(golden_program, my_program, output_dir, log_level=log_level, backend=backend, jobs=jobs)
+    inputs = {"golden": golden_program, "my": my_program, "backend": backend}
     phases: dict[str, dict[str, Any]] = {}
     stopped: tuple[str, int] | None = None
     try:
-        phases["1_determinism"] = run_phase(hunt, "1_determinism", inputs, lambda f: determinism_phase(hunt, f))
-        golden = Path(phases["1_determinism"]["golden_dump"])
-        statistics = run_phase(hunt, "2_statistics", inputs, lambda f: statistics_phase(hunt, f, golden))
-        statistics["report"] = str(output_dir / "2_statistics" / "report")
-        phases["2_statistics"] = statistics
-        if "stopped" in statistics:
-            stopped = (statistics["stopped"], EXIT_OTHER_TOKENS)
-        elif "module" in statistics:
-            module = run_phase(hunt, "3_module", inputs, lambda f: module_phase(hunt, f, golden, statistics))
-            phases["3_module"] = module
-            found = {**statistics, **module}
-            operator = run_phase(hunt, "4_operator", inputs, lambda f: operator_phase(hunt, f, found))
-            phases["4_operator"] = operator
-            if operator.get("operator"):
-                checked = {**found, **operator}
-                phases["5_opcheck"] = run_phase(hunt, "5_opcheck", inputs, lambda f: opcheck_phase(hunt, f, checked))
+        steps = phases["1_steps"] = run_phase(hunt, "1_steps", inputs, lambda f: steps_phase(hunt, f))
+        if "stopped" in steps:
+            stopped = (steps["stopped"], EXIT_OTHER_TOKENS)
+        elif "step" in steps:
+            blocks = run_phase(hunt, "2_blocks", inputs, lambda f: blocks_phase(hunt, f, steps))
+            blocks["report"] = str(output_dir / "2_blocks" / "report")
+            phases["2_blocks"] = blocks
+            if "stopped" in blocks:
+                stopped = (blocks["stopped"], EXIT_CULPRIT_NAMED)
+            elif blocks["module"] != ROOT_MODULE:  # an error of the model's own code has no module to open
+                found = {**steps, **blocks}
+                module = phases["3_module"] = run_phase(
+                    hunt, "3_module", inputs, lambda f: module_phase(hunt, f, found)
+                )
+                found = {**found, **module}
+                operator = run_phase(hunt, "4_operator", inputs, lambda f: operator_phase(hunt, f, found))
+                phases["4_operator"] = operator
+                if operator.get("operator"):
+                    checked = {**found, **operator}
+                    phases["5_opcheck"] = run_phase(
+                        hunt, "5_opcheck", inputs, lambda f: opcheck_phase(hunt, f, checked)
+                    )
     except HuntStopped as stop:
         stopped = (stop.what, stop.exit_code)
     report = write_report(output_dir / REPORT_NAME, inputs, phases, stopped[0] if stopped else None)
     print_summary(report)
     if stopped is not None:
         return stopped[1]
-    return EXIT_CULPRIT_NAMED if "module" in phases.get("2_statistics", {}) else EXIT_NO_DIVERGENCE
+    return EXIT_CULPRIT_NAMED if "step" in phases.get("1_steps", {}) else EXIT_NO_DIVERGENCE

@@ -16,13 +16,15 @@ REPORT_FORMAT = "llmcheck-hunt"
 
 def hunt_path(phases: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
     """Return what the hunt found, level by level: step, module, operator, opcheck verdict (``None`` where it stopped)."""
-    statistics = phases.get("2_statistics", {})
+    steps = phases.get("1_steps", {})
+    blocks = phases.get("2_blocks", {})
     module = phases.get("3_module", {})
     operator = phases.get("4_operator", {})
     opcheck = phases.get("5_opcheck", {})
     return {
-        "step": statistics.get("step"),
-        "module": module.get("module", statistics.get("module")),
+        "step": steps.get("step"),
+        "block": blocks.get("module"),
+        "module": module.get("module", blocks.get("module")),
         "operator": operator.get("operator"),
         "op_type": operator.get("op_type"),
         "opcheck": opcheck.get("verdict"),
@@ -55,13 +57,17 @@ def _megabytes(count: int) -> str:
 def print_summary(report: Mapping[str, Any]) -> None:
     """Print the path taken, the evidence at each level, the commands run and the bytes each phase wrote."""
     found = report["path"]
+    if report["stopped"]:
+        # one line: where the hunt could not go on, and the report that keeps what it found so far
+        click.echo(f"stopped: {report['stopped']}; wrote {report['report_path']}")
+        return
     for name, result in report["phases"].items():
         state = "reused" if result.get("reused") else f"{result.get('elapsed_s', 0):.1f} s"
         click.echo(f"{name}: {_megabytes(int(result.get('bytes_written', 0)))} written ({state})")
         evidence = result.get("evidence")
         if evidence:
             click.echo(f"  evidence: {evidence}")
-        if name == "2_statistics" and result.get("twin_dtype"):
+        if name == "1_steps" and result.get("twin_dtype"):
             click.echo(
                 f"  precision: {result['golden_dtype']} golden, {result['my_dtype']} my: "
                 f"noise twin recorded at {result['twin_dtype']}"
@@ -70,14 +76,14 @@ def print_summary(report: Mapping[str, Any]) -> None:
             click.echo(f"  verdict: {result['verdict']}")
         for run in result.get("runs", []):
             click.echo(f"  $ {run['command']}")
-    if report["stopped"]:
-        # one line: where the hunt could not go on, and the report that keeps what it found so far
-        click.echo(f"stopped: {report['stopped']}; wrote {report['report_path']}")
-        return
-    if found["module"] is None:
+    if found["step"] is None:
         click.echo("no divergence: the my-run agrees with the golden within noise at every step")
     else:
-        steps = [f"step {found['step']}", f"module {found['module']}"]
+        steps = [f"step {found['step']}"]
+        if found["block"] and found["block"] != found["module"]:
+            steps.append(f"block {found['block']}")
+        if found["module"]:
+            steps.append(f"module {found['module']}")
         if found["operator"]:
             steps.append(f"operator {found['operator']}")
         if found["opcheck"]:
