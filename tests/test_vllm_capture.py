@@ -288,3 +288,25 @@ def test_hunt_drives_the_vllm_backend_from_the_step_to_the_operator(
     for phase in ("2_blocks", "3_module"):
         dumped = read_dump(Path(report["phases"][phase]["dumps"]["my"]))
         assert {record.key.step for record in dumped.records} == {0}
+
+
+def test_exit_after_range_ends_a_child_process_engine_and_the_dump_reports_success(
+    tmp_path: Path, vllm_python: str, model: Path
+) -> None:
+    _, engine = zoo.write_programs(tmp_path)
+    argv = zoo.vllm_argv(vllm_python, engine, model, "float32", "none")
+    command = [*zoo.llmcheck_command(), "dump", "--backend", "vllm", "-o", str(tmp_path / "out"), "-sd", "-er", "0,0"]
+    done = subprocess.run(
+        [*command, "--exit-after-range", "--max-depth", "1", "--exec", shlex.join(argv)],
+        capture_output=True,
+        text=True,
+        env=zoo.vllm_environment(in_process=False),
+        timeout=600,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    (dump_path,) = (tmp_path / "out").glob("llmcheck_dump_*")
+    dumped = read_dump(dump_path)
+    assert dumped.cut is None and {record.key.step for record in dumped.records} == {0}
+    assert "logits_processor" in {record.key.name for record in dumped.records}
+    assert "the capture ended the program after step 0, the last one asked for" in done.stderr
