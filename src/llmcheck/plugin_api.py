@@ -85,8 +85,6 @@ from llmcheck.core.hookspecs import hookimpl
 from llmcheck.core.kept_files import EMPTY_FILE, ONNX_MODEL, check_replaceable
 from llmcheck.core.npy_format import NpyHeader, read_npy_header
 from llmcheck.core.op_calls import CallId, OpCall, group_op_calls, position_order
-from llmcheck.core.pair_block import PairBlock, row_dots
-from llmcheck.core.pair_chunk import PairChunk, Workspace, dot
 from llmcheck.core.pairing import write_pairs_json
 from llmcheck.core.plugins import load_dump
 from llmcheck.core.records import (
@@ -170,6 +168,8 @@ from llmcheck.core.weights import PARAMETER_ATTR, PARAMETER_DIGESTS_ATTR
 if TYPE_CHECKING:  # pragma: no cover
     from llmcheck.core.call_arguments import decode_call, encode_call
     from llmcheck.core.compare import CompareResult
+    from llmcheck.core.pair_block import PairBlock, row_dots
+    from llmcheck.core.pair_chunk import PairChunk, Workspace, dot
     from llmcheck.core.statistics import (
         segmented_stats_vectors,
         stats_from_vectors,
@@ -202,6 +202,11 @@ _LOADED_ON_FIRST_USE: dict[str, str] = {
     "encode_call": "llmcheck.core.call_arguments",
     "decode_call": "llmcheck.core.call_arguments",
     "ChunkReader": "llmcheck.core.tensor_chunks",  # numpy
+    "PairBlock": "llmcheck.core.pair_block",  # numpy
+    "row_dots": "llmcheck.core.pair_block",
+    "PairChunk": "llmcheck.core.pair_chunk",  # numpy
+    "Workspace": "llmcheck.core.pair_chunk",
+    "dot": "llmcheck.core.pair_chunk",
     "CompareResult": "llmcheck.core.compare",  # the whole compare engine, numpy with it
     "statistics_columns": "llmcheck.core.stats_compare",
     "DECIDING_STAT": "llmcheck.core.stats_compare",
