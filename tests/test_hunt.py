@@ -142,6 +142,16 @@ def test_hunt_of_a_nondeterministic_golden_stops_with_one_line(
     assert not (workdir / "moving" / "3_module").exists()
 
 
+def test_hunt_of_two_runs_that_agree_says_so_after_the_step_search(
+    workdir: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert _hunt(workdir, "agree", "python infer.py", monkeypatch=monkeypatch) == 0
+    printed = capsys.readouterr().out.splitlines()
+    assert printed[-2] == "no divergence: the my-run agrees with the golden within noise at every step"
+    report = json.loads((workdir / "agree" / "hunt.json").read_text())
+    assert list(report["phases"]) == ["1_steps"] and report["path"]["step"] is None
+
+
 def test_hunt_of_runs_fed_other_tokens_stops_at_the_step_before_with_one_line(
     workdir: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

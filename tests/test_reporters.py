@@ -143,6 +143,23 @@ def test_an_unknown_report_is_one_error_listing_the_known_ones_before_anything_r
     assert not out.exists()
 
 
+def test_skip_report_leaves_a_default_report_out_and_refuses_one_that_is_not_default(
+    runs, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    golden, my = runs
+    out = tmp_path / "rows_only"
+    assert main(["compare", "-gp", str(golden), "-mp", str(my), "-o", str(out), "--skip-report", "html"]) == 3
+    assert {path.name for path in out.iterdir()} == DEFAULT_FILES - {"report.html"}
+    capsys.readouterr()
+    refused = tmp_path / "refused"
+    assert main(["compare", "-gp", str(golden), "-mp", str(my), "-o", str(refused), "--skip-report", "junit"]) == 2
+    assert capsys.readouterr().err == (
+        "llmcheck: error: --skip-report: report 'junit' is not written by default "
+        "(default reports: csv, summary, pairs, html)\n"
+    )
+    assert not refused.exists()
+
+
 def _hook_example(hook_name: str) -> types.ModuleType:
     """Return the ``Example::`` of a hook's docstring, run as a plugin module."""
     from llmcheck.core import hookspecs

@@ -274,6 +274,12 @@ def dump(
     help="Also write this report format (repeatable), e.g. --report junit for junit.xml; "
     "'llmcheck plugins' lists the formats.",
 )
+@click.option(
+    "--skip-report",
+    "skipped_reports",
+    multiple=True,
+    help="Leave out this default report (repeatable), e.g. --skip-report html where only the files' rows are read.",
+)
 @log_level_option
 def compare(
     golden_path: Path,
@@ -291,6 +297,7 @@ def compare(
     executor: str,
     ray_address: str | None,
     report_names: Sequence[str],
+    skipped_reports: Sequence[str],
     log_level: str,
 ) -> None:
     """Pair two runs, measure every pair, and name the first divergence.
@@ -317,6 +324,7 @@ def compare(
             executor=executor,
             ray_address=ray_address,
             report_names=list(report_names),
+            skipped_reports=list(skipped_reports),
         )
     )
 

@@ -846,10 +846,12 @@ def compare_command(
     executor: str = "local",
     ray_address: str | None = None,
     report_names: Sequence[str] = (),
+    skipped_reports: Sequence[str] = (),
 ) -> int:
     """Run ``llmcheck compare`` and return its exit code: 0 all pass, 1 no pair at all, 3 failing or
     unmeasurable pairs, or golden records left unmatched that no pairing rule expects (unless ``allow_unmatched``).
-    ``report_names`` are the reporters to run besides the default ones (``--report``).
+    ``report_names`` are the reporters to run besides the default ones (``--report``),
+    ``skipped_reports`` the default ones not to run (``--skip-report``).
     """
     from rich.console import Console
 
@@ -865,7 +867,7 @@ def compare_command(
     if jobs is not None and jobs < 1:
         raise UsageError(f"invalid value {jobs}", where="-j/--jobs", hint="give 1 or more worker processes")
     output_dir = Path(output_dir)
-    reporters = choose_reporters(get_plugins().reporters(), report_names)
+    reporters = choose_reporters(get_plugins().reporters(), report_names, skipped_reports)
     prepare_report_folder(output_dir, [reporter.file_name for reporter in reporters])
     console = Console(soft_wrap=True)
     specs = select_metrics(metric_names)
@@ -907,7 +909,7 @@ def compare_command(
     if overrides and thresholds_path is not None:
         warn_unmatched_overrides(Path(thresholds_path), overrides, result.rows)
     with reports_written_into(output_dir), _writing_reports(console, len(result.rows)):
-        written = write_reports(result, output_dir, report_names)
+        written = write_reports(result, output_dir, report_names, skipped_reports)
     print_summary(result, console, written)
     if not result.rows:
         return EXIT_FAILURE

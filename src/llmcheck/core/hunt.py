@@ -159,12 +159,21 @@ class Hunt:
             futures = [pool.submit(self.dump, run.program, run.folder, run.flags) for run in runs]
             return [future.result() for future in futures]
 
-    def compare(self, golden: Path, my: Path, report: Path, noise: Path | None) -> tuple[ChildRun, dict[str, Any]]:
-        """Return the run of ``llmcheck compare`` and the ``summary.json`` it wrote."""
+    def compare(
+        self, golden: Path, my: Path, report: Path, noise: Path | None, *, page: bool = True
+    ) -> tuple[ChildRun, dict[str, Any]]:
+        """Return the run of ``llmcheck compare`` and the ``summary.json`` it wrote.
+
+        ``page``: also write ``report.html``. The coarse phases leave it out: their evidence is a
+        row of their CSV and ``hunt.json``, and a page of every step's logits or every layer
+        would be most of what the hunt writes.
+        """
         # The -o folders of the dumps (each holds one dump): the commands read as a user writes them.
         args = ["compare", "-gp", str(golden.parent), "-mp", str(my.parent), "-o", str(report), "-l", self.log_level]
         if noise is not None:
             args += ["--noise-path", str(noise.parent)]
+        if not page:
+            args += ["--skip-report", "html"]
         report.mkdir(parents=True, exist_ok=True)
         run = self.llmcheck(args, report.with_suffix(".log"), COMPARE_DONE_CODES)
         summary: dict[str, Any] = json.loads((report / "summary.json").read_text(encoding="utf-8"))
@@ -405,7 +414,7 @@ def steps_phase(hunt: Hunt, folder: Path) -> dict[str, Any]:
             my_dtype,
             hunt.backend,
         )
-    compare_run, summary = hunt.compare(dumps["golden"], dumps["my"], folder / "report", dumps.get("twin"))
+    compare_run, summary = hunt.compare(dumps["golden"], dumps["my"], folder / "report", dumps.get("twin"), page=False)
     runs.append(compare_run.as_json())
     result: dict[str, Any] = {
         "runs": runs,
@@ -440,7 +449,7 @@ def blocks_phase(hunt: Hunt, folder: Path, found: dict[str, Any]) -> dict[str, A
     dumps, runs, asked = _phase_runs(hunt, folder, flags, found.get("twin_dtype"))
     again = {role: DumpRun(run.program, folder / f"{role}_again", run.flags) for role, run in asked.items()}
     check_programs(hunt, found, dumps, again)
-    compare_run, summary = hunt.compare(dumps["golden"], dumps["my"], folder / "report", dumps.get("twin"))
+    compare_run, summary = hunt.compare(dumps["golden"], dumps["my"], folder / "report", dumps.get("twin"), page=False)
     runs.append(compare_run.as_json())
     result: dict[str, Any] = {
         "runs": runs,

@@ -22,6 +22,8 @@ if TYPE_CHECKING:  # pragma: no cover
 
 #: The flag that asks for a reporter, named in its errors.
 REPORT_FLAG = "--report"
+#: The flag that leaves a default reporter out.
+SKIP_REPORT_FLAG = "--skip-report"
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,8 +43,13 @@ class Reporter:
     default: bool = False
 
 
-def choose_reporters(registered: Mapping[str, Reporter], requested: Sequence[str] = ()) -> list[Reporter]:
-    """Return the default reporters and the ``requested`` ones, in registration order; an unknown name is a usage error."""
+def choose_reporters(
+    registered: Mapping[str, Reporter], requested: Sequence[str] = (), skipped: Sequence[str] = ()
+) -> list[Reporter]:
+    """Return the default reporters but the ``skipped`` ones, and the ``requested`` ones, in registration order.
+
+    An unknown name is a usage error, and so is skipping a report that is not written by default.
+    """
     if not registered:
         raise PluginError(
             "no reporter is registered, so a compare would write no file",
@@ -54,7 +61,17 @@ def choose_reporters(registered: Mapping[str, Reporter], requested: Sequence[str
         raise UsageError(
             f"unknown report {unknown[0]!r}", where=REPORT_FLAG, hint=f"known reports: {', '.join(registered)}"
         )
-    chosen = [reporter for reporter in registered.values() if reporter.default or reporter.name in requested]
+    for name in skipped:
+        reporter = registered.get(name)
+        if reporter is None or not reporter.default:
+            defaults = ", ".join(name for name, reporter in registered.items() if reporter.default)
+            what = f"unknown report {name!r}" if reporter is None else f"report {name!r} is not written by default"
+            raise UsageError(what, where=SKIP_REPORT_FLAG, hint=f"default reports: {defaults}")
+    chosen = [
+        reporter
+        for reporter in registered.values()
+        if (reporter.default and reporter.name not in skipped) or reporter.name in requested
+    ]
     by_file: dict[str, str] = {}
     for reporter in chosen:
         if reporter.file_name in by_file:
@@ -68,8 +85,10 @@ def choose_reporters(registered: Mapping[str, Reporter], requested: Sequence[str
 
 
 @paused_cyclic_gc()  # the reports build ~10**5 short-lived rows beside the compare's as many live objects
-def write_reports(result: CompareResult, output_dir: Path, requested: Sequence[str] = ()) -> dict[str, Path]:
-    """Write the default reports and the ``requested`` ones into ``output_dir`` (created if needed); return their paths by name.
+def write_reports(
+    result: CompareResult, output_dir: Path, requested: Sequence[str] = (), skipped: Sequence[str] = ()
+) -> dict[str, Path]:
+    """Write the default reports but the ``skipped``, and the ``requested`` ones, into ``output_dir``; return their paths by name.
 
     A previous report in ``output_dir`` is replaced whole: its files this compare does not
     write are removed, and a warning names what was replaced and removed.
@@ -78,7 +97,7 @@ def write_reports(result: CompareResult, output_dir: Path, requested: Sequence[s
     from llmcheck.core.report_folder import replace_previous_report
 
     registered = get_plugins().reporters()
-    reporters = choose_reporters(registered, requested)
+    reporters = choose_reporters(registered, requested, skipped)
     try:
         output_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
