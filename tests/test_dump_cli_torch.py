@@ -124,6 +124,23 @@ def test_max_depth_and_exit_after_range_dump_the_model_outputs_of_one_step_and_e
     ) in completed.stderr
 
 
+def test_max_depth_at_records_the_prefill_down_to_the_blocks_and_every_other_step_at_the_top(
+    tmp_path: Path, script: Path
+) -> None:
+    command = f"python {script} result.json 0"
+    flags = ["-sd", "-er", "all", "--max-depth", "0", "--max-depth-at", "0:blocks"]
+    completed = _llmcheck("dump", "--backend", "torch", "-o", "out", *flags, "--exec", command, cwd=tmp_path)
+    assert completed.returncode == 0, completed.stderr
+    (dump_path,) = find_dumps(tmp_path / "out")
+    by_step: dict[int, set[str]] = {}
+    for record in read_dump(dump_path).records:
+        by_step.setdefault(record.key.step, set()).add(record.key.name)
+    assert sorted(by_step) == [0, 1, 2] and by_step[1] == by_step[2] == {"root"}
+    # the blocks of a 2-layer Llama: its decoder layers are 3 levels down, as in any Llama
+    assert {"model.layers.0", "model.layers.1", "model.norm", "lm_head"} <= by_step[0]
+    assert not any(name.count(".") > 2 for name in by_step[0])
+
+
 @pytest.mark.parametrize(
     ("flags", "message"),
     [
@@ -132,7 +149,8 @@ def test_max_depth_and_exit_after_range_dump_the_model_outputs_of_one_step_and_e
             "llmcheck: error: --exit-after-range: -er all dumps every step: there is no last step to end the program "
             "after (give -er LOW,HIGH, or leave --exit-after-range out)",
         ),
-        (["--max-depth", "-1"], "llmcheck: error: --max-depth: must be a number of levels >= 0, got -1"),
+        (["--max-depth", "-1"], "llmcheck: error: --max-depth: must be a number of levels >= 0 or 'blocks', got '-1'"),
+        (["--max-depth-at", "x:1"], "llmcheck: error: --max-depth-at: expects STEP:DEPTH, got 'x:1'"),
     ],
 )
 def test_exit_after_range_and_max_depth_refuse_what_cannot_work(tmp_path: Path, flags: list[str], message: str) -> None:

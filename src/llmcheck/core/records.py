@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import operator
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import MISSING, dataclass, field, fields, replace
 from enum import IntEnum
 from pathlib import Path
@@ -125,6 +125,28 @@ def module_ancestors(name: str) -> list[str]:
     while (parent := module_parent(ancestors[-1] if ancestors else name)) is not None:
         ancestors.append(parent)
     return ancestors
+
+
+def module_depth(name: str) -> int:
+    """Return how many levels below the model a module is: 0 for ``"root"``, 3 for ``model.layers.3``."""
+    return 0 if name == ROOT_MODULE else name.count(MODULE_SEPARATOR) + 1
+
+
+#: A model's blocks are the shallowest levels of its module tree holding at least this many modules.
+BLOCK_LEVEL_MODULES = 8
+
+
+def block_depth(names: Iterable[str]) -> int:
+    """Return the depth of a model's blocks (``--max-depth blocks``): a Llama's or GPT-2's decoder layers, 3.
+
+    The shallowest depth down to which the module tree (its module paths, ``"root"`` included)
+    holds :data:`BLOCK_LEVEL_MODULES` modules, and at least 1: a model is first split into a
+    few parts (embedding, layer list, norm, head), then into its repeated layers.
+    """
+    depths = sorted(module_depth(name) for name in names)
+    if not depths:
+        return 1
+    return max(1, depths[min(BLOCK_LEVEL_MODULES, len(depths)) - 1])
 
 
 def op_record_name(module: str, op_type: str) -> str:

@@ -30,7 +30,7 @@ from llmcheck.plugins.torch_hooks.backend import (
     TorchCaptureBackend,
     VllmCaptureBackend,
 )
-from llmcheck.plugins.torch_hooks.config import ON_CAPTURE_ERROR, ON_ERROR_STOP, as_dtype_name
+from llmcheck.plugins.torch_hooks.config import DEPTH_BLOCKS, ON_CAPTURE_ERROR, ON_ERROR_STOP, as_dtype_name
 from llmcheck.plugins.torch_hooks.module_graph_onnx import ONNX_FILE
 from llmcheck.plugins.torch_hooks.twin_command import noise_twin_command
 
@@ -64,9 +64,19 @@ def llmcheck_register_backend_options(register: Callable[[BackendOption], None])
                 backend,
                 "max_depth",
                 "Record only modules at most this many levels below the model: 0 is the model's own inputs "
-                "and outputs (its logits), 3 a Llama's decoder layers model.layers.N.",
-                type=int,
-                parse=_max_depth,
+                "and outputs (its logits), 3 a Llama's decoder layers model.layers.N; 'blocks' is the depth of "
+                "the model's repeated blocks.",
+                parse=_depth,
+            )
+        )
+        register(
+            BackendOption(
+                backend,
+                "max_depth_at",
+                "STEP:DEPTH: at this step record modules down to DEPTH instead of --max-depth (repeatable): "
+                "--max-depth 0 --max-depth-at 0:blocks records every step's logits and the prefill's layers.",
+                multiple=True,
+                parse=_step_depths,
             )
         )
         register(
@@ -105,10 +115,29 @@ def llmcheck_register_backend_options(register: Callable[[BackendOption], None])
     )
 
 
-def _max_depth(value: int | None, flag: str) -> int | None:
-    if value is not None and value < 0:
-        raise UsageError(f"must be a number of levels >= 0, got {value}", where=flag, hint="0 is the model itself")
-    return value
+def _depth(value: str | None, flag: str) -> int | str | None:
+    """Return a depth flag's value: levels (an integer >= 0), ``blocks``, or ``None`` when not given."""
+    if value is None or value == DEPTH_BLOCKS:
+        return value
+    if not str(value).isdigit():
+        raise UsageError(
+            f"must be a number of levels >= 0 or '{DEPTH_BLOCKS}', got {value!r}",
+            where=flag,
+            hint="0 is the model itself",
+        )
+    return int(value)
+
+
+def _step_depths(values: list[str] | None, flag: str) -> dict[int, int | str]:
+    """Return ``--max-depth-at STEP:DEPTH`` values as ``{step: depth}``."""
+    depths: dict[int, int | str] = {}
+    for value in values or []:
+        step, _, depth = str(value).partition(":")
+        parsed = _depth(depth, flag) if depth else None
+        if not step.isdigit() or parsed is None:
+            raise UsageError(f"expects STEP:DEPTH, got {value!r}", where=flag, hint="e.g. --max-depth-at 0:blocks")
+        depths[int(step)] = parsed
+    return depths
 
 
 @hookimpl

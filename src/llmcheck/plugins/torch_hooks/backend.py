@@ -123,6 +123,7 @@ def config_from_options(options: Mapping[str, Any], output_dir: Path, command: l
         weight_digests=not options.get("no_weight_digests", False),
         as_dtype=options.get("as_dtype"),
         max_depth=options.get("max_depth"),
+        step_depths=options.get("max_depth_at") or {},
         exit_after_range=_exit_after_range(options, token_range),
     )
 

@@ -53,6 +53,7 @@ from llmcheck.plugin_api import (
     TopologyNode,
     UsageError,
     dtype_name,
+    module_depth,
 )
 from llmcheck.plugins.torch_hooks.config import (
     ENDED_ENV,
@@ -145,6 +146,8 @@ class _ModuleSite:
     records_inputs_before: bool
     records_after: bool
     leaf: bool
+    #: levels below the model: a step whose depth (``step_depths``) is smaller does not record it
+    depth: int
 
 
 class CaptureSession:
@@ -189,6 +192,7 @@ class CaptureSession:
         self._raises = config.on_capture_error == ON_ERROR_RAISE
         self._root_depth = 0
         self._dumping = False
+        self._depth_now = sys.maxsize  # how deep the running step records modules (step_depths)
         self._stack: list[tuple[str, int]] = []  # (module path, call index or -1) of the calls running now
         self._call_counts: dict[str, int] = {}
         self.topology_order = ModuleTopology(model, self.selection.ids)
@@ -430,6 +434,7 @@ class CaptureSession:
                 records_inputs_before=selected and config.saves_inputs_before,
                 records_after=selected and (config.saves_inputs_after or config.saves_outputs),
                 leaf=not op_level and next(module.children(), None) is None,
+                depth=module_depth(name),
             )
             self._attach(site, module)
 
@@ -450,7 +455,7 @@ class CaptureSession:
                     return None  # called outside a forward of the model: not part of any step
                 if name not in first_run:
                     first_run[name] = len(first_run)
-                if not self._dumping:
+                if not self._dumping or site.depth > self._depth_now:
                     stack.append((name, -1))
                     return None
                 call_index = self.next_call_index(name)
@@ -610,6 +615,8 @@ class CaptureSession:
 
     def _begin_step(self) -> None:
         self.step += 1
+        depth = self.selection.depth_at(self.step)
+        self._depth_now = depth if depth is not None else sys.maxsize
         self._call_counts.clear()
         dumps_step = self.enabled and self.config.dumps_step(self.step)
         self._dumping = dumps_step and bool(self.config.levels)

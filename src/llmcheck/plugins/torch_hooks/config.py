@@ -103,6 +103,25 @@ def as_dtype_name(value: Any, where: str) -> str | None:
     return AS_DTYPE_NAMES[text]
 
 
+#: ``max_depth`` that means "down to the model's repeated blocks" (its decoder layers), found from its module tree.
+DEPTH_BLOCKS = "blocks"
+
+
+def check_depth(depth: int | str | None, where: str) -> int | str | None:
+    """Return a module depth as given (levels >= 0, ``"blocks"`` or ``None``); anything else is a usage error."""
+    if (
+        depth is None
+        or depth == DEPTH_BLOCKS
+        or (isinstance(depth, int) and not isinstance(depth, bool) and depth >= 0)
+    ):
+        return depth
+    raise UsageError(
+        f"a depth is a number of levels >= 0 or {DEPTH_BLOCKS!r}, got {depth!r}",
+        where=where,
+        hint="0 records the model's own inputs and outputs only",
+    )
+
+
 def step_runs(steps: Sequence[int]) -> list[tuple[int, int]]:
     """Return step numbers as sorted closed runs: ``[0, 1, 2, 5]`` -> ``[(0, 2), (5, 5)]``."""
     runs: list[list[int]] = []
@@ -151,7 +170,10 @@ class DumpConfig:
     model runner loads, one step per engine step; see :mod:`.vllm_engine`), ``max_depth`` (record
     only modules at most this many levels below the model: 0 is the model's own inputs and
     outputs, 3 a Llama's decoder layers ``model.layers.N``; a coarse dump of every step costs a few
-    records per step), ``exit_after_range`` (end the program once the last step of ``token_range``
+    records per step; ``"blocks"``: down to the model's repeated blocks, the shallowest levels of its
+    module tree holding 8 modules), ``step_depths`` (``{step: depth}``: at these steps record down
+    to this depth instead of ``max_depth``, module level: every step's logits and the prefill's
+    decoder layers in one run), ``exit_after_range`` (end the program once the last step of ``token_range``
     is dumped and the dump closed: a dump of step 0 of a long generation then costs the load and
     the prefill only; exit code 0).
     Seed aliases accepted: ``layer_name`` (a glob, added to ``include``),
@@ -179,7 +201,8 @@ class DumpConfig:
     weight_digests: bool = True
     as_dtype: str | None = None
     engine: str | None = None
-    max_depth: int | None = None
+    max_depth: int | str | None = None
+    step_depths: Mapping[int, int | str] = field(default_factory=dict)
     exit_after_range: bool = False
     layer_name: str | None = None
     dump_statistics_mode: int = 0
@@ -239,12 +262,17 @@ class DumpConfig:
             raise UsageError(
                 f"unknown engine {self.engine!r}", where="DumpConfig.engine", hint=f"use one of {', '.join(ENGINES)}"
             )
-        if self.max_depth is not None and (not isinstance(self.max_depth, int) or self.max_depth < 0):
-            raise UsageError(
-                f"max_depth must be a number of levels >= 0, got {self.max_depth!r}",
-                where="DumpConfig.max_depth",
-                hint="0 records the model's own inputs and outputs only",
-            )
+        check_depth(self.max_depth, "DumpConfig.max_depth")
+        depths: dict[int, int | str] = {}
+        for step, depth in dict(self.step_depths).items():
+            checked = check_depth(depth, "DumpConfig.step_depths")
+            if not str(step).isdigit() or checked is None:
+                raise UsageError(
+                    f"step_depths maps step numbers >= 0 to depths, got {step!r}: {depth!r}",
+                    where="DumpConfig.step_depths",
+                )
+            depths[int(step)] = checked
+        self.step_depths = depths
         if self.exit_after_range and self.token_range is None:
             raise UsageError(
                 "exit_after_range needs a last step to end after, and token_range is every step",
@@ -312,6 +340,7 @@ class DumpConfig:
         for name in ("include", "exclude", "mode", "module_ids", "type_prefixes", "device_ids"):
             values[name] = list(values[name])
         values["command_line"] = None if self.command_line is None else list(self.command_line)
+        values["step_depths"] = {str(step): depth for step, depth in self.step_depths.items()}
         del values["layer_name"]
         return values
 

@@ -12,7 +12,9 @@ Rules (documented in ``docs/sources/torch.md``):
 * ``module_list`` keeps modules of those classes (module level), or operators run inside
   such a module (op level);
 * ``max_depth`` keeps modules at most that many levels below the model (``model.layers.3`` is
-  3 levels down; the model itself 0), at both levels;
+  3 levels down; the model itself 0; ``"blocks"``: the depth of the model's repeated blocks), at
+  both levels; ``step_depths`` deepens (or narrows) it at some steps, module level: the modules
+  down to the deepest depth any step wants are hooked, and each step records down to its own;
 * ``module_ids`` (``-ids``) and ``type_prefixes`` (``-opname``) are OR-ed, as in the seed:
   an id selects that module (and, with ``include_children``, its subtree); a prefix
   selects module classes (module level) or ATen operators (op level) whose lower-cased
@@ -27,8 +29,8 @@ from typing import Any
 
 import torch
 
-from llmcheck.plugin_api import ROOT_MODULE, module_ancestors, module_parent
-from llmcheck.plugins.torch_hooks.config import DumpConfig
+from llmcheck.plugin_api import ROOT_MODULE, block_depth, module_ancestors, module_depth, module_parent
+from llmcheck.plugins.torch_hooks.config import DEPTH_BLOCKS, DumpConfig
 
 #: The capture's names for the record-naming convention the plugin API declares.
 ROOT_NAME = ROOT_MODULE
@@ -56,11 +58,6 @@ def _lineage(name: str) -> list[str]:
     return [name, *module_ancestors(name)]
 
 
-def module_depth(name: str) -> int:
-    """Return how many levels below the model module ``name`` is: 0 for the model, 3 for ``model.layers.3``."""
-    return 0 if name == ROOT_NAME else name.count(".") + 1
-
-
 def _matches_type(module: torch.nn.Module, module_list: Iterable[Any]) -> bool:
     for entry in module_list:
         if isinstance(entry, str):
@@ -77,6 +74,16 @@ class ModuleSelection:
     def __init__(self, model: torch.nn.Module, config: DumpConfig) -> None:
         self.ids = module_ids(model)
         modules = {(name or ROOT_NAME): module for name, module in model.named_modules()}
+        blocks = block_depth(modules)
+
+        def levels(depth: int | str | None) -> int | None:
+            return blocks if depth == DEPTH_BLOCKS else depth  # type: ignore[return-value]
+
+        #: how deep each step records (module level): ``None`` is every depth
+        self.base_depth = levels(config.max_depth)
+        self.step_depths = {step: levels(depth) for step, depth in config.step_depths.items()}
+        wanted_depths = [self.base_depth, *self.step_depths.values()]
+        deepest = None if any(depth is None for depth in wanted_depths) else max(wanted_depths)  # type: ignore[type-var]
         prefixes = tuple(config.type_prefixes)
         wanted_ids = set(config.module_ids)
         self._by_id_or_prefix = bool(wanted_ids or prefixes)
@@ -90,7 +97,7 @@ class ModuleSelection:
             path_ok = (
                 not config.include or any(fnmatchcase(n, p) for n in lineage for p in config.include)
             ) and not any(fnmatchcase(n, p) for n in lineage for p in config.exclude)
-            path_ok = path_ok and (config.max_depth is None or module_depth(name) <= config.max_depth)
+            path_ok = path_ok and (deepest is None or module_depth(name) <= deepest)
             id_match = self.ids.get(name) in wanted_ids or (
                 config.include_children and any(self.ids.get(n) in wanted_ids for n in lineage[1:])
             )
@@ -104,6 +111,10 @@ class ModuleSelection:
             )
             self._op_scope[name] = path_ok and type_within
             self._op_id_match[name] = id_match
+
+    def depth_at(self, step: int) -> int | None:
+        """Return how many levels below the model step ``step`` records modules (``None``: all)."""
+        return self.step_depths.get(step, self.base_depth)
 
     def module_selected(self, name: str) -> bool:
         """Return whether the inputs and outputs of module ``name`` are recorded."""
