@@ -23,6 +23,13 @@ INFER = textwrap.dedent(
     model = random_llama(seed=0)
     if "--defect" in sys.argv:  # a fused norm's hard-coded epsilon, in a middle layer
         model.model.layers[1].post_attention_layernorm.variance_epsilon = 1e-1
+    if "--decode-defect" in sys.argv:  # the epsilon wrong only where one token is decoded, not at the prefill
+        norm = model.model.layers[1].post_attention_layernorm
+
+        def decode_only(module, args):
+            module.variance_epsilon = 1e-1 if args[0].shape[1] == 1 else 1e-6
+
+        norm.register_forward_pre_hook(decode_only)
     if "--sampled" in sys.argv:  # the same model, but its tokens drawn, not the most likely: other tokens
         torch.manual_seed(7)
     if "--dropout" in sys.argv:  # left in train mode: attention dropout moves every run
@@ -78,22 +85,23 @@ def test_hunt_names_the_module_a_full_module_dump_compare_names_and_goes_on_to_t
     assert path["operator"] == "model.layers.1.post_attention_layernorm/aten.add.Tensor"
     assert path["opcheck"].startswith("PASS")
     phases = finished_hunt["phases"]
-    assert list(phases) == ["1_steps", "2_blocks", "3_module", "4_operator", "5_opcheck"]
+    # the prefill's decoder layers were recorded by the step search: no block phase of its own
+    assert list(phases) == ["1_steps", "3_module", "4_operator", "5_opcheck"]
     assert path["block"] == "model.layers.1"
     assert phases["3_module"]["confirmed"] is True
     assert all(phase["bytes_written"] > 0 for phase in phases.values())
-    # the step search: the model's own inputs and outputs, every step
-    assert phases["1_steps"]["runs"][0]["command"].startswith("llmcheck dump --backend torch -sd -er all --max-depth 0")
+    # the step search: the model's own inputs and outputs at every step, its blocks at the prefill
+    assert phases["1_steps"]["runs"][0]["command"].startswith(
+        "llmcheck dump --backend torch -sd -er all --max-depth 0 --max-depth-at 0:blocks"
+    )
     steps = read_dump(Path(phases["1_steps"]["dumps"]["my"])).records
-    assert {record.key.name for record in steps} == {"root"}
+    assert {record.key.name for record in steps if record.key.step == 1} == {"root"}
     assert {record.key.step for record in steps} == {0, 1}
-    # the blocks: statistics of step 0 down to the decoder layers, the program ended after that step
-    blocks = read_dump(Path(phases["2_blocks"]["dumps"]["my"])).records
-    assert {record.key.step for record in blocks} == {0}
-    assert "model.layers.1" in {record.key.name for record in blocks}
-    assert max(record.key.name.count(".") for record in blocks) == 2
+    prefill = {record.key.name for record in steps if record.key.step == 0}
+    assert "model.layers.1" in prefill and max(name.count(".") for name in prefill) == 2
+    # later phases end the program after the prefill
     assert "tensor([[" in (workdir / "hunt_out" / "1_steps" / "my.log").read_text()
-    assert "tensor([[" not in (workdir / "hunt_out" / "2_blocks" / "my.log").read_text()
+    assert "tensor([[" not in (workdir / "hunt_out" / "3_module" / "my.log").read_text()
     # full tensors of the culprit's step only, and of its subtree and its inputs' producers only
     records = read_dump(Path(phases["3_module"]["dumps"]["my"])).records
     assert {record.key.step for record in records} == {0}
@@ -103,19 +111,37 @@ def test_hunt_names_the_module_a_full_module_dump_compare_names_and_goes_on_to_t
     assert not any(name.startswith(("model.layers.0.", "model.layers.2", "lm_head")) for name in kept)
 
 
+def test_a_defect_first_seen_in_decoding_gets_a_block_phase_at_that_step(
+    workdir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert _hunt(workdir, "decode", "python infer.py --decode-defect", monkeypatch=monkeypatch) == 3
+    report = json.loads((workdir / "decode" / "hunt.json").read_text())
+    assert list(report["phases"]) == ["1_steps", "2_blocks", "3_module", "4_operator", "5_opcheck"]
+    path = report["path"]
+    assert (path["step"], path["block"], path["module"]) == (
+        1,
+        "model.layers.1",
+        "model.layers.1.post_attention_layernorm",
+    )
+    assert path["operator"] == "model.layers.1.post_attention_layernorm/aten.add.Tensor"
+    blocks = report["phases"]["2_blocks"]
+    assert blocks["runs"][0]["command"].startswith("llmcheck dump --backend torch -sd -er 1,1 --exit-after-range")
+    assert {record.key.step for record in read_dump(Path(blocks["dumps"]["my"])).records} == {1}
+
+
 def test_hunt_resumes_after_the_step_search_and_fresh_redoes_it(
     workdir: Path, finished_hunt: dict, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     out = workdir / "hunt_out"
     marker = out / "1_steps" / "phase.json"
     written_at = marker.stat().st_mtime_ns
-    for later in ("2_blocks", "3_module", "4_operator", "5_opcheck"):
+    for later in ("3_module", "4_operator", "5_opcheck"):
         shutil.rmtree(out / later)
     assert _hunt(workdir, "hunt_out", "python infer.py --defect", monkeypatch=monkeypatch) == 3
     resumed = json.loads((out / "hunt.json").read_text())
     assert marker.stat().st_mtime_ns == written_at
     assert resumed["phases"]["1_steps"]["reused"] is True
-    assert resumed["phases"]["2_blocks"]["reused"] is False
+    assert resumed["phases"]["3_module"]["reused"] is False
     assert resumed["path"] == finished_hunt["path"]
 
     assert _hunt(workdir, "hunt_out", "python infer.py --defect", "--fresh", monkeypatch=monkeypatch) == 3
@@ -135,11 +161,11 @@ def test_hunt_of_a_nondeterministic_golden_stops_with_one_line(
     assert len(stopped) == 1
     assert stopped[0].startswith("stopped: ")
     assert stopped[0].endswith("; wrote moving/hunt.json")
-    # the block phase's run and one more of the same: the first decoder layer is the first record that moved
+    # the step search's run and the module phase's: the first decoder layer is the first record that moved
     assert "the golden program is not deterministic: two runs of it differ first at model.layers.0" in stopped[0]
-    assert "see moving/2_blocks/golden and moving/2_blocks/golden_again" in stopped[0]
-    assert not (workdir / "moving" / "2_blocks" / "phase.json").exists()
-    assert not (workdir / "moving" / "3_module").exists()
+    assert "see moving/1_steps/golden and moving/3_module/golden" in stopped[0]
+    assert not (workdir / "moving" / "3_module" / "phase.json").exists()
+    assert not (workdir / "moving" / "4_operator").exists()
 
 
 def test_hunt_of_two_runs_that_agree_says_so_after_the_step_search(

@@ -283,11 +283,13 @@ def test_hunt_drives_the_vllm_backend_from_the_step_to_the_operator(
     assert (path["step"], path["block"], path["module"]) == (0, layer, f"{layer}.post_attention_layernorm")
     assert path["operator"].startswith(f"{layer}.post_attention_layernorm/")
     steps = report["phases"]["1_steps"]
-    assert steps["runs"][0]["command"].startswith("llmcheck dump --backend vllm -sd -er all --max-depth 1")
-    # every later phase ended the engine after the prefill: one step in its dumps
-    for phase in ("2_blocks", "3_module"):
-        dumped = read_dump(Path(report["phases"][phase]["dumps"]["my"]))
-        assert {record.key.step for record in dumped.records} == {0}
+    assert steps["runs"][0]["command"].startswith(
+        "llmcheck dump --backend vllm -sd -er all --max-depth 1 --max-depth-at 0:blocks"
+    )
+    assert list(report["phases"]) == ["1_steps", "3_module", "4_operator", "5_opcheck"]  # the prefill's layers
+    # the module phase ended the engine after the prefill: one step in its dumps
+    dumped = read_dump(Path(report["phases"]["3_module"]["dumps"]["my"]))
+    assert {record.key.step for record in dumped.records} == {0}
 
 
 def test_exit_after_range_ends_a_child_process_engine_and_the_dump_reports_success(

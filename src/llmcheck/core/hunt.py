@@ -39,7 +39,7 @@ from typing import Any
 
 from llmcheck.core.atomic_files import atomic_write_text
 from llmcheck.core.errors import LlmcheckError, UsageError
-from llmcheck.core.records import ROOT_MODULE, TensorRecord
+from llmcheck.core.records import ROOT_MODULE, TensorRecord, block_depth, module_depth
 from llmcheck.core.store import MODEL_DTYPES_FIELD, TOPOLOGY_NAME, find_dumps, read_dump
 
 log = logging.getLogger("llmcheck.hunt")
@@ -56,9 +56,8 @@ STEP_SEARCH_DEPTH = {"torch": 0, "vllm": 1}
 BACKENDS = tuple(STEP_SEARCH_DEPTH)
 #: Backends whose ``dump`` records a noise twin (``--as-dtype``).
 TWIN_BACKENDS = ("torch",)
-#: The block phase records the shallowest levels of the module tree that hold at least this many
-#: modules: a Llama's decoder layers, a GPT-2's blocks.
-BLOCK_PHASE_MODULES = 8
+#: ``dump --max-depth`` down to the model's repeated blocks (a Llama's decoder layers).
+DEPTH_BLOCKS = "blocks"
 
 #: Exit codes of ``llmcheck hunt`` (docs/commands/hunt.md).
 EXIT_NO_DIVERGENCE = 0
@@ -281,19 +280,6 @@ def module_tree(topology_file: Path) -> dict[str, str]:
     return ids
 
 
-def module_depth(name: str) -> int:
-    """Return how many levels below the model a module is (``--max-depth``): 0 for the model, 3 for ``model.layers.3``."""
-    return 0 if name == ROOT_MODULE else name.count(".") + 1
-
-
-def block_depth(names: Sequence[str]) -> int:
-    """Return the shallowest depth down to which the module tree holds :data:`BLOCK_PHASE_MODULES` modules (at least 1)."""
-    depths = sorted(module_depth(name) for name in names)
-    if len(depths) <= BLOCK_PHASE_MODULES:
-        return max(1, depths[-1] if depths else 1)
-    return max(1, depths[BLOCK_PHASE_MODULES - 1])
-
-
 def input_producers(report: Path, module: str, step: int) -> list[str]:
     """Return the modules whose records fed ``module``'s inputs at ``step`` (compare's ``fed_by``), outside its subtree."""
     producers: list[str] = []
@@ -357,7 +343,7 @@ def check_same_program(hunt: Hunt, who: str, earlier: Path, later: Path, again: 
     moved = first_moved_record(later, earlier, common_only=True)
     if moved is None:
         return
-    where = f"{later.parent.parent}"
+    where = f"{earlier.parent} and {later.parent}"
     if again is not None:
         _, repeated = hunt.dump(again.program, again.folder, again.flags)
         moved = first_moved_record(later, repeated) or moved
@@ -398,7 +384,10 @@ def _phase_runs(
 
 def steps_phase(hunt: Hunt, folder: Path) -> dict[str, Any]:
     """Return the first step whose model outputs diverge beyond noise, from statistics of every step."""
-    flags = ["-sd", "-er", "all", "--max-depth", str(STEP_SEARCH_DEPTH[hunt.backend])]
+    # the prefill's blocks too: most defects show at the prefill, where these records name the
+    # block at once and spare the block phase's three runs; a later step needs that phase
+    depth = str(STEP_SEARCH_DEPTH[hunt.backend])
+    flags = ["-sd", "-er", "all", "--max-depth", depth, "--max-depth-at", f"0:{DEPTH_BLOCKS}"]
     dumps, runs, _ = _phase_runs(hunt, folder, flags, None)
     golden_dtype, my_dtype = run_dtype(dumps["golden"]), run_dtype(dumps["my"])
     differ = my_dtype is not None and golden_dtype != my_dtype
@@ -437,14 +426,16 @@ def steps_phase(hunt: Hunt, folder: Path) -> dict[str, Any]:
         return result
     introduced = summary.get("first_introduced") or {}
     result.update(step=culprit["step"], evidence=_evidence_text(introduced, culprit))
+    names = list(module_tree(dumps["golden"] / TOPOLOGY_NAME))
+    result["depth"] = block_depth(names)
+    if culprit["step"] == 0 and module_depth(culprit["name"]) > int(depth):  # the prefill's block is named
+        result["module"] = culprit["name"]
     return result
 
 
 def blocks_phase(hunt: Hunt, folder: Path, found: dict[str, Any]) -> dict[str, Any]:
     """Return the block (a decoder layer) where the error is introduced at the step, from its statistics alone."""
-    step = found["step"]
-    names = list(module_tree(Path(found["dumps"]["golden"]) / TOPOLOGY_NAME))
-    depth = block_depth(names)
+    step, depth = found["step"], found["depth"]
     flags = ["-sd", "-er", f"{step},{step}", "--exit-after-range", "--max-depth", str(depth)]
     dumps, runs, asked = _phase_runs(hunt, folder, flags, found.get("twin_dtype"))
     again = {role: DumpRun(run.program, folder / f"{role}_again", run.flags) for role, run in asked.items()}
@@ -454,7 +445,6 @@ def blocks_phase(hunt: Hunt, folder: Path, found: dict[str, Any]) -> dict[str, A
     result: dict[str, Any] = {
         "runs": runs,
         "dumps": {role: str(dump) for role, dump in dumps.items()},
-        "depth": depth,
         "counts": summary["counts"],
     }
     culprit = _culprit(summary)
@@ -617,15 +607,17 @@ def run_hunt(
         if "stopped" in steps:
             stopped = (steps["stopped"], EXIT_OTHER_TOKENS)
         elif "step" in steps:
-            blocks = run_phase(hunt, "2_blocks", inputs, lambda f: blocks_phase(hunt, f, steps))
-            blocks["report"] = str(output_dir / "2_blocks" / "report")
-            phases["2_blocks"] = blocks
-            if "stopped" in blocks:
-                stopped = (blocks["stopped"], EXIT_CULPRIT_NAMED)
-            elif blocks["module"] != ROOT_MODULE:  # an error of the model's own code has no module to open
-                found = {**steps, **blocks}
+            found = {**steps, "report": str(output_dir / "1_steps" / "report")}
+            if "module" not in steps:  # the step is a later one: its blocks need a phase of their own
+                blocks = run_phase(hunt, "2_blocks", inputs, lambda f: blocks_phase(hunt, f, steps))
+                phases["2_blocks"] = blocks
+                found = {**found, **blocks, "report": str(output_dir / "2_blocks" / "report")}
+            if "stopped" in found:
+                stopped = (found["stopped"], EXIT_CULPRIT_NAMED)
+            elif found["module"] != ROOT_MODULE:  # an error of the model's own code has no module to open
+                block = found
                 module = phases["3_module"] = run_phase(
-                    hunt, "3_module", inputs, lambda f: module_phase(hunt, f, found)
+                    hunt, "3_module", inputs, lambda f: module_phase(hunt, f, block)
                 )
                 found = {**found, **module}
                 operator = run_phase(hunt, "4_operator", inputs, lambda f: operator_phase(hunt, f, found))

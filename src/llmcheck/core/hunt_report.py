@@ -23,8 +23,8 @@ def hunt_path(phases: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
     opcheck = phases.get("5_opcheck", {})
     return {
         "step": steps.get("step"),
-        "block": blocks.get("module"),
-        "module": module.get("module", blocks.get("module")),
+        "block": blocks.get("module", steps.get("module")),
+        "module": module.get("module", blocks.get("module", steps.get("module"))),
         "operator": operator.get("operator"),
         "op_type": operator.get("op_type"),
         "opcheck": opcheck.get("verdict"),
