@@ -202,6 +202,10 @@ def test_hunt_bad_input_is_one_error_line(
     assert capsys.readouterr().err.strip() == (
         "llmcheck: error: a_file: is a file, not a folder (give -o a folder for the hunt's phases)"
     )
+    assert main(["hunt", "--golden", "python infer.py", "--my", "python infer.py", "-o", "x", "--backend", "atb"]) == 2
+    refused = capsys.readouterr().err.strip()
+    assert refused.startswith("llmcheck: error: --backend atb: hunt drives the torch and vllm backends only")
+    assert len(refused.splitlines()) == 1 and not (workdir / "x").exists()
     assert (
         main(["hunt", "--golden", "python no_such.py", "--my", "python infer.py", "-o", "broken", "-l", "warning"]) == 1
     )

@@ -419,10 +419,11 @@ def opcheck(
 @click.option("--fresh", is_flag=True, help="Redo every phase, even those a previous hunt finished there.")
 @click.option(
     "--backend",
-    type=click.Choice(["torch", "vllm"]),
+    type=click.Choice(["torch", "vllm", "atb"]),
     default="torch",
     show_default=True,
-    help="Capture backend of both programs: torch (any PyTorch program), vllm (programs serving with vLLM).",
+    help="Capture backend of both programs: torch (any PyTorch program), vllm (programs serving with vLLM); "
+    "atb is refused, saying how to run the routine by hand.",
 )
 @click.option(
     "-j",

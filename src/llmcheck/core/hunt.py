@@ -586,6 +586,14 @@ def run_hunt(
     for program, flag in ((golden_program, "--golden"), (my_program, "--my")):
         if not program.strip():
             raise UsageError("no program given", where=flag, hint='give the command line, e.g. "python infer.py"')
+    if backend == "atb":
+        raise UsageError(
+            "hunt drives the torch and vllm backends only: it narrows by module depth and ends programs after a "
+            "step, which an ATB graph dump cannot do, and no NPU was at hand to build the ATB flow on",
+            where="--backend atb",
+            hint="run the routine by hand: llmcheck dump --backend atb -sd -er all, then -er S,S with -ids of the "
+            "layer that diverges, and llmcheck compare at each level (docs/commands/hunt.md)",
+        )
     if backend not in BACKENDS:
         raise UsageError(f"unknown backend {backend!r}", where="--backend", hint=f"use one of {', '.join(BACKENDS)}")
     if jobs < 1:
