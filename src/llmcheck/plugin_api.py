@@ -89,6 +89,7 @@ from llmcheck.core.pairing import write_pairs_json
 from llmcheck.core.plugins import load_dump
 from llmcheck.core.records import (
     ALL_RANKS,
+    DEPTH_BLOCKS,
     DTYPE_ITEMSIZE,
     FLOAT_DTYPES,
     IO_INPUT,
@@ -262,6 +263,7 @@ __all__ = [  # noqa: RUF022 -- grouped by the question a plugin author asks, not
     "module_ancestors",
     "module_depth",
     "block_depth",
+    "DEPTH_BLOCKS",
     "op_record_name",
     "op_record_module",
     "is_op_record_name",

@@ -6,9 +6,10 @@ writes ``phase.json`` last: a phase whose folder holds it is done, and a later h
 same programs reuses it instead of running it again (``--fresh`` redoes every phase).
 
 1. ``1_steps``: both programs (and the golden's noise twin when the precisions differ), statistics
-   of the model's own inputs and outputs at every step: the first step whose logits diverge beyond noise.
-2. ``2_blocks``: statistics of that step only, down to the first level of the module tree wide
-   enough to split the model (a Llama's decoder layers): the block where the error is introduced.
+   of the model's own inputs and outputs at every step, and of the prefill's blocks (a Llama's
+   decoder layers): the first step whose logits diverge beyond noise -- and at the prefill, the
+   block where the error is introduced.
+2. ``2_blocks``, for a later step only: statistics of that step down to the blocks: the block.
 3. ``3_module``: full tensors of that step, that block's subtree and the producers of its inputs:
    the module inside it.
 4. ``4_operator``: the operators inside that module, at that step: the culprit operator.
@@ -39,7 +40,7 @@ from typing import Any
 
 from llmcheck.core.atomic_files import atomic_write_text
 from llmcheck.core.errors import LlmcheckError, UsageError
-from llmcheck.core.records import ROOT_MODULE, TensorRecord, block_depth, module_depth
+from llmcheck.core.records import DEPTH_BLOCKS, ROOT_MODULE, TensorRecord, block_depth, module_depth
 from llmcheck.core.store import MODEL_DTYPES_FIELD, TOPOLOGY_NAME, find_dumps, read_dump
 
 log = logging.getLogger("llmcheck.hunt")
@@ -56,8 +57,6 @@ STEP_SEARCH_DEPTH = {"torch": 0, "vllm": 1}
 BACKENDS = tuple(STEP_SEARCH_DEPTH)
 #: Backends whose ``dump`` records a noise twin (``--as-dtype``).
 TWIN_BACKENDS = ("torch",)
-#: ``dump --max-depth`` down to the model's repeated blocks (a Llama's decoder layers).
-DEPTH_BLOCKS = "blocks"
 
 #: Exit codes of ``llmcheck hunt`` (docs/commands/hunt.md).
 EXIT_NO_DIVERGENCE = 0
@@ -428,7 +427,7 @@ def steps_phase(hunt: Hunt, folder: Path) -> dict[str, Any]:
     result.update(step=culprit["step"], evidence=_evidence_text(introduced, culprit))
     names = list(module_tree(dumps["golden"] / TOPOLOGY_NAME))
     result["depth"] = block_depth(names)
-    if culprit["step"] == 0 and module_depth(culprit["name"]) > int(depth):  # the prefill's block is named
+    if culprit["step"] == 0:  # the prefill's blocks were recorded: the block (or the model's own code) is named
         result["module"] = culprit["name"]
     return result
 

@@ -134,6 +134,8 @@ def module_depth(name: str) -> int:
 
 #: A model's blocks are the shallowest levels of its module tree holding at least this many modules.
 BLOCK_LEVEL_MODULES = 8
+#: The depth (``dump --max-depth blocks``) that means "down to the model's blocks", as :func:`block_depth` finds it.
+DEPTH_BLOCKS = "blocks"
 
 
 def block_depth(names: Iterable[str]) -> int:

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from llmcheck.plugin_api import UsageError
+from llmcheck.plugin_api import DEPTH_BLOCKS, UsageError
 
 LEVEL_MODULE = "module"
 LEVEL_OP = "op"
@@ -101,10 +101,6 @@ def as_dtype_name(value: Any, where: str) -> str | None:
             hint="give bf16, fp16, fp32 or fp64, or torch's name: bfloat16, float16, float32, float64",
         )
     return AS_DTYPE_NAMES[text]
-
-
-#: ``max_depth`` that means "down to the model's repeated blocks" (its decoder layers), found from its module tree.
-DEPTH_BLOCKS = "blocks"
 
 
 def check_depth(depth: int | str | None, where: str) -> int | str | None:
