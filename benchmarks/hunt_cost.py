@@ -9,7 +9,8 @@ generate 32 tokens greedily. Printed:
 * hunt's wall time against the two plain runs one after the other: target <= 4x; with
   ``--jobs 1 2`` the hunt runs once per value (``hunt -j N``: N programs at once within a
   phase), each against the same plain runs;
-* the path hunt found.
+* the path hunt found, and the culprit a compare of the full dumps (with the golden's noise twin,
+  also dumped in full, not counted) names.
 
     python benchmarks/hunt_cost.py [--output-dir DIR] [--threads 1] [--jobs 1 [2]]
 
@@ -103,6 +104,12 @@ def main() -> None:
                 program,
             ]
             full_s += run_timed(dump, work)
+        # what the full dumps name, judged as the hunt judges (against the golden's noise twin); not timed
+        twin = [*llmcheck, "dump", "--backend", "torch", "-er", "all", "--as-dtype", "bf16", "-o", "full_twin"]
+        run_timed([*twin, "-l", "warning", "--exec", golden], work)
+        compare = [*llmcheck, "compare", "-gp", "full_golden", "-mp", "full_my", "--noise-path", "full_twin"]
+        run_timed([*compare, "-o", "full_report", "-l", "warning"], work)
+        full_culprit = json.loads((work / "full_report" / "summary.json").read_text())["culprit"]
 
         full_bytes = folder_bytes(work / "full_golden") + folder_bytes(work / "full_my")
         print("SmolLM2-135M, fp32 golden vs bf16 my (epsilon 1e-2 at layers.15.post_attention_layernorm), 32 tokens")
@@ -121,7 +128,7 @@ def main() -> None:
                 print(f"  {name}: {phase['bytes_written'] / 1e6:.2f} MB, {phase['elapsed_s']:.1f} s")
             found = report["path"]
             print(
-                f"  path: step {found['step']} -> {found['module']} -> {found['operator']} -> "
+                f"  path: step {found['step']} -> {found['block']} -> {found['module']} -> {found['operator']} -> "
                 f"opcheck {(found['opcheck'] or '').split(':')[0]}"
             )
             if report["stopped"]:

@@ -264,3 +264,47 @@ def test_the_block_level_is_the_first_depth_that_splits_the_model_and_a_block_op
     }
     assert selection_ids(ids, "model.layers.1", ["model.layers.0"], subtree=True) == ["0_1_1", "0_1_1_3", "0_1_0"]
     assert selection_ids(ids, "model", ["root"], subtree=False) == ["0"]
+
+
+SMOLLM2_PROGRAM = textwrap.dedent(
+    """
+    import sys
+    import torch
+    from llmcheck.bundled_model import load_smollm2
+
+    torch.set_num_threads(1)
+    bf16 = "--bf16" in sys.argv
+    model, tokenizer = load_smollm2(dtype=torch.bfloat16 if bf16 else None)
+    if bf16:  # the port under suspicion: a fused norm's hard-coded epsilon in a middle layer
+        model.model.layers[15].post_attention_layernorm.variance_epsilon = 1e-2
+    prompt = tokenizer("The capital of France is", return_tensors="pt")
+    with torch.no_grad():
+        print(model.generate(**prompt, max_new_tokens=4, min_new_tokens=4, do_sample=False))
+    """
+)
+
+
+@pytest.mark.slow
+def test_on_smollm2_hunt_names_what_a_full_dump_with_its_twin_names_and_goes_on_to_the_operator(
+    tmp_path: Path, smollm2_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "infer.py").write_text(SMOLLM2_PROGRAM)
+    monkeypatch.chdir(tmp_path)
+    golden, my = "python infer.py", "python infer.py --bf16"
+    assert main(["hunt", "--golden", golden, "--my", my, "-o", "hunt", "-l", "warning"]) == 3
+    path = json.loads((tmp_path / "hunt" / "hunt.json").read_text())["path"]
+
+    for name, program, extra in (
+        ("full_golden", golden, []),
+        ("full_my", my, []),
+        ("full_twin", golden, ["--as-dtype", "bf16"]),
+    ):
+        dump = ["dump", "--backend", "torch", "-o", name, "-er", "all", "-l", "warning", *extra, "--exec", program]
+        assert main(dump) == 0
+    compare = ["compare", "-gp", "full_golden", "-mp", "full_my", "--noise-path", "full_twin", "-o", "full_report"]
+    assert main([*compare, "-l", "warning"]) == 3
+    full = json.loads((tmp_path / "full_report" / "summary.json").read_text())["culprit"]
+    assert (path["step"], path["module"]) == (full["step"], full["name"])
+    assert path["module"] == "model.layers.15.post_attention_layernorm" and path["block"] == "model.layers.15"
+    assert path["operator"] == "model.layers.15.post_attention_layernorm/aten.add.Tensor"
+    assert path["opcheck"].startswith("PASS")
