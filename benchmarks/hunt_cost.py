@@ -116,6 +116,7 @@ def main() -> None:
         print(
             f"two plain runs {plain_s:.1f} s; the two full module-level dumps {full_s:.1f} s, {full_bytes / 1e6:.1f} MB"
         )
+        print(f"the full dumps' compare (with the twin) names step {full_culprit['step']} {full_culprit['name']}")
         for jobs, elapsed_s in hunt_s.items():
             report = json.loads((work / f"hunt_j{jobs}" / "hunt.json").read_text())
             hunt_bytes = folder_bytes(work / f"hunt_j{jobs}")
