@@ -37,6 +37,7 @@ from llmcheck.core.records import (
     MetricResult,
     MetricSpec,
     dtype_class,
+    held_values,
 )
 
 #: Float dtype classes from most to least precise; a pair is judged by the later of its two.
@@ -429,7 +430,7 @@ class TableJudge:
             )
         shared = tuple(verdicts)
         shared = self._verdict_tuples.setdefault(shared, shared)  # most rows: all pass, one tuple for them all
-        return JudgedMetrics(layout, tuple(judged), shared), verdict, deciding or first_judged
+        return JudgedMetrics(layout, held_values(judged), shared), verdict, deciding or first_judged
 
     def held_alike(self, results: Mapping[str, MetricResult]) -> Mapping[str, MetricResult]:
         """Return results judged elsewhere (a statistics-only pair's) as a :class:`~llmcheck.core.records.JudgedMetrics`.
@@ -458,4 +459,4 @@ class TableJudge:
             )
         verdicts = tuple([result.verdict for result in results.values()])
         verdicts = self._verdict_tuples.setdefault(verdicts, verdicts)
-        return JudgedMetrics(layout, tuple([result.value for result in results.values()]), verdicts)
+        return JudgedMetrics(layout, held_values([result.value for result in results.values()]), verdicts)
