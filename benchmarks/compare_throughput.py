@@ -36,11 +36,39 @@ and its worker processes every 20 ms. Prints:
   and the forked processes writing reports (a page they share counts once), against the target
   ``2 x largest tensor + 300 MB``; the summed RSS, which counts shared pages once per process, beside it.
 
+Where a statistics-only pair's memory goes (issue #31), traced with ``tracemalloc`` on the stats
+mode's 100 000-record dumps, at the compare's peak (judging's second pass), in bytes per pair
+over the command's fixed ~77 MB; before is 3c8cbe2, after is the ``memory`` branch:
+
+=============================================  ======  =====
+structure                                      before  after
+=============================================  ======  =====
+records as loaded (two per pair)                 1450    875
+  the record, key and statistics objects          610    610
+  decoded values: 8 floats, order, shape, attrs   570    250
+  source path strings                             255      0
+pairs                                             110    110
+rows as measured, before judging                 2300    530
+  the row objects                                 220    220
+  a statistics row's 9 results (dict of results)  1690    200
+  reason and problem strings                      275     50
+judging's own structures                         2900    530
+  sibling groups' sorted slopes                  2000     ~0
+  feeder lookups by call, name and tensor         400      0
+judged rows (fed_by labels, growths)             1100    610
+  (the first pass's rows and the second's)
+total at the peak                                9600   2900
+=============================================  ======  =====
+
+Report writing adds at most ~270 bytes a pair (``pairs.json``), never the peak. What remains
+is one Python object (or three) per record and per row: the target of <= 400 bytes a pair
+needs the records and rows as columns (issue #31's "rows as columns").
+
 Targets on a 2-core machine (issue #17): >= 20 000 pairs/s in the small mode, >= 2.5 GB/s in
 the large mode's compare phase, peak PSS <= 2 x largest tensor + 300 MB. The
 best-known peer compared the same kind of dumps at about 0.12 GB/s.
 
-    python benchmarks/compare_throughput.py [--mode small|large] [--records 50000] [--tokens 3072]
+    python benchmarks/compare_throughput.py [--mode small|large|stats] [--records 50000] [--tokens 3072]
         [--baseline-src /tmp/base/src] [--repeat 2] [--dir /tmp] [--jobs N] [--keep | --reuse DIR]
 """
 
