@@ -1,6 +1,6 @@
 """Compare throughput: ``llmcheck compare`` on many small records (pairs/s) and on large tensors (GB/s).
 
-Two modes, both building their dumps once and then timing ``llmcheck compare`` in child
+Three modes, all building their dumps once and then timing ``llmcheck compare`` in child
 processes -- the code under test and, with ``--baseline-src DIR`` (a checkout of an earlier
 commit, e.g. ``git worktree add /tmp/base main``), the earlier code on the same dumps in
 the same run, printed side by side:
@@ -10,6 +10,14 @@ the same run, printed side by side:
   dump where the cost per pair, not bytes, dominates. Prints pairs/s for the whole command
   and for the compare phase (summary.json's ``elapsed_s``: pairing, measuring, judging).
 * ``--mode large``: the large-tensor dumps described next, printing GB/s.
+* ``--mode stats``: two statistics-only dumps (``dump -sd``: llmcheck's own JSONL index, no
+  tensor files) of ``--records`` records each, a long decode of a 50-layer stack
+  (:data:`STATS_PARTS` per layer, inputs and outputs, one step per 1 000 records), written by
+  streaming through :class:`~llmcheck.core.store.DumpWriter` so a 10**7-record dump costs
+  the writer no memory. The my-run's statistics carry 1e-7 relative noise, and a defect in
+  layer 30's ``mlp.down_proj`` on every 50th step that the later layers inherit, so the compare
+  judges, attributes and reports failures. Prints pairs/s and the peak memory per pair (peak
+  PSS of the compare's process tree, over the pairs): the figure issue #31 bounds (<= 400 bytes).
 
 Large mode writes two dumps of a seeded random Llama (hidden 1024, intermediate 2816, 8 layers, full module-level
 capture of inputs and outputs, about 2.1 GB each at the default 3072 tokens) with llmcheck's own torch
@@ -28,11 +36,39 @@ and its worker processes every 20 ms. Prints:
   and the forked processes writing reports (a page they share counts once), against the target
   ``2 x largest tensor + 300 MB``; the summed RSS, which counts shared pages once per process, beside it.
 
+Where a statistics-only pair's memory goes (issue #31), traced with ``tracemalloc`` on the stats
+mode's 100 000-record dumps, at the compare's peak (judging's second pass), in bytes per pair
+over the command's fixed ~77 MB; before is 3c8cbe2, after is the ``memory`` branch:
+
+=============================================  ======  =====
+structure                                      before  after
+=============================================  ======  =====
+records as loaded (two per pair)                 1450    875
+  the record, key and statistics objects          610    610
+  decoded values: 8 floats, order, shape, attrs   570    250
+  source path strings                             255      0
+pairs                                             110    110
+rows as measured, before judging                 2300    530
+  the row objects                                 220    220
+  a statistics row's 9 results (dict of results)  1690    200
+  reason and problem strings                      275     50
+judging's own structures                         2900    530
+  sibling groups' sorted slopes                  2000     ~0
+  feeder lookups by call, name and tensor         400      0
+judged rows (fed_by labels, growths)             1100    610
+  (the first pass's rows and the second's)
+total at the peak                                9600   2900
+=============================================  ======  =====
+
+Report writing adds at most ~270 bytes a pair (``pairs.json``), never the peak. What remains
+is one Python object (or three) per record and per row: the target of <= 400 bytes a pair
+needs the records and rows as columns (issue #31's "rows as columns").
+
 Targets on a 2-core machine (issue #17): >= 20 000 pairs/s in the small mode, >= 2.5 GB/s in
 the large mode's compare phase, peak PSS <= 2 x largest tensor + 300 MB. The
 best-known peer compared the same kind of dumps at about 0.12 GB/s.
 
-    python benchmarks/compare_throughput.py [--mode small|large] [--records 50000] [--tokens 3072]
+    python benchmarks/compare_throughput.py [--mode small|large|stats] [--records 50000] [--tokens 3072]
         [--baseline-src /tmp/base/src] [--repeat 2] [--dir /tmp] [--jobs N] [--keep | --reuse DIR]
 """
 
@@ -119,6 +155,92 @@ def write_small_dumps(root: Path, records: int) -> tuple[Path, Path]:
             writer.add(record, tensor.reshape(1, 1, -1))
             if slot == per_step - 1:
                 writer.flush()  # one shard per decode step, as a capture writes
+    for writer in writers:
+        writer.close()
+        folders.append(writer.path)
+    return folders[0], folders[1]
+
+
+#: The records of one layer in one step of the statistics mode: a module or op (its name after the
+#: layer's, an op after ``/``), its type and which of its tensors.
+STATS_PARTS = (
+    (".input_layernorm", "LlamaRMSNorm", "input"),
+    (".input_layernorm", "LlamaRMSNorm", "output"),
+    (".self_attn.q_proj", "Linear", "output"),
+    (".self_attn.k_proj", "Linear", "output"),
+    (".self_attn.v_proj", "Linear", "output"),
+    (".self_attn/aten.scaled_dot_product_attention.default", "aten.scaled_dot_product_attention.default", "output"),
+    (".self_attn.o_proj", "Linear", "input"),
+    (".self_attn.o_proj", "Linear", "output"),
+    (".self_attn", "LlamaAttention", "output"),
+    (".post_attention_layernorm", "LlamaRMSNorm", "input"),
+    (".post_attention_layernorm", "LlamaRMSNorm", "output"),
+    (".mlp.gate_proj", "Linear", "output"),
+    (".mlp.up_proj", "Linear", "output"),
+    (".mlp.act_fn", "SiLU", "output"),
+    (".mlp/aten.mul.Tensor", "aten.mul.Tensor", "output"),
+    (".mlp.down_proj", "Linear", "input"),
+    (".mlp.down_proj", "Linear", "output"),
+    (".mlp", "LlamaMLP", "output"),
+    ("", "LlamaDecoderLayer", "input"),
+    ("", "LlamaDecoderLayer", "output"),
+)
+STATS_LAYERS = 50
+#: The statistics mode's defect: the output of this layer's part, 20 % off on every STATS_DEFECT_EVERY-th
+#: step, and every record of the later layers of that step with it.
+STATS_DEFECT = (30, ".mlp.down_proj")
+STATS_DEFECT_EVERY = 50
+
+
+def write_stats_dumps(root: Path, records: int) -> tuple[Path, Path]:
+    """Write two statistics-only dumps of ``records`` records each, streamed through the store's writer."""
+    import numpy as np
+
+    from llmcheck.core.records import (
+        IO_OUTPUT,
+        RecordKey,
+        TensorRecord,
+        TensorStats,
+        module_parent,
+        op_record_module,
+    )
+    from llmcheck.core.store import DumpWriter
+
+    random = np.random.default_rng(0)
+    per_step = STATS_LAYERS * len(STATS_PARTS)
+    writers = [DumpWriter(root / side, "benchmark", command_line=["compare_throughput"]) for side in ("golden", "my")]
+    chunk = 65_536  # statistics drawn a chunk of records at a time, the records written one at a time
+    for start in range(0, records, chunk):
+        count = min(chunk, records - start)
+        scale = random.uniform(0.5, 4.0, count).tolist()
+        mean = random.normal(0.0, 0.05, count).tolist()
+        noise = (1 + 1e-7 * random.standard_normal((count, 4))).tolist()
+        for offset in range(count):
+            order = start + offset
+            step, slot = divmod(order, per_step)
+            layer, part_index = divmod(slot, len(STATS_PARTS))
+            suffix, op_type, io = STATS_PARTS[part_index]
+            name = f"model.layers.{layer}{suffix}"
+            parent = op_record_module(name) or module_parent(name)
+            golden = (-4 * scale[offset], 4 * scale[offset], mean[offset], 64 * scale[offset])
+            defect = step % STATS_DEFECT_EVERY == 0 and (
+                layer > STATS_DEFECT[0] or (layer, suffix, io) == (*STATS_DEFECT, IO_OUTPUT)
+            )
+            factor = 1.2 if defect else 1.0
+            my = tuple(value * wobble * factor for value, wobble in zip(golden, noise[offset]))
+            key = RecordKey(name=name, io=io, step=step)
+            for writer, values in zip(writers, (golden, my)):
+                record = TensorRecord(
+                    key=key,
+                    dtype="bfloat16",
+                    shape=(1, 1, 4096),
+                    order=order,
+                    op_type=op_type,
+                    parent=parent,
+                    stats=TensorStats(values[0], values[1], values[2], values[3], 0, 0),
+                )
+                writer.add(record)  # flushed every MAX_RECORDS_PER_BATCH records: nothing more is held
+    folders = []
     for writer in writers:
         writer.close()
         folders.append(writer.path)
@@ -318,15 +440,39 @@ def report_large(label: str, timing: Timing, largest: int) -> None:
     )
 
 
+#: Records per side of the statistics mode's tiny compare, whose peak is the command's fixed memory
+#: (interpreter, imports, plugins), told apart from what each pair costs.
+STATS_TINY_RECORDS = 1_000
+
+
+def report_stats(label: str, timing: Timing, fixed: Timing | None) -> None:
+    """Print pairs/s and the peak memory per pair of a statistics-only compare."""
+    pairs = timing.summary["counts"]["pairs"]
+    compare_s = timing.summary["elapsed_s"]
+    marginal = ""
+    if fixed is not None:
+        per_pair = (timing.peak_pss - fixed.peak_pss) / pairs
+        marginal = f" = {fixed.peak_pss / MB:.0f} MB fixed + {per_pair:6.0f} bytes/pair"
+    print(
+        f"{label:9s} whole command {pairs / timing.wall_s:7.0f} pairs/s ({timing.wall_s:6.1f} s wall, "
+        f"{timing.cpu_s:6.1f} s CPU) | compare phase {pairs / compare_s:7.0f} pairs/s ({compare_s:.1f} s) | "
+        f"peak PSS {timing.peak_pss / MB:6.0f} MB (RSS {timing.peak_rss / MB:6.0f} MB) = "
+        f"{timing.peak_pss / pairs:6.0f} bytes/pair{marginal} | load {timing.load:.1f}"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "--mode",
-        choices=("small", "large"),
+        choices=("small", "large", "stats"),
         default="small",
-        help="small: many 4-64 KB records (pairs/s); large: module-level Llama dumps (GB/s)",
+        help="small: many 4-64 KB records (pairs/s); large: module-level Llama dumps (GB/s); "
+        "stats: statistics-only dumps (pairs/s, memory per pair)",
     )
-    parser.add_argument("--records", type=int, default=50_000, help="records per dump in the small mode")
+    parser.add_argument(
+        "--records", type=int, default=None, help="records per dump in the small (default 50 000) and stats modes"
+    )
     parser.add_argument("--tokens", type=int, default=3072, help="large mode: sequence length (3072: ~2.1 GB/dump)")
     parser.add_argument(
         "--baseline-src",
@@ -347,7 +493,9 @@ def main() -> None:
         if args.reuse:
             golden, my = (next((root / side).glob("llmcheck_dump_*")) for side in ("golden", "my"))
         elif args.mode == "small":
-            golden, my = write_small_dumps(root, args.records)
+            golden, my = write_small_dumps(root, args.records or 50_000)
+        elif args.mode == "stats":
+            golden, my = write_stats_dumps(root, args.records or 1_020_000)
         else:
             golden, my = write_dumps(root, args.tokens)
         print(
@@ -357,10 +505,18 @@ def main() -> None:
         )
         warm_page_cache(golden)
         warm_page_cache(my)
-        largest = max(largest_tensor_bytes(golden), largest_tensor_bytes(my))
+        # a statistics dump has no tensor to measure, and reading a 10**7-record one here would cost gigabytes
+        largest = 0 if args.mode == "stats" else max(largest_tensor_bytes(golden), largest_tensor_bytes(my))
         versions = {"current": current_src, **({"baseline": args.baseline_src} if args.baseline_src else {})}
         for src in versions.values():  # as an installed package has: no version compiles its modules while timed
             compileall.compile_dir(src, quiet=1)
+        fixed: dict[str, Timing] = {}
+        if args.mode == "stats":
+            tiny = root / "tiny"
+            if not tiny.exists():
+                write_stats_dumps(tiny, STATS_TINY_RECORDS)
+            tiny_golden, tiny_my = (next((tiny / side).glob("llmcheck_dump_*")) for side in ("golden", "my"))
+            fixed = time_compares(tiny_golden, tiny_my, tiny, args.jobs, versions, 1)
         timings = time_compares(golden, my, root, args.jobs, versions, args.repeat)
         summary = timings["current"].summary
         print(
@@ -371,6 +527,8 @@ def main() -> None:
         for label, timing in reversed(list(timings.items())):
             if args.mode == "small":
                 report_small(label, timing)
+            elif args.mode == "stats":
+                report_stats(label, timing, fixed.get(label))
             else:
                 report_large(label, timing, largest)
     finally:

@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
+from sys import intern as intern_text
 from typing import TYPE_CHECKING, Any, Protocol
 
 from llmcheck.core.digests import digest_row, judged_on_digests
@@ -286,10 +287,15 @@ def incomparable_reason(golden: TensorRecord, my: TensorRecord) -> str | None:
     problem = _dtype_problem(golden.dtype, my.dtype) or _shape_problem(golden, my)
     if problem is not None:
         return problem
-    for side, record in (("golden", golden), ("my", my)):
-        if record.data is None:
-            return f"{side} has no tensor data (a statistics-only dump)"
+    if golden.data is None:
+        return _NO_DATA["golden"]
+    if my.data is None:
+        return _NO_DATA["my"]
     return None
+
+
+#: Why a side's record cannot be measured: one text per side, held by every such pair (10**6 of a statistics-only compare).
+_NO_DATA = {side: f"{side} has no tensor data (a statistics-only dump)" for side in ("golden", "my")}
 
 
 @functools.cache
@@ -321,6 +327,7 @@ def _statistics_row(
     overrides: Sequence[ThresholdOverride],
     run_floor: str | None,
     run_dtypes: tuple[str | None, str | None] = (None, None),
+    table: TableJudge | None = None,
 ) -> ComparisonRow | None:
     """Return the row of a pair judged on its recorded statistics when a side kept no data, else None."""
     golden, my = pair.golden, pair.my
@@ -342,19 +349,21 @@ def _statistics_row(
     )
     sides = " and ".join(side for side, record in (("golden", golden), ("my", my)) if record.data is None)
     bounded = error_measure_spec(specs)
-    reason = statistics_reason(
-        golden.stats,  # type: ignore[arg-type]
-        my.stats,  # type: ignore[arg-type]
-        sides,
-        bounded.name if bounded else "the error measure",
-        masked=masked_statistics(golden.stats, my.stats, limits),  # type: ignore[arg-type]
-    )
+    reason = intern_text(
+        statistics_reason(
+            golden.stats,  # type: ignore[arg-type]
+            my.stats,  # type: ignore[arg-type]
+            sides,
+            bounded.name if bounded else "the error measure",
+            masked=masked_statistics(golden.stats, my.stats, limits),  # type: ignore[arg-type]
+        )
+    )  # one text for the rows that share it, not one each (180 bytes a row)
     return build_row(
         index=index,
         golden=golden,
         my=my,
         rule=pair.rule,
-        metrics=results,
+        metrics=results if table is None else table.held_alike(results),
         verdict=verdict,
         deciding_metric=deciding,
         reason=reason,
@@ -781,9 +790,9 @@ def _row(
     golden, my = pair.golden, pair.my
     assert golden is not None and my is not None
     if problem is not None and judged_on_digests(pair):
-        return digest_row(index, pair, _statistics_row(index, pair, specs, overrides, run_floor, run_dtypes))
+        return digest_row(index, pair, _statistics_row(index, pair, specs, overrides, run_floor, run_dtypes, table))
     if problem is not None and (
-        statistics_row := _statistics_row(index, pair, specs, overrides, run_floor, run_dtypes)
+        statistics_row := _statistics_row(index, pair, specs, overrides, run_floor, run_dtypes, table)
     ):
         return statistics_row
     if problem is not None or measurement is None:

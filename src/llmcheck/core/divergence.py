@@ -200,6 +200,7 @@ class _Judge:
         slots = [numbers.setdefault(_slot(row), len(numbers)) for row in self.ordered]
         self.places = structure_keys([(row.golden.key.name, slot) for row, slot in zip(self.ordered, slots)])
         self.feeder_errors = [self._received_error(row, feeding) for row, feeding in zip(self.ordered, self.feeding)]
+        self.feeders.release_lookups()  # every row's feeders and parts are known: only the parent links are read on
         self.slots = slots
         self.sibling_group = self._sibling_groups({})
         self.judged: dict[int, ComparisonRow] = {}
@@ -856,6 +857,7 @@ def attribute(
         if first == cutoff or not first:
             break
         cutoff = first
+        judged = {}  # the earlier pass's rows go before the next pass makes its own (550 bytes a row)
         judged = judge.rejudge(cutoff)
     return [judged.get(id(row), row) for row in rows]
 

@@ -110,6 +110,18 @@ class FeederIndex:
                 for identity in tensor_identities(record, record.stats):
                     self.unmatched_producers[identity] = record
 
+    def release_lookups(self) -> None:
+        """Let go of what finding feeders and parts needs, keeping the parent links :meth:`inside` reads.
+
+        A judge asks for every row's feeders and parts once, before it judges: the lookups by
+        call, by name and by tensor (a row or two of entries each, 400 bytes a row) are then
+        held through judging for nothing. :meth:`feeding` and :meth:`parts` must not be asked after.
+        """
+        self.ordered = []
+        self.position, self.call_ids = {}, []
+        self.inputs_of, self.inputs_by_name = {}, {}
+        self._producers, self.unmatched_producers = None, {}
+
     def inside(self, name: str, module: str) -> bool:
         """Return :func:`inside` of a record name and a module by this compare's parent links, once per pair of names."""
         known = self._inside.get((name, module))

@@ -260,6 +260,12 @@ class SiblingGroup:
     members' squared points and growths are computed once too. A group holding a non-finite
     point (where sorting is not a total order) or a member sharing its repeat index with
     another (a duplicated record) is left to the direct computation.
+
+    The sorted slopes are made when the first member asks for its baseline and let go once
+    every member has asked (a judge asks once per member, in one step): held for every group
+    of a compare at once, they cost ``n`` slopes and positions per row, 2 KB a row of a
+    50-layer model -- the largest part of judging's memory. A member asking again has them
+    made again, to the same values.
     """
 
     def __init__(self, indexes: Sequence[int], points: Sequence[tuple[float, float] | None]) -> None:
@@ -272,8 +278,19 @@ class SiblingGroup:
         self._fast = len(set(self.indexes)) == len(self.indexes) and all(
             math.isfinite(feeder) and math.isfinite(error) for feeder, error in self._valid_points
         )
+        self._unasked = set(range(len(self.indexes)))  # the members yet to ask for their baseline
+        self._prepared = False
         self._slopes: list[float] = []
-        self._skipped: dict[int, list[int]] = {member: [] for member in valid}
+        self._skipped: dict[int, list[int]] = {}
+        self._squared: list[tuple[float, float]] = []
+        self._growths: list[float | None] = []
+        self._received: list[bool] = []
+
+    def _prepare(self) -> None:
+        """Make the sorted pairwise slopes, which slopes each member skips, and the squared points and growths."""
+        self._prepared = True
+        valid = list(self._number)
+        self._skipped = {member: [] for member in valid}
         if not self._fast:
             return
         self._squared = [(feeder * feeder, error * error) for feeder, error in self._valid_points]
@@ -295,8 +312,22 @@ class SiblingGroup:
         own = self.indexes[member]
         return [point for other, point in enumerate(self.points) if point is not None and self.indexes[other] != own]
 
+    def _release(self) -> None:
+        """Let go of what :meth:`_prepare` made."""
+        self._prepared = False
+        self._slopes, self._skipped, self._squared, self._growths, self._received = [], {}, [], [], []
+
     def baseline(self, member: int, floor: float = 0.0) -> Baseline | None:
         """Return :func:`sibling_baseline` of the other members' points, with ``floor`` as there."""
+        if not self._prepared:
+            self._prepare()
+        found = self._baseline(member, floor)
+        self._unasked.discard(member)
+        if not self._unasked:
+            self._release()
+        return found
+
+    def _baseline(self, member: int, floor: float) -> Baseline | None:
         number = self._number.get(member)
         sibling_count = len(self._valid_points) - (number is not None)
         if not self._fast or sibling_count < 2:

@@ -177,6 +177,10 @@ def index_line(
     return line
 
 
+#: The attrs of every record whose index line has none: one empty mapping, which no reader changes.
+NO_ATTRS: Mapping[str, Any] = {}
+
+
 def record_from_index_line(line: IndexLine, data: TensorData | None, source_path: str) -> TensorRecord:
     """Build a record from a validated index line and its data handle.
 
@@ -184,7 +188,8 @@ def record_from_index_line(line: IndexLine, data: TensorData | None, source_path
     device repeat throughout): they are interned, so 10**5 records hold one copy of each
     (about a third of a decode dump's records in memory) -- and the shape tuple, as decoded,
     is shared with the data handle. io and moment are already: msgspec gives a ``Literal``
-    field's own string.
+    field's own string. A line without ``attrs`` shares one empty mapping, not a dict of its
+    own (64 bytes a record).
 
     The fields are passed by position, in the classes' field order, as the names beside
     them say: by keyword, matching the names cost 0.2 us a line -- as much as the check for a
@@ -210,7 +215,7 @@ def record_from_index_line(line: IndexLine, data: TensorData | None, source_path
         None if line.stats is None else _stats_from_json(line.stats),  # stats
         data,  # data
         source_path,  # source_path
-        line.attrs,  # attrs
+        line.attrs or NO_ATTRS,  # attrs
     )
 
 
@@ -967,6 +972,11 @@ def _index_records(
     # cache; a stream ends lines at LF only, and a lone CR ends one too (bytes.splitlines).
     lines: Iterable[bytes] = io.BytesIO(raw) if b"\r" not in raw else raw.splitlines(keepends=True)
     offset = 0  # where the line starts, named in its error
+    # Values most lines repeat, held once: a shape (a tuple and its ints, 90 bytes), a step past
+    # Python's small ints (28), a statistics-only record's source path (its name per step, 130).
+    shapes: dict[tuple[int, ...], tuple[int, ...]] = {}
+    steps: dict[int, int] = {}
+    index_paths: dict[str, str] = {}
     for line_number, raw_line in enumerate(lines, start=1):
         line_start, offset = offset, offset + len(raw_line)
         if not raw_line.endswith(b"\n"):
@@ -983,22 +993,25 @@ def _index_records(
                 continue
             decode(raw_line, IndexLine, index_where, line=line_number, offset=line_start)
             raise
+        line.shape = shapes.setdefault(line.shape, line.shape)
+        line.step = steps.setdefault(line.step, line.step)
         itemsize = DTYPE_ITEMSIZE.get(line.dtype)
         if itemsize is None:
             raise DumpFormatError(f"field $.dtype: unknown dtype {line.dtype!r}", where=f"{index_where}:{line_number}")
         shard_name, tensor_name = line.shard, line.tensor
         if shard_name is None and tensor_name is None:
-            data = None
-        elif shard_name is None or tensor_name is None:
+            source_path = index_paths.get(line.name)
+            if source_path is None:
+                source_path = index_paths[line.name] = f"{root_name}/{INDEX_NAME}:{line.name}"
+            records.append(record_from_index_line(line, None, source_path))
+            continue
+        if shard_name is None or tensor_name is None:
             raise DumpFormatError(
                 "fields $.shard and $.tensor: give both (the record has data) or neither",
                 where=f"{index_where}:{line_number}",
             )
-        else:
-            data = shards.data(line, shard_name, tensor_name, itemsize, line_number)
-        records.append(
-            record_from_index_line(line, data, f"{root_name}/{shard_name or INDEX_NAME}:{tensor_name or line.name}")
-        )
+        data = shards.data(line, shard_name, tensor_name, itemsize, line_number)
+        records.append(record_from_index_line(line, data, f"{root_name}/{shard_name}:{tensor_name}"))
     # One pass in C but for each key's hash (RecordKey's __hash__, 0.2 us): 10 ms of the 240 ms
     # a 50 000-record dump takes, won back by record_from_index_line's calls by position.
     if len(set(map(_KEY, records))) != len(records):

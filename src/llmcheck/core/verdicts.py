@@ -37,6 +37,7 @@ from llmcheck.core.records import (
     MetricResult,
     MetricSpec,
     dtype_class,
+    held_values,
 )
 
 #: Float dtype classes from most to least precise; a pair is judged by the later of its two.
@@ -371,6 +372,8 @@ class TableJudge:
         # (id of a table above, the metrics present where some are missing) -> the rows' shared layout
         self._layouts: dict[tuple[int, tuple[str, ...] | None], MetricLayout] = {}
         self._verdict_tuples: dict[tuple[str, ...], tuple[str, ...]] = {}
+        # each metric's (name, result's name, warn, fail, higher is better) -> the layout of results judged elsewhere
+        self._held_layouts: dict[tuple[tuple[str, str, float | None, float | None, bool], ...], MetricLayout] = {}
 
     def _limits(self, name: str, judged_class: str) -> list[tuple[str, bool, tuple[float, float] | None]]:
         key = (name if self.overrides else None, judged_class)
@@ -427,4 +430,33 @@ class TableJudge:
             )
         shared = tuple(verdicts)
         shared = self._verdict_tuples.setdefault(shared, shared)  # most rows: all pass, one tuple for them all
-        return JudgedMetrics(layout, tuple(judged), shared), verdict, deciding or first_judged
+        return JudgedMetrics(layout, held_values(judged), shared), verdict, deciding or first_judged
+
+    def held_alike(self, results: Mapping[str, MetricResult]) -> Mapping[str, MetricResult]:
+        """Return results judged elsewhere (a statistics-only pair's) as a :class:`~llmcheck.core.records.JudgedMetrics`.
+
+        Why: a statistics-only row's nine results in a dict, their names made anew per row,
+        cost 1.9 KB -- the largest part of a statistics-only compare's rows. Held over a
+        layout shared by the rows with the same metrics and limits, they cost their values
+        and a tuple; the mapping gives results equal field for field, in the same order.
+        Results filed under a name other than their own are given back as they are.
+        """
+        limits = tuple(
+            [
+                (name, result.name, result.warn_threshold, result.fail_threshold, result.higher_is_better)
+                for name, result in results.items()
+            ]
+        )
+        layout = self._held_layouts.get(limits)
+        if layout is None:
+            if any(name != own_name for name, own_name, _, _, _ in limits):
+                return results
+            layout = self._held_layouts[limits] = MetricLayout(
+                [name for name, _, _, _, _ in limits],
+                [warn for _, _, warn, _, _ in limits],
+                [fail for _, _, _, fail, _ in limits],
+                [higher for _, _, _, _, higher in limits],
+            )
+        verdicts = tuple([result.verdict for result in results.values()])
+        verdicts = self._verdict_tuples.setdefault(verdicts, verdicts)
+        return JudgedMetrics(layout, held_values([result.value for result in results.values()]), verdicts)
