@@ -9,6 +9,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -185,3 +186,44 @@ def test_a_paused_function_calling_itself_gives_the_collector_back() -> None:
         assert inside == [False, False, False] and gc.isenabled()
     finally:
         (gc.enable if enabled_before else gc.disable)()
+
+
+def _children(pid: int) -> set[int]:
+    """Return the pids whose parent is ``pid`` (from /proc)."""
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == pid:
+                found.add(int(entry.name))
+    return found
+
+
+@pytest.mark.slow
+def test_sigterm_stops_a_compare_and_its_worker_processes_with_one_line(make_llmcheck_dump, tmp_path: Path) -> None:
+    # large enough for the measuring workers to start while the dumps load (metric_engine.PARALLEL_MIN_BYTES)
+    torch.manual_seed(0)
+    tensors = {f"layers.{index}.out": torch.randn(4_000_000) for index in range(6)}
+    golden = make_llmcheck_dump(tmp_path / "g", tensors)
+    my = make_llmcheck_dump(tmp_path / "m", {name: tensor * 1.001 for name, tensor in tensors.items()})
+    command = [sys.executable, "-m", "llmcheck.core.cli", "compare", "-gp", str(golden), "-mp", str(my)]
+    compare = subprocess.Popen(
+        [*command, "-o", str(tmp_path / "out"), "-j", "2"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    workers: set[int] = set()
+    while compare.poll() is None and not workers:
+        workers = _children(compare.pid)
+    assert workers, "the compare ended before its workers started"
+    compare.send_signal(signal.SIGTERM)
+    _, err = compare.communicate(timeout=120)  # returns only once nothing holds its pipes: no orphan left
+    assert compare.returncode == 128 + signal.SIGTERM, err
+    # (a worker the signal caught while it was being spawned may add its own EOFError below the line)
+    assert "llmcheck: error: terminated (SIGTERM); the processes it started were stopped first" in err.splitlines()
+    deadline = time.monotonic() + 30
+    while any(Path(f"/proc/{pid}").exists() for pid in workers) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    left = [pid for pid in workers if Path(f"/proc/{pid}/stat").exists()]
+    assert not left, [Path(f"/proc/{pid}/cmdline").read_text() for pid in left]

@@ -308,3 +308,32 @@ def test_on_smollm2_hunt_names_what_a_full_dump_with_its_twin_names_and_goes_on_
     assert path["module"] == "model.layers.15.post_attention_layernorm" and path["block"] == "model.layers.15"
     assert path["operator"] == "model.layers.15.post_attention_layernorm/aten.add.Tensor"
     assert path["opcheck"].startswith("PASS")
+
+
+def test_a_hunt_stopped_by_sigterm_stops_its_child_and_the_program_in_it(workdir: Path) -> None:
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    argv = [sys.executable, "-m", "llmcheck.core.cli", "hunt", "--golden", "python infer.py", "--my", "python infer.py"]
+    hunt = subprocess.Popen(
+        [*argv, "-o", "stopped", "-l", "warning"],
+        cwd=workdir,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    started = workdir / "stopped" / "1_steps" / "golden"
+    while hunt.poll() is None and not any(started.glob("llmcheck_dump_*")):  # the program is capturing
+        time.sleep(0.05)
+    hunt.send_signal(signal.SIGTERM)
+    _, err = hunt.communicate(timeout=120)
+    assert hunt.returncode == 128 + signal.SIGTERM, err
+    assert (
+        err.strip().splitlines()[-1]
+        == "llmcheck: error: terminated (SIGTERM); the processes it started were stopped first"
+    )
+    (dump,) = started.glob("llmcheck_dump_*")
+    assert read_dump(dump).cut is not None  # dump passed the signal on to the program and marked its dump cut
+    assert not (workdir / "stopped" / "1_steps" / "phase.json").exists()

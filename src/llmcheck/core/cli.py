@@ -10,10 +10,14 @@ from __future__ import annotations
 
 import json
 import logging
+import signal
 import sys
+import threading
 import traceback
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 import click
@@ -606,16 +610,48 @@ def _wants_debug(args: Sequence[str]) -> bool:
     return False
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the main thread is, so that ``with`` blocks close what they opened.
+
+    Python's default for SIGTERM ends the process at once: a compare's worker processes and
+    multiprocessing's resource tracker were left running, holding the caller's output pipe.
+    """
+
+
+TERMINATED_LINE = "llmcheck: error: terminated (SIGTERM); the processes it started were stopped first"
+
+
+def _raise_terminated(signum: int, frame: FrameType | None) -> None:
+    raise Terminated()
+
+
+@contextmanager
+def _sigterm_unwinds() -> Iterator[None]:
+    """While the CLI runs in the main thread: SIGTERM raises :class:`Terminated` (workers are shut down on the way out)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI and return its exit code; errors become one ``llmcheck: error:`` line."""
     args = expand_multi_value_options(list(sys.argv[1:] if argv is None else argv), MULTI_VALUE_OPTIONS)
     debug = _wants_debug(args)
     try:
-        cli.main(args=args, prog_name="llmcheck", standalone_mode=False)
+        with _sigterm_unwinds():
+            cli.main(args=args, prog_name="llmcheck", standalone_mode=False)
     except SystemExit as exit_:
         code = exit_.code
         return code if isinstance(code, int) else (0 if code is None else 1)
-    except click.exceptions.Abort:
+    except click.exceptions.Abort as abort:  # click turns a KeyboardInterrupt (and so SIGTERM) into Abort
+        if isinstance(abort.__cause__, Terminated):
+            click.echo(TERMINATED_LINE, err=True)
+            return 128 + signal.SIGTERM
         click.echo("llmcheck: error: aborted", err=True)
         return 130
     except click.ClickException as exc:
@@ -627,6 +663,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             traceback.print_exc()
         click.echo(f"llmcheck: error: {exc.one_line()}", err=True)
         return exc.exit_code
+    except Terminated:
+        click.echo(TERMINATED_LINE, err=True)
+        return 128 + signal.SIGTERM
     except KeyboardInterrupt:
         click.echo("llmcheck: error: interrupted", err=True)
         return 130

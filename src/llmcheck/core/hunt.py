@@ -125,13 +125,12 @@ class Hunt:
         log.info("running %s", display_command(argv))
         started = time.perf_counter()
         with log_file.open("w", encoding="utf-8") as output:
-            completed = subprocess.run(argv, stdout=output, stderr=subprocess.STDOUT, check=False)
-        run = ChildRun(argv, completed.returncode, time.perf_counter() - started)
-        if completed.returncode not in done_codes:
+            returncode = _run_child(argv, output)
+        run = ChildRun(argv, returncode, time.perf_counter() - started)
+        if returncode not in done_codes:
             lines = [line for line in log_file.read_text(encoding="utf-8", errors="replace").splitlines() if line]
             raise LlmcheckError(
-                f"'{display_command(argv)}' failed with exit code {completed.returncode}: "
-                f"{lines[-1] if lines else 'no output'}",
+                f"'{display_command(argv)}' failed with exit code {returncode}: {lines[-1] if lines else 'no output'}",
                 where=log_file,
                 hint="run that command to see the whole output",
             )
@@ -176,6 +175,29 @@ class Hunt:
         run = self.llmcheck(args, report.with_suffix(".log"), COMPARE_DONE_CODES)
         summary: dict[str, Any] = json.loads((report / "summary.json").read_text(encoding="utf-8"))
         return run, summary
+
+
+#: Seconds a child stopped with the hunt (SIGTERM, Ctrl-C) has to close its dump before it is killed.
+CHILD_STOP_S = 60
+
+
+def _run_child(argv: Sequence[str], output: Any) -> int:
+    """Return the exit code of a child; a hunt that is stopped stops it with SIGTERM, as ``dump`` expects.
+
+    ``dump`` passes SIGTERM on to the program and marks its dump cut; killing it instead would
+    leave the program running, writing into a phase folder the next hunt removes.
+    """
+    child = subprocess.Popen(list(argv), stdout=output, stderr=subprocess.STDOUT)
+    try:
+        return child.wait()
+    except BaseException:
+        child.terminate()
+        try:
+            child.wait(timeout=CHILD_STOP_S)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait()
+        raise
 
 
 def display_command(argv: Sequence[str]) -> str:
