@@ -151,7 +151,12 @@ def read_dump_file(path: Path, root: Path | None, *, limit_bytes: int | None = M
         if refused is not None:
             raise refused
         try:
-            content = handle.read() if limit_bytes is None else handle.read(limit_bytes + 1)
+            if limit_bytes is None:
+                content = handle.read()
+            else:  # the size it has, not the limit: a read of limit + 1 bytes allocates that much first
+                content = handle.read(min(status.st_size, limit_bytes) + 1)
+                if len(content) > status.st_size:  # grown since the check: read on, up to the limit
+                    content += handle.read(limit_bytes + 1 - len(content))
         except OSError as exc:
             raise DumpFormatError(f"cannot be read: {exc.strerror}", where=path) from None
     refused = _too_large(len(content), limit_bytes, path)  # grown since the check
