@@ -42,11 +42,13 @@ PROGRAM = textwrap.dedent(
         model.model.layers[15].post_attention_layernorm.variance_epsilon = 1e-2
     prompt = tokenizer("The capital of France is", return_tensors="pt")
     with torch.no_grad():
-        tokens = model.generate(**prompt, max_new_tokens=32, min_new_tokens=32, do_sample=False)
+        tokens = model.generate(**prompt, max_new_tokens={tokens}, min_new_tokens={tokens}, do_sample=False)
     print(tokenizer.decode(tokens[0]))
     """
 )
 
+#: tokens each program generates (tests/test_hunt.py runs the same program with fewer)
+NEW_TOKENS = 32
 TARGET_BYTES_SHARE = 0.02
 TARGET_TIME_RATIO = 4.0
 
@@ -76,7 +78,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="hunt_cost_") as scratch:
         work = args.output_dir or Path(scratch)
         work.mkdir(parents=True, exist_ok=True)
-        (work / "infer.py").write_text(PROGRAM.format(threads=args.threads))
+        (work / "infer.py").write_text(PROGRAM.format(threads=args.threads, tokens=NEW_TOKENS))
         llmcheck = [sys.executable, "-m", "llmcheck.core.cli"]
         golden, my = "python infer.py", "python infer.py --bf16"
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import shutil
 import textwrap
@@ -266,29 +267,21 @@ def test_the_block_level_is_the_first_depth_that_splits_the_model_and_a_block_op
     assert selection_ids(ids, "model", ["root"], subtree=False) == ["0"]
 
 
-SMOLLM2_PROGRAM = textwrap.dedent(
-    """
-    import sys
-    import torch
-    from llmcheck.bundled_model import load_smollm2
-
-    torch.set_num_threads(1)
-    bf16 = "--bf16" in sys.argv
-    model, tokenizer = load_smollm2(dtype=torch.bfloat16 if bf16 else None)
-    if bf16:  # the port under suspicion: a fused norm's hard-coded epsilon in a middle layer
-        model.model.layers[15].post_attention_layernorm.variance_epsilon = 1e-2
-    prompt = tokenizer("The capital of France is", return_tensors="pt")
-    with torch.no_grad():
-        print(model.generate(**prompt, max_new_tokens=4, min_new_tokens=4, do_sample=False))
-    """
-)
+def _hunt_cost_program(new_tokens: int) -> str:
+    """Return benchmarks/hunt_cost.py's program (SmolLM2, fp32 golden, bf16 with a layer-15 epsilon defect)."""
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "hunt_cost.py"
+    spec = importlib.util.spec_from_file_location("hunt_cost", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return str(module.PROGRAM.format(threads=1, tokens=new_tokens))
 
 
 @pytest.mark.slow
 def test_on_smollm2_hunt_names_what_a_full_dump_with_its_twin_names_and_goes_on_to_the_operator(
     tmp_path: Path, smollm2_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    (tmp_path / "infer.py").write_text(SMOLLM2_PROGRAM)
+    (tmp_path / "infer.py").write_text(_hunt_cost_program(new_tokens=4))
     monkeypatch.chdir(tmp_path)
     golden, my = "python infer.py", "python infer.py --bf16"
     assert main(["hunt", "--golden", golden, "--my", my, "-o", "hunt", "-l", "warning"]) == 3

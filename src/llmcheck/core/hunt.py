@@ -24,6 +24,7 @@ else the program is not deterministic and the hunt stops, naming the first recor
 from __future__ import annotations
 
 import csv
+import functools
 import json
 import logging
 import shlex
@@ -40,8 +41,8 @@ from typing import Any
 
 from llmcheck.core.atomic_files import atomic_write_text
 from llmcheck.core.errors import LlmcheckError, UsageError
-from llmcheck.core.records import DEPTH_BLOCKS, ROOT_MODULE, TensorRecord, block_depth, module_depth
-from llmcheck.core.store import MODEL_DTYPES_FIELD, TOPOLOGY_NAME, find_dumps, read_dump
+from llmcheck.core.records import DEPTH_BLOCKS, ROOT_MODULE, Dump, TensorRecord, block_depth, module_depth
+from llmcheck.core.store import MODEL_DTYPES_FIELD, find_dumps, read_dump
 
 log = logging.getLogger("llmcheck.hunt")
 
@@ -215,6 +216,12 @@ def folder_bytes(folder: Path) -> int:
 # --- what two dumps say ------------------------------------------------------------------
 
 
+@functools.lru_cache(maxsize=32)
+def _read(dump: Path) -> Dump:
+    """Return a finished phase's dump, read once: the checks of a phase and of the next read it again."""
+    return read_dump(dump)
+
+
 def record_label(record: TensorRecord) -> str:
     """Return a record as compare names it: ``model.layers.1 step 0 output.0``."""
     key = record.key
@@ -234,8 +241,8 @@ def first_moved_record(first: Path, second: Path, *, common_only: bool = False) 
     ``common_only``: compare only the records both dumps hold (two runs of one program with
     other selections); else a record only one holds is a difference too.
     """
-    first_records = sorted(read_dump(first).records, key=lambda record: record.order)
-    second_by_key = {record.key: record for record in read_dump(second).records}
+    first_records = sorted(_read(first).records, key=lambda record: record.order)
+    second_by_key = {record.key: record for record in _read(second).records}
     for record in first_records:
         other = second_by_key.get(record.key)
         if other is None:
@@ -262,7 +269,7 @@ def run_dtype(dump: Path) -> str | None:
     The capture's manifest says how many parameters ran in each dtype; a dump without it is
     judged by the floating dtype most of its records hold.
     """
-    loaded = read_dump(dump)
+    loaded = _read(dump)
     declared = loaded.manifest.get(MODEL_DTYPES_FIELD)
     if isinstance(declared, dict) and declared:
         return str(max(declared.items(), key=lambda item: item[1])[0]).removeprefix("torch.")
@@ -273,9 +280,9 @@ def run_dtype(dump: Path) -> str | None:
 
 def first_token_divergence(golden: Path, my: Path) -> int | None:
     """Return the first step after the prefill whose integer inputs of the model differ (other tokens), or ``None``."""
-    my_by_key = {record.key: record for record in read_dump(my).records}
+    my_by_key = {record.key: record for record in _read(my).records}
     steps = []
-    for record in read_dump(golden).records:
+    for record in _read(golden).records:
         if (
             record.key.name == ROOT_MODULE
             and record.key.io == "input"
@@ -288,17 +295,12 @@ def first_token_divergence(golden: Path, my: Path) -> int | None:
     return min(steps) if steps else None
 
 
-def module_tree(topology_file: Path) -> dict[str, str]:
-    """Return ``module name -> id`` (``0_1_3``, ``""`` for the model) from a dump's ``topology.json``, in tree order."""
-    ids: dict[str, str] = {}
-
-    def visit(node: dict[str, Any]) -> None:
-        ids[node["name"]] = str(node.get("attrs", {}).get("id", ""))
-        for child in node.get("children", []):
-            visit(child)
-
-    visit(json.loads(topology_file.read_text(encoding="utf-8")))
-    return ids
+def module_tree(dump: Path) -> dict[str, str]:
+    """Return ``module name -> id`` (``0_1_3``, ``""`` for the model) from a dump's module tree, in tree order."""
+    topology = _read(dump).topology
+    if topology is None:
+        raise LlmcheckError("holds no topology.json: hunt selects modules by their ids there", where=dump)
+    return {node.name: str(node.attrs.get("id", "")) for node in topology.walk()}
 
 
 def input_producers(report: Path, module: str, step: int) -> list[str]:
@@ -447,7 +449,7 @@ def steps_phase(hunt: Hunt, folder: Path) -> dict[str, Any]:
         return result
     introduced = summary.get("first_introduced") or {}
     result.update(step=culprit["step"], evidence=_evidence_text(introduced, culprit))
-    names = list(module_tree(dumps["golden"] / TOPOLOGY_NAME))
+    names = list(module_tree(dumps["golden"]))
     result["depth"] = block_depth(names)
     if culprit["step"] == 0:  # the prefill's blocks were recorded: the block (or the model's own code) is named
         result["module"] = culprit["name"]
@@ -483,7 +485,7 @@ def blocks_phase(hunt: Hunt, folder: Path, found: dict[str, Any]) -> dict[str, A
 def module_phase(hunt: Hunt, folder: Path, found: dict[str, Any]) -> dict[str, Any]:
     """Return the module confirmed on full tensors of one step: the block's subtree and its inputs' producers."""
     step, block = found["step"], found["module"]
-    ids = module_tree(Path(found["dumps"]["golden"]) / TOPOLOGY_NAME)
+    ids = module_tree(Path(found["dumps"]["golden"]))
     producers = input_producers(Path(found["report"]), block, step)
     # a block at the block level is opened whole; a shallower one was named for its own code, not its children's
     selected = selection_ids(ids, block, producers, subtree=module_depth(block) >= found["depth"])
@@ -601,6 +603,7 @@ def run_hunt(
     """Run the hunt, write ``OUT/hunt.json``, print its summary; return the exit code."""
     from llmcheck.core.hunt_report import print_summary, write_report
 
+    _read.cache_clear()  # a dump path of an earlier hunt in this process may have been removed and made again
     output_dir = Path(output_dir)
     if output_dir.exists() and not output_dir.is_dir():
         raise UsageError("is a file, not a folder", where=output_dir, hint="give -o a folder for the hunt's phases")

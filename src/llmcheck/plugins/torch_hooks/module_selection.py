@@ -77,13 +77,15 @@ class ModuleSelection:
         blocks = block_depth(modules)
 
         def levels(depth: int | str | None) -> int | None:
-            return blocks if depth == DEPTH_BLOCKS else depth  # type: ignore[return-value]
+            return blocks if depth == DEPTH_BLOCKS else (None if depth is None else int(depth))
 
         #: how deep each step records (module level): ``None`` is every depth
         self.base_depth = levels(config.max_depth)
         self.step_depths = {step: levels(depth) for step, depth in config.step_depths.items()}
-        wanted_depths = [self.base_depth, *self.step_depths.values()]
-        deepest = None if any(depth is None for depth in wanted_depths) else max(wanted_depths)  # type: ignore[type-var]
+        limits = [self.base_depth, *self.step_depths.values()]
+        deepest = max((limit for limit in limits if limit is not None), default=None)
+        if None in limits:
+            deepest = None
         prefixes = tuple(config.type_prefixes)
         wanted_ids = set(config.module_ids)
         self._by_id_or_prefix = bool(wanted_ids or prefixes)
