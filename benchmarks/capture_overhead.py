@@ -261,7 +261,7 @@ FX_VARIANTS = {
 
 def _time_fx(program: Any, inputs: torch.Tensor, folder: Path, options: dict) -> tuple[float, float, float, int]:
     """Return (forward seconds, seconds until on disk, CPU seconds until on disk, records) of one FX capture."""
-    from llmcheck.core.store import find_dumps
+    from llmcheck.core.dumps.store import find_dumps
     from llmcheck.plugins.torchair_fx.fx_backend import FxDumpInterpreter, new_graph_folder
     from llmcheck.plugins.torchair_fx.fx_recording import FxDump
 

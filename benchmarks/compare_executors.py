@@ -55,8 +55,8 @@ def main() -> None:
     import ray
 
     from llmcheck.core.compare import compare_dumps
-    from llmcheck.core.ray_executor import RayExecutor
-    from llmcheck.core.store import read_dump
+    from llmcheck.core.dumps.store import read_dump
+    from llmcheck.core.measuring.ray_executor import RayExecutor
 
     helpers = _throughput_helpers()
     cpus = args.jobs or len(os.sched_getaffinity(0))

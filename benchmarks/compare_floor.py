@@ -4,7 +4,7 @@ Issue #17 asks for >= 2.5 GB/s of tensor bytes on a 2-core machine while every m
 stays bit-identical. Whether that is reachable is a question of these figures:
 
 1. **The floor.** Each numpy pass the streaming engine makes over one chunk of 65 536
-   float32 pairs (``core/pair_chunk.py`` and the built-in accumulators: decode to float64,
+   float32 pairs (``core/measuring/pair_chunk.py`` and the built-in accumulators: decode to float64,
    difference, absolute values, relative error, float32 softmax weights, the sums, minima
    and maxima, and the single-threaded BLAS dots of cosine, RMSE, SQNR, relative distance
    and KL's series), timed one by one on arrays already in the CPU caches. Their sum is
@@ -108,8 +108,9 @@ def engine_rate(dump_root: Path) -> tuple[int, float, float]:
     """Return (pairs, tensor bytes, seconds) of the metric engine measuring a kept benchmark's pairs in this process."""
     import time
 
-    from llmcheck.core import compare, metric_engine
-    from llmcheck.core.pair_chunk import Workspace, single_threaded_blas
+    from llmcheck.core import compare
+    from llmcheck.core.measuring import metric_engine
+    from llmcheck.core.measuring.pair_chunk import Workspace, single_threaded_blas
     from llmcheck.core.plugins import get_plugins
 
     plugins = get_plugins()

@@ -13,7 +13,7 @@ the same run, printed side by side:
 * ``--mode stats``: two statistics-only dumps (``dump -sd``: llmcheck's own JSONL index, no
   tensor files) of ``--records`` records each, a long decode of a 50-layer stack
   (:data:`STATS_PARTS` per layer, inputs and outputs, one step per 1 000 records), written by
-  streaming through :class:`~llmcheck.core.store.DumpWriter` so a 10**7-record dump costs
+  streaming through :class:`~llmcheck.core.dumps.store.DumpWriter` so a 10**7-record dump costs
   the writer no memory. The my-run's statistics carry 1e-7 relative noise, and a defect in
   layer 30's ``mlp.down_proj`` on every 50th step that the later layers inherit, so the compare
   judges, attributes and reports failures. Prints pairs/s and the peak memory per pair (peak
@@ -128,8 +128,8 @@ def write_small_dumps(root: Path, records: int) -> tuple[Path, Path]:
     """Write two dumps of ``records`` small records each (my = golden + 1e-6 relative noise)."""
     import torch
 
+    from llmcheck.core.dumps.store import DumpWriter
     from llmcheck.core.records import RecordKey, TensorRecord
-    from llmcheck.core.store import DumpWriter
 
     generator = torch.Generator().manual_seed(0)
     per_step = SMALL_LAYERS * len(SMALL_PARTS)
@@ -196,6 +196,7 @@ def write_stats_dumps(root: Path, records: int) -> tuple[Path, Path]:
     """Write two statistics-only dumps of ``records`` records each, streamed through the store's writer."""
     import numpy as np
 
+    from llmcheck.core.dumps.store import DumpWriter
     from llmcheck.core.records import (
         IO_OUTPUT,
         RecordKey,
@@ -204,7 +205,6 @@ def write_stats_dumps(root: Path, records: int) -> tuple[Path, Path]:
         module_parent,
         op_record_module,
     )
-    from llmcheck.core.store import DumpWriter
 
     random = np.random.default_rng(0)
     per_step = STATS_LAYERS * len(STATS_PARTS)
@@ -323,7 +323,7 @@ class TreeMemorySampler(threading.Thread):
 
 def largest_tensor_bytes(dump: Path) -> int:
     """Return the size of the largest tensor in a dump (from its index)."""
-    from llmcheck.core.store import read_dump
+    from llmcheck.core.dumps.store import read_dump
 
     return max(record.nbytes for record in read_dump(dump).records)
 

@@ -63,7 +63,7 @@ def serve(result_path: Path, output: Path) -> None:
     import pickle
 
     from llmcheck.core.plugins import get_plugins
-    from llmcheck.core.reporters import choose_reporters
+    from llmcheck.core.reporting.reporters import choose_reporters
 
     gc.disable()  # as llmcheck compare writes them (and unpickling 10**6 objects runs no collection)
     result = pickle.loads(result_path.read_bytes())

@@ -21,9 +21,9 @@ from pathlib import Path
 
 import torch
 
+from llmcheck.core.dumps.store import DumpWriter, read_dump
+from llmcheck.core.dumps.tensor_io import dtype_name, tensor_bytes
 from llmcheck.core.records import RecordKey, TensorRecord
-from llmcheck.core.store import DumpWriter, read_dump
-from llmcheck.core.tensor_io import dtype_name, tensor_bytes
 
 MIB = 1024 * 1024
 DTYPE_CYCLE = [torch.float32, torch.bfloat16, torch.float16, torch.int64, torch.float8_e4m3fn, torch.int8]

@@ -20,8 +20,8 @@ from llmcheck import DumpConfig, read_dump, register_hook
 from llmcheck.bundled_model import random_llama
 from llmcheck.core.cli import main
 from llmcheck.core.compare import compare_dumps
-from llmcheck.core.report import twin_cast_line, twin_hint
-from llmcheck.core.store import find_dumps
+from llmcheck.core.dumps.store import find_dumps
+from llmcheck.core.reporting.report import twin_cast_line, twin_hint
 from llmcheck.plugin_api import PARAMETER_DIGESTS_ATTR, hookimpl
 from llmcheck.plugins.torch_hooks.twin_command import capture_flags
 

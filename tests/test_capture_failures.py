@@ -20,7 +20,7 @@ import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from llmcheck import read_dump
-from llmcheck.core.store import find_dumps
+from llmcheck.core.dumps.store import find_dumps
 from llmcheck.plugins.torch_hooks.capture import register_hook
 from llmcheck.plugins.torch_hooks.config import DumpConfig
 

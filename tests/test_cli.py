@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from llmcheck.core.capture.seed_flags import expand_multi_value_options
 from llmcheck.core.cli import main
-from llmcheck.core.seed_flags import expand_multi_value_options
 
 
 @pytest.mark.parametrize(

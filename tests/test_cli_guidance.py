@@ -11,8 +11,8 @@ import torch
 
 from compare_runs import capture_run
 from llmcheck import DumpConfig, read_dump, register_hook
+from llmcheck.core.capture.seed_flags import parse_execute_range, split_command
 from llmcheck.core.cli import main
-from llmcheck.core.seed_flags import parse_execute_range, split_command
 from llmcheck.plugins.torch_hooks.backend import config_from_options
 
 PROMPT = torch.tensor([[1, 7, 42, 9]])

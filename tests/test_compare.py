@@ -13,7 +13,7 @@ import torch
 from compare_runs import capture_run, nan_in_output, scaled_weight, wrong_rmsnorm_epsilon
 from llmcheck.core.cli import main
 from llmcheck.core.compare import compare_dumps
-from llmcheck.core.pairing import load_user_mapping
+from llmcheck.core.pairing.merge import load_user_mapping
 from llmcheck.core.plugins import get_plugins
 from llmcheck.plugins.reports.csv_table import SEED_COLUMNS
 
@@ -254,7 +254,7 @@ def test_pairs_over_shared_bytes_are_read_once(tiny_llama, golden_dump: Path) ->
 def test_worker_processes_give_the_same_rows_as_measuring_in_process(
     tiny_llama, golden_dump: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from llmcheck.core import metric_engine
+    from llmcheck.core.measuring import metric_engine
 
     with scaled_weight(tiny_llama, "model.layers.1.mlp.up_proj", 1.1):
         my_dump = capture_run(tiny_llama, INPUT_IDS, tmp_path / "my")
@@ -477,8 +477,8 @@ def test_statistics_only_mask_with_a_nan_on_one_side_fails_although_the_mask_agr
     ],
 )
 def test_a_statistics_only_reason_says_what_the_nan_and_inf_counts_decided(golden_tensor, my_tensor, reason) -> None:
-    from llmcheck.core.statistics import tensor_stats
-    from llmcheck.core.stats_compare import statistics_reason
+    from llmcheck.core.capture.statistics import tensor_stats
+    from llmcheck.core.judging.stats_compare import statistics_reason
 
     assert (
         statistics_reason(
@@ -611,8 +611,8 @@ def test_an_executor_that_only_returns_its_measurements_gives_the_rows_of_local_
     tiny_llama, golden_dump: Path, tmp_path: Path
 ) -> None:
     """A third-party executor may return the measurements without handing each to ``on_measured``."""
-    from llmcheck.core.metric_engine import measure_jobs
-    from llmcheck.core.pair_chunk import Workspace
+    from llmcheck.core.measuring.metric_engine import measure_jobs
+    from llmcheck.core.measuring.pair_chunk import Workspace
 
     def returning_executor(jobs, specs, on_measured):  # never calls on_measured
         measured = measure_jobs(jobs, specs, Workspace(1 << 16))

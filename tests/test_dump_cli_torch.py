@@ -15,7 +15,7 @@ import torch
 
 from llmcheck import read_dump
 from llmcheck.bundled_model import random_llama
-from llmcheck.core.store import find_dumps
+from llmcheck.core.dumps.store import find_dumps
 
 pytestmark = pytest.mark.slow
 

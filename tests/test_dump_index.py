@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from llmcheck.core.cli import main
-from llmcheck.core.store import INDEX_NAME, MANIFEST_NAME, find_dumps
+from llmcheck.core.dumps.store import INDEX_NAME, MANIFEST_NAME, find_dumps
 
 pytestmark = pytest.mark.slow
 

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from llmcheck import read_dump
-from llmcheck.core.store import MANIFEST_NAME, find_dumps
+from llmcheck.core.dumps.store import MANIFEST_NAME, find_dumps
 
 pytestmark = pytest.mark.slow
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from llmcheck.core.store import find_dumps
+from llmcheck.core.dumps.store import find_dumps
 
 pytestmark = pytest.mark.slow
 

@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from llmcheck.core.cli import main
+from llmcheck.core.dumps.store import find_dumps
 from llmcheck.core.errors import LlmcheckError, UsageError
 from llmcheck.core.plugins import get_plugins
-from llmcheck.core.store import find_dumps
 from llmcheck.plugins.torchair_fx import dump_exported_program, make_fx_dump_backend
 
 NO_CACHE = {"use_cache": False}

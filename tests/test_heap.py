@@ -8,7 +8,7 @@ import sys
 import numpy as np
 import pytest
 
-from llmcheck.core import heap
+from llmcheck.core.measuring import heap
 
 
 def _resident_mb() -> float:

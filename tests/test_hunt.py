@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from llmcheck.core.cli import main
-from llmcheck.core.store import read_dump
+from llmcheck.core.dumps.store import read_dump
 
 INFER = textwrap.dedent(
     """
@@ -219,9 +219,9 @@ def test_hunt_bad_input_is_one_error_line(
 def _token_dump(folder: Path, tokens_by_step: list[list[int]]) -> Path:
     import torch
 
+    from llmcheck.core.capture.statistics import tensor_stats
+    from llmcheck.core.dumps.store import DumpWriter
     from llmcheck.core.records import RecordKey, TensorRecord
-    from llmcheck.core.statistics import tensor_stats
-    from llmcheck.core.store import DumpWriter
 
     with DumpWriter(folder, "test") as writer:
         for step, tokens in enumerate(tokens_by_step):
@@ -235,7 +235,7 @@ def _token_dump(folder: Path, tokens_by_step: list[list[int]]) -> Path:
 
 
 def test_other_tokens_are_found_at_the_first_decode_step_fed_another_token(tmp_path: Path) -> None:
-    from llmcheck.core.hunt import first_moved_record, first_token_divergence
+    from llmcheck.core.hunt.command import first_moved_record, first_token_divergence
 
     golden = _token_dump(tmp_path / "golden", [[1, 7, 42, 9], [34], [63]])
     same = _token_dump(tmp_path / "same", [[1, 7, 42, 9], [34], [63]])
@@ -249,7 +249,7 @@ def test_other_tokens_are_found_at_the_first_decode_step_fed_another_token(tmp_p
 
 
 def test_the_block_level_is_the_first_depth_that_splits_the_model_and_a_block_opens_whole() -> None:
-    from llmcheck.core.hunt import block_depth, module_depth, selection_ids
+    from llmcheck.core.hunt.command import block_depth, module_depth, selection_ids
 
     names = ["root", "model", "lm_head", "model.embed_tokens", "model.layers", "model.norm", "model.rotary_emb"]
     layers = [f"model.layers.{index}" for index in range(30)]

@@ -417,7 +417,7 @@ def test_a_name_pattern_entry_that_pairs_nothing_is_a_warning_naming_it(
 def test_hook_llmcheck_register_mapping_rules(llmcheck_plugins, tmp_path: Path) -> None:
     """A plugin's registered rule is accepted in a mapping file; a name two plugins register names both."""
     from llmcheck.core.errors import PluginError
-    from llmcheck.core.pairing import load_user_mapping
+    from llmcheck.core.pairing.merge import load_user_mapping
     from llmcheck.plugin_api import hookimpl
 
     class TransposedRule:

@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 import torch
 
-from llmcheck.core.metric_engine import PairJob, measure_pair
-from llmcheck.core.pair_chunk import PairChunk, Workspace
+from llmcheck.core.dumps.tensor_chunks import fp8_table
+from llmcheck.core.dumps.tensor_io import tensor_bytes
+from llmcheck.core.measuring.metric_engine import PairJob, measure_pair
+from llmcheck.core.measuring.pair_chunk import PairChunk, Workspace
 from llmcheck.core.plugins import get_plugins
 from llmcheck.core.records import TensorData
-from llmcheck.core.tensor_chunks import fp8_table
-from llmcheck.core.tensor_io import tensor_bytes
 from llmcheck.plugins.metrics import builtin_metric_specs
 
 SEED_SEVEN = [

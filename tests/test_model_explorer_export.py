@@ -31,7 +31,7 @@ from compare_runs import capture_run, scaled_weight
 from devtools_page import DevToolsPage
 from headless_browser import find_browser
 from llmcheck.core.cli import cli, main
-from llmcheck.core.model_explorer_launch import model_explorer_missing
+from llmcheck.core.reporting.model_explorer_launch import model_explorer_missing
 
 CULPRIT = "model.layers.1.mlp.down_proj"
 SCREENSHOTS = Path(__file__).resolve().parent.parent / "out" / "screenshots"

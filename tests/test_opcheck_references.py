@@ -12,12 +12,12 @@ import torch
 
 from llmcheck import OpReference, UnsupportedOpError, hookimpl
 from llmcheck.core.cli import main
+from llmcheck.core.dumps.store import DumpWriter
 from llmcheck.core.errors import PluginError
 from llmcheck.core.opcheck.criteria import CRITERIA, criterion_for
 from llmcheck.core.opcheck.measures import measure_output
 from llmcheck.core.plugins import get_plugins
 from llmcheck.core.records import RecordKey, TensorRecord
-from llmcheck.core.store import DumpWriter
 from llmcheck.plugins.atb.bin_format import write_bin
 from llmcheck.plugins.atb.nz_format import nd_to_nz, nz_to_nd
 from llmcheck.plugins.atb_ops import attention_ops, matmul_ops, norm_ops, rope_ops

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from llmcheck.core.errors import PluginError
-from llmcheck.core.pairing import merge_pairs
+from llmcheck.core.pairing.merge import merge_pairs
 from llmcheck.core.records import Dump, Pair, RecordKey, TensorRecord
 from llmcheck.plugins.native.pairing import map_pairs
 

@@ -51,9 +51,9 @@ def test_built_in_plugins_import_only_the_plugin_api_and_their_own_package() -> 
 def test_the_import_check_names_the_file_and_line_of_a_core_import(tmp_path: Path) -> None:
     stray = tmp_path / "stray.py"
     stray.write_text(
-        '"""A plugin module reaching into the core."""\n\ndef f():\n    from llmcheck.core.store import read_dump\n'
+        '"""A plugin module reaching into the core."""\n\ndef f():\n    from llmcheck.core.dumps.store import read_dump\n'
     )
-    assert _llmcheck_imports(stray) == [(4, "llmcheck.core.store")]
+    assert _llmcheck_imports(stray) == [(4, "llmcheck.core.dumps.store")]
 
 
 def test_every_name_the_api_declares_can_be_imported() -> None:

@@ -12,13 +12,13 @@ from pathlib import Path
 import pytest
 
 from llmcheck import hookimpl
-from llmcheck.core.backend_options import BackendOption
+from llmcheck.core.capture.backend_options import BackendOption
+from llmcheck.core.capture.seed_flags import seed_dump_options
 from llmcheck.core.cli import main
 from llmcheck.core.errors import DumpNotFoundError, PluginError, UsageError
 from llmcheck.core.plugins import build_plugins, get_plugins
 from llmcheck.core.records import Dump, MetricSpec, Pair, RecordKey, SourceInfo, TensorRecord
-from llmcheck.core.reporters import Reporter
-from llmcheck.core.seed_flags import seed_dump_options
+from llmcheck.core.reporting.reporters import Reporter
 
 BUILTIN_PLUGINS = {"atb", "torch_hooks", "torchair_ge", "torchair_fx", "manual", "reports"}
 THIRD_PARTY = Path(__file__).parent / "third_party_plugin"
@@ -155,8 +155,8 @@ def test_cli_start_up_does_not_import_torch() -> None:
 
 def test_a_compare_of_statistics_dumps_does_not_import_torch(tmp_path: Path) -> None:
     # every source plugin is asked whether it reads the dump: none may import torch to answer
+    from llmcheck.core.dumps.store import DumpWriter
     from llmcheck.core.records import RecordKey, TensorRecord, TensorStats
-    from llmcheck.core.store import DumpWriter
 
     for side in ("golden", "my"):
         with DumpWriter(tmp_path / side, "test") as writer:

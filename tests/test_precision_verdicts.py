@@ -213,8 +213,8 @@ def test_attention_kernel_swap_sdpa_to_eager_gives_no_failure_at_op_level(tmp_pa
 
 
 def test_additive_mask_sentinels_agree_across_dtypes_and_a_lost_mask_does_not(tmp_path):
-    from llmcheck.core.metric_engine import PairJob, measure_pair
-    from llmcheck.core.pair_chunk import Workspace
+    from llmcheck.core.measuring.metric_engine import PairJob, measure_pair
+    from llmcheck.core.measuring.pair_chunk import Workspace
     from llmcheck.core.records import TensorData
     from llmcheck.plugins.metrics import builtin_metric_specs
 
@@ -281,7 +281,7 @@ def test_an_op_only_the_my_run_executes_is_named_as_the_suspect(tmp_path):
         "the my-run executes 1 operation here that the golden run does not: model.layers.2.mlp/aten.mul.Tensor"
         in suspects["sentence"]
     )
-    from llmcheck.core.reporters import write_reports
+    from llmcheck.core.reporting.reporters import write_reports
 
     html = write_reports(result, tmp_path / "report")["html"].read_text()
     assert "suspects: the my-run executes 1 operation here that the golden run does not" in html
@@ -319,7 +319,7 @@ def test_eager_attention_with_finfo_min_mask_still_names_a_defect_elsewhere(tmp_
 def test_a_compare_across_precisions_without_a_twin_says_how_to_see_below_the_noise(llama, fp32_golden, tmp_path):
     from rich.console import Console
 
-    from llmcheck.core.report import print_summary
+    from llmcheck.core.reporting.report import print_summary
 
     my = _dump(copy.deepcopy(llama).to(torch.bfloat16), tmp_path / "my")
     console = Console(record=True, width=300)
@@ -333,7 +333,7 @@ def test_a_compare_across_precisions_without_a_twin_says_how_to_see_below_the_no
 def test_a_golden_run_less_precise_than_the_my_run_asks_whether_the_paths_are_swapped(llama, fp32_golden, tmp_path):
     from rich.console import Console
 
-    from llmcheck.core.report import print_summary
+    from llmcheck.core.reporting.report import print_summary
 
     bf16_run = _dump(copy.deepcopy(llama).to(torch.bfloat16), tmp_path / "bf16")
     console = Console(record=True, width=300)

@@ -7,7 +7,7 @@ import math
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from llmcheck.core.repeats import SiblingGroup, sibling_baseline
+from llmcheck.core.judging.repeats import SiblingGroup, sibling_baseline
 
 #: Few distinct values, so ties, equal feeder errors (no slope) and zero feeders are common.
 _ERRORS = st.sampled_from([0.0, 1e-7, 3e-7, 1e-6, 2.5e-6, 1e-5, 4e-3, 0.1, 1.0, 7.5])

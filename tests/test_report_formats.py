@@ -1,7 +1,7 @@
 """The exact text of cmp_report.csv, pairs.json and report.html's table: the cells a user reads, as written plainly.
 
 The reports write ~10**5 rows without calling ``csv.writer`` or ``json.dumps`` per row (see
-``plugins/reports/csv_table.py`` and ``core/pairing.py``); these tests pin what that must
+``plugins/reports/csv_table.py`` and ``core/pairing/merge.py``); these tests pin what that must
 keep: Python's ``repr`` of each float, ``nan``/``inf`` as words, empty cells for what is
 unknown, ``torch.<dtype>`` names, formula-looking text defused with ``'``, csv's quoting,
 and pairs.json's one-``json.dumps``-per-line layout.
@@ -26,8 +26,7 @@ import torch
 
 from llmcheck.core.cli import main
 from llmcheck.core.compare import CompareResult, compare_dumps
-from llmcheck.core.depth_profile import error_measure, placement, row_error
-from llmcheck.core.pairing import Pairing, Unmatched, key_json_text, key_to_json, write_pairs_json
+from llmcheck.core.pairing.merge import Pairing, Unmatched, key_json_text, key_to_json, write_pairs_json
 from llmcheck.core.plugins import get_plugins
 from llmcheck.core.records import (
     ALL_RANKS,
@@ -39,7 +38,8 @@ from llmcheck.core.records import (
     RecordKey,
     TensorStats,
 )
-from llmcheck.core.report import json_safe
+from llmcheck.core.reporting.depth_profile import error_measure, placement, row_error
+from llmcheck.core.reporting.report import json_safe
 from llmcheck.plugin_api import describe
 from llmcheck.plugins.reports import csv_table as csv_module
 from llmcheck.plugins.reports import html_page
@@ -307,7 +307,7 @@ def test_pairs_json_written_block_by_block_is_the_file_written_in_one_block(
     mixed_dumps: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A decode dump's 10**5 pairs are written a block at a time: blocks of 2 and 3 entries give the same bytes."""
-    from llmcheck.core import pairing
+    from llmcheck.core.pairing import merge as pairing
 
     golden, my = (get_plugins().load_tensors(path) for path in mixed_dumps)
     result = compare_dumps(golden, my, workers=1)

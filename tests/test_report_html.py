@@ -22,7 +22,7 @@ from compare_runs import capture_run, scaled_weight
 from headless_browser import render, screenshot
 from llmcheck.core.compare import compare_dumps
 from llmcheck.core.plugins import get_plugins
-from llmcheck.core.reporters import write_reports
+from llmcheck.core.reporting.reporters import write_reports
 
 pytestmark = pytest.mark.slow  # each test starts a browser (a few seconds)
 

@@ -192,7 +192,7 @@ def test_reporters_write_with_the_cyclic_collector_paused_and_get_it_back(llmche
     import gc
 
     from llmcheck.core.compare import compare_dumps
-    from llmcheck.core.reporters import Reporter, write_reports
+    from llmcheck.core.reporting.reporters import Reporter, write_reports
     from llmcheck.plugin_api import hookimpl
 
     seen: list[bool] = []

@@ -10,13 +10,13 @@ import numpy as np
 import pytest
 import torch
 
-from llmcheck.core import pair_chunk, small_pairs
 from llmcheck.core.compare import compare_dumps
-from llmcheck.core.pair_block import row_dots
+from llmcheck.core.dumps.store import DumpWriter, read_dump
+from llmcheck.core.dumps.tensor_io import dtype_name
+from llmcheck.core.measuring import pair_chunk, small_pairs
+from llmcheck.core.measuring.pair_block import row_dots
 from llmcheck.core.records import RecordKey, TensorRecord
-from llmcheck.core.reporters import write_reports
-from llmcheck.core.store import DumpWriter, read_dump
-from llmcheck.core.tensor_io import dtype_name
+from llmcheck.core.reporting.reporters import write_reports
 from llmcheck.plugins.metrics import builtin_metric_specs
 
 METRIC_COLUMNS = [spec.name for spec in builtin_metric_specs()]
@@ -130,7 +130,7 @@ def test_row_dots_give_each_rows_dot_bit_for_bit() -> None:
 
 def test_stacked_blocks_give_each_rows_dot_and_sum_bit_for_bit() -> None:
     """A group's planes are reduced all at once, (planes, rows, size): each row as alone."""
-    from llmcheck.core.pair_block import stacked_row_dots
+    from llmcheck.core.measuring.pair_block import stacked_row_dots
 
     generator = np.random.default_rng(1)
     with pair_chunk.single_threaded_blas():
@@ -151,7 +151,7 @@ def test_stacked_blocks_give_each_rows_dot_and_sum_bit_for_bit() -> None:
 def test_one_process_and_worker_processes_give_the_same_csv_metric_columns(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from llmcheck.core import metric_engine
+    from llmcheck.core.measuring import metric_engine
 
     golden, my = (read_dump(path) for path in _runs(tmp_path))
     in_process = _csv_columns(compare_dumps(golden, my, workers=1), tmp_path / "j1")
@@ -165,9 +165,9 @@ def test_pairs_and_measurements_cross_to_worker_processes_unchanged(tmp_path: Pa
     import dataclasses
     import pickle
 
-    from llmcheck.core.metric_engine import PairJob, measure_pair
-    from llmcheck.core.pair_chunk import Workspace
-    from llmcheck.core.pair_transfer import pack_jobs, pack_measurements, unpack_jobs, unpack_measurements
+    from llmcheck.core.measuring.metric_engine import PairJob, measure_pair
+    from llmcheck.core.measuring.pair_chunk import Workspace
+    from llmcheck.core.measuring.pair_transfer import pack_jobs, pack_measurements, unpack_jobs, unpack_measurements
 
     golden, my = (read_dump(path) for path in _runs(tmp_path))
     jobs = [
@@ -193,7 +193,7 @@ def test_pairs_and_measurements_cross_to_worker_processes_unchanged(tmp_path: Pa
 
 
 def test_softmax_weights_from_the_stored_float32_values_are_those_from_float64_bit_for_bit() -> None:
-    from llmcheck.core.pair_chunk import PairChunk, Workspace
+    from llmcheck.core.measuring.pair_chunk import PairChunk, Workspace
 
     generator = np.random.default_rng(0)
     magnitudes = 10.0 ** generator.integers(-45, 39, 20000)  # float32 subnormals to near its largest value
@@ -264,8 +264,8 @@ def _signed_zeros_the_float32_minimum_decides_otherwise(size: int) -> torch.Tens
 
 
 def test_pairs_measured_in_blocks_are_measured_as_streaming_each_alone_bit_for_bit(tmp_path: Path) -> None:
-    from llmcheck.core.metric_engine import PairJob, measure_jobs, measure_pair
-    from llmcheck.core.pair_chunk import Workspace
+    from llmcheck.core.measuring.metric_engine import PairJob, measure_jobs, measure_pair
+    from llmcheck.core.measuring.pair_chunk import Workspace
 
     golden, my = (read_dump(path) for path in _block_runs(tmp_path))
     jobs = [

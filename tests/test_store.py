@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from llmcheck.core.capture.statistics import tensor_stats
+from llmcheck.core.dumps.store import DumpWriter, find_dumps, read_dump
+from llmcheck.core.dumps.tensor_io import all_torch_dtype_names, dtype_name
 from llmcheck.core.errors import DumpFormatError, PathOutsideDumpError
 from llmcheck.core.records import RecordKey, TensorRecord, TensorStats, TopologyNode
-from llmcheck.core.statistics import tensor_stats
-from llmcheck.core.store import DumpWriter, find_dumps, read_dump
-from llmcheck.core.tensor_io import all_torch_dtype_names, dtype_name
 
 
 def _random_tensor(dtype: torch.dtype, shape: tuple[int, ...], seed: int) -> torch.Tensor:
@@ -113,7 +113,7 @@ _KILLED_WRITER = textwrap.dedent(
     """
     import sys, torch
     from llmcheck.core.records import RecordKey, TensorRecord
-    from llmcheck.core.store import DumpWriter
+    from llmcheck.core.dumps.store import DumpWriter
     writer = DumpWriter(sys.argv[1], "test", shard_bytes=64 * 1024)
     print(writer.path, flush=True)
     order = 0

@@ -20,7 +20,7 @@ import pytest
 from llmcheck.core.cli import main
 from llmcheck.core.compare import CompareResult, compare_dumps
 from llmcheck.core.errors import EXIT_FAILURES_FOUND, DumpNotFoundError
-from llmcheck.core.pairing import load_user_mapping
+from llmcheck.core.pairing.merge import load_user_mapping
 from llmcheck.core.plugins import get_plugins
 from llmcheck.plugins.tensor_parallel.shard_layout import CONCAT, REPLICATED, SUM, RuleError, ShardLayout, parse_rule
 

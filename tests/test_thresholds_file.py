@@ -11,8 +11,8 @@ import torch
 
 from llmcheck.core.cli import main
 from llmcheck.core.compare import compare_dumps
+from llmcheck.core.judging.verdicts import ThresholdOverride, warn_unmatched_overrides
 from llmcheck.core.plugins import get_plugins
-from llmcheck.core.verdicts import ThresholdOverride, warn_unmatched_overrides
 
 torch.set_num_threads(1)
 

@@ -12,8 +12,8 @@ import torch
 
 from llmcheck import DumpConfig, read_dump, register_hook, remove_hook
 from llmcheck.bundled_model import random_llama
+from llmcheck.core.capture.statistics import tensor_stats
 from llmcheck.core.errors import UsageError
-from llmcheck.core.statistics import tensor_stats
 
 
 def _prompt(length: int = 6, vocab: int = 256) -> torch.Tensor:
@@ -322,7 +322,7 @@ def test_register_hook_refuses_an_unknown_hook_type(tiny_llama) -> None:
 
 
 def test_statistics_measured_together_equal_statistics_measured_one_by_one() -> None:
-    from llmcheck.core.statistics import segmented_stats_vectors, stats_from_vectors
+    from llmcheck.core.capture.statistics import segmented_stats_vectors, stats_from_vectors
 
     generator = torch.Generator().manual_seed(4)
     tensors = [

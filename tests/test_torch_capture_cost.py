@@ -18,7 +18,7 @@ from torch.overrides import TorchFunctionMode
 
 from llmcheck import DumpConfig, read_dump, register_hook
 from llmcheck.bundled_model import random_llama
-from llmcheck.core.statistics import tensor_stats
+from llmcheck.core.capture.statistics import tensor_stats
 
 #: Tensor methods that bring a value to the host: on an accelerator each one waits for the device.
 HOST_READS = {

@@ -14,7 +14,7 @@ import torch
 
 from llmcheck import DumpConfig, read_dump, register_hook
 from llmcheck.bundled_model import random_llama
-from llmcheck.core.statistics import tensor_stats
+from llmcheck.core.capture.statistics import tensor_stats
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -71,7 +71,7 @@ def test_cuda_inputs_are_copied_before_an_in_place_op(tmp_path: Path) -> None:
 
 
 def test_cuda_op_level_capture_replays_on_the_cpu(tmp_path: Path, cuda_llama) -> None:
-    from llmcheck.core.call_arguments import replay_call
+    from llmcheck.core.capture.call_arguments import replay_call
     from llmcheck.core.records import RecordKey
 
     with (

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from llmcheck import DumpConfig, read_dump, register_hook
-from llmcheck.core.call_arguments import decode_call, encode_call, replay_call
+from llmcheck.core.capture.call_arguments import decode_call, encode_call, replay_call
 from llmcheck.core.errors import DumpFormatError
 from llmcheck.core.records import RecordKey
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from llmcheck.core.errors import DumpFormatError, DumpNotFoundError
-from llmcheck.core.pairing import merge_pairs
+from llmcheck.core.pairing.merge import merge_pairs
 from llmcheck.core.plugins import get_plugins
 from llmcheck.plugins.torchair_fx.fx_dump import FxDumpFileName, parse_fx_file_name
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import math
 
+from llmcheck.core.judging.verdicts import TableJudge, ThresholdOverride, thresholds_for
 from llmcheck.core.plugins import get_plugins
 from llmcheck.core.records import VERDICT_FAIL, VERDICT_PASS, VERDICT_WARN, MetricResult
-from llmcheck.core.verdicts import TableJudge, ThresholdOverride, thresholds_for
 
 
 def _constructed(specs, values, name, judged_class, overrides=()):

@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from llmcheck.core import metric_engine, worker_pool
 from llmcheck.core.cli import main
 from llmcheck.core.compare import select_metrics
-from llmcheck.core.worker_pool import WorkerPool, early_pool, files_reach
+from llmcheck.core.measuring import metric_engine, worker_pool
+from llmcheck.core.measuring.worker_pool import WorkerPool, early_pool, files_reach
 
 
 def test_files_reach_counts_nested_folders_and_stops_at_the_limit(tmp_path: Path) -> None:

@@ -122,10 +122,10 @@ def run_demo(output: Path, dtype: str = "fp32") -> int:
     from rich.console import Console
 
     from llmcheck.core.compare import compare_with_progress
+    from llmcheck.core.dumps.store import check_output_folder
     from llmcheck.core.plugins import get_plugins
-    from llmcheck.core.report import print_summary
-    from llmcheck.core.reporters import write_reports
-    from llmcheck.core.store import check_output_folder
+    from llmcheck.core.reporting.report import print_summary
+    from llmcheck.core.reporting.reporters import write_reports
 
     check_output_folder(Path(output), "demo runs")
     console = Console(soft_wrap=True)

@@ -44,20 +44,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from llmcheck import lazy_attributes
-from llmcheck.core.atomic_files import atomic_output, atomic_write_text, atomic_write_with, write_failed
-from llmcheck.core.backend_options import BackendOption
-from llmcheck.core.carried_errors import carried_origins
-from llmcheck.core.depth_profile import (
-    depth_points,
-    drawn_step,
-    error_measure,
-    heatmap,
-    introduced_point,
-    placement,
-    row_error,
-)
-from llmcheck.core.dump_command import ProgramRun, run_program
-from llmcheck.core.dump_paths import (
+from llmcheck.core.capture.backend_options import BackendOption
+from llmcheck.core.capture.dump_command import ProgramRun, run_program
+from llmcheck.core.capture.seed_flags import seed_dump_options
+from llmcheck.core.dumps.atomic_files import atomic_output, atomic_write_text, atomic_write_with, write_failed
+from llmcheck.core.dumps.dump_paths import (
     METADATA_LIMIT_BYTES,
     folder_link_reason,
     inside_dump,
@@ -68,8 +59,25 @@ from llmcheck.core.dump_paths import (
     walk_files,
     warn_passed_over,
 )
-from llmcheck.core.dump_schema import convert as convert_json
-from llmcheck.core.dump_schema import decode as decode_json
+from llmcheck.core.dumps.dump_schema import convert as convert_json
+from llmcheck.core.dumps.dump_schema import decode as decode_json
+from llmcheck.core.dumps.kept_files import EMPTY_FILE, ONNX_MODEL, check_replaceable
+from llmcheck.core.dumps.npy_format import NpyHeader, read_npy_header
+from llmcheck.core.dumps.store import (
+    AS_DTYPE_FIELD,
+    BATCHES_NAME,
+    MODEL_DTYPES_FIELD,
+    NATIVE_SOURCE,
+    TOPOLOGY_NAME,
+    DumpWriter,
+    KeyFields,
+    close_from_outside,
+    closing_state,
+    find_dumps,
+    index_line,
+    mark_cut,
+    read_dump,
+)
 from llmcheck.core.errors import (
     BackendUnavailableError,
     DumpFormatError,
@@ -80,12 +88,11 @@ from llmcheck.core.errors import (
     UnsupportedOpError,
     UsageError,
 )
-from llmcheck.core.graph_overlay import RECORD_NAME_KEY
 from llmcheck.core.hookspecs import hookimpl
-from llmcheck.core.kept_files import EMPTY_FILE, ONNX_MODEL, check_replaceable
-from llmcheck.core.npy_format import NpyHeader, read_npy_header
+from llmcheck.core.judging.carried_errors import carried_origins
+from llmcheck.core.judging.weights import PARAMETER_ATTR, PARAMETER_DIGESTS_ATTR
 from llmcheck.core.op_calls import CallId, OpCall, group_op_calls, position_order
-from llmcheck.core.pairing import write_pairs_json
+from llmcheck.core.pairing.merge import write_pairs_json
 from llmcheck.core.plugins import load_dump
 from llmcheck.core.records import (
     ALL_RANKS,
@@ -139,7 +146,17 @@ from llmcheck.core.records import (
     op_record_module,
     op_record_name,
 )
-from llmcheck.core.report import (
+from llmcheck.core.reporting.depth_profile import (
+    depth_points,
+    drawn_step,
+    error_measure,
+    heatmap,
+    introduced_point,
+    placement,
+    row_error,
+)
+from llmcheck.core.reporting.graph_overlay import RECORD_NAME_KEY
+from llmcheck.core.reporting.report import (
     CSV_NAME,
     HTML_NAME,
     PAIRS_NAME,
@@ -149,73 +166,56 @@ from llmcheck.core.report import (
     json_safe,
     measure_text,
 )
-from llmcheck.core.reporters import Reporter
-from llmcheck.core.seed_flags import seed_dump_options
-from llmcheck.core.store import (
-    AS_DTYPE_FIELD,
-    BATCHES_NAME,
-    MODEL_DTYPES_FIELD,
-    NATIVE_SOURCE,
-    TOPOLOGY_NAME,
-    DumpWriter,
-    KeyFields,
-    close_from_outside,
-    closing_state,
-    find_dumps,
-    index_line,
-    mark_cut,
-    read_dump,
-)
-from llmcheck.core.weights import PARAMETER_ATTR, PARAMETER_DIGESTS_ATTR
+from llmcheck.core.reporting.reporters import Reporter
 
 if TYPE_CHECKING:  # pragma: no cover
-    from llmcheck.core.call_arguments import decode_call, encode_call
-    from llmcheck.core.compare import CompareResult
-    from llmcheck.core.pair_block import PairBlock, row_dots
-    from llmcheck.core.pair_chunk import PairChunk, Workspace, dot
-    from llmcheck.core.statistics import (
+    from llmcheck.core.capture.call_arguments import decode_call, encode_call
+    from llmcheck.core.capture.statistics import (
         segmented_stats_vectors,
         stats_from_vectors,
         stats_json_from_rows,
         stats_vector,
     )
-    from llmcheck.core.stats_compare import DECIDING_STAT, statistics_columns
-    from llmcheck.core.tensor_chunks import ChunkReader
-    from llmcheck.core.tensor_io import (
+    from llmcheck.core.capture.tensor_sink import NullSink, TensorSink, version_counter
+    from llmcheck.core.compare import CompareResult
+    from llmcheck.core.dumps.tensor_chunks import ChunkReader
+    from llmcheck.core.dumps.tensor_io import (
         dtype_name,
         load_weights_only,
         tensor_bytes,
         tensor_from_byte_range,
         torch_dtype,
     )
-    from llmcheck.core.tensor_sink import NullSink, TensorSink, version_counter
+    from llmcheck.core.judging.stats_compare import DECIDING_STAT, statistics_columns
+    from llmcheck.core.measuring.pair_block import PairBlock, row_dots
+    from llmcheck.core.measuring.pair_chunk import PairChunk, Workspace, dot
 
 #: public name -> module defining it, for names whose module imports torch, numpy or the compare engine
 #: (loaded on first access, so importing this module stays cheap)
 _LOADED_ON_FIRST_USE: dict[str, str] = {
-    "dtype_name": "llmcheck.core.tensor_io",
-    "torch_dtype": "llmcheck.core.tensor_io",
-    "tensor_bytes": "llmcheck.core.tensor_io",
-    "tensor_from_byte_range": "llmcheck.core.tensor_io",
-    "load_weights_only": "llmcheck.core.tensor_io",
-    "stats_vector": "llmcheck.core.statistics",
-    "stats_from_vectors": "llmcheck.core.statistics",
-    "stats_json_from_rows": "llmcheck.core.statistics",
-    "segmented_stats_vectors": "llmcheck.core.statistics",
-    "encode_call": "llmcheck.core.call_arguments",
-    "decode_call": "llmcheck.core.call_arguments",
-    "ChunkReader": "llmcheck.core.tensor_chunks",  # numpy
-    "PairBlock": "llmcheck.core.pair_block",  # numpy
-    "row_dots": "llmcheck.core.pair_block",
-    "PairChunk": "llmcheck.core.pair_chunk",  # numpy
-    "Workspace": "llmcheck.core.pair_chunk",
-    "dot": "llmcheck.core.pair_chunk",
+    "dtype_name": "llmcheck.core.dumps.tensor_io",
+    "torch_dtype": "llmcheck.core.dumps.tensor_io",
+    "tensor_bytes": "llmcheck.core.dumps.tensor_io",
+    "tensor_from_byte_range": "llmcheck.core.dumps.tensor_io",
+    "load_weights_only": "llmcheck.core.dumps.tensor_io",
+    "stats_vector": "llmcheck.core.capture.statistics",
+    "stats_from_vectors": "llmcheck.core.capture.statistics",
+    "stats_json_from_rows": "llmcheck.core.capture.statistics",
+    "segmented_stats_vectors": "llmcheck.core.capture.statistics",
+    "encode_call": "llmcheck.core.capture.call_arguments",
+    "decode_call": "llmcheck.core.capture.call_arguments",
+    "ChunkReader": "llmcheck.core.dumps.tensor_chunks",  # numpy
+    "PairBlock": "llmcheck.core.measuring.pair_block",  # numpy
+    "row_dots": "llmcheck.core.measuring.pair_block",
+    "PairChunk": "llmcheck.core.measuring.pair_chunk",  # numpy
+    "Workspace": "llmcheck.core.measuring.pair_chunk",
+    "dot": "llmcheck.core.measuring.pair_chunk",
     "CompareResult": "llmcheck.core.compare",  # the whole compare engine, numpy with it
-    "statistics_columns": "llmcheck.core.stats_compare",
-    "DECIDING_STAT": "llmcheck.core.stats_compare",
-    "TensorSink": "llmcheck.core.tensor_sink",  # torch
-    "NullSink": "llmcheck.core.tensor_sink",
-    "version_counter": "llmcheck.core.tensor_sink",
+    "statistics_columns": "llmcheck.core.judging.stats_compare",
+    "DECIDING_STAT": "llmcheck.core.judging.stats_compare",
+    "TensorSink": "llmcheck.core.capture.tensor_sink",  # torch
+    "NullSink": "llmcheck.core.capture.tensor_sink",
+    "version_counter": "llmcheck.core.capture.tensor_sink",
 }
 
 __all__ = [  # noqa: RUF022 -- grouped by the question a plugin author asks, not sorted

@@ -39,10 +39,10 @@ def write_llmcheck_dump(folder: Path, tensors: Mapping[str, Any], statistics_onl
     Records named in ``statistics_only`` keep their statistics and no data, as a
     statistics-only capture writes them.
     """
+    from llmcheck.core.capture.statistics import tensor_stats
+    from llmcheck.core.dumps.store import DumpWriter
+    from llmcheck.core.dumps.tensor_io import dtype_name
     from llmcheck.core.records import RecordKey, TensorRecord
-    from llmcheck.core.statistics import tensor_stats
-    from llmcheck.core.store import DumpWriter
-    from llmcheck.core.tensor_io import dtype_name
 
     with DumpWriter(Path(folder), "test") as writer:
         for order, (name, tensor) in enumerate(tensors.items()):

@@ -23,9 +23,9 @@ from typing import Any
 import click
 
 from llmcheck import __version__
-from llmcheck.core.backend_options import BackendOption
+from llmcheck.core.capture.backend_options import BackendOption
+from llmcheck.core.capture.seed_flags import LOG_LEVELS, expand_multi_value_options, parse_names, parse_operation_ids
 from llmcheck.core.errors import LlmcheckError, UsageError
-from llmcheck.core.seed_flags import LOG_LEVELS, expand_multi_value_options, parse_names, parse_operation_ids
 
 #: Options that take space-separated lists in the seed tool (``-metric kl abs``); ``dump``'s come from its backend.
 MULTI_VALUE_OPTIONS = ("-metric", "--metric", "--precision-metric")
@@ -181,7 +181,7 @@ def dump(
     **backend_options: Any,
 ) -> None:
     """Run a program with capture on: llmcheck dump --backend torch -o OUT --exec "python infer.py"."""
-    from llmcheck.core.dump_command import dump_command
+    from llmcheck.core.capture.dump_command import dump_command
 
     _configure_logging(log_level)
     raise SystemExit(
@@ -446,7 +446,7 @@ def hunt(
     Example: llmcheck hunt --golden "python infer.py" --my "python infer.py --dtype bf16" -o hunt_out
     """
     _configure_logging(log_level)
-    from llmcheck.core.hunt import run_hunt
+    from llmcheck.core.hunt.command import run_hunt
 
     raise SystemExit(
         run_hunt(golden_program, my_program, output, fresh=fresh, log_level=log_level, backend=backend, jobs=jobs)
@@ -509,8 +509,8 @@ def export_model_explorer(
     Example: llmcheck export model-explorer CMP --open
     """
     _configure_logging(log_level)
-    from llmcheck.core.graph_overlay import export_graph_overlay
-    from llmcheck.core.model_explorer_launch import open_in_model_explorer, require_model_explorer
+    from llmcheck.core.reporting.graph_overlay import export_graph_overlay
+    from llmcheck.core.reporting.model_explorer_launch import open_in_model_explorer, require_model_explorer
 
     if open_server:
         require_model_explorer()  # before writing anything: the user asked for the viewer

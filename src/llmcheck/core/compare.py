@@ -3,7 +3,7 @@
 :func:`compare_dumps` is the in-process API (the demo and tests use it); :func:`compare_command`
 is ``llmcheck compare``: it also writes the reports (by default ``cmp_report.csv``,
 ``summary.json``, ``pairs.json`` and ``report.html``; ``--report NAME`` adds a plugin's
-format, see ``core/reporters.py``) and prints the terminal summary. A pair that cannot be measured (shapes
+format, see ``core/reporting/reporters.py``) and prints the terminal summary. A pair that cannot be measured (shapes
 differ, no data in a statistics-only dump) is a row with verdict ``error`` and its reason --
 never a dropped row.
 """
@@ -21,8 +21,11 @@ from pathlib import Path
 from sys import intern as intern_text
 from typing import TYPE_CHECKING, Any, Protocol
 
-from llmcheck.core.digests import digest_row, judged_on_digests
-from llmcheck.core.divergence import (
+from llmcheck.core.dumps.store import AS_DTYPE_FIELD
+from llmcheck.core.errors import EXIT_FAILURE, EXIT_FAILURES_FOUND, EXIT_OK, LlmcheckError, UsageError
+from llmcheck.core.gc_pause import paused_cyclic_gc
+from llmcheck.core.judging.digests import digest_row, judged_on_digests
+from llmcheck.core.judging.divergence import (
     INTRODUCED,
     SUSPECT,
     TWIN_NOISE_ONLY,
@@ -35,9 +38,27 @@ from llmcheck.core.divergence import (
     first_introduced,
     twin_mode,
 )
-from llmcheck.core.errors import EXIT_FAILURE, EXIT_FAILURES_FOUND, EXIT_OK, LlmcheckError, UsageError
-from llmcheck.core.gc_pause import paused_cyclic_gc
-from llmcheck.core.pairing import Pairing, merge_pairs
+from llmcheck.core.judging.sentinels import sentinel_limit_in_run
+from llmcheck.core.judging.stats_compare import (
+    DECIDING_STAT,
+    comparable_statistics,
+    error_measure_spec,
+    judge_statistics,
+    masked_statistics,
+    statistics_reason,
+)
+from llmcheck.core.judging.suspects import Suspects, find_suspects
+from llmcheck.core.judging.verdicts import (
+    NONFINITE_METRIC,
+    TableJudge,
+    ThresholdOverride,
+    judging_class,
+    least_precise,
+    run_dtype,
+    run_precision,
+)
+from llmcheck.core.judging.weights import check_weights
+from llmcheck.core.pairing.merge import Pairing, merge_pairs
 from llmcheck.core.records import (
     IO_OUTPUT,
     VERDICT_ERROR,
@@ -56,30 +77,9 @@ from llmcheck.core.records import (
     is_float_dtype,
     metric_value,
 )
-from llmcheck.core.sentinels import sentinel_limit_in_run
-from llmcheck.core.stats_compare import (
-    DECIDING_STAT,
-    comparable_statistics,
-    error_measure_spec,
-    judge_statistics,
-    masked_statistics,
-    statistics_reason,
-)
-from llmcheck.core.store import AS_DTYPE_FIELD
-from llmcheck.core.suspects import Suspects, find_suspects
-from llmcheck.core.verdicts import (
-    NONFINITE_METRIC,
-    TableJudge,
-    ThresholdOverride,
-    judging_class,
-    least_precise,
-    run_dtype,
-    run_precision,
-)
-from llmcheck.core.weights import check_weights
 
 if TYPE_CHECKING:  # pragma: no cover
-    from llmcheck.core.worker_pool import WorkerPool
+    from llmcheck.core.measuring.worker_pool import WorkerPool
 
 log = logging.getLogger("llmcheck.compare")
 
@@ -184,7 +184,7 @@ class CompareResult:
 
     @functools.cached_property
     def suspects(self) -> Suspects:
-        """Return the operations only one run executes, where the error starts (``core/suspects.py``)."""
+        """Return the operations only one run executes, where the error starts (``core/judging/suspects.py``)."""
         return find_suspects(self.rows, self.pairing, self.first_introduced or self.first_divergence)
 
     def summary(self) -> dict[str, Any]:
@@ -301,7 +301,7 @@ _NO_DATA = {side: f"{side} has no tensor data (a statistics-only dump)" for side
 @functools.cache
 def _dtype_problem(golden_dtype: str, my_dtype: str) -> str | None:
     """Return why tensors of these two dtypes cannot be measured together, or None (asked once per pair of dtypes)."""
-    from llmcheck.core.tensor_chunks import streamable
+    from llmcheck.core.dumps.tensor_chunks import streamable
 
     for side, dtype in (("golden", golden_dtype), ("my", my_dtype)):
         if not streamable(dtype):
@@ -463,9 +463,9 @@ def compare_dumps(
     tensor_bytes)`` is called once the work is known, ``on_measured(tensor_bytes)`` after
     each pair and ``on_judging(rows)`` when the last is measured, for a progress bar.
     ``executor`` measures the pairs elsewhere instead (a Ray
-    cluster, :class:`llmcheck.core.ray_executor.RayExecutor`); a pair it could not measure
+    cluster, :class:`llmcheck.core.measuring.ray_executor.RayExecutor`); a pair it could not measure
     becomes an ``error`` row with its reason. ``pool`` holds worker processes started ahead of
-    need (:func:`llmcheck.core.worker_pool.early_pool`), used if they measure with these metrics.
+    need (:func:`llmcheck.core.measuring.worker_pool.early_pool`), used if they measure with these metrics.
     """
     from llmcheck.core.plugins import get_plugins
 
@@ -570,7 +570,7 @@ def _measure(
     memory) as it arrives, so 10^5 of them are never held at once, and the rows cost no
     time after the last one. The jobs (one per distinct pair of byte ranges) live only here.
     """
-    from llmcheck.core.metric_engine import PairJob, build_job, measure_pairs
+    from llmcheck.core.measuring.metric_engine import PairJob, build_job, measure_pairs
 
     jobs: dict[tuple[Any, ...], PairJob] = {}
     same_data: dict[int, list[int]] = {}  # a measured pair's index -> the later pairs over its bytes
@@ -864,14 +864,14 @@ def compare_command(
     """
     from rich.console import Console
 
-    from llmcheck.core.atomic_files import reports_written_into
-    from llmcheck.core.pairing import load_user_mapping
+    from llmcheck.core.dumps.atomic_files import reports_written_into
+    from llmcheck.core.judging.verdicts import load_threshold_overrides, warn_unmatched_overrides
+    from llmcheck.core.measuring.worker_pool import early_pool
+    from llmcheck.core.pairing.merge import load_user_mapping
     from llmcheck.core.plugins import get_plugins
-    from llmcheck.core.report import print_summary
-    from llmcheck.core.report_folder import prepare_report_folder
-    from llmcheck.core.reporters import choose_reporters, write_reports
-    from llmcheck.core.verdicts import load_threshold_overrides, warn_unmatched_overrides
-    from llmcheck.core.worker_pool import early_pool
+    from llmcheck.core.reporting.report import print_summary
+    from llmcheck.core.reporting.report_folder import prepare_report_folder
+    from llmcheck.core.reporting.reporters import choose_reporters, write_reports
 
     if jobs is not None and jobs < 1:
         raise UsageError(f"invalid value {jobs}", where="-j/--jobs", hint="give 1 or more worker processes")
@@ -941,7 +941,7 @@ def compare_command(
 def _executor(name: str, ray_address: str | None) -> PairExecutor | None:
     """Return the executor ``--executor NAME`` names (None: this machine's worker processes)."""
     if name == "ray":
-        from llmcheck.core.ray_executor import RayExecutor
+        from llmcheck.core.measuring.ray_executor import RayExecutor
 
         return RayExecutor(ray_address)
     if ray_address is not None:
@@ -972,7 +972,7 @@ def compare_with_progress(
     """Return :func:`compare_dumps` of two dumps while a progress bar (a log line per tenth when piped) counts bytes."""
     from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
 
-    from llmcheck.core.progress_log import ProgressLog
+    from llmcheck.core.reporting.progress_log import ProgressLog
 
     if not console.is_terminal:  # a CI log or a pipe: a bar would draw nothing there
         lines = ProgressLog("comparing", log, min_interval_s=progress_interval_s)

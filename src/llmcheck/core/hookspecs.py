@@ -44,7 +44,7 @@ from pathlib import Path
 
 import pluggy
 
-from llmcheck.core.backend_options import BackendOption
+from llmcheck.core.capture.backend_options import BackendOption
 from llmcheck.core.records import (
     CaptureBackend,
     Dump,
@@ -54,7 +54,7 @@ from llmcheck.core.records import (
     SourceInfo,
     UserMapping,
 )
-from llmcheck.core.reporters import Reporter
+from llmcheck.core.reporting.reporters import Reporter
 
 PROJECT_NAME = "llmcheck"
 
@@ -80,7 +80,7 @@ def llmcheck_register_capture_backends(register: Callable[[CaptureBackend], None
     folder, the seed flags parsed into ``options``) and returns ``run``'s exit code. Run the
     user's program with ``plugin_api.run_program``: a program that cannot start is then the
     same usage error for every backend, and a Ctrl-C is the program's to handle (its
-    :class:`~llmcheck.core.dump_command.ProgramRun` says whether the run was interrupted).
+    :class:`~llmcheck.core.capture.dump_command.ProgramRun` says whether the run was interrupted).
 
     Example::
 

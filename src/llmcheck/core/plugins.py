@@ -35,8 +35,8 @@ from typing import Any
 import pluggy
 
 from llmcheck.core import hookspecs
-from llmcheck.core.backend_options import BackendOption, option_problem
-from llmcheck.core.dump_paths import (
+from llmcheck.core.capture.backend_options import BackendOption, option_problem
+from llmcheck.core.dumps.dump_paths import (
     inside_dump,
     only_behind_folder_links,
     read_dump_file,
@@ -62,7 +62,7 @@ from llmcheck.core.records import (
     TensorRecord,
     UserMapping,
 )
-from llmcheck.core.reporters import Reporter
+from llmcheck.core.reporting.reporters import Reporter
 
 ENTRY_POINT_GROUP = "llmcheck"
 #: The distribution of the built-in plugins: an exception out of one of their hooks is a bug in llmcheck.
@@ -513,7 +513,7 @@ class Plugins:
 
 def _check_onnx_output(output_path: Path, topology_path: Path) -> None:
     """Refuse an ONNX output that would overwrite the topology, a non-ONNX file, or write into a dump."""
-    from llmcheck.core.store import refuse_output_inside_dump
+    from llmcheck.core.dumps.store import refuse_output_inside_dump
 
     if output_path.resolve() == topology_path.resolve():
         raise UsageError(

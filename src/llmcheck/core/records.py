@@ -21,7 +21,7 @@ if TYPE_CHECKING:  # pragma: no cover
     import numpy as np
     import torch
 
-    from llmcheck.core.pair_chunk import PairChunk
+    from llmcheck.core.measuring.pair_chunk import PairChunk
 
 #: A class :func:`slot_builder` builds.
 _Built = TypeVar("_Built")
@@ -289,7 +289,7 @@ class TensorData:
         """Return the tensor in its exact dtype and shape (memory-mapped for byte ranges)."""
         if self.loader is not None:
             return self.loader()
-        from llmcheck.core.tensor_io import tensor_from_byte_range
+        from llmcheck.core.dumps.tensor_io import tensor_from_byte_range
 
         return tensor_from_byte_range(self.path, self.offset, self.nbytes, self.dtype, self.shape)
 
@@ -567,7 +567,7 @@ class ChunkMetricAccumulator(MetricAccumulator, Protocol):
 
     def update_chunk(self, chunk: PairChunk) -> None:
         """Fold in one chunk: ``chunk`` holds both sides and, computed once for every metric, their
-        difference, absolute difference and dot products (see ``llmcheck.core.pair_chunk``)."""
+        difference, absolute difference and dot products (see ``llmcheck.core.measuring.pair_chunk``)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -162,10 +162,10 @@ def opcheck_command(
     jobs: int | None,
 ) -> int:
     """Run opcheck on a dump and write its report; return 3 when an output failed its criterion, else 0."""
-    from llmcheck.core.atomic_files import reports_written_into
+    from llmcheck.core.dumps.atomic_files import reports_written_into
     from llmcheck.core.opcheck.report import CSV_NAME, XLSX_NAME, print_summary, write_reports
     from llmcheck.core.plugins import get_plugins
-    from llmcheck.core.report_folder import prepare_report_folder, replace_previous_report
+    from llmcheck.core.reporting.report_folder import prepare_report_folder, replace_previous_report
 
     started = time.perf_counter()
     unknown = [name for name in precision_metrics if name not in PRECISION_METRICS]

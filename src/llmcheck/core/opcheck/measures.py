@@ -14,13 +14,13 @@ from dataclasses import dataclass
 
 import torch
 
+from llmcheck.core.judging.sentinels import sentinel_limit
 from llmcheck.core.opcheck.criteria import (
     RECORDED_NOISE_MULTIPLE,
     RECORDED_ROUNDING_MULTIPLE,
     RELATIVE,
     Criterion,
 )
-from llmcheck.core.sentinels import sentinel_limit
 
 #: Elements measured per chunk (32 MiB of float64 per side).
 CHUNK_ELEMENTS = 1 << 22

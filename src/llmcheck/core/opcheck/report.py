@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from llmcheck.core.atomic_files import atomic_output, atomic_write_with
+from llmcheck.core.dumps.atomic_files import atomic_output, atomic_write_with
 from llmcheck.core.errors import LlmcheckError
 from llmcheck.core.opcheck.case_check import ADDITION_FAILED, FAILED, PASS, UNSUPPORTED, OpcheckRow
 

@@ -275,7 +275,7 @@ def atb_json_to_onnx(
     to the JSON's path with ``.onnx``; ``op_csv_path`` to the op CSV found beside the dump
     (see :func:`find_op_csv`), which gives tensor element types and shapes. An ONNX model (or
     an empty file) already at the output is replaced with a warning; anything else there is
-    kept and a :class:`UsageError` names what it holds (:func:`~llmcheck.core.kept_files.check_replaceable`).
+    kept and a :class:`UsageError` names what it holds (:func:`~llmcheck.core.dumps.kept_files.check_replaceable`).
     """
     json_path = Path(atb_json_path)
     if model_level < -1:

@@ -1,6 +1,6 @@
 """Streaming accumulators of the built-in metrics: float64 sums over chunks, never a full float64 copy.
 
-Each accumulator folds one :class:`~llmcheck.core.pair_chunk.PairChunk` at a time
+Each accumulator folds one :class:`~llmcheck.core.measuring.pair_chunk.PairChunk` at a time
 (``update_chunk``) and also accepts plain arrays (``update``) like any third-party metric.
 The seed tool's defects are fixed here:
 
@@ -14,7 +14,7 @@ The seed tool's defects are fixed here:
   :class:`KlDivergence`).
 
 Each class also has ``results_of_block(block)``: its value for every row of a
-:class:`~llmcheck.core.pair_block.PairBlock` (many small pairs of one chunk each), which is
+:class:`~llmcheck.core.measuring.pair_block.PairBlock` (many small pairs of one chunk each), which is
 what a fresh accumulator given that row's chunk returns -- the same state arithmetic, run
 over per-row reductions instead of one object per pair. ``None`` for a row means: fold that
 row the ordinary way.

@@ -1,6 +1,6 @@
 """Built-in plugin 'native': llmcheck's own dumps, single tensor files, and the built-in pairing rules.
 
-* source ``llmcheck`` reads llmcheck's own dump format (``core/store.py``). A path may be one
+* source ``llmcheck`` reads llmcheck's own dump format (``core/dumps/store.py``). A path may be one
   dump folder, a file inside it, or the folder given to ``llmcheck dump -o`` holding one
   dump, or the ranks of one multi-rank run (one dump per rank, read as one run whose records
   carry their rank in the key); with several dumps of one rank there, the error lists them

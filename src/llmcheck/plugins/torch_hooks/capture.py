@@ -3,7 +3,7 @@
 Each call makes an independent :class:`CaptureSession` (the original tool's process-wide
 singleton made a second model or a second config impossible): forward pre-hooks and
 forward hooks on every submodule of the model, a step counter driven by the model's own
-forward, and one llmcheck dump written through :class:`~llmcheck.core.store.DumpWriter`.
+forward, and one llmcheck dump written through :class:`~llmcheck.core.dumps.store.DumpWriter`.
 
 Record conventions (the compare relies on them): ``name`` is the module path from
 ``named_modules()`` (``"root"`` for the model), or ``{module path}/{aten overload}`` at op

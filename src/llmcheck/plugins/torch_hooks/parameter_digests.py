@@ -4,7 +4,7 @@ A module-level dump holds activations, not weights, yet a weight loaded or conve
 is the most common porting defect, and in bf16 its effect on the activations can hide under
 rounding noise. So the capture hashes every parameter of the modules it records, once per
 dump (again only when a parameter is replaced, moved or updated in place), and the first
-record of each module call carries the digests (see :mod:`llmcheck.core.weights` for the
+record of each module call carries the digests (see :mod:`llmcheck.core.judging.weights` for the
 rule compare applies). The capture cannot know the other run's dtype, so a parameter is
 hashed at its own dtype and rounded to every less precise one (float32 weights also as
 float16 and bfloat16): the digest of an honest bf16 copy equals the golden's bf16 digest.

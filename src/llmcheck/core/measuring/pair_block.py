@@ -1,7 +1,7 @@
 """Many small pairs of one size as 2-D arrays (a row per pair), with the per-row reductions metrics share.
 
 A ``generate()`` dump holds tens of thousands of pairs of a few KB each; folding them one by
-one through :class:`~llmcheck.core.pair_chunk.PairChunk` and nine accumulator objects costs
+one through :class:`~llmcheck.core.measuring.pair_chunk.PairChunk` and nine accumulator objects costs
 more in Python than the arithmetic does. Here a block of equal-sized pairs -- each a single
 chunk -- is one 2-D array per side, every shared reduction is one numpy call along the rows,
 and a metric that knows how (``results_of_block`` on its accumulator class) turns the per-row
@@ -10,7 +10,7 @@ reductions into its value for every row at once.
 Every per-row value is the one the streaming path computes, bit for bit: numpy reduces each
 row of a C-ordered block in one inner loop, exactly as it reduces that row alone, and
 :func:`row_dots` takes each row's dot product with the BLAS function
-:func:`~llmcheck.core.pair_chunk.dot` calls.
+:func:`~llmcheck.core.measuring.pair_chunk.dot` calls.
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ def row_dots(a: np.ndarray, b: np.ndarray) -> list[float]:
     """Return ``dot(a[i], b[i])`` for every row, bit for bit what ``dot`` gives for that row alone.
 
     A stacked matmul of a row by a column calls BLAS ``ddot`` once per row, as
-    :func:`~llmcheck.core.pair_chunk.dot` does for one pair (on one thread:
-    :func:`~llmcheck.core.pair_chunk.single_threaded_blas`).
+    :func:`~llmcheck.core.measuring.pair_chunk.dot` does for one pair (on one thread:
+    :func:`~llmcheck.core.measuring.pair_chunk.single_threaded_blas`).
     """
     return cast(list[float], stacked_row_dots(a, b).tolist())
 

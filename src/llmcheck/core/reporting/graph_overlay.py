@@ -24,11 +24,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from llmcheck.core.atomic_files import atomic_output, atomic_write_text
+from llmcheck.core.dumps.atomic_files import atomic_output, atomic_write_text
+from llmcheck.core.dumps.kept_files import EMPTY_FILE, JSON_FILE, ONNX_MODEL, check_replaceable
 from llmcheck.core.errors import DumpFormatError, DumpNotFoundError, UsageError
-from llmcheck.core.kept_files import EMPTY_FILE, JSON_FILE, ONNX_MODEL, check_replaceable
 from llmcheck.core.records import VERDICT_ERROR, VERDICT_FAIL, VERDICT_PASS, VERDICT_WARN
-from llmcheck.core.report import CSV_NAME, SUMMARY_NAME
+from llmcheck.core.reporting.report import CSV_NAME, SUMMARY_NAME
 
 log = logging.getLogger("llmcheck.export")
 

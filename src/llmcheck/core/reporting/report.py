@@ -1,6 +1,6 @@
 """What a compare says in the terminal, the words its reports share, and the names of the default report files.
 
-The files themselves are written by reporters (``core/reporters.py``; the built-in
+The files themselves are written by reporters (``core/reporting/reporters.py``; the built-in
 ``reports`` plugin writes the four default ones). Their names stay here because
 ``export model-explorer`` reads a compare folder by them.
 """
@@ -12,8 +12,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from llmcheck.core.depth_profile import error_measure, row_error
-from llmcheck.core.divergence import (
+from llmcheck.core.judging.divergence import (
     CARRIED_METRIC,
     EXACT_INPUTS_METRIC,
     GROWTH_METRIC,
@@ -22,6 +21,7 @@ from llmcheck.core.divergence import (
     WEIGHTS_METRIC,
 )
 from llmcheck.core.records import IO_INPUT, VERDICT_ERROR, VERDICT_FAIL, VERDICT_WARN, ComparisonRow, is_float_dtype
+from llmcheck.core.reporting.depth_profile import error_measure, row_error
 
 if TYPE_CHECKING:  # pragma: no cover
     from rich.console import Console
@@ -234,8 +234,8 @@ def twin_hint(result: CompareResult) -> str:
     command that does from the plugin of the golden's capture (hook ``llmcheck_noise_twin_command``),
     or in words without one.
     """
+    from llmcheck.core.judging.verdicts import PRECISION_ORDER, run_precision
     from llmcheck.core.plugins import get_plugins
-    from llmcheck.core.verdicts import PRECISION_ORDER, run_precision
 
     if result.noise is not None:
         return ""
@@ -265,7 +265,7 @@ def twin_hint(result: CompareResult) -> str:
 
 def twin_folder(golden_root: Path) -> Path:
     """Return the folder to suggest for a golden run's noise twin: ``golden_twin`` beside the folder given to ``dump -o``."""
-    from llmcheck.core.store import DUMP_DIR_PREFIX
+    from llmcheck.core.dumps.store import DUMP_DIR_PREFIX
 
     base = golden_root.parent if golden_root.name.startswith(DUMP_DIR_PREFIX) else golden_root
     return base.with_name(f"{base.name}_twin")
@@ -276,8 +276,8 @@ def twin_cast_line(result: CompareResult) -> str:
 
     Also says when the twin was cast to another precision than the my-run's.
     """
-    from llmcheck.core.store import AS_DTYPE_FIELD
-    from llmcheck.core.verdicts import run_precision
+    from llmcheck.core.dumps.store import AS_DTYPE_FIELD
+    from llmcheck.core.judging.verdicts import run_precision
 
     noise = result.noise
     cast = noise.manifest.get(AS_DTYPE_FIELD) if noise is not None else None

@@ -20,10 +20,10 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from llmcheck.core.backend_options import option_values
+from llmcheck.core.capture.backend_options import option_values
+from llmcheck.core.capture.seed_flags import split_command
 from llmcheck.core.errors import UsageError
 from llmcheck.core.records import CaptureRequest
-from llmcheck.core.seed_flags import split_command
 
 log = logging.getLogger("llmcheck.dump")
 
@@ -46,8 +46,8 @@ def dump_command(
     (the left-out ones take their defaults); the program is ``exec_text`` split like a
     shell would, or ``trailing_command`` (the words after ``--``).
     """
+    from llmcheck.core.dumps.store import check_output_folder
     from llmcheck.core.plugins import get_plugins
-    from llmcheck.core.store import check_output_folder
 
     plugins = get_plugins()
     chosen = plugins.capture_backend(backend)

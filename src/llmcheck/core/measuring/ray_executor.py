@@ -1,7 +1,7 @@
 """Measuring pairs on a Ray cluster (``llmcheck compare --executor ray``), near the data they read.
 
 A dump of a large model over many tokens and ranks can be terabytes on the local disks of
-several nodes. The local executor (:func:`llmcheck.core.metric_engine.measure_pairs`) brings
+several nodes. The local executor (:func:`llmcheck.core.measuring.metric_engine.measure_pairs`) brings
 every byte to one machine; this one sends the measuring to where the bytes are:
 
 * pairs are grouped by the files they read (one rank's shard, one tensor file), and the
@@ -11,7 +11,7 @@ every byte to one machine; this one sends the measuring to where the bytes are:
   loaded of them), else on the node holding most of its bytes (soft affinity), else
   anywhere (shared storage);
 * a task measures its chunk with the very function the local executor uses
-  (:func:`~llmcheck.core.metric_engine.measure_jobs`: small pairs in groups, others streamed; same chunk size, same accumulators,
+  (:func:`~llmcheck.core.measuring.metric_engine.measure_jobs`: small pairs in groups, others streamed; same chunk size, same accumulators,
   single-threaded BLAS like the local worker processes) and returns only the measurements -- metric values and statistics, never tensors -- so
   the report is the same, bit for bit in the metric columns;
 * a task whose worker dies is retried (:data:`TASK_RETRIES` times); a chunk that still
@@ -31,14 +31,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from llmcheck.core.errors import LlmcheckError, UsageError
-from llmcheck.core.metric_engine import (
+from llmcheck.core.measuring.metric_engine import (
     DEFAULT_CHUNK_VALUES,
     PairJob,
     PairMeasurement,
     measure_jobs,
     split_by_bytes,
 )
-from llmcheck.core.pair_chunk import Workspace
+from llmcheck.core.measuring.pair_chunk import Workspace
 from llmcheck.core.records import MetricSpec, TensorData
 
 log = logging.getLogger("llmcheck.ray")

@@ -32,7 +32,7 @@ class Reporter:
 
     ``write(result, path)`` writes the whole compare (:class:`~llmcheck.core.compare.CompareResult`:
     rows, pairing, both dumps, ``summary()``) into ``path``, which is ``file_name`` inside
-    the output folder; write it atomically (``llmcheck.core.atomic_files``) so an
+    the output folder; write it atomically (``llmcheck.core.dumps.atomic_files``) so an
     interrupted compare leaves no half file. ``default`` reporters run on every compare.
     """
 
@@ -94,7 +94,7 @@ def write_reports(
     write are removed, and a warning names what was replaced and removed.
     """
     from llmcheck.core.plugins import get_plugins
-    from llmcheck.core.report_folder import replace_previous_report
+    from llmcheck.core.reporting.report_folder import replace_previous_report
 
     registered = get_plugins().reporters()
     reporters = choose_reporters(registered, requested, skipped)

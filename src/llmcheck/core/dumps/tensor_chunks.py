@@ -151,7 +151,7 @@ class ChunkReader:
             self._raw = self._from_byte_range(data, carrier)
 
     def _from_loader(self, data: TensorData, carrier: np.dtype) -> np.ndarray:
-        from llmcheck.core.tensor_io import tensor_bytes
+        from llmcheck.core.dumps.tensor_io import tensor_bytes
 
         tensor = data.load().detach().cpu().contiguous()
         self._keep_alive = tensor

@@ -18,8 +18,8 @@ import shutil
 from collections.abc import Sequence
 from pathlib import Path
 
+from llmcheck.core.dumps.store import check_output_folder
 from llmcheck.core.errors import DumpNotFoundError, LlmcheckError, UsageError
-from llmcheck.core.store import check_output_folder
 
 log = logging.getLogger("llmcheck.report")
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from llmcheck.core.divergence import ENCLOSES, INHERITED, INTRODUCED
+from llmcheck.core.judging.divergence import ENCLOSES, INHERITED, INTRODUCED
 from llmcheck.core.records import ROOT_MODULE, VERDICT_FAIL, ComparisonRow, lies_inside
 
 #: Attributions of a failing row that fails with another row's error rather than for a reason of its own.

@@ -35,9 +35,9 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from llmcheck.core.atomic_files import TEMPORARY_SUFFIX, atomic_write_text, remove_quietly, write_failed
-from llmcheck.core.dump_paths import METADATA_LIMIT_BYTES, inside_dump, plain_file_names, read_dump_file
-from llmcheck.core.dump_schema import (
+from llmcheck.core.dumps.atomic_files import TEMPORARY_SUFFIX, atomic_write_text, remove_quietly, write_failed
+from llmcheck.core.dumps.dump_paths import METADATA_LIMIT_BYTES, inside_dump, plain_file_names, read_dump_file
+from llmcheck.core.dumps.dump_schema import (
     IndexLine,
     ManifestJson,
     ShardEntry,
@@ -628,7 +628,7 @@ class DumpWriter:
         self.records_written += len(lines)
 
     def _write_shard(self, shard_name: str, batch: _Batch) -> list[tuple[int, str]]:
-        from llmcheck.core.tensor_io import dtype_name, tensor_bytes
+        from llmcheck.core.dumps.tensor_io import dtype_name, tensor_bytes
 
         # Largest item size first: every tensor then starts at an offset aligned to its item size.
         order = sorted(
@@ -939,7 +939,7 @@ def _batch_layouts(root: Path, plain_names: frozenset[str], rank: int) -> dict[t
 def _dump_file(root: Path, name: str, plain_names: frozenset[str]) -> Path:
     """Return the path of one of the dump's own files (``manifest.json``, ...); a link leading outside the dump is refused.
 
-    The same rule as for the shards (:func:`~llmcheck.core.dump_paths.inside_dump`): a dump
+    The same rule as for the shards (:func:`~llmcheck.core.dumps.dump_paths.inside_dump`): a dump
     whose index or manifest is another run's, through a link, would be compared as this one.
     """
     path = root / name

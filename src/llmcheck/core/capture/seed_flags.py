@@ -13,7 +13,7 @@ import re
 import shlex
 from collections.abc import Sequence
 
-from llmcheck.core.backend_options import BackendOption
+from llmcheck.core.capture.backend_options import BackendOption
 from llmcheck.core.errors import UsageError
 
 DUMP_TYPES = ("model", "layer", "op", "kernel", "tensor", "cpu_profiling", "onnx", "stats")

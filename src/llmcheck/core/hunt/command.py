@@ -39,10 +39,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from llmcheck.core.atomic_files import atomic_write_text
+from llmcheck.core.dumps.atomic_files import atomic_write_text
+from llmcheck.core.dumps.store import MODEL_DTYPES_FIELD, find_dumps, read_dump
 from llmcheck.core.errors import LlmcheckError, UsageError
 from llmcheck.core.records import DEPTH_BLOCKS, ROOT_MODULE, Dump, TensorRecord, block_depth, module_depth
-from llmcheck.core.store import MODEL_DTYPES_FIELD, find_dumps, read_dump
 
 log = logging.getLogger("llmcheck.hunt")
 
@@ -601,7 +601,7 @@ def run_hunt(
     jobs: int = 1,
 ) -> int:
     """Run the hunt, write ``OUT/hunt.json``, print its summary; return the exit code."""
-    from llmcheck.core.hunt_report import print_summary, write_report
+    from llmcheck.core.hunt.report import print_summary, write_report
 
     _read.cache_clear()  # a dump path of an earlier hunt in this process may have been removed and made again
     output_dir = Path(output_dir)

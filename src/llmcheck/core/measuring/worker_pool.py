@@ -7,7 +7,7 @@ measuring should have; the loading before it runs in one process and leaves the 
 idle. A pool started before the loading is ready when the first pairs are.
 
 It is started only where it will be used: more than one worker, and inputs large enough to be
-measured in workers at all (:data:`~llmcheck.core.metric_engine.PARALLEL_MIN_BYTES`) --
+measured in workers at all (:data:`~llmcheck.core.measuring.metric_engine.PARALLEL_MIN_BYTES`) --
 otherwise starting it would cost a small compare (and a test suite of them) its start-up for nothing.
 """
 
@@ -26,7 +26,7 @@ class WorkerPool:
     """Processes for ``workers``-way measuring (this one and ``workers - 1`` spawned now); measured with once, then shut down."""
 
     def __init__(self, workers: int, specs: Sequence[MetricSpec], chunk_values: int) -> None:
-        from llmcheck.core.metric_engine import spawned_workers, start_executor
+        from llmcheck.core.measuring.metric_engine import spawned_workers, start_executor
 
         self.workers, self.specs, self.chunk_values = workers, list(specs), chunk_values
         self._executor: ProcessPoolExecutor | None = start_executor(spawned_workers(workers), self.specs, chunk_values)
@@ -57,7 +57,12 @@ class WorkerPool:
 
 def early_pool(workers: int | None, specs: Sequence[MetricSpec], inputs: Iterable[Path | None]) -> WorkerPool | None:
     """Return a pool started now when the compare of ``inputs`` will measure in workers; None otherwise."""
-    from llmcheck.core.metric_engine import DEFAULT_CHUNK_VALUES, PARALLEL_MIN_BYTES, default_workers, picklable
+    from llmcheck.core.measuring.metric_engine import (
+        DEFAULT_CHUNK_VALUES,
+        PARALLEL_MIN_BYTES,
+        default_workers,
+        picklable,
+    )
 
     workers = workers or default_workers()
     if workers < 2 or not files_reach([path for path in inputs if path is not None], PARALLEL_MIN_BYTES):

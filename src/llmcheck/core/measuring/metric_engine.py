@@ -1,6 +1,6 @@
 """Measure pairs: stream both tensors in chunks through every metric, in parallel worker processes.
 
-Each pair is read chunk by chunk (:mod:`llmcheck.core.tensor_chunks`) into float64 buffers
+Each pair is read chunk by chunk (:mod:`llmcheck.core.dumps.tensor_chunks`) into float64 buffers
 reused for the whole run, so a worker holds a few chunk buffers, never a tensor. NaN and
 Inf are counted, never skipped silently: positions where both sides hold the same
 non-finite value agree; positions where only one side is non-finite (or they differ) are
@@ -29,18 +29,18 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from llmcheck.core.dumps.tensor_chunks import ChunkReader
 from llmcheck.core.errors import LlmcheckError
 from llmcheck.core.gc_pause import paused_cyclic_gc
-from llmcheck.core.heap import return_free_memory
-from llmcheck.core.pair_chunk import PairChunk, Workspace, single_threaded_blas
+from llmcheck.core.judging.sentinels import classify, may_hold_sentinels, sentinel_limit_in_run
+from llmcheck.core.measuring.heap import return_free_memory
+from llmcheck.core.measuring.pair_chunk import PairChunk, Workspace, single_threaded_blas
 from llmcheck.core.records import DTYPE_ITEMSIZE, MetricSpec, TensorData, TensorStats, slot_builder
-from llmcheck.core.sentinels import classify, may_hold_sentinels, sentinel_limit_in_run
-from llmcheck.core.tensor_chunks import ChunkReader
 
 if TYPE_CHECKING:
-    from llmcheck.core.pair_transfer import PackedJobs, PackedMeasurements
-    from llmcheck.core.small_pairs import BlockRows
-    from llmcheck.core.worker_pool import WorkerPool
+    from llmcheck.core.measuring.pair_transfer import PackedJobs, PackedMeasurements
+    from llmcheck.core.measuring.small_pairs import BlockRows
+    from llmcheck.core.measuring.worker_pool import WorkerPool
 
 log = logging.getLogger("llmcheck.compare")
 
@@ -60,7 +60,7 @@ class PairJob:
 
     ``golden_run_dtype`` / ``my_run_dtype`` name the dtype most tensors of each run have: an
     fp16 run's mask keeps the value -65504 when an fp32 softmax receives it, and it is still
-    that run's "minus infinity" (:func:`llmcheck.core.sentinels.sentinel_limit_in_run`).
+    that run's "minus infinity" (:func:`llmcheck.core.judging.sentinels.sentinel_limit_in_run`).
     """
 
     index: int
@@ -180,7 +180,7 @@ class PairFold:
 
     Both ways of measuring fold chunks through it -- streaming a large pair chunk by chunk
     (:func:`measure_pair`) and measuring many small pairs in one pass
-    (:mod:`llmcheck.core.small_pairs`) -- so their values are the same by construction.
+    (:mod:`llmcheck.core.measuring.small_pairs`) -- so their values are the same by construction.
     """
 
     __slots__ = (
@@ -317,7 +317,7 @@ def _ordinary_part(
     """Return the chunk of positions ordinary on both sides, and how the other positions agree.
 
     NaN and Inf are counted on each side; positions where both sides hold the same NaN, Inf
-    or mask sentinel (:mod:`llmcheck.core.sentinels`) agree and are left out of the metrics,
+    or mask sentinel (:mod:`llmcheck.core.judging.sentinels`) agree and are left out of the metrics,
     any other non-ordinary position is a mismatch.
     """
     golden_kind = classify(golden, golden_limit)
@@ -359,7 +359,7 @@ def _init_worker(specs: list[MetricSpec], chunk_values: int) -> None:
 
 
 def _measure_batch(packed_jobs: PackedJobs) -> PackedMeasurements:
-    from llmcheck.core.pair_transfer import pack_measurements, unpack_jobs
+    from llmcheck.core.measuring.pair_transfer import pack_measurements, unpack_jobs
 
     specs: list[MetricSpec] = _worker_state["specs"]  # type: ignore[assignment]
     workspace: Workspace = _worker_state["workspace"]  # type: ignore[assignment]
@@ -386,7 +386,7 @@ def _measure_jobs_as_rows(
     jobs: Sequence[PairJob], specs: Sequence[MetricSpec], workspace: Workspace, chunk_values: int
 ) -> tuple[list[PairMeasurement], BlockRows]:
     """Return :func:`measure_jobs` as measurements and the unwrapped rows of small pairs' blocks."""
-    from llmcheck.core.small_pairs import BlockRows, measure_small_pairs, small_sizes
+    from llmcheck.core.measuring.small_pairs import BlockRows, measure_small_pairs, small_sizes
 
     sizes = small_sizes(jobs, chunk_values)
     with single_threaded_blas():
@@ -465,7 +465,7 @@ def measure_pairs(
     ``on_measured`` is handed each measurement as it arrives; with ``keep=False`` that is the
     only place it goes (the dict returned is empty), so a caller that consumes them one by one
     never holds them all. ``pool`` holds workers started ahead of need
-    (:mod:`llmcheck.core.worker_pool`); they measure here if they were set up with these
+    (:mod:`llmcheck.core.measuring.worker_pool`); they measure here if they were set up with these
     specs, and are shut down afterwards.
     """
     workers = workers or default_workers()
@@ -513,7 +513,7 @@ def picklable(specs: Sequence[MetricSpec]) -> bool:
 def start_executor(workers: int, specs: Sequence[MetricSpec], chunk_values: int) -> ProcessPoolExecutor:
     """Return a pool of ``workers`` spawned processes, each set up to measure with these metric specs.
 
-    The processes start with the first task submitted (:class:`~llmcheck.core.worker_pool.WorkerPool`
+    The processes start with the first task submitted (:class:`~llmcheck.core.measuring.worker_pool.WorkerPool`
     submits one each to start them early).
     """
     with _single_threaded_children():
@@ -541,7 +541,7 @@ def _measure_in_workers(
     process measures from the first moment, while the others are still starting (0.2-0.8 s on
     a 2-core machine, a sixth of a 4.6 GB compare), and nothing is pickled for its share.
     """
-    from llmcheck.core.pair_transfer import pack_jobs, unpack_measurements
+    from llmcheck.core.measuring.pair_transfer import pack_jobs, unpack_measurements
 
     queue = collections.deque(_batches(jobs, workers))
     if started is None:

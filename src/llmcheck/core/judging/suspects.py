@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from llmcheck.core.pairing import Pairing
+from llmcheck.core.pairing.merge import Pairing
 from llmcheck.core.records import VERDICT_PASS, VERDICT_WARN, ComparisonRow, TensorRecord
 
 #: Where a row's feeder was a record only the my-run has, its label ends with this.

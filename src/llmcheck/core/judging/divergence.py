@@ -2,7 +2,7 @@
 
 The *first divergence* is the first failing row in golden execution order. That is rarely
 where the defect is -- everything downstream of a defect carries its error -- so each row is
-held against the rows that fed it (:mod:`llmcheck.core.feeders`) and judged by the error it
+held against the rows that fed it (:mod:`llmcheck.core.judging.feeders`) and judged by the error it
 **adds**, against the error this place **should** add at this precision:
 
 * **Noise twin** (``compare --noise-path``): a third run, the golden program at the my-run's
@@ -13,12 +13,12 @@ held against the rows that fed it (:mod:`llmcheck.core.feeders`) and judged by t
   as without a twin (repeats, carried error, the dtype table).
 * **Bit-exact feeders**: a row whose feeders agree bit for bit and which does not, by more
   than its dtype's rounding floor, introduces the difference itself.
-* **Repeated structure** (:mod:`llmcheck.core.repeats`): the same module in the other layers
+* **Repeated structure** (:mod:`llmcheck.core.judging.repeats`): the same module in the other layers
   shows how much error this place grows and adds; a row far above that (at least
   :data:`OUTLIER_FACTOR` times its expected error, and :data:`SPREAD_Z` robust standard
   deviations past the siblings' own scatter, growing more than every sibling, adding more
   than the rounding floor) fails as introduced even under the dtype's fail threshold.
-* **The dtype table** (:mod:`llmcheck.core.verdicts`) still fails what is past it.
+* **The dtype table** (:mod:`llmcheck.core.judging.verdicts`) still fails what is past it.
 
 Trained weights added four guards (``benchmarks/real_model_zoo.py``): a module's output is also
 held against the absolute errors of the parts of its sum (a cancelling residual add is not a
@@ -45,7 +45,11 @@ from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from llmcheck.core.feeders import FeederIndex, Feeding, inside
+from llmcheck.core.judging.feeders import FeederIndex, Feeding, inside
+from llmcheck.core.judging.repeats import Baseline, SiblingGroup, sibling_groups, structure_keys
+from llmcheck.core.judging.suspects import INHERITED_FROM_UNMATCHED, MY_ONLY_SUFFIX
+from llmcheck.core.judging.verdicts import NONFINITE_METRIC
+from llmcheck.core.judging.weights import WeightFinding
 from llmcheck.core.op_calls import CallId
 from llmcheck.core.records import (
     IO_INPUT,
@@ -61,10 +65,6 @@ from llmcheck.core.records import (
     is_float_dtype,
     metric_value,
 )
-from llmcheck.core.repeats import Baseline, SiblingGroup, sibling_groups, structure_keys
-from llmcheck.core.suspects import INHERITED_FROM_UNMATCHED, MY_ONLY_SUFFIX
-from llmcheck.core.verdicts import NONFINITE_METRIC
-from llmcheck.core.weights import WeightFinding
 
 INTRODUCED = "introduced"
 INHERITED = "inherited"
@@ -841,7 +841,7 @@ def attribute(
     records no pair holds (possible producers of a row's input). ``same_program`` says the
     two runs are one program at one precision on one machine (the my-run against its noise
     twin): there any difference behind bit-exact inputs is introduced, however small. ``weights``
-    maps ``id(row)`` to what :func:`llmcheck.core.weights.check_weights` found: parameters that
+    maps ``id(row)`` to what :func:`llmcheck.core.judging.weights.check_weights` found: parameters that
     differ from the golden beyond rounding fail as introduced.
     """
     measure = measure or ErrorMeasure(metric="")

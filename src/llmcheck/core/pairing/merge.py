@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from llmcheck.core.atomic_files import atomic_output
+from llmcheck.core.dumps.atomic_files import atomic_output
 from llmcheck.core.errors import PluginError, UsageError, closest_name
 from llmcheck.core.records import Dump, Pair, RecordKey, TensorRecord, UserMapping
 
@@ -309,7 +309,7 @@ def _write_one_entry_per_line(handle: IO[str], document: Mapping[str, Any], list
 
 def load_user_mapping(path: Path) -> UserMapping:
     """Return the ``--mapping`` file as name-pattern entries, or as exact key pairs for an edited pairs.json."""
-    from llmcheck.core.structured_file import read_structured_file
+    from llmcheck.core.dumps.structured_file import read_structured_file
 
     path = Path(path)
     if path.is_dir():  # the seed tool's -mf took a folder holding op_mapping_file.json

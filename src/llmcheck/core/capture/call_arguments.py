@@ -23,8 +23,8 @@ from typing import Any
 
 import torch
 
+from llmcheck.core.dumps.tensor_io import dtype_name, torch_dtype
 from llmcheck.core.errors import DumpFormatError, UsageError
-from llmcheck.core.tensor_io import dtype_name, torch_dtype
 
 #: The JSON object keys that mark an encoded non-JSON value.
 _TAGS = ("tensor", "float", "complex", "dtype", "device", "layout", "memory_format", "unsupported")

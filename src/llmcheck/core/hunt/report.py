@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from llmcheck.core.atomic_files import atomic_write_text
+from llmcheck.core.dumps.atomic_files import atomic_write_text
 
 REPORT_FORMAT = "llmcheck-hunt"
 

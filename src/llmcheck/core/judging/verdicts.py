@@ -150,7 +150,7 @@ def load_threshold_overrides(
     pair would silently never warn. Every problem is a :class:`UsageError` naming the file,
     an empty or unparsable file included: the file is an argument like any other.
     """
-    from llmcheck.core.structured_file import read_structured_file
+    from llmcheck.core.dumps.structured_file import read_structured_file
 
     path = Path(path)
     try:

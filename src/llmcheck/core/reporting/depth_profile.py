@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from llmcheck.core.divergence import (
+from llmcheck.core.judging.divergence import (
     AMPLIFIED,
     EXACT_INPUTS_METRIC,
     INTRODUCED,

@@ -1,0 +1,1 @@
+"""Capture: the sink that copies tensors off a run, their statistics, and the ``llmcheck dump`` command."""

@@ -1,0 +1,1 @@
+"""``llmcheck hunt``: coarse to fine, from two programs to the culprit operator."""

@@ -1,0 +1,1 @@
+"""Judging and attribution: verdicts, noise, feeders, repeats, suspects -- from measured pairs to the culprit."""

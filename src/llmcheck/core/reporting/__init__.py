@@ -1,0 +1,1 @@
+"""Reporting: the files and terminal lines a compare leaves, and the graph overlay."""
