@@ -21,6 +21,7 @@ from llmcheck.bundled_model import random_llama
 from llmcheck.core.cli import main
 from llmcheck.core.compare import compare_dumps
 from llmcheck.core.dumps.store import find_dumps
+from llmcheck.core.plugins import get_plugins
 from llmcheck.core.reporting.report import twin_cast_line, twin_hint
 from llmcheck.plugin_api import PARAMETER_DIGESTS_ATTR, hookimpl
 from llmcheck.plugins.torch_hooks.twin_command import capture_flags
@@ -263,12 +264,14 @@ def test_hook_llmcheck_noise_twin_command(in_process: Path, llmcheck_plugins) ->
     # the golden was written in-process: it names no program to run again
     golden, my = (read_dump(_one_dump(in_process / side)) for side in ("golden", "my"))
     result = compare_dumps(golden, my, workers=1)
-    assert twin_hint(result).endswith(
+    assert twin_hint(result, get_plugins().noise_twin_command).endswith(
         f'-er 0,1 -o {in_process / "golden_twin"} --exec "python <your golden program>"   # the golden dump was '
         'written in-process and names no program: put yours in; in Python, DumpConfig(as_dtype="bf16") does the same'
     )
     llmcheck_plugins(_OwnRunner())
-    assert twin_hint(result).endswith(f"to this compare:\n  myrunner --precision bf16 -o {in_process / 'golden_twin'}")
+    assert twin_hint(result, get_plugins().noise_twin_command).endswith(
+        f"to this compare:\n  myrunner --precision bf16 -o {in_process / 'golden_twin'}"
+    )
 
 
 SMOLLM2_PROGRAM = textwrap.dedent("""

@@ -157,7 +157,7 @@ def test_mapping_file_pairs_renamed_modules_by_wildcard(make_llmcheck_dump, tmp_
     assert [row.rule for row in unmapped.rows] == ["sequence", "sequence"] and unmapped.counts()["failures"] == 2
     mapping = tmp_path / "mapping.yaml"
     mapping.write_text('"model.layers.*.mlp": "decoder.blocks.*.ffn"\n')
-    mapped = _compare(golden, my, user_mapping=load_user_mapping(mapping))
+    mapped = _compare(golden, my, user_mapping=load_user_mapping(mapping, get_plugins().mapping_rules()))
     assert [(row.golden.key.name, row.my.key.name, row.rule) for row in mapped.rows] == [
         ("model.layers.0.mlp", "decoder.blocks.0.ffn", "user_mapping"),
         ("model.layers.1.mlp", "decoder.blocks.1.ffn", "user_mapping"),
@@ -349,7 +349,7 @@ def test_failing_rows_are_labelled_introduced_amplified_or_inherited_from_what_f
 
 def test_the_seed_mapping_folder_with_op_mapping_file_json_is_accepted(tmp_path: Path) -> None:
     (tmp_path / "op_mapping_file.json").write_text(json.dumps({"RmsNormOperation": ["RMSNorm", "LlamaRMSNorm"]}))
-    mapping = load_user_mapping(tmp_path)
+    mapping = load_user_mapping(tmp_path, get_plugins().mapping_rules())
     assert mapping.path == tmp_path / "op_mapping_file.json"
     assert mapping.entries == (("RmsNormOperation", "RMSNorm"), ("RmsNormOperation", "LlamaRMSNorm"))
 

@@ -22,6 +22,7 @@ import torch
 from llmcheck import dump_data
 from llmcheck.core.cli import main
 from llmcheck.core.errors import PathOutsideDumpError, UsageError
+from llmcheck.core.plugins import get_plugins
 from llmcheck.plugins.atb.bin_format import write_bin
 
 HIDDEN = 32
@@ -430,7 +431,7 @@ def test_hook_llmcheck_register_mapping_rules(llmcheck_plugins, tmp_path: Path) 
     mapping.write_text(json.dumps([{"golden": "*.attn.qk", "rule": "npy_transposed(1, 0)"}]))
     plugins = llmcheck_plugins(TransposedRule())
     assert set(plugins.mapping_rules()) == {"tp_unshard", "tp_replicated", "npy_transposed"}
-    assert load_user_mapping(mapping).rules == (("*.attn.qk", "npy_transposed(1, 0)"),)
+    assert load_user_mapping(mapping, get_plugins().mapping_rules()).rules == (("*.attn.qk", "npy_transposed(1, 0)"),)
 
     class ClashingRule:
         @staticmethod

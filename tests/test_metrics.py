@@ -11,8 +11,8 @@ import torch
 
 from llmcheck.core.dumps.tensor_chunks import fp8_table
 from llmcheck.core.dumps.tensor_io import tensor_bytes
-from llmcheck.core.measuring.metric_engine import PairJob, measure_pair
 from llmcheck.core.measuring.pair_chunk import PairChunk, Workspace
+from llmcheck.core.measuring.pair_measure import PairJob, measure_pair
 from llmcheck.core.plugins import get_plugins
 from llmcheck.core.records import TensorData
 from llmcheck.plugins.metrics import builtin_metric_specs

@@ -21,8 +21,9 @@ import pytest
 import torch
 
 from llmcheck.core.cli import main
-from llmcheck.core.compare import CompareResult, compare_dumps
+from llmcheck.core.compare import compare_dumps
 from llmcheck.core.errors import EXIT_FAILURES_FOUND
+from llmcheck.core.judging.result import CompareResult
 from llmcheck.core.plugins import get_plugins
 from llmcheck.plugins.msprobe.entry_names import parse_entry_name
 

@@ -213,8 +213,8 @@ def test_attention_kernel_swap_sdpa_to_eager_gives_no_failure_at_op_level(tmp_pa
 
 
 def test_additive_mask_sentinels_agree_across_dtypes_and_a_lost_mask_does_not(tmp_path):
-    from llmcheck.core.measuring.metric_engine import PairJob, measure_pair
     from llmcheck.core.measuring.pair_chunk import Workspace
+    from llmcheck.core.measuring.pair_measure import PairJob, measure_pair
     from llmcheck.core.records import TensorData
     from llmcheck.plugins.metrics import builtin_metric_specs
 
@@ -283,7 +283,7 @@ def test_an_op_only_the_my_run_executes_is_named_as_the_suspect(tmp_path):
     )
     from llmcheck.core.reporting.reporters import write_reports
 
-    html = write_reports(result, tmp_path / "report")["html"].read_text()
+    html = write_reports(result, tmp_path / "report", get_plugins().reporters())["html"].read_text()
     assert "suspects: the my-run executes 1 operation here that the golden run does not" in html
     assert result.summary()["culprit"]["name"] == "model.layers.2.mlp/aten.mul.Tensor"
     fed_by_stray = [row for row in result.rows if row.attribution == "inherited_from_unmatched"]
@@ -323,10 +323,16 @@ def test_a_compare_across_precisions_without_a_twin_says_how_to_see_below_the_no
 
     my = _dump(copy.deepcopy(llama).to(torch.bfloat16), tmp_path / "my")
     console = Console(record=True, width=300)
-    print_summary(compare_dumps(fp32_golden, my, workers=1), console)
+    print_summary(
+        compare_dumps(fp32_golden, my, workers=1), console, noise_twin_command=get_plugins().noise_twin_command
+    )
     assert "hint: the runs differ in precision (fp32 golden, bf16 my)" in console.export_text()
     twin_console = Console(record=True, width=300)
-    print_summary(compare_dumps(fp32_golden, my, workers=1, noise=my), twin_console)
+    print_summary(
+        compare_dumps(fp32_golden, my, workers=1, noise=my),
+        twin_console,
+        noise_twin_command=get_plugins().noise_twin_command,
+    )
     assert "hint:" not in twin_console.export_text()
 
 
@@ -337,7 +343,9 @@ def test_a_golden_run_less_precise_than_the_my_run_asks_whether_the_paths_are_sw
 
     bf16_run = _dump(copy.deepcopy(llama).to(torch.bfloat16), tmp_path / "bf16")
     console = Console(record=True, width=300)
-    print_summary(compare_dumps(bf16_run, fp32_golden, workers=1), console)  # -gp bf16, -mp fp32
+    print_summary(
+        compare_dumps(bf16_run, fp32_golden, workers=1), console, noise_twin_command=get_plugins().noise_twin_command
+    )  # -gp bf16, -mp fp32
     shown = console.export_text()
     assert (
         "hint: the golden run is less precise than the my-run (bf16 golden, fp32 my): are -gp and -mp swapped? "

@@ -21,7 +21,7 @@ import torch
 from compare_runs import capture_run, scaled_weight
 from llmcheck.core.cli import main
 from llmcheck.core.compare import compare_dumps
-from llmcheck.core.measuring.metric_engine import PairJob
+from llmcheck.core.measuring.pair_measure import PairJob
 from llmcheck.core.measuring.ray_executor import SINGLE_THREADED_BLAS, RayExecutor, chunks_by_location
 from llmcheck.core.plugins import get_plugins
 from llmcheck.core.records import Dump, TensorData

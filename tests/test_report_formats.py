@@ -25,7 +25,8 @@ import pytest
 import torch
 
 from llmcheck.core.cli import main
-from llmcheck.core.compare import CompareResult, compare_dumps
+from llmcheck.core.compare import compare_dumps
+from llmcheck.core.judging.result import CompareResult
 from llmcheck.core.pairing.merge import Pairing, Unmatched, key_json_text, key_to_json, write_pairs_json
 from llmcheck.core.plugins import get_plugins
 from llmcheck.core.records import (

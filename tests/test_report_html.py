@@ -71,7 +71,7 @@ def compared(tmp_path_factory: pytest.TempPathFactory):
 @pytest.fixture(scope="module")
 def report_page(compared) -> Path:
     result, folder = compared
-    return write_reports(result, folder / "report")["html"]
+    return write_reports(result, folder / "report", get_plugins().reporters())["html"]
 
 
 @pytest.fixture(scope="module")
@@ -184,7 +184,7 @@ def test_a_clean_bf16_run_shows_no_hot_cell(tmp_path: Path) -> None:
     plugins = get_plugins()
     result = compare_dumps(plugins.load_tensors(golden), plugins.load_tensors(my), workers=1)
     assert result.first_introduced is None
-    dom, browser_log = render(write_reports(result, tmp_path / "report")["html"])
+    dom, browser_log = render(write_reports(result, tmp_path / "report", get_plugins().reporters())["html"])
     assert console_errors(browser_log) == []
     cells = heat_cells(dom)
     assert len(cells) > 6 * 10 and [title for _, colour, title in cells if colour == HOT_RED] == []

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from llmcheck.core.cli import main
+from llmcheck.core.plugins import get_plugins
 
 DEFAULT_FILES = {"cmp_report.csv", "summary.json", "pairs.json", "report.html"}
 
@@ -210,7 +211,7 @@ def test_reporters_write_with_the_cyclic_collector_paused_and_get_it_back(llmche
     enabled_before = gc.isenabled()
     gc.enable()
     try:
-        written = write_reports(result, tmp_path / "out", ["gcwatch"])
+        written = write_reports(result, tmp_path / "out", get_plugins().reporters(), ["gcwatch"])
         assert seen == [False] and gc.isenabled()
     finally:
         (gc.enable if enabled_before else gc.disable)()

@@ -15,6 +15,7 @@ from llmcheck.core.dumps.store import DumpWriter, read_dump
 from llmcheck.core.dumps.tensor_io import dtype_name
 from llmcheck.core.measuring import pair_chunk, small_pairs
 from llmcheck.core.measuring.pair_block import row_dots
+from llmcheck.core.plugins import get_plugins
 from llmcheck.core.records import RecordKey, TensorRecord
 from llmcheck.core.reporting.reporters import write_reports
 from llmcheck.plugins.metrics import builtin_metric_specs
@@ -86,7 +87,7 @@ def _runs(tmp_path: Path) -> tuple[Path, Path]:
 
 
 def _csv_columns(result, folder: Path) -> dict[str, dict[str, str]]:
-    write_reports(result, folder)
+    write_reports(result, folder, get_plugins().reporters())
     with open(folder / "cmp_report.csv", newline="") as handle:
         return {
             row["name"]: {column: row[column] for column in METRIC_COLUMNS + STATISTICS_COLUMNS}
@@ -165,8 +166,8 @@ def test_pairs_and_measurements_cross_to_worker_processes_unchanged(tmp_path: Pa
     import dataclasses
     import pickle
 
-    from llmcheck.core.measuring.metric_engine import PairJob, measure_pair
     from llmcheck.core.measuring.pair_chunk import Workspace
+    from llmcheck.core.measuring.pair_measure import PairJob, measure_pair
     from llmcheck.core.measuring.pair_transfer import pack_jobs, pack_measurements, unpack_jobs, unpack_measurements
 
     golden, my = (read_dump(path) for path in _runs(tmp_path))
@@ -264,8 +265,9 @@ def _signed_zeros_the_float32_minimum_decides_otherwise(size: int) -> torch.Tens
 
 
 def test_pairs_measured_in_blocks_are_measured_as_streaming_each_alone_bit_for_bit(tmp_path: Path) -> None:
-    from llmcheck.core.measuring.metric_engine import PairJob, measure_jobs, measure_pair
+    from llmcheck.core.measuring.metric_engine import measure_jobs
     from llmcheck.core.measuring.pair_chunk import Workspace
+    from llmcheck.core.measuring.pair_measure import PairJob, measure_pair
 
     golden, my = (read_dump(path) for path in _block_runs(tmp_path))
     jobs = [

@@ -18,8 +18,9 @@ from pathlib import Path
 import pytest
 
 from llmcheck.core.cli import main
-from llmcheck.core.compare import CompareResult, compare_dumps
+from llmcheck.core.compare import compare_dumps
 from llmcheck.core.errors import EXIT_FAILURES_FOUND, DumpNotFoundError
+from llmcheck.core.judging.result import CompareResult
 from llmcheck.core.pairing.merge import load_user_mapping
 from llmcheck.core.plugins import get_plugins
 from llmcheck.plugins.tensor_parallel.shard_layout import CONCAT, REPLICATED, SUM, RuleError, ShardLayout, parse_rule
@@ -57,7 +58,7 @@ def _compare(golden: Path, my: Path, mapping: Path | None = None) -> CompareResu
         plugins.load_tensors(golden),
         plugins.load_tensors(my),
         workers=1,
-        user_mapping=load_user_mapping(mapping) if mapping else None,
+        user_mapping=load_user_mapping(mapping, get_plugins().mapping_rules()) if mapping else None,
     )
 
 

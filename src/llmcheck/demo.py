@@ -183,9 +183,9 @@ def run_demo(output: Path, dtype: str = "fp32") -> int:
             console=console,
             noise=plugins.load_tensors(noise_dump) if noise_dump is not None else None,
         )
-    written = write_reports(result, run_folder / "report")
+    written = write_reports(result, run_folder / "report", plugins.reporters())
     console.print()
-    print_summary(result, console, written)
+    print_summary(result, console, written, noise_twin_command=plugins.noise_twin_command)
     introduced = result.first_introduced
     found = introduced is not None and introduced.golden.key.name == defective
     console.print()

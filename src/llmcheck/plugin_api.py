@@ -47,6 +47,7 @@ from llmcheck import lazy_attributes
 from llmcheck.core.capture.backend_options import BackendOption
 from llmcheck.core.capture.dump_command import ProgramRun, run_program
 from llmcheck.core.capture.seed_flags import seed_dump_options
+from llmcheck.core.dtypes import DTYPE_ITEMSIZE, FLOAT_DTYPES, dtype_class, is_float_dtype
 from llmcheck.core.dumps.atomic_files import atomic_output, atomic_write_text, atomic_write_with, write_failed
 from llmcheck.core.dumps.dump_paths import (
     METADATA_LIMIT_BYTES,
@@ -97,8 +98,6 @@ from llmcheck.core.plugins import load_dump
 from llmcheck.core.records import (
     ALL_RANKS,
     DEPTH_BLOCKS,
-    DTYPE_ITEMSIZE,
-    FLOAT_DTYPES,
     IO_INPUT,
     IO_OUTPUT,
     LAYOUT_TENSOR_FILES,
@@ -132,8 +131,6 @@ from llmcheck.core.records import (
     TopologyNode,
     UserMapping,
     block_depth,
-    dtype_class,
-    is_float_dtype,
     is_op_record_name,
     lies_inside,
     merge_rank_dumps,
@@ -177,7 +174,6 @@ if TYPE_CHECKING:  # pragma: no cover
         stats_vector,
     )
     from llmcheck.core.capture.tensor_sink import NullSink, TensorSink, version_counter
-    from llmcheck.core.compare import CompareResult
     from llmcheck.core.dumps.tensor_chunks import ChunkReader
     from llmcheck.core.dumps.tensor_io import (
         dtype_name,
@@ -186,6 +182,7 @@ if TYPE_CHECKING:  # pragma: no cover
         tensor_from_byte_range,
         torch_dtype,
     )
+    from llmcheck.core.judging.result import CompareResult
     from llmcheck.core.judging.stats_compare import DECIDING_STAT, statistics_columns
     from llmcheck.core.measuring.pair_block import PairBlock, row_dots
     from llmcheck.core.measuring.pair_chunk import PairChunk, Workspace, dot

@@ -309,7 +309,7 @@ def llmcheck_register_reporters(register: Callable[[Reporter], None]) -> None:
     Called once per compare, before anything is measured (an unknown ``--report`` name
     fails early). Call ``register(Reporter(name, description, file_name, write, default))``
     per format: ``write(result, path)`` gets the finished
-    :class:`~llmcheck.core.compare.CompareResult` and the path of ``file_name`` in the
+    :class:`~llmcheck.core.judging.result.CompareResult` and the path of ``file_name`` in the
     output folder. A ``default`` reporter runs on every compare; the others run when the
     user passes ``--report NAME``. Two plugins registering the same name is a
     :class:`~llmcheck.core.errors.PluginError` naming both.

@@ -469,6 +469,13 @@ class Plugins:
                 proposals.extend(pairs)
         return proposals
 
+    def claimed_dump(self, folder: Path) -> Dump:
+        """Return the dump a plugin reads ``folder`` as, raising :class:`DumpNotFoundError` when none claims it.
+
+        A folder of loose tensor files is not claimed: reports may go there (what ``-o`` is checked with).
+        """
+        return self.load_tensors(folder, tensor_folder=False)
+
     def noise_twin_command(self, golden: Dump, precision: str, output_dir: Path) -> str | None:
         """Return the command that records ``golden``'s noise twin at ``precision``, from the plugin of its capture, or None."""
         command: str | None = self.manager.hook.llmcheck_noise_twin_command(

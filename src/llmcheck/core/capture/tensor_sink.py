@@ -45,9 +45,10 @@ import torch
 
 from llmcheck.core.capture.dump_progress import DumpProgress
 from llmcheck.core.capture.statistics import segmented_stats_vectors, stats_json_from_rows, stats_vector
+from llmcheck.core.dtypes import DTYPE_ITEMSIZE
 from llmcheck.core.dumps.store import DumpWriter, KeyFields, index_line
 from llmcheck.core.dumps.tensor_io import dtype_name
-from llmcheck.core.records import DTYPE_ITEMSIZE, TopologyNode
+from llmcheck.core.records import TopologyNode
 
 #: CPU tensors up to this many elements are measured with their batch, larger ones one by one.
 SMALL_TENSOR_ELEMENTS = 1 << 16

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
+from llmcheck.core.dtypes import DTYPE_ITEMSIZE
 from llmcheck.core.dumps.atomic_files import TEMPORARY_SUFFIX, atomic_write_text, remove_quietly, write_failed
 from llmcheck.core.dumps.dump_paths import METADATA_LIMIT_BYTES, inside_dump, plain_file_names, read_dump_file
 from llmcheck.core.dumps.dump_schema import (
@@ -50,7 +51,6 @@ from llmcheck.core.dumps.dump_schema import (
 from llmcheck.core.errors import DumpFormatError, DumpNotFoundError, LlmcheckError, UsageError, WriteFailedError
 from llmcheck.core.gc_pause import paused_cyclic_gc
 from llmcheck.core.records import (
-    DTYPE_ITEMSIZE,
     BatchLayout,
     Dump,
     RecordKey,

@@ -19,8 +19,9 @@ from pathlib import Path
 
 import numpy as np
 
+from llmcheck.core.dtypes import DTYPE_ITEMSIZE
 from llmcheck.core.errors import DumpFormatError
-from llmcheck.core.records import DTYPE_ITEMSIZE, TensorData
+from llmcheck.core.records import TensorData
 
 #: Mapped pages are dropped once this many bytes past the last drop have been read.
 _DROP_EVERY_BYTES = 8 * 1024 * 1024

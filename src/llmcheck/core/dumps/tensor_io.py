@@ -13,8 +13,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from llmcheck.core.dtypes import DTYPE_ITEMSIZE
 from llmcheck.core.errors import DumpFormatError
-from llmcheck.core.records import DTYPE_ITEMSIZE
 
 #: numpy dtype with the same item size used to map the bytes before viewing them as torch's dtype.
 _CARRIER: dict[int, np.dtype] = {1: np.dtype(np.uint8), 2: np.dtype("<u2"), 4: np.dtype("<u4"), 8: np.dtype("<u8")}

@@ -45,6 +45,7 @@ from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from llmcheck.core.dtypes import is_float_dtype
 from llmcheck.core.judging.feeders import FeederIndex, Feeding, inside
 from llmcheck.core.judging.repeats import Baseline, SiblingGroup, sibling_groups, structure_keys
 from llmcheck.core.judging.suspects import INHERITED_FROM_UNMATCHED, MY_ONLY_SUFFIX
@@ -62,7 +63,6 @@ from llmcheck.core.records import (
     MetricResult,
     TensorRecord,
     build_row,
-    is_float_dtype,
     metric_value,
 )
 

@@ -23,8 +23,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from llmcheck.core.judging.sentinels import is_sentinel
 from llmcheck.core.judging.verdicts import NONFINITE_METRIC, ThresholdOverride, judge
+from llmcheck.core.measuring.sentinels import is_sentinel
 from llmcheck.core.records import (
     VERDICT_FAIL,
     VERDICT_PASS,
@@ -120,9 +120,9 @@ def judge_statistics(
 ) -> tuple[dict[str, MetricResult], str, str | None, int]:
     """Return the statistics results, the verdict, the deciding column and the NaN/Inf count difference.
 
-    ``sentinel_limits`` (golden, my; :func:`llmcheck.core.judging.sentinels.sentinel_limit_in_run`) let
+    ``sentinel_limits`` (golden, my; :func:`llmcheck.core.measuring.sentinels.sentinel_limit_in_run`) let
     a mask be recognised: when both sides' min or max is their run's infinity sentinel
-    (:mod:`llmcheck.core.judging.sentinels`), the statistics are the mask's, and the row is not judged
+    (:mod:`llmcheck.core.measuring.sentinels`), the statistics are the mask's, and the row is not judged
     on them; a sentinel on one side only fails it.
 
     NaN and Inf follow the full-tensor rules: counts that differ fail the row

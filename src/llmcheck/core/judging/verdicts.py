@@ -26,6 +26,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from llmcheck.core.dtypes import dtype_class
 from llmcheck.core.errors import LlmcheckError, UsageError, closest_name
 from llmcheck.core.records import (
     VERDICT_FAIL,
@@ -36,7 +37,6 @@ from llmcheck.core.records import (
     MetricLayout,
     MetricResult,
     MetricSpec,
-    dtype_class,
     held_values,
 )
 
@@ -139,12 +139,12 @@ ENTRIES_NAMED = 5
 def load_threshold_overrides(
     path: Path,
     known_metrics: Sequence[str] | Mapping[str, MetricSpec],
-    registered_metrics: Sequence[str] | None = None,
+    registered_metrics: Sequence[str],
 ) -> list[ThresholdOverride]:
     """Return the entries of a ``--thresholds`` file (JSON or YAML list), checked against the known metrics.
 
     ``known_metrics`` are the metrics this compare measures; ``registered_metrics`` all that
-    plugins register (looked up when needed): an entry naming one of those that ``--metric``
+    plugins register: an entry naming one of those that ``--metric``
     left out is told so, not called unknown. Given the metric specs (not just names), each
     entry's ``warn`` must be no worse than its ``fail`` in the metric's direction: a reversed
     pair would silently never warn. Every problem is a :class:`UsageError` naming the file,
@@ -184,7 +184,7 @@ def _override(
     position: int,
     path: Path,
     known_metrics: Sequence[str] | Mapping[str, MetricSpec],
-    registered_metrics: Sequence[str] | None,
+    registered_metrics: Sequence[str],
 ) -> ThresholdOverride:
     """Return one checked entry of a thresholds file (``position`` counts from 1)."""
     if not isinstance(entry, Mapping):
@@ -246,13 +246,9 @@ def _metric_not_measured(
     position: int,
     path: Path,
     known_metrics: Sequence[str] | Mapping[str, MetricSpec],
-    registered_metrics: Sequence[str] | None,
+    registered_metrics: Sequence[str],
 ) -> UsageError:
     """Return the error for an entry whose metric this compare does not measure: left out by --metric, or unknown."""
-    if registered_metrics is None:
-        from llmcheck.core.plugins import get_plugins
-
-        registered_metrics = list(get_plugins().metrics())
     if isinstance(metric, str) and metric in registered_metrics:
         return UsageError(
             f"entry {position} sets thresholds for {metric!r}, a registered metric that --metric does not select",

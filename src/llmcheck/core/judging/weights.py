@@ -22,7 +22,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from llmcheck.core.records import DTYPE_ITEMSIZE, ComparisonRow
+from llmcheck.core.dtypes import DTYPE_ITEMSIZE
+from llmcheck.core.records import ComparisonRow
 
 #: The attrs key a source sets on a record holding a model parameter (its qualified name).
 PARAMETER_ATTR = "parameter"

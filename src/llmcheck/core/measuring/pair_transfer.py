@@ -1,7 +1,7 @@
 """Pairs and their measurements as columns, so 10^5 of them cross to and from worker processes cheaply.
 
 A ``generate()`` dump gives tens of thousands of small pairs, and pickling them as objects
-costs about as much as measuring them: 50 000 :class:`~llmcheck.core.measuring.metric_engine.PairJob`
+costs about as much as measuring them: 50 000 :class:`~llmcheck.core.measuring.pair_measure.PairJob`
 objects -- each with two :class:`~llmcheck.core.records.TensorData` holding a ``Path`` --
 take 0.7 s to pickle and 1 s to unpickle, and their measurements (a dict of metric values
 and two :class:`~llmcheck.core.records.TensorStats` each) as long again on the way back.
@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from llmcheck.core.measuring.metric_engine import PairJob, PairMeasurement
+from llmcheck.core.measuring.pair_measure import PairJob, PairMeasurement
 from llmcheck.core.records import TensorData, TensorStats
 from llmcheck.core.records import build_stats as _build_stats
 

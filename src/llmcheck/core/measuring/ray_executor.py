@@ -31,14 +31,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from llmcheck.core.errors import LlmcheckError, UsageError
-from llmcheck.core.measuring.metric_engine import (
-    DEFAULT_CHUNK_VALUES,
-    PairJob,
-    PairMeasurement,
-    measure_jobs,
-    split_by_bytes,
-)
+from llmcheck.core.measuring.metric_engine import measure_jobs, split_by_bytes
 from llmcheck.core.measuring.pair_chunk import Workspace
+from llmcheck.core.measuring.pair_measure import DEFAULT_CHUNK_VALUES, PairJob, PairMeasurement
 from llmcheck.core.records import MetricSpec, TensorData
 
 log = logging.getLogger("llmcheck.ray")

@@ -11,7 +11,7 @@ reductions (sums, minima, maxima, dot products) are single numpy calls. Such a b
 :class:`~llmcheck.core.measuring.pair_block.PairBlock`: metrics that know how give their value for every
 row from it at once, so no per-pair objects are made. A pair that may hold NaN, Inf or mask
 sentinels, or that a metric cannot measure from the block, folds its own slice through the same
-:class:`~llmcheck.core.measuring.metric_engine.PairFold` the streaming path uses. Either way every
+:class:`~llmcheck.core.measuring.pair_measure.PairFold` the streaming path uses. Either way every
 reduction -- and so every metric value -- is the one streaming gives, bit for bit.
 
 What is left is arithmetic streaming must do too, so the per-block bookkeeping is kept to a
@@ -32,18 +32,13 @@ from typing import NamedTuple, cast
 
 import numpy as np
 
+from llmcheck.core.dtypes import DTYPE_ITEMSIZE
 from llmcheck.core.dumps.tensor_chunks import Decoder, layout
-from llmcheck.core.judging.sentinels import sentinel_limit_in_run
-from llmcheck.core.measuring.metric_engine import (
-    WIDE_INTEGER_DTYPES,
-    PairFold,
-    PairJob,
-    PairMeasurement,
-    measure_pair,
-)
 from llmcheck.core.measuring.pair_block import PairBlock, stacked_row_dots
 from llmcheck.core.measuring.pair_chunk import RELATIVE_FLOOR, PairChunk, Workspace
-from llmcheck.core.records import DTYPE_ITEMSIZE, MetricSpec, TensorData, TensorStats, build_stats
+from llmcheck.core.measuring.pair_measure import WIDE_INTEGER_DTYPES, PairFold, PairJob, PairMeasurement, measure_pair
+from llmcheck.core.measuring.sentinels import sentinel_limit_in_run
+from llmcheck.core.records import MetricSpec, TensorData, TensorStats, build_stats
 
 #: Pairs of at most this many values per side (and within one chunk) are measured in groups;
 #: 0 streams every pair (the tests compare both ways).
@@ -383,7 +378,7 @@ def _block_rows(
     """Add the rows measured from the block to ``rows``; return the rows to fold the ordinary way.
 
     A row is folded the ordinary way when it may hold NaN, Inf or mask sentinels (its sum of
-    squares says so, :func:`~llmcheck.core.judging.sentinels.may_hold_sentinels`), holds 64-bit
+    squares says so, :func:`~llmcheck.core.measuring.sentinels.may_hold_sentinels`), holds 64-bit
     integers (measured exactly as integers), or a metric cannot give its value from the block.
     """
     golden_squares, my_squares = columns.squares

@@ -57,12 +57,8 @@ class WorkerPool:
 
 def early_pool(workers: int | None, specs: Sequence[MetricSpec], inputs: Iterable[Path | None]) -> WorkerPool | None:
     """Return a pool started now when the compare of ``inputs`` will measure in workers; None otherwise."""
-    from llmcheck.core.measuring.metric_engine import (
-        DEFAULT_CHUNK_VALUES,
-        PARALLEL_MIN_BYTES,
-        default_workers,
-        picklable,
-    )
+    from llmcheck.core.measuring.metric_engine import PARALLEL_MIN_BYTES, default_workers, picklable
+    from llmcheck.core.measuring.pair_measure import DEFAULT_CHUNK_VALUES
 
     workers = workers or default_workers()
     if workers < 2 or not files_reach([path for path in inputs if path is not None], PARALLEL_MIN_BYTES):

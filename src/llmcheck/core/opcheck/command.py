@@ -178,8 +178,8 @@ def opcheck_command(
     if jobs is not None and jobs < 1:
         raise UsageError(f"invalid number of workers {jobs}", where="-j/--jobs", hint="give 1 or more")
     device = reference_device(device_id)
-    prepare_report_folder(Path(output_dir), (CSV_NAME, XLSX_NAME))
     plugins = get_plugins()
+    prepare_report_folder(Path(output_dir), (CSV_NAME, XLSX_NAME), plugins.claimed_dump)
     dump = plugins.load_tensors(Path(tensor_dir))
     if dump.cut:
         log.warning("%s: the dump is cut short: %s", tensor_dir, dump.cut)

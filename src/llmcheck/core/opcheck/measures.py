@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from llmcheck.core.judging.sentinels import sentinel_limit
+from llmcheck.core.measuring.sentinels import sentinel_limit
 from llmcheck.core.opcheck.criteria import (
     RECORDED_NOISE_MULTIPLE,
     RECORDED_ROUNDING_MULTIPLE,

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import itertools
 import json
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -307,8 +307,12 @@ def _write_one_entry_per_line(handle: IO[str], document: Mapping[str, Any], list
 # --- the user's mapping file ----------------------------------------------------------------
 
 
-def load_user_mapping(path: Path) -> UserMapping:
-    """Return the ``--mapping`` file as name-pattern entries, or as exact key pairs for an edited pairs.json."""
+def load_user_mapping(path: Path, known_rules: Collection[str]) -> UserMapping:
+    """Return the ``--mapping`` file as name-pattern entries, or as exact key pairs for an edited pairs.json.
+
+    ``known_rules`` are the rule names the loaded plugins read (``Plugins.mapping_rules()``): a
+    rule entry naming another is refused, since a typo would pair nothing.
+    """
     from llmcheck.core.dumps.structured_file import read_structured_file
 
     path = Path(path)
@@ -366,7 +370,7 @@ def load_user_mapping(path: Path) -> UserMapping:
             raise UsageError(
                 f"mapping {golden_pattern!r} -> {my_pattern!r}: both sides need the same number of '*'", where=path
             )
-    _check_rules(list(zip(rule_positions, rules)), path)
+    _check_rules(list(zip(rule_positions, rules)), path, known_rules)
     return UserMapping(path=path, entries=tuple((str(g), str(m)) for g, m in items), rules=tuple(rules))
 
 
@@ -383,13 +387,11 @@ def rule_name(rule: str) -> str:
     return rule.split("(", 1)[0].strip()
 
 
-def _check_rules(rules: Sequence[tuple[int, tuple[str, str]]], path: Path) -> None:
+def _check_rules(rules: Sequence[tuple[int, tuple[str, str]]], path: Path, known_rules: Collection[str]) -> None:
     """Raise a usage error naming the rule entries whose rule no plugin registers (a typo would pair nothing)."""
     if not rules:
         return
-    from llmcheck.core.plugins import get_plugins
-
-    known = list(get_plugins().mapping_rules())
+    known = list(known_rules)
     unknown = [(position, rule) for position, (_, rule) in rules if rule_name(rule) not in known]
     if not unknown:
         return

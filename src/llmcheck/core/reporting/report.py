@@ -8,10 +8,11 @@ The files themselves are written by reporters (``core/reporting/reporters.py``; 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from llmcheck.core.dtypes import is_float_dtype
 from llmcheck.core.judging.divergence import (
     CARRIED_METRIC,
     EXACT_INPUTS_METRIC,
@@ -20,13 +21,13 @@ from llmcheck.core.judging.divergence import (
     TWIN_METRIC,
     WEIGHTS_METRIC,
 )
-from llmcheck.core.records import IO_INPUT, VERDICT_ERROR, VERDICT_FAIL, VERDICT_WARN, ComparisonRow, is_float_dtype
+from llmcheck.core.records import IO_INPUT, VERDICT_ERROR, VERDICT_FAIL, VERDICT_WARN, ComparisonRow, Dump
 from llmcheck.core.reporting.depth_profile import error_measure, row_error
 
 if TYPE_CHECKING:  # pragma: no cover
     from rich.console import Console
 
-    from llmcheck.core.compare import CompareResult
+    from llmcheck.core.judging.result import CompareResult
 
 CSV_NAME = "cmp_report.csv"
 SUMMARY_NAME = "summary.json"
@@ -145,8 +146,22 @@ def divergence_line(row: ComparisonRow) -> str:
     return f"{where}: {measure_text(row)}{attribution}"
 
 
-def print_summary(result: CompareResult, console: Console, written: Mapping[str, Path] | None = None) -> None:
-    """Print counts, the first divergence, the first introduced divergence and the ten worst rows."""
+#: How the loaded plugins say to record a golden run's noise twin (``Plugins.noise_twin_command``):
+#: from the golden dump, the precision and the folder to write, the command, or None.
+NoiseTwinCommand = Callable[[Dump, str, Path], "str | None"]
+
+
+def print_summary(
+    result: CompareResult,
+    console: Console,
+    written: Mapping[str, Path] | None = None,
+    *,
+    noise_twin_command: NoiseTwinCommand,
+) -> None:
+    """Print counts, the first divergence, the first introduced divergence and the ten worst rows.
+
+    ``noise_twin_command`` words the hint to record a noise twin when the runs differ in precision.
+    """
     counts = result.counts()
     read = result.tensor_bytes_read
     size = f"{read / 1e9:.2f} GB" if read >= 1e9 else f"{read / 1e6:.1f} MB"
@@ -206,7 +221,7 @@ def print_summary(result: CompareResult, console: Console, written: Mapping[str,
         suspects = result.suspects.sentence()
         if suspects:
             console.print(f"[bold]suspects:[/] {suspects}", highlight=False)
-    hint = twin_hint(result)
+    hint = twin_hint(result, noise_twin_command)
     if hint:
         console.print(f"hint: {hint}", markup=False, highlight=False)
     made = twin_cast_line(result)
@@ -226,7 +241,7 @@ def print_summary(result: CompareResult, console: Console, written: Mapping[str,
         console.print("wrote " + ", ".join(str(path) for path in written.values()), markup=False)
 
 
-def twin_hint(result: CompareResult) -> str:
+def twin_hint(result: CompareResult, noise_twin_command: NoiseTwinCommand) -> str:
     """Return advice when the runs differ in precision and no noise twin was given, else ''.
 
     A golden run less precise than the my-run is most likely the two paths given the wrong way
@@ -235,7 +250,6 @@ def twin_hint(result: CompareResult) -> str:
     or in words without one.
     """
     from llmcheck.core.judging.verdicts import PRECISION_ORDER, run_precision
-    from llmcheck.core.plugins import get_plugins
 
     if result.noise is not None:
         return ""
@@ -252,7 +266,7 @@ def twin_hint(result: CompareResult) -> str:
         "passes unseen here; "
     )
     twin_dir = twin_folder(result.golden.root)
-    command = get_plugins().noise_twin_command(result.golden, my, twin_dir)
+    command = noise_twin_command(result.golden, my, twin_dir)
     if command is None:
         return why + (
             "record the golden program at the my-run's precision and give it as --noise-path (docs/commands/compare.md)"

@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import logging
 import shutil
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from llmcheck.core.dumps.store import check_output_folder
 from llmcheck.core.errors import DumpNotFoundError, LlmcheckError, UsageError
+from llmcheck.core.records import Dump
 
 log = logging.getLogger("llmcheck.report")
 
@@ -28,13 +29,19 @@ MODEL_EXPLORER_DIR = "model_explorer"
 MODEL_EXPLORER_FILES = ("node_data_*.json", "*.onnx")
 
 
-def prepare_report_folder(output: Path, report_names: Sequence[str], what: str = "reports") -> None:
-    """Raise a usage error when ``output`` cannot take reports (it is, or lies in, a dump); write nothing."""
+def prepare_report_folder(
+    output: Path, report_names: Sequence[str], read_dump: Callable[[Path], Dump], what: str = "reports"
+) -> None:
+    """Raise a usage error when ``output`` cannot take reports (it is, or lies in, a dump); write nothing.
+
+    ``read_dump`` reads a folder as a dump the way the loaded plugins do (raising
+    :class:`DumpNotFoundError` where none claims it): every source knows its own dumps.
+    """
     output = Path(output)
     check_output_folder(output, what)
     if not output.is_dir() or next(output.iterdir(), None) is None:
         return
-    claimed_by = dump_holding(output)
+    claimed_by = dump_holding(output, read_dump)
     if claimed_by is not None:
         raise UsageError(
             f"is {claimed_by}; {what} are never written into a dump", where=output, hint="pass another folder with -o"
@@ -43,12 +50,10 @@ def prepare_report_folder(output: Path, report_names: Sequence[str], what: str =
     # (replace_previous_report): an input error found before then leaves it whole and unmentioned.
 
 
-def dump_holding(folder: Path) -> str | None:
+def dump_holding(folder: Path, read_dump: Callable[[Path], Dump]) -> str | None:
     """Return what kind of dump ``folder`` is or lies in (``"a ge dump"``), or ``None`` when no plugin reads it as one."""
-    from llmcheck.core.plugins import get_plugins
-
     try:
-        dump = get_plugins().load_tensors(folder, tensor_folder=False)  # a folder of loose files may take reports
+        dump = read_dump(folder)
     except DumpNotFoundError:
         return None
     except LlmcheckError as exc:  # a plugin claimed it and found it broken: a dump all the same

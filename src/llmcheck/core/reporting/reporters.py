@@ -18,7 +18,7 @@ from llmcheck.core.errors import LlmcheckError, PluginError, UsageError
 from llmcheck.core.gc_pause import paused_cyclic_gc
 
 if TYPE_CHECKING:  # pragma: no cover
-    from llmcheck.core.compare import CompareResult
+    from llmcheck.core.judging.result import CompareResult
 
 #: The flag that asks for a reporter, named in its errors.
 REPORT_FLAG = "--report"
@@ -30,7 +30,7 @@ SKIP_REPORT_FLAG = "--skip-report"
 class Reporter:
     """One output format of ``llmcheck compare``, named for ``--report NAME``.
 
-    ``write(result, path)`` writes the whole compare (:class:`~llmcheck.core.compare.CompareResult`:
+    ``write(result, path)`` writes the whole compare (:class:`~llmcheck.core.judging.result.CompareResult`:
     rows, pairing, both dumps, ``summary()``) into ``path``, which is ``file_name`` inside
     the output folder; write it atomically (``llmcheck.core.dumps.atomic_files``) so an
     interrupted compare leaves no half file. ``default`` reporters run on every compare.
@@ -86,17 +86,20 @@ def choose_reporters(
 
 @paused_cyclic_gc()  # the reports build ~10**5 short-lived rows beside the compare's as many live objects
 def write_reports(
-    result: CompareResult, output_dir: Path, requested: Sequence[str] = (), skipped: Sequence[str] = ()
+    result: CompareResult,
+    output_dir: Path,
+    registered: Mapping[str, Reporter],
+    requested: Sequence[str] = (),
+    skipped: Sequence[str] = (),
 ) -> dict[str, Path]:
     """Write the default reports but the ``skipped``, and the ``requested`` ones, into ``output_dir``; return their paths by name.
 
     A previous report in ``output_dir`` is replaced whole: its files this compare does not
-    write are removed, and a warning names what was replaced and removed.
+    write are removed, and a warning names what was replaced and removed. ``registered`` are
+    the reporters the loaded plugins register (``Plugins.reporters()``), by name.
     """
-    from llmcheck.core.plugins import get_plugins
     from llmcheck.core.reporting.report_folder import replace_previous_report
 
-    registered = get_plugins().reporters()
     reporters = choose_reporters(registered, requested, skipped)
     try:
         output_dir.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,295 @@
+"""A measured pair judged into its row: the dtype table's verdict, the statistics-only and digest-only ways, and the notes a reader needs.
+
+Attribution (feeders, repeats, the noise twin) judges the rows again, all together, in
+:mod:`llmcheck.core.judging.divergence`; this is the judging each pair gets alone, as its
+measurement arrives.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from sys import intern as intern_text
+from typing import Any
+
+from llmcheck.core.dtypes import is_float_dtype
+from llmcheck.core.judging.digests import digest_row, judged_on_digests
+from llmcheck.core.judging.stats_compare import (
+    comparable_statistics,
+    error_measure_spec,
+    judge_statistics,
+    masked_statistics,
+    statistics_reason,
+)
+from llmcheck.core.judging.verdicts import (
+    NONFINITE_METRIC,
+    TableJudge,
+    ThresholdOverride,
+    judging_class,
+    least_precise,
+    run_dtype,
+    run_precision,
+)
+from llmcheck.core.measuring.pairing_jobs import has_recorded_stats, shape_problem, shape_text
+from llmcheck.core.measuring.sentinels import sentinel_limit_in_run
+from llmcheck.core.records import (
+    VERDICT_ERROR,
+    VERDICT_FAIL,
+    VERDICT_PASS,
+    ComparisonRow,
+    Dump,
+    MetricResult,
+    MetricSpec,
+    Pair,
+    TensorRecord,
+    build_row,
+)
+
+log = logging.getLogger("llmcheck.compare")
+
+
+def judging_specs(specs: Sequence[MetricSpec], chosen: Sequence[str] | None) -> list[MetricSpec]:
+    """Return the specs with thresholds only on the metrics the user chose (all when none were named).
+
+    The error measure is measured whatever ``--metric`` says (attribution works on it) but
+    judges a full-tensor pair only when chosen; a statistics-only pair is judged on it always.
+    """
+    if not chosen:
+        return list(specs)
+    return [spec if spec.name in chosen else dataclasses.replace(spec, thresholds={}) for spec in specs]
+
+
+def _statistics_row(
+    index: int,
+    pair: Pair,
+    specs: Sequence[MetricSpec],
+    overrides: Sequence[ThresholdOverride],
+    run_floor: str | None,
+    run_dtypes: tuple[str | None, str | None] = (None, None),
+    table: TableJudge | None = None,
+) -> ComparisonRow | None:
+    """Return the row of a pair judged on its recorded statistics when a side kept no data, else None."""
+    golden, my = pair.golden, pair.my
+    assert golden is not None and my is not None
+    if (golden.data is not None and my.data is not None) or not comparable_statistics(golden.stats, my.stats):
+        return None
+    if shape_problem(golden, my) is not None:
+        return None
+    judged_class = judging_class(golden.dtype, my.dtype, run_floor)
+    limits = (sentinel_limit_in_run(golden.dtype, run_dtypes[0]), sentinel_limit_in_run(my.dtype, run_dtypes[1]))
+    results, verdict, deciding, nonfinite = judge_statistics(
+        golden.stats,  # type: ignore[arg-type]  # statistics-only pairs always carry both sides' stats
+        my.stats,  # type: ignore[arg-type]
+        specs,
+        golden.key.name,
+        judged_class,
+        overrides,
+        sentinel_limits=limits,
+    )
+    sides = " and ".join(side for side, record in (("golden", golden), ("my", my)) if record.data is None)
+    bounded = error_measure_spec(specs)
+    reason = intern_text(
+        statistics_reason(
+            golden.stats,  # type: ignore[arg-type]
+            my.stats,  # type: ignore[arg-type]
+            sides,
+            bounded.name if bounded else "the error measure",
+            masked=masked_statistics(golden.stats, my.stats, limits),  # type: ignore[arg-type]
+        )
+    )  # one text for the rows that share it, not one each (180 bytes a row)
+    return build_row(
+        index=index,
+        golden=golden,
+        my=my,
+        rule=pair.rule,
+        metrics=results if table is None else table.held_alike(results),
+        verdict=verdict,
+        deciding_metric=deciding,
+        reason=reason,
+        golden_stats=golden.stats,
+        my_stats=my.stats,
+        nonfinite_mismatch=nonfinite,
+        judged_as=judged_class,
+    )
+
+
+def _notes(golden: TensorRecord, my: TensorRecord) -> list[str]:
+    notes = []
+    # asked for every pair: equal shapes and equal dtypes (nearly every pair) are told apart without conversions
+    if golden.shape != my.shape and tuple(golden.shape) != tuple(my.shape):
+        notes.append(
+            f"shapes differ only in size-1 dims ({shape_text(golden.shape)} vs {shape_text(my.shape)}); "
+            "compared element by element"
+        )
+    if golden.dtype != my.dtype and is_float_dtype(golden.dtype) != is_float_dtype(my.dtype):
+        notes.append(f"dtype kinds differ: golden {golden.dtype} vs my {my.dtype}")
+    return notes
+
+
+def _nonfinite_note(measurement: Any) -> str | None:
+    if not (measurement.nonfinite_mismatch or measurement.matching_nonfinite or measurement.masked):
+        return None  # the common case, asked for every pair
+    golden, my = measurement.golden_stats, measurement.my_stats
+    counts = f"golden {golden.nan_count} NaN, {golden.inf_count} Inf; my {my.nan_count} NaN, {my.inf_count} Inf"
+    if measurement.nonfinite_mismatch:
+        return (
+            f"{measurement.nonfinite_mismatch} positions are NaN/Inf on one side only, or a mask sentinel "
+            f"on one side only ({counts})"
+        )
+    notes = []
+    if measurement.matching_nonfinite:
+        notes.append(
+            f"{measurement.matching_nonfinite} positions are the same NaN/Inf on both sides, "
+            f"left out of the metrics ({counts})"
+        )
+    if measurement.masked:
+        notes.append(
+            f"{measurement.masked} positions hold the dtype's infinity sentinel (a mask) on both sides, "
+            "left out of the metrics"
+        )
+    return "; ".join(notes) or None
+
+
+def _merged_stats(record: TensorRecord, measured: Any) -> Any:
+    """Return the record's own statistics when the source recorded them, else the measured ones."""
+    return record.stats if has_recorded_stats(record) else measured
+
+
+def _pair_row(
+    index: int,
+    pair: Pair,
+    specs: Sequence[MetricSpec],
+    problem: str | None,
+    measurement: Any,
+    overrides: Sequence[ThresholdOverride],
+    run_floor: str | None,
+    table: TableJudge,
+    run_dtypes: tuple[str | None, str | None] = (None, None),
+) -> ComparisonRow:
+    golden, my = pair.golden, pair.my
+    assert golden is not None and my is not None
+    if problem is not None and judged_on_digests(pair):
+        return digest_row(index, pair, _statistics_row(index, pair, specs, overrides, run_floor, run_dtypes, table))
+    if problem is not None and (
+        statistics_row := _statistics_row(index, pair, specs, overrides, run_floor, run_dtypes, table)
+    ):
+        return statistics_row
+    if problem is not None or measurement is None:
+        return ComparisonRow(
+            index=index,
+            golden=golden,
+            my=my,
+            rule=pair.rule,
+            metrics={},
+            verdict=VERDICT_ERROR,
+            reason=problem or "not measured",
+            golden_stats=golden.stats,
+            my_stats=my.stats,
+        )
+    judged_class = judging_class(golden.dtype, my.dtype, run_floor)
+    results, verdict, deciding = table.judge(measurement.values, golden.key.name, judged_class)
+    notes = _notes(golden, my)
+    nonfinite = _nonfinite_note(measurement)
+    if nonfinite:
+        notes.append(nonfinite)
+    if measurement.nonfinite_mismatch:
+        verdict, deciding = VERDICT_FAIL, NONFINITE_METRIC
+        results = {
+            **results,
+            NONFINITE_METRIC: MetricResult(
+                NONFINITE_METRIC, float(measurement.nonfinite_mismatch), VERDICT_FAIL, 0.0, 0.0
+            ),
+        }
+    return build_row(
+        index=index,
+        golden=golden,
+        my=my,
+        rule=pair.rule,
+        metrics=results,
+        verdict=verdict,
+        deciding_metric=deciding,
+        reason="; ".join(notes),
+        golden_stats=_merged_stats(golden, measurement.golden_stats),
+        my_stats=_merged_stats(my, measurement.my_stats),
+        nonfinite_mismatch=measurement.nonfinite_mismatch,
+        judged_as=judged_class,
+    )
+
+
+#: Why a pair that could not be measured passes when a dump is compared with itself.
+SAME_RECORD_REASON = "the same record of the same dump on both sides (nothing to measure)"
+
+
+def same_record(pair: Pair) -> bool:
+    """Return whether a pair's two records are one record of one dump (a dump compared with itself)."""
+    golden, my = pair.golden, pair.my
+    assert golden is not None and my is not None
+    return golden.key == my.key and golden.source_path == my.source_path
+
+
+def _same_dump(golden: Dump, my: Dump) -> bool:
+    """Return whether both sides are one dump on disk, and say so: every record is then compared with itself."""
+    try:
+        same = golden.root.resolve() == my.root.resolve()
+    except OSError:
+        return False
+    if same:  # a smoke test does this on purpose: a notice, not a warning
+        log.info(
+            "%s: golden and my-run are the same dump: every record is compared with itself, so every pair passes "
+            "(give another run's dump to find where they differ)",
+            my.root,
+        )
+    return same
+
+
+@dataclass(frozen=True)
+class PairJudge:
+    """How one compare judges each pair alone, as its measurement arrives: the facts every row shares, found once.
+
+    ``run_dtypes`` are the dtypes most tensors of each run have (a run's mask sentinel is its
+    own dtype's "minus infinity"), ``run_floor`` the least precise of the two runs (its
+    thresholds judge a pair of mixed precisions), ``same_dump`` whether both sides are one dump
+    on disk (a pair with nothing to measure then passes).
+    """
+
+    specs: Sequence[MetricSpec]
+    overrides: Sequence[ThresholdOverride]
+    table: TableJudge
+    run_dtypes: tuple[str | None, str | None]
+    run_floor: str | None
+    same_dump: bool
+
+    @classmethod
+    def of(
+        cls,
+        golden: Dump,
+        my: Dump,
+        specs: Sequence[MetricSpec],
+        chosen: Sequence[str] | None,
+        overrides: Sequence[ThresholdOverride],
+    ) -> PairJudge:
+        """Return the judge of a compare of ``golden`` with ``my``, measuring ``specs``; ``chosen`` are the ``--metric`` names."""
+        run_dtypes = (
+            run_dtype([record.dtype for record in golden.records]),
+            run_dtype([record.dtype for record in my.records]),
+        )
+        run_classes = (run_precision([record.dtype for record in dump.records]) for dump in (golden, my))
+        return cls(
+            specs=specs,
+            overrides=overrides,
+            table=TableJudge(judging_specs(specs, chosen), overrides),
+            run_dtypes=run_dtypes,
+            run_floor=least_precise([name for name in run_classes if name]),
+            same_dump=_same_dump(golden, my),
+        )
+
+    def row(self, index: int, pair: Pair, problem: str | None, measurement: Any) -> ComparisonRow:
+        """Return the row of pair ``index``: measured (``measurement``), or not, and why (``problem``)."""
+        row = _pair_row(
+            index, pair, self.specs, problem, measurement, self.overrides, self.run_floor, self.table, self.run_dtypes
+        )
+        if row.verdict == VERDICT_ERROR and self.same_dump and same_record(pair):
+            return dataclasses.replace(row, verdict=VERDICT_PASS, reason=SAME_RECORD_REASON)
+        return row
