@@ -18,6 +18,9 @@ the same run, printed side by side:
   layer 30's ``mlp.down_proj`` on every 50th step that the later layers inherit, so the compare
   judges, attributes and reports failures. Prints pairs/s and the peak memory per pair (peak
   PSS of the compare's process tree, over the pairs): the figure issue #31 bounds (<= 400 bytes).
+  ``--records 10000000 --memory-cap-gb 8`` is the issue's ten-million-pair target: a compare
+  whose processes pass the cap is stopped there (SIGTERM, as a user would) and the line says
+  how long it ran and the last progress line it logged, rather than the machine swapping.
 
 Large mode writes two dumps of a seeded random Llama (hidden 1024, intermediate 2816, 8 layers, full module-level
 capture of inputs and outputs, about 2.1 GB each at the default 3072 tokens) with llmcheck's own torch
@@ -80,6 +83,7 @@ import json
 import os
 import resource
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -295,11 +299,13 @@ class TreeMemorySampler(threading.Thread):
     ``peak_rss`` the peak summed RSS, which counts pages shared by forked children once per process.
     """
 
-    def __init__(self, pid: int, interval_s: float = 0.02) -> None:
+    def __init__(self, pid: int, interval_s: float = 0.02, cap_bytes: int | None = None) -> None:
         super().__init__(daemon=True)
-        self.pid, self.interval_s = pid, interval_s
+        self.pid, self.interval_s, self.cap_bytes = pid, interval_s, cap_bytes
         self.peak_bytes = self.peak_rss = 0
         self.peak_processes = 0
+        self.capped_after_s: float | None = None  # when the tree passed cap_bytes and was stopped
+        self._began = time.perf_counter()
         self._stopped = threading.Event()
 
     def run(self) -> None:
@@ -314,6 +320,10 @@ class TreeMemorySampler(threading.Thread):
             self.peak_rss = max(self.peak_rss, rss)
             if pss > self.peak_bytes:
                 self.peak_bytes, self.peak_processes = pss, len(pids)
+            if self.cap_bytes is not None and pss > self.cap_bytes and self.capped_after_s is None:
+                # stopped as a user would stop it: the compare shuts its workers down on SIGTERM
+                self.capped_after_s = time.perf_counter() - self._began
+                os.kill(self.pid, signal.SIGTERM)
             self._stopped.wait(self.interval_s)
 
     def stop(self) -> None:
@@ -341,11 +351,12 @@ def plugins_missing_from(src: Path) -> list[str]:
 
 
 def run_compare(
-    golden: Path, my: Path, output: Path, jobs: int | None, src: Path
-) -> tuple[float, float, TreeMemorySampler, dict]:
+    golden: Path, my: Path, output: Path, jobs: int | None, src: Path, cap_bytes: int | None = None
+) -> tuple[float, float, TreeMemorySampler, dict | None]:
     """Run ``llmcheck compare`` of the code under ``src`` in a child process.
 
-    Returns wall and CPU seconds, the memory sampler and summary.json.
+    Returns wall and CPU seconds, the memory sampler and summary.json -- None when the
+    compare's processes passed ``cap_bytes`` (summed PSS) and were stopped there.
     """
     shutil.rmtree(output, ignore_errors=True)
     environment = {**os.environ, "PYTHONPATH": str(src)}
@@ -369,11 +380,17 @@ def run_compare(
     cpu_before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
     child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=environment)
-    sampler = TreeMemorySampler(child.pid)
+    sampler = TreeMemorySampler(child.pid, cap_bytes=cap_bytes)
     sampler.start()
     out, _ = child.communicate()
     wall_s = time.perf_counter() - started
     sampler.stop()
+    if sampler.capped_after_s is not None:
+        cpu_after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpu_s = (cpu_after.ru_utime + cpu_after.ru_stime) - (cpu_before.ru_utime + cpu_before.ru_stime)
+        said = [line for line in out.splitlines() if line.startswith("llmcheck: INFO")]
+        sampler.last_said = said[-1] if said else "(no progress line yet)"  # type: ignore[attr-defined]
+        return wall_s, cpu_s, sampler, None
     if child.returncode not in (0, 3):  # 3: the compare finished and found failing pairs
         raise SystemExit(f"compare failed ({child.returncode}):\n{out}")
     cpu_after = resource.getrusage(resource.RUSAGE_CHILDREN)  # the compare and the workers it joined
@@ -391,11 +408,19 @@ class Timing:
     peak_rss: int
     processes: int
     load: float
-    summary: dict
+    summary: dict | None  # None: stopped at the memory cap
+    capped_after_s: float | None = None
+    last_said: str = ""
 
 
 def time_compares(
-    golden: Path, my: Path, root: Path, jobs: int | None, versions: dict[str, Path], repeat: int
+    golden: Path,
+    my: Path,
+    root: Path,
+    jobs: int | None,
+    versions: dict[str, Path],
+    repeat: int,
+    cap_bytes: int | None = None,
 ) -> dict[str, Timing]:
     """Return the fastest of ``repeat`` runs of each version's compare, the versions taking turns.
 
@@ -404,9 +429,17 @@ def time_compares(
     best: dict[str, Timing] = {}
     for _ in range(repeat):
         for label, src in versions.items():
-            wall_s, cpu_s, sampler, summary = run_compare(golden, my, root / f"report_{label}", jobs, src)
+            wall_s, cpu_s, sampler, summary = run_compare(golden, my, root / f"report_{label}", jobs, src, cap_bytes)
             timing = Timing(
-                wall_s, cpu_s, sampler.peak_bytes, sampler.peak_rss, sampler.peak_processes, os.getloadavg()[0], summary
+                wall_s,
+                cpu_s,
+                sampler.peak_bytes,
+                sampler.peak_rss,
+                sampler.peak_processes,
+                os.getloadavg()[0],
+                summary,
+                sampler.capped_after_s,
+                getattr(sampler, "last_said", ""),
             )
             if label not in best or timing.wall_s < best[label].wall_s:
                 best[label] = timing
@@ -443,6 +476,14 @@ def report_large(label: str, timing: Timing, largest: int) -> None:
 #: Records per side of the statistics mode's tiny compare, whose peak is the command's fixed memory
 #: (interpreter, imports, plugins), told apart from what each pair costs.
 STATS_TINY_RECORDS = 1_000
+
+
+def report_stopped(label: str, timing: Timing) -> None:
+    """Print where a compare stopped at the memory cap was: how long it ran, and the last progress line it logged."""
+    print(
+        f"{label:9s} stopped at the memory cap (peak PSS {timing.peak_pss / MB:.0f} MB) after "
+        f"{timing.capped_after_s:.0f} s ({timing.cpu_s:.0f} s CPU); the last it said: {timing.last_said!r}"
+    )
 
 
 def report_stats(label: str, timing: Timing, fixed: Timing | None) -> None:
@@ -483,6 +524,13 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=2, help="runs per code version; the fastest is reported")
     parser.add_argument("--dir", default=None, help="where the dumps are written (default: a temporary folder)")
     parser.add_argument("--jobs", type=int, default=None, help="worker processes (default: CPU count)")
+    parser.add_argument(
+        "--memory-cap-gb",
+        type=float,
+        default=None,
+        help="stop a compare whose processes hold more than this (summed PSS) and say where it was: "
+        "--mode stats --records 10000000 --memory-cap-gb 8 is issue #31's ten-million-pair target",
+    )
     parser.add_argument("--keep", action="store_true", help="keep the dumps afterwards (rerun with --reuse)")
     parser.add_argument("--reuse", default=None, help="a folder kept by --keep: compare its dumps again")
     args = parser.parse_args()
@@ -517,15 +565,19 @@ def main() -> None:
                 write_stats_dumps(tiny, STATS_TINY_RECORDS)
             tiny_golden, tiny_my = (next((tiny / side).glob("llmcheck_dump_*")) for side in ("golden", "my"))
             fixed = time_compares(tiny_golden, tiny_my, tiny, args.jobs, versions, 1)
-        timings = time_compares(golden, my, root, args.jobs, versions, args.repeat)
-        summary = timings["current"].summary
-        print(
-            f"pairs: {summary['counts']['pairs']}, tensor bytes read (both sides): "
-            f"{summary['tensor_bytes_read'] / GB:.2f} GB, largest tensor {largest / MB:.2f} MB, "
-            f"CPUs {len(os.sched_getaffinity(0))}, best of {args.repeat} runs each"
-        )
+        cap = int(args.memory_cap_gb * GB) if args.memory_cap_gb else None
+        timings = time_compares(golden, my, root, args.jobs, versions, args.repeat, cap)
+        summary = next((timing.summary for timing in timings.values() if timing.summary is not None), None)
+        if summary is not None:
+            print(
+                f"pairs: {summary['counts']['pairs']}, tensor bytes read (both sides): "
+                f"{summary['tensor_bytes_read'] / GB:.2f} GB, largest tensor {largest / MB:.2f} MB, "
+                f"CPUs {len(os.sched_getaffinity(0))}, best of {args.repeat} runs each"
+            )
         for label, timing in reversed(list(timings.items())):
-            if args.mode == "small":
+            if timing.summary is None:
+                report_stopped(label, timing)
+            elif args.mode == "small":
                 report_small(label, timing)
             elif args.mode == "stats":
                 report_stats(label, timing, fixed.get(label))
