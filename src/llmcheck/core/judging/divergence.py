@@ -46,7 +46,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from llmcheck.core.judging.feeders import FeederIndex, Feeding, inside
-from llmcheck.core.judging.repeats import Baseline, SiblingGroup, sibling_groups, structure_keys
+from llmcheck.core.judging.repeats import Baseline, SiblingGroup, SiblingLines, sibling_groups, structure_keys
 from llmcheck.core.judging.suspects import INHERITED_FROM_UNMATCHED, MY_ONLY_SUFFIX
 from llmcheck.core.judging.verdicts import NONFINITE_METRIC
 from llmcheck.core.judging.weights import WeightFinding
@@ -216,14 +216,15 @@ class _Judge:
         siblings before that cutoff: what comes after a defect must not move a verdict before it.
         """
         by_position: list[tuple[SiblingGroup, int] | None] = [None] * len(self.ordered)
+        lines = SiblingLines()  # the groups of a size have their lines made together, as they are asked
         for positions in sibling_groups(self.places, self.slots):
             indexes = [self.places[position].index for position in positions]  # type: ignore[union-attr]
             points = [self._point(position) for position in positions]
-            group = SiblingGroup(indexes, points)
+            group = SiblingGroup(indexes, points, lines)
             step = self.ordered[positions[0]].golden.key.step  # a sibling group lies in one step (its slot says so)
             limit = cutoff.get(step)
             before = (
-                SiblingGroup(indexes, [point if p < limit else None for p, point in zip(positions, points)])
+                SiblingGroup(indexes, [point if p < limit else None for p, point in zip(positions, points)], lines)
                 if limit is not None and positions[0] < limit <= positions[-1]
                 else group
             )
