@@ -254,13 +254,16 @@ class _Judge:
         relative error -- and a module that only adds them must not be called the culprit.
         """
         feeder_error = self._feeder_error(feeding)
-        size = _golden_size(row)
-        if not feeder_error or not size:  # bit-exact inputs explain no error, whatever the parts carry
+        if not feeder_error:  # bit-exact inputs explain no error, whatever the parts carry
+            return feeder_error
+        parts = self.feeders.parts(row)  # most rows are no sum of parts: asked before the row's size
+        size = _golden_size(row) if parts else None
+        if not size:
             return feeder_error
         carried = sorted(
             (
                 error * part_size
-                for part in self.feeders.parts(row)
+                for part in parts
                 if (error := self.errors[id(part)]) is not None and (part_size := _golden_size(part))
             ),
             reverse=True,

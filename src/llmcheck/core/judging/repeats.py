@@ -283,20 +283,15 @@ class SiblingGroup:
 
     def baseline(self, member: int, floor: float = 0.0) -> Baseline | None:
         """Return :func:`sibling_baseline` of the other members' points, with ``floor`` as there."""
-        found = self._baseline(member, floor)
+        number = self._number.get(member)
+        line: Line | None = None
+        if number is not None and self._source is not None:
+            lines = self.lines if self.lines is not None else self._source.make(self)
+            line = lines[number]
         self._unasked.discard(member)
         if not self._unasked:
             self.lines = None
-        return found
-
-    def _baseline(self, member: int, floor: float) -> Baseline | None:
-        number = self._number.get(member)
-        if number is None or self._source is None:
-            return sibling_baseline(self.siblings_of(member), floor)
-        if self.lines is None:
-            self._source.make(self)
-        line = self.lines[number] if self.lines is not None else None
-        if line is None:
+        if line is None or number is None:
             return sibling_baseline(self.siblings_of(member), floor)
         siblings = self.valid_points[:number] + self.valid_points[number + 1 :]
         return Baseline(len(siblings), *line, siblings, floor)
@@ -324,8 +319,8 @@ class SiblingLines:
         """Queue a group whose lines are made in a pass (finite points, three or more, distinct repeat indexes)."""
         self._waiting[len(group.valid_points)].append(group)
 
-    def make(self, group: SiblingGroup) -> None:
-        """Make the lines of ``group`` and of the earliest waiting groups of its size."""
+    def make(self, group: SiblingGroup) -> list[Line | None]:
+        """Make the lines of ``group`` and of the earliest waiting groups of its size; return those of ``group``."""
         size = len(group.valid_points)
         waiting, limit = self._waiting[size], groups_per_pass(size)
         batch = [group]
@@ -333,5 +328,7 @@ class SiblingLines:
             other = waiting.popleft()
             if other is not group and other.waiting:
                 batch.append(other)
-        for member_group, lines in zip(batch, leave_one_out_lines([other.valid_points for other in batch])):
+        made = leave_one_out_lines([other.valid_points for other in batch])
+        for member_group, lines in zip(batch, made):
             member_group.lines = lines
+        return made[0]
