@@ -28,13 +28,17 @@ import numpy as np
 #: lowest and highest growth, slope, added squared error, whether any of them received error.
 Line = tuple[float, float, float, float, bool]
 
-#: Array elements (groups x members x pairwise slopes) one pass holds at most: a few MB, whatever the group size.
-PASS_ELEMENTS = 1 << 20
+#: Array elements (groups x members x pairwise slopes) one pass holds at most: a few MB while it runs, whatever
+#: the group size -- judging's peak memory is a few hundred bytes a row, and a pass must not add to it -- and
+#: hundreds of groups of ten, so numpy's cost per call is spread over thousands of members.
+PASS_ELEMENTS = 1 << 18
+#: Members one pass gives lines to at most: their lines, made ahead of being asked for, are held until then.
+PASS_MEMBERS = 4096
 
 
 def groups_per_pass(size: int) -> int:
     """Return how many groups of ``size`` members one pass of :func:`leave_one_out_lines` takes (at least one)."""
-    return max(1, PASS_ELEMENTS // (size * size * (size - 1) // 2 or 1))
+    return max(1, min(PASS_ELEMENTS // (size * size * (size - 1) // 2 or 1), PASS_MEMBERS // max(size, 1)))
 
 
 def leave_one_out_lines(groups: Sequence[Sequence[tuple[float, float]]]) -> list[list[Line | None]]:
@@ -95,7 +99,7 @@ def _theil_sen_lines(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarr
     # the sorted slopes each member's median is over: its others' (an unequal x), in sorted order
     kept = distinct[:, None, :] & (first[:, None, :] != members) & (second[:, None, :] != members)
     remaining = kept.sum(axis=2)
-    ranks = np.cumsum(kept, axis=2)
+    ranks = np.cumsum(kept, axis=2, dtype=np.int32)
     middle = remaining // 2
     upper = np.take_along_axis(slopes, np.argmax(ranks > middle[:, :, None], axis=2), axis=1)
     lower = np.take_along_axis(slopes, np.argmax(ranks > (middle - 1)[:, :, None], axis=2), axis=1)
