@@ -236,10 +236,10 @@ class SiblingGroup:
     model, the larger part of judging a decode dump. The members' lines are computed for the
     whole group at once, and for the next groups of its size with it
     (:class:`SiblingLines`, :func:`~llmcheck.core.judging.sibling_lines.leave_one_out_lines`):
-    the same values, bit for bit. A group holding a non-finite point (where sorting is not a
-    total order), a member sharing its repeat index with another (a duplicated record), a
-    member without a point of its own and a line that numpy pass leaves open are computed
-    directly.
+    the same values, bit for bit. A group of fewer than three points, one holding a
+    non-finite point (where sorting is not a total order) or a member sharing its repeat
+    index with another (a duplicated record), a member without a point of its own and a
+    line that numpy pass leaves open are computed directly (:func:`sibling_baseline`).
 
     The lines are made when the first member asks for its baseline and let go once every
     member has asked (a judge asks once per member, in one step): held for every group of a
