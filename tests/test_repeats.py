@@ -7,7 +7,7 @@ import math
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from llmcheck.core.judging.repeats import SiblingGroup, sibling_baseline
+from llmcheck.core.judging.repeats import SiblingGroup, SiblingLines, sibling_baseline
 
 #: Few distinct values, so ties, equal feeder errors (no slope) and zero feeders are common.
 _ERRORS = st.sampled_from([0.0, 1e-7, 3e-7, 1e-6, 2.5e-6, 1e-5, 4e-3, 0.1, 1.0, 7.5])
@@ -57,3 +57,19 @@ def test_groups_with_a_non_finite_point_or_a_repeated_index_are_computed_directl
     repeated = [(1e-6, 2e-6), (2e-6, 3e-6), (3e-6, 5e-6), (4e-6, 9e-6)]
     group = SiblingGroup([0, 1, 1, 2], repeated)  # two members share layer 1: both leave each other out
     assert group.baseline(1) == sibling_baseline([repeated[0], repeated[3]])
+
+
+@settings(max_examples=200, deadline=None)
+@given(size=st.integers(3, 9), count=st.integers(1, 6), floor=st.sampled_from([0.0, 1e-6]), data=st.data())
+def test_groups_whose_lines_are_made_together_give_each_member_the_direct_baseline(size, count, floor, data) -> None:
+    """Groups of one size have their lines made in one pass, whichever member of whichever group asks first."""
+    groups = [data.draw(st.lists(_POINT, min_size=size, max_size=size)) for _ in range(count)]
+    lines = SiblingLines()
+    made = [SiblingGroup(list(range(size)), points, lines) for points in groups]
+    asks = data.draw(st.permutations([(group, member) for group in range(count) for member in range(size)]))
+    for group, member in [*asks, *asks[:3]]:  # a member asking again has the lines made again
+        others = [point for other, point in enumerate(groups[group]) if point is not None and other != member]
+        found, direct = made[group].baseline(member, floor), sibling_baseline(others, floor)
+        # repr: the same floats, the sign of a zero and NaN included
+        assert repr(found) == repr(direct)
+        assert found is None or repr(found.log_spread) == repr(direct.log_spread)  # type: ignore[union-attr]

@@ -47,7 +47,7 @@ from typing import Any
 
 from llmcheck.core.dtypes import is_float_dtype
 from llmcheck.core.judging.feeders import FeederIndex, Feeding, inside
-from llmcheck.core.judging.repeats import Baseline, SiblingGroup, sibling_groups, structure_keys
+from llmcheck.core.judging.repeats import Baseline, SiblingGroup, SiblingLines, sibling_groups, structure_keys
 from llmcheck.core.judging.suspects import INHERITED_FROM_UNMATCHED, MY_ONLY_SUFFIX
 from llmcheck.core.judging.verdicts import NONFINITE_METRIC
 from llmcheck.core.judging.weights import WeightFinding
@@ -216,14 +216,15 @@ class _Judge:
         siblings before that cutoff: what comes after a defect must not move a verdict before it.
         """
         by_position: list[tuple[SiblingGroup, int] | None] = [None] * len(self.ordered)
+        lines = SiblingLines()  # the groups of a size have their lines made together, as they are asked
         for positions in sibling_groups(self.places, self.slots):
             indexes = [self.places[position].index for position in positions]  # type: ignore[union-attr]
             points = [self._point(position) for position in positions]
-            group = SiblingGroup(indexes, points)
+            group = SiblingGroup(indexes, points, lines)
             step = self.ordered[positions[0]].golden.key.step  # a sibling group lies in one step (its slot says so)
             limit = cutoff.get(step)
             before = (
-                SiblingGroup(indexes, [point if p < limit else None for p, point in zip(positions, points)])
+                SiblingGroup(indexes, [point if p < limit else None for p, point in zip(positions, points)], lines)
                 if limit is not None and positions[0] < limit <= positions[-1]
                 else group
             )
@@ -253,13 +254,16 @@ class _Judge:
         relative error -- and a module that only adds them must not be called the culprit.
         """
         feeder_error = self._feeder_error(feeding)
-        size = _golden_size(row)
-        if not feeder_error or not size:  # bit-exact inputs explain no error, whatever the parts carry
+        if not feeder_error:  # bit-exact inputs explain no error, whatever the parts carry
+            return feeder_error
+        parts = self.feeders.parts(row)  # most rows are no sum of parts: asked before the row's size
+        size = _golden_size(row) if parts else None
+        if not size:
             return feeder_error
         carried = sorted(
             (
                 error * part_size
-                for part in self.feeders.parts(row)
+                for part in parts
                 if (error := self.errors[id(part)]) is not None and (part_size := _golden_size(part))
             ),
             reverse=True,

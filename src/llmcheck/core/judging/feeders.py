@@ -164,7 +164,7 @@ class FeederIndex:
         that shape and the records of its direct children made in this call. A leaf module
         (nothing recorded inside it) has no parts: it transforms its input rather than adds.
         """
-        if row.golden.key.io != IO_OUTPUT:
+        if row.golden.key.io != IO_OUTPUT or not self.inputs_of:  # a dump of outputs alone has no parts
             return ()
         position = self.position[id(row)]
         own_inputs = [r for r in self.inputs_of.get(self.call_ids[position], ()) if r.golden.order < row.golden.order]

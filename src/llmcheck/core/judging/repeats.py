@@ -20,12 +20,12 @@ from __future__ import annotations
 
 import math
 import re
-from collections import defaultdict
+from collections import defaultdict, deque
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
-from itertools import combinations
-from operator import itemgetter
 from typing import NamedTuple
+
+from llmcheck.core.judging.sibling_lines import Line, groups_per_pass, leave_one_out_lines
 
 #: A digit run standing alone between separators (``.3.``, ``_12``, ``/0/``): a candidate repeat index.
 _INDEX_RUN = re.compile(r"(?:(?<=^)|(?<=[._/:\-]))(\d+)(?=$|[._/:\-])")
@@ -169,20 +169,14 @@ class Baseline(NamedTuple):
         return widest
 
 
-def _theil_sen(points: Sequence[tuple[float, float]], median_slope: float | None = None) -> tuple[float, float]:
-    """Return (slope >= 0, intercept >= 0) of a robust line through (x, y): the median of pairwise slopes.
-
-    ``median_slope``, when the caller knows it (:class:`SiblingGroup`), is that median: the
-    points then hold at least one pair with distinct ``x``.
-    """
-    if median_slope is None:
-        slopes = [(y2 - y1) / (x2 - x1) for i, (x1, y1) in enumerate(points) for x2, y2 in points[i + 1 :] if x2 != x1]
-        median_slope = _median(slopes) if slopes else None
-    if median_slope is None:  # every sibling received the same error: the growth is their ratio
+def _theil_sen(points: Sequence[tuple[float, float]]) -> tuple[float, float]:
+    """Return (slope >= 0, intercept >= 0) of a robust line through (x, y): the median of pairwise slopes."""
+    slopes = [(y2 - y1) / (x2 - x1) for i, (x1, y1) in enumerate(points) for x2, y2 in points[i + 1 :] if x2 != x1]
+    if not slopes:  # every sibling received the same error: the growth is their ratio
         ratios = [y / x for x, y in points if x > 0]
         slope = _median(ratios) if ratios else 0.0
     else:
-        slope = max(median_slope, 0.0)
+        slope = max(_median(slopes), 0.0)
     intercept = _median([y - slope * x for x, y in points])
     if intercept < 0:  # the line says this place adds nothing: keep the growth, through the origin
         intercept = 0.0
@@ -198,9 +192,7 @@ def _growth(feeder: float, error: float) -> float | None:
     return 1.0 if error == 0 else None
 
 
-def sibling_baseline(
-    siblings: Sequence[tuple[float, float]], floor: float = 0.0, median_slope: float | None = None
-) -> Baseline | None:
+def sibling_baseline(siblings: Sequence[tuple[float, float]], floor: float = 0.0) -> Baseline | None:
     """Return the baseline of a place from its siblings' (feeder error, error) pairs, or None without siblings.
 
     ``floor`` (the rounding floor of the judged dtype) regularises the siblings' scatter
@@ -208,8 +200,8 @@ def sibling_baseline(
 
     One sibling cannot separate growth from added error: its own error, or its growth applied
     to this row's input, whichever is larger, is the expectation (``slope`` from its growth,
-    ``added`` its error). ``median_slope`` is the median of the siblings' pairwise slopes of
-    squared errors where the caller has it already (:class:`SiblingGroup`).
+    ``added`` its error). This is the definition :class:`SiblingGroup` gives each member, by
+    another way where it can (:mod:`llmcheck.core.judging.sibling_lines`).
     """
     if not siblings:
         return None
@@ -221,20 +213,7 @@ def sibling_baseline(
         slope = growth * growth  # not ** 2: a growth past 1e154 is an infinite slope, not an OverflowError
         low, high = min(growths, default=math.nan), max(growths, default=math.nan)
         return Baseline(1, low, high, slope, error * error, saw_received_error=saw)
-    squared = [(feeder * feeder, error * error) for feeder, error in siblings]
-    return _line_baseline(siblings, squared, growths, saw, floor, median_slope)
-
-
-def _line_baseline(
-    siblings: Sequence[tuple[float, float]],
-    squared: Sequence[tuple[float, float]],
-    growths: Sequence[float],
-    saw: bool,
-    floor: float,
-    median_slope: float | None,
-) -> Baseline:
-    """Return the baseline of two or more siblings, given their squared points, growths and whether one received error."""
-    slope, added_squared = _theil_sen(squared, median_slope)
+    slope, added_squared = _theil_sen([(feeder * feeder, error * error) for feeder, error in siblings])
     low, high = (min(growths), max(growths)) if growths else (math.nan, math.nan)
     return Baseline(len(siblings), low, high, slope, added_squared, saw, siblings, floor)
 
@@ -249,114 +228,107 @@ def sibling_groups(places: Sequence[Place | None], slots: Sequence[Hashable]) ->
 
 
 class SiblingGroup:
-    """One group of siblings, giving each member the baseline of the others (leave one out), in linear time.
+    """One group of siblings, giving each member the baseline of the others (leave one out).
 
     Each member's baseline is :func:`sibling_baseline` of the other members' (feeder error,
     error) points. Its Theil-Sen slope is the median of the pairwise slopes of the others:
     ``n**2 / 2`` slopes per member, ``n**3 / 2`` per group -- 15 000 per row of a 32-layer
-    model, the larger part of judging a decode dump. Here the group's pairwise slopes are
-    computed and sorted once, and each member's median is found by skipping the ``n - 1``
-    slopes that involve it: the same multiset, so the very same median, bit for bit. The
-    members' squared points and growths are computed once too. A group holding a non-finite
-    point (where sorting is not a total order) or a member sharing its repeat index with
-    another (a duplicated record) is left to the direct computation.
+    model, the larger part of judging a decode dump. The members' lines are computed for the
+    whole group at once, and for the next groups of its size with it
+    (:class:`SiblingLines`, :func:`~llmcheck.core.judging.sibling_lines.leave_one_out_lines`):
+    the same values, bit for bit. A group of fewer than three points, one holding a
+    non-finite point (where sorting is not a total order) or a member sharing its repeat
+    index with another (a duplicated record), a member without a point of its own and a
+    line that numpy pass leaves open are computed directly (:func:`sibling_baseline`).
 
-    The sorted slopes are made when the first member asks for its baseline and let go once
-    every member has asked (a judge asks once per member, in one step): held for every group
-    of a compare at once, they cost ``n`` slopes and positions per row, 2 KB a row of a
-    50-layer model -- the largest part of judging's memory. A member asking again has them
+    The lines are made when the first member asks for its baseline and let go once every
+    member has asked (a judge asks once per member, in one step): held for every group of a
+    compare at once, they would cost memory for every row. A member asking again has them
     made again, to the same values.
     """
 
-    def __init__(self, indexes: Sequence[int], points: Sequence[tuple[float, float] | None]) -> None:
+    def __init__(
+        self,
+        indexes: Sequence[int],
+        points: Sequence[tuple[float, float] | None],
+        lines: SiblingLines | None = None,
+    ) -> None:
         self.indexes = list(indexes)
         self.points = list(points)
         valid = [member for member, point in enumerate(points) if point is not None]
-        # what each valid member holds, in group order: the other members' are a slice either side of it
+        # each valid member's number among the valid points: the other members' are a slice either side of it
         self._number = {member: number for number, member in enumerate(valid)}
-        self._valid_points = [point for point in self.points if point is not None]
-        self._fast = len(set(self.indexes)) == len(self.indexes) and all(
-            math.isfinite(feeder) and math.isfinite(error) for feeder, error in self._valid_points
+        self.valid_points = [point for point in self.points if point is not None]
+        fast = (
+            len(self.valid_points) >= MIN_LINE_POINTS
+            and len(set(self.indexes)) == len(self.indexes)
+            and all(math.isfinite(feeder) and math.isfinite(error) for feeder, error in self.valid_points)
         )
         self._unasked = set(range(len(self.indexes)))  # the members yet to ask for their baseline
-        self._prepared = False
-        self._slopes: list[float] = []
-        self._skipped: dict[int, list[int]] = {}
-        self._squared: list[tuple[float, float]] = []
-        self._growths: list[float | None] = []
-        self._received: list[bool] = []
+        #: each valid member's line, while made (None: not made, or let go)
+        self.lines: list[Line | None] | None = None
+        self._source = (lines or SiblingLines()) if fast else None
+        if self._source is not None:
+            self._source.register(self)
 
-    def _prepare(self) -> None:
-        """Make the sorted pairwise slopes, which slopes each member skips, and the squared points and growths."""
-        self._prepared = True
-        valid = list(self._number)
-        self._skipped = {member: [] for member in valid}
-        if not self._fast:
-            return
-        self._squared = [(feeder * feeder, error * error) for feeder, error in self._valid_points]
-        self._growths = [_growth(feeder, error) for feeder, error in self._valid_points]
-        self._received = [feeder > 0 for feeder, _ in self._valid_points]
-        slopes = [
-            ((y2 - y1) / (x2 - x1), first, second)
-            for (first, (x1, y1)), (second, (x2, y2)) in combinations(zip(valid, self._squared), 2)
-            if x2 != x1
-        ]
-        slopes.sort(key=itemgetter(0))
-        self._slopes = [slope for slope, _, _ in slopes]
-        for position, (_, first, second) in enumerate(slopes):
-            self._skipped[first].append(position)
-            self._skipped[second].append(position)
+    @property
+    def waiting(self) -> bool:
+        """Return whether a member has yet to ask and the lines are not made: a group worth making them for."""
+        return self.lines is None and bool(self._unasked)
 
     def siblings_of(self, member: int) -> list[tuple[float, float]]:
         """Return the (feeder error, error) points of the other members (other repeat index), in group order."""
         own = self.indexes[member]
         return [point for other, point in enumerate(self.points) if point is not None and self.indexes[other] != own]
 
-    def _release(self) -> None:
-        """Let go of what :meth:`_prepare` made."""
-        self._prepared = False
-        self._slopes, self._skipped, self._squared, self._growths, self._received = [], {}, [], [], []
-
     def baseline(self, member: int, floor: float = 0.0) -> Baseline | None:
         """Return :func:`sibling_baseline` of the other members' points, with ``floor`` as there."""
-        if not self._prepared:
-            self._prepare()
-        found = self._baseline(member, floor)
+        number = self._number.get(member)
+        line: Line | None = None
+        if number is not None and self._source is not None:
+            lines = self.lines if self.lines is not None else self._source.make(self)
+            line = lines[number]
         self._unasked.discard(member)
         if not self._unasked:
-            self._release()
-        return found
-
-    def _baseline(self, member: int, floor: float) -> Baseline | None:
-        number = self._number.get(member)
-        sibling_count = len(self._valid_points) - (number is not None)
-        if not self._fast or sibling_count < 2:
+            self.lines = None
+        if line is None or number is None:
             return sibling_baseline(self.siblings_of(member), floor)
-        skipped = self._skipped.get(member, [])
-        remaining = len(self._slopes) - len(skipped)
-        if remaining == 0:  # every other sibling received the same error: the direct path takes the ratio
-            return sibling_baseline(self.siblings_of(member), floor)
-        middle = remaining // 2
-        median_slope = self._remaining(middle, skipped)
-        if remaining % 2 == 0:  # statistics.median: the mean of the two middle values, (a + b) / 2
-            median_slope = (self._remaining(middle - 1, skipped) + median_slope) / 2
-        # the other members' points, squared points and growths, in group order, as sibling_baseline builds them
-        if number is None:
-            siblings, squared, growths, received = self._valid_points, self._squared, self._growths, self._received
-        else:
-            after = number + 1
-            siblings = self._valid_points[:number] + self._valid_points[after:]
-            squared = self._squared[:number] + self._squared[after:]
-            growths = self._growths[:number] + self._growths[after:]
-            received = self._received[:number] + self._received[after:]
-        known = [growth for growth in growths if growth is not None] if None in growths else growths
-        return _line_baseline(siblings, squared, known, any(received), floor, median_slope)  # type: ignore[arg-type]
+        siblings = self.valid_points[:number] + self.valid_points[number + 1 :]
+        return Baseline(len(siblings), *line, siblings, floor)
 
-    def _remaining(self, rank: int, skipped: Sequence[int]) -> float:
-        """Return the sorted slope of this rank once the ``skipped`` positions (ascending) are left out."""
-        position = rank
-        for skipped_position in skipped:
-            if skipped_position > position:
-                break
-            position += 1
-        return self._slopes[position]
+
+#: A group needs this many points for its lines to be made together: fewer leave each member one sibling or none.
+MIN_LINE_POINTS = 3
+
+
+class SiblingLines:
+    """Makes the lines of the sibling groups of one judging pass, a group that asks first together with the next ones of its size.
+
+    Why: one numpy pass costs tens of microseconds whatever it holds; a pass per group of
+    ten costs more than the Python it replaces. The groups register in the order they are
+    made (their first member's, the order judging asks in); a group that asks has the
+    groups of its size that registered earliest and are still waiting made with it, up to
+    :func:`~llmcheck.core.judging.sibling_lines.groups_per_pass` of them: what one pass holds
+    stays a few MB, and the lines made ahead are asked for soon after.
+    """
+
+    def __init__(self) -> None:
+        self._waiting: dict[int, deque[SiblingGroup]] = defaultdict(deque)
+
+    def register(self, group: SiblingGroup) -> None:
+        """Queue a group whose lines are made in a pass (finite points, three or more, distinct repeat indexes)."""
+        self._waiting[len(group.valid_points)].append(group)
+
+    def make(self, group: SiblingGroup) -> list[Line | None]:
+        """Make the lines of ``group`` and of the earliest waiting groups of its size; return those of ``group``."""
+        size = len(group.valid_points)
+        waiting, limit = self._waiting[size], groups_per_pass(size)
+        batch = [group]
+        while waiting and len(batch) < limit:
+            other = waiting.popleft()
+            if other is not group and other.waiting:
+                batch.append(other)
+        made = leave_one_out_lines([other.valid_points for other in batch])
+        for member_group, lines in zip(batch, made):
+            member_group.lines = lines
+        return made[0]
