@@ -38,8 +38,9 @@ from llmcheck.core.records import (
     PairPriority,
     RecordKey,
     TensorStats,
+    error_measure,
 )
-from llmcheck.core.reporting.depth_profile import error_measure, placement, row_error
+from llmcheck.core.reporting.depth_profile import placement, row_error
 from llmcheck.core.reporting.report import json_safe
 from llmcheck.plugin_api import describe
 from llmcheck.plugins.reports import csv_table as csv_module

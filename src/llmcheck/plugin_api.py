@@ -131,6 +131,7 @@ from llmcheck.core.records import (
     TopologyNode,
     UserMapping,
     block_depth,
+    error_measure,
     is_op_record_name,
     lies_inside,
     merge_rank_dumps,
@@ -146,7 +147,6 @@ from llmcheck.core.records import (
 from llmcheck.core.reporting.depth_profile import (
     depth_points,
     drawn_step,
-    error_measure,
     heatmap,
     introduced_point,
     placement,

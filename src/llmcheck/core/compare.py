@@ -27,10 +27,7 @@ from llmcheck.core.judging.divergence import (
 from llmcheck.core.judging.noise_twin import read_noise_twin, twin_coverage
 from llmcheck.core.judging.result import CompareResult
 from llmcheck.core.judging.rows import PairJudge
-from llmcheck.core.judging.stats_compare import (
-    DECIDING_STAT,
-    error_measure_spec,
-)
+from llmcheck.core.judging.stats_compare import DECIDING_STAT
 from llmcheck.core.judging.verdicts import (
     ThresholdOverride,
 )
@@ -43,6 +40,7 @@ from llmcheck.core.records import (
     MetricSpec,
     TensorRecord,
     UserMapping,
+    error_measure,
 )
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -113,7 +111,7 @@ def compare_dumps(
     specs = select_metrics(metric_names)
     pairing = merge_pairs(golden, my, get_plugins().map_pairs(golden, my, user_mapping))
     judge = PairJudge.of(golden, my, specs, metric_names, threshold_overrides)
-    measure_spec = error_measure_spec(specs)
+    measure_spec = error_measure(specs)
     measure = ErrorMeasure(measure_spec.name, DECIDING_STAT) if measure_spec is not None else None
     twin, rows_with_twin = None, 0
     if noise is not None and measure is not None:  # before measuring: a twin that pairs with nothing fails fast

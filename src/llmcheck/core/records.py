@@ -533,6 +533,11 @@ class MetricSpec:
         return self.thresholds.get(dtype_class(dtype), self.thresholds.get("default"))
 
 
+def error_measure(specs: Sequence[MetricSpec]) -> MetricSpec | None:
+    """Return the metric holding the error-measure role among ``specs`` (:attr:`MetricSpec.error_measure`), or None."""
+    return next((spec for spec in specs if spec.error_measure), None)
+
+
 @dataclass(frozen=True, slots=True)
 class MetricResult:
     """One metric's value for one pair, with the thresholds it was judged against and its direction."""

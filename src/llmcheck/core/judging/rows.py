@@ -18,7 +18,6 @@ from llmcheck.core.dtypes import is_float_dtype
 from llmcheck.core.judging.digests import digest_row, judged_on_digests
 from llmcheck.core.judging.stats_compare import (
     comparable_statistics,
-    error_measure_spec,
     judge_statistics,
     masked_statistics,
     statistics_reason,
@@ -45,6 +44,7 @@ from llmcheck.core.records import (
     Pair,
     TensorRecord,
     build_row,
+    error_measure,
 )
 
 log = logging.getLogger("llmcheck.compare")
@@ -89,7 +89,7 @@ def _statistics_row(
         sentinel_limits=limits,
     )
     sides = " and ".join(side for side, record in (("golden", golden), ("my", my)) if record.data is None)
-    bounded = error_measure_spec(specs)
+    bounded = error_measure(specs)
     reason = intern_text(
         statistics_reason(
             golden.stats,  # type: ignore[arg-type]

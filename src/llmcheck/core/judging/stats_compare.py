@@ -31,6 +31,7 @@ from llmcheck.core.records import (
     MetricResult,
     MetricSpec,
     TensorStats,
+    error_measure,
 )
 
 #: The statistics compared, in the seed's column order.
@@ -38,11 +39,6 @@ STAT_FIELDS = ("max", "min", "mean", "l2norm")
 STAT_COLUMNS = tuple(f"{field}_stat_{kind}_error" for field in STAT_FIELDS for kind in ("absolute", "relative"))
 DECIDING_STAT = "l2norm_stat_relative_error"
 _FP32_EPS = 1.1920928955078125e-07
-
-
-def error_measure_spec(specs: Sequence[MetricSpec]) -> MetricSpec | None:
-    """Return the metric whose role is the error measure (its thresholds judge the L2-norm difference), or None."""
-    return next((spec for spec in specs if spec.error_measure), None)
 
 
 def nonfinite_counts(stats: TensorStats) -> tuple[int, int] | None:
@@ -133,7 +129,7 @@ def judge_statistics(
     errors = statistics_errors(golden, my)
     results: dict[str, MetricResult] = {column: MetricResult(column, value) for column, value in errors.items()}
     verdict, deciding = VERDICT_PASS, None
-    bounded = error_measure_spec(specs)
+    bounded = error_measure(specs)
     if sentinel_limits is not None and (
         _sentinel_signs(golden, sentinel_limits[0]) != _sentinel_signs(my, sentinel_limits[1])
     ):

@@ -72,11 +72,6 @@ def placement(row: ComparisonRow) -> Placement:
     return Placement(structure, index, block, name[match.end() :].lstrip("./"))
 
 
-def error_measure(specs: Sequence[MetricSpec]) -> MetricSpec | None:
-    """Return the registered metric holding the error-measure role, if any."""
-    return next((spec for spec in specs if spec.error_measure), None)
-
-
 def row_error(row: ComparisonRow, measure: MetricSpec | None) -> float | None:
     """Return the row's value of the error measure (the verdict's ``error``, else the measured metric)."""
     if row.error is not None:

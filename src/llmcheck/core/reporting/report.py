@@ -21,8 +21,16 @@ from llmcheck.core.judging.divergence import (
     TWIN_METRIC,
     WEIGHTS_METRIC,
 )
-from llmcheck.core.records import IO_INPUT, VERDICT_ERROR, VERDICT_FAIL, VERDICT_WARN, ComparisonRow, Dump
-from llmcheck.core.reporting.depth_profile import error_measure, row_error
+from llmcheck.core.records import (
+    IO_INPUT,
+    VERDICT_ERROR,
+    VERDICT_FAIL,
+    VERDICT_WARN,
+    ComparisonRow,
+    Dump,
+    error_measure,
+)
+from llmcheck.core.reporting.depth_profile import row_error
 
 if TYPE_CHECKING:  # pragma: no cover
     from rich.console import Console
