@@ -2,8 +2,9 @@
 
 The nouns of measuring live here too -- a :class:`PairJob` (what to read) and a
 :class:`PairMeasurement` (what was found) -- so that the modules that move them between
-processes (``pair_transfer``), measure many small ones at once (``small_pairs``) and run
-them in parallel (``metric_engine``) all build on this one and none on another.
+processes (``pair_transfer``) and measure many small ones at once (``small_pairs``) build on
+this one, and ``metric_engine``, which runs them all in parallel, on those: none imports
+one that imports it back.
 """
 
 from __future__ import annotations

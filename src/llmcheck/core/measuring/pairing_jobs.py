@@ -21,10 +21,11 @@ from llmcheck.core.records import (
 )
 
 if TYPE_CHECKING:  # pragma: no cover
-    from llmcheck.core.measuring.worker_pool import WorkerPool
+    from llmcheck.core.measuring.metric_engine import HeldWorkers
 
 
 def shape_text(shape: Sequence[int]) -> str:
+    """Return a shape as reasons print it: ``[1, 4, 64]``."""
     return str(list(shape))
 
 
@@ -71,6 +72,7 @@ def shape_problem(golden: TensorRecord, my: TensorRecord) -> str | None:
 
 
 def has_recorded_stats(record: TensorRecord) -> bool:
+    """Return whether the source recorded the record's statistics: a measuring then need not compute them."""
     return record.stats is not None and record.stats.max is not None
 
 
@@ -91,7 +93,7 @@ def measure_pairing(
     executor: PairExecutor | None,
     on_pairs_known: Callable[[int, int], None] | None,
     on_measured: Callable[[int], None] | None,
-    pool: WorkerPool | None,
+    pool: HeldWorkers | None,
     measured: Callable[[int, Any], None],
 ) -> tuple[dict[int, str], int]:
     """Measure every pair, handing each measurement to ``measured(index, measurement)`` as it arrives.
