@@ -144,8 +144,8 @@ def load_threshold_overrides(
     """Return the entries of a ``--thresholds`` file (JSON or YAML list), checked against the known metrics.
 
     ``known_metrics`` are the metrics this compare measures; ``registered_metrics`` all that
-    plugins register: an entry naming one of those that ``--metric``
-    left out is told so, not called unknown. Given the metric specs (not just names), each
+    plugins register: an entry naming one of those that ``--metric`` left out is told so, not
+    called unknown. Given the metric specs (not just names), each
     entry's ``warn`` must be no worse than its ``fail`` in the metric's direction: a reversed
     pair would silently never warn. Every problem is a :class:`UsageError` naming the file,
     an empty or unparsable file included: the file is an argument like any other.
