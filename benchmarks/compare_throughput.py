@@ -35,8 +35,8 @@ and its worker processes every 20 ms. Prints:
   write the four reports);
 * CPU seconds of the compare and its workers, and the GB/s that makes on idle cores (the
   machine this was written on is shared, so wall-clock figures vary with its load);
-* peak PSS: the largest sum of the proportional set size of the compare process, its workers
-  and the forked processes writing reports (a page they share counts once), against the target
+* peak PSS: the largest sum of the proportional set size of the compare process and its
+  workers (a page they share counts once), against the target
   ``2 x largest tensor + 300 MB``; the summed RSS, which counts shared pages once per process, beside it.
 
 Where a statistics-only pair's memory goes (issue #31), traced with ``tracemalloc`` on the stats
@@ -277,8 +277,8 @@ def _children(pid: int) -> list[int]:
 def _memory_bytes(pid: int) -> tuple[int, int]:
     """Return a process's resident and proportional set sizes (RSS, PSS) in bytes, zeros once it has ended.
 
-    PSS counts a page shared by n processes as 1/n in each: a forked child writing reports
-    shares the compare's pages copy-on-write, which a sum of RSS would count twice.
+    PSS counts a page shared by n processes as 1/n in each: the workers share the libraries
+    and the page cache's mapped dump files with the compare, which a sum of RSS would count twice.
     """
     sizes = {"Rss:": 0, "Pss:": 0}
     try:
@@ -296,7 +296,7 @@ class TreeMemorySampler(threading.Thread):
     """Samples the memory of a process and all its descendants; keeps the peaks of the summed RSS and PSS.
 
     ``peak_bytes`` is the peak summed PSS -- the memory the tree really holds -- and
-    ``peak_rss`` the peak summed RSS, which counts pages shared by forked children once per process.
+    ``peak_rss`` the peak summed RSS, which counts a page shared by several processes once in each.
     """
 
     def __init__(self, pid: int, interval_s: float = 0.02, cap_bytes: int | None = None) -> None:
