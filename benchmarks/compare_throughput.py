@@ -352,11 +352,11 @@ def plugins_missing_from(src: Path) -> list[str]:
 
 def run_compare(
     golden: Path, my: Path, output: Path, jobs: int | None, src: Path, cap_bytes: int | None = None
-) -> tuple[float, float, TreeMemorySampler, dict | None]:
-    """Run ``llmcheck compare`` of the code under ``src`` in a child process.
+) -> Timing:
+    """Run ``llmcheck compare`` of the code under ``src`` in a child process and return how it went.
 
-    Returns wall and CPU seconds, the memory sampler and summary.json -- None when the
-    compare's processes passed ``cap_bytes`` (summed PSS) and were stopped there.
+    A compare whose processes pass ``cap_bytes`` (summed PSS) is stopped there: its timing has
+    no summary, and says when it was stopped and the last progress line it had logged.
     """
     shutil.rmtree(output, ignore_errors=True)
     environment = {**os.environ, "PYTHONPATH": str(src)}
@@ -385,17 +385,23 @@ def run_compare(
     out, _ = child.communicate()
     wall_s = time.perf_counter() - started
     sampler.stop()
-    if sampler.capped_after_s is not None:
-        cpu_after = resource.getrusage(resource.RUSAGE_CHILDREN)
-        cpu_s = (cpu_after.ru_utime + cpu_after.ru_stime) - (cpu_before.ru_utime + cpu_before.ru_stime)
-        said = [line for line in out.splitlines() if line.startswith("llmcheck: INFO")]
-        sampler.last_said = said[-1] if said else "(no progress line yet)"  # type: ignore[attr-defined]
-        return wall_s, cpu_s, sampler, None
-    if child.returncode not in (0, 3):  # 3: the compare finished and found failing pairs
-        raise SystemExit(f"compare failed ({child.returncode}):\n{out}")
     cpu_after = resource.getrusage(resource.RUSAGE_CHILDREN)  # the compare and the workers it joined
     cpu_s = (cpu_after.ru_utime + cpu_after.ru_stime) - (cpu_before.ru_utime + cpu_before.ru_stime)
-    return wall_s, cpu_s, sampler, json.loads((output / "summary.json").read_text())
+    capped = sampler.capped_after_s is not None
+    if not capped and child.returncode not in (0, 3):  # 3: the compare finished and found failing pairs
+        raise SystemExit(f"compare failed ({child.returncode}):\n{out}")
+    said = [line for line in out.splitlines() if line.startswith("llmcheck: INFO")]
+    return Timing(
+        wall_s,
+        cpu_s,
+        sampler.peak_bytes,
+        sampler.peak_rss,
+        sampler.peak_processes,
+        os.getloadavg()[0],
+        None if capped else json.loads((output / "summary.json").read_text()),
+        sampler.capped_after_s,
+        (said[-1] if said else "(no progress line yet)") if capped else "",
+    )
 
 
 @dataclass
@@ -429,18 +435,7 @@ def time_compares(
     best: dict[str, Timing] = {}
     for _ in range(repeat):
         for label, src in versions.items():
-            wall_s, cpu_s, sampler, summary = run_compare(golden, my, root / f"report_{label}", jobs, src, cap_bytes)
-            timing = Timing(
-                wall_s,
-                cpu_s,
-                sampler.peak_bytes,
-                sampler.peak_rss,
-                sampler.peak_processes,
-                os.getloadavg()[0],
-                summary,
-                sampler.capped_after_s,
-                getattr(sampler, "last_said", ""),
-            )
+            timing = run_compare(golden, my, root / f"report_{label}", jobs, src, cap_bytes)
             if label not in best or timing.wall_s < best[label].wall_s:
                 best[label] = timing
     return best

@@ -44,7 +44,7 @@ from llmcheck.core.records import (
 )
 
 if TYPE_CHECKING:  # pragma: no cover
-    from llmcheck.core.measuring.worker_pool import WorkerPool
+    from llmcheck.core.measuring.metric_engine import HeldWorkers
 
 log = logging.getLogger("llmcheck.compare")
 
@@ -81,7 +81,7 @@ def compare_dumps(
     on_pairs_known: Callable[[int, int], None] | None = None,
     on_measured: Callable[[int], None] | None = None,
     executor: PairExecutor | None = None,
-    pool: WorkerPool | None = None,
+    pool: HeldWorkers | None = None,
     on_judging: Callable[[int], None] | None = None,
 ) -> CompareResult:
     """Return the comparison of two loaded dumps: pairs, a judged row per pair, attribution.

@@ -156,7 +156,7 @@ def divergence_line(row: ComparisonRow) -> str:
 
 #: How the loaded plugins say to record a golden run's noise twin (``Plugins.noise_twin_command``):
 #: from the golden dump, the precision and the folder to write, the command, or None.
-NoiseTwinCommand = Callable[[Dump, str, Path], "str | None"]
+NoiseTwinCommand = Callable[[Dump, str, Path], str | None]
 
 
 def print_summary(
