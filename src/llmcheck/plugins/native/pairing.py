@@ -14,11 +14,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import logging
 import re
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from operator import attrgetter
 
 from llmcheck.plugin_api import (
     Dump,
@@ -46,48 +48,96 @@ RULE_OP_SEQUENCE = "op_sequence"
 def map_pairs(golden: Dump, my: Dump, user_mapping: UserMapping | None) -> list[Pair]:
     """Return the user-mapping, exact-key and sequence proposals for two dumps."""
     proposals = user_mapping_pairs(golden, my, user_mapping) if user_mapping is not None else []
-    exact = exact_key_pairs(golden, my)
+    golden_scopes, my_scopes = _op_scopes_of(golden.records), _op_scopes_of(my.records)
+    exact = exact_key_pairs(golden, my, golden_scopes, my_scopes)
     proposals.extend(exact)
     if golden.source != my.source:
         # Two kinds of dump (ATB against torch, GE against FX) are paired by their source
         # plugins' rules, which know both namings; aligning leftovers by shape alone would
         # invent pairs between unrelated tensors.
         return proposals
-    paired_golden = {id(pair.golden) for pair in exact}
-    paired_my = {id(pair.my) for pair in exact}
+    paired_golden = set(map(id, [pair.golden for pair in exact]))
+    paired_my = set(map(id, [pair.my for pair in exact]))
     # Ops of a module both runs have were aligned by name already: a leftover there is an op
     # one run executes and the other does not, never a counterpart to guess by shape.
-    shared_scopes = {_op_scope(r) for r in golden.records} & {_op_scope(r) for r in my.records} - {None}
+    shared_scopes = set(golden_scopes) & set(my_scopes) - {None}
     proposals.extend(
         sequence_pairs(
-            [r for r in golden.records if id(r) not in paired_golden and _op_scope(r) not in shared_scopes],
-            [r for r in my.records if id(r) not in paired_my and _op_scope(r) not in shared_scopes],
+            _leftovers(golden.records, golden_scopes, paired_golden, shared_scopes),
+            _leftovers(my.records, my_scopes, paired_my, shared_scopes),
         )
     )
     return proposals
 
 
-def exact_key_pairs(golden: Dump, my: Dump) -> list[Pair]:
+_KEY = attrgetter("key")
+#: A record key's fields as one tuple, in the key's field order.
+_KEY_FIELDS = attrgetter(*(field.name for field in dataclasses.fields(RecordKey)))
+
+#: A record's op scope: the step and the module an op record's name places it in (None: a module's record).
+_OpScope = tuple[int, str] | None
+
+
+def _op_scopes_of(records: Sequence[TensorRecord]) -> list[_OpScope]:
+    """Return each record's op scope, in order.
+
+    A decode dump repeats every name at every step: each distinct name's module is parsed
+    once, not once a record (four times a record, as the pairing looks at scopes, was a
+    third of pairing 200 000 statistics-only pairs); a dump of module records only has no
+    scope to build.
+    """
+    names = [record.key.name for record in records]
+    modules = {name: op_record_module(name) for name in set(names)}
+    if not any(modules.values()):
+        return [None] * len(records)
+    return [
+        None if (module := modules[name]) is None else (record.key.step, module) for name, record in zip(names, records)
+    ]
+
+
+def _leftovers(
+    records: Sequence[TensorRecord], scopes: Sequence[_OpScope], paired: set[int], shared_scopes: set[_OpScope]
+) -> list[TensorRecord]:
+    """Return the records no exact key paired, outside the op scopes both runs have (``scopes`` are the records')."""
+    if len(paired) == len(records):  # every record is paired: none is left (the common case)
+        return []
+    return [record for record, scope in zip(records, scopes) if id(record) not in paired and scope not in shared_scopes]
+
+
+def exact_key_pairs(
+    golden: Dump, my: Dump, golden_scopes: Sequence[_OpScope], my_scopes: Sequence[_OpScope]
+) -> list[Pair]:
     """Return a pair for every key present on both sides, op scopes whose op sequences differ aside.
 
     Op-level records are named ``{module}/{op}`` with a call index counted inside the module:
     when the two runs execute different ops in one module (an attention kernel swapped for
     its eager ops), ``aten.view.default[3]`` names different tensors on the two sides. The ops
     of such a scope are aligned in execution order on their op name, io, slot and shape
-    instead (rule ``op_sequence``), and what has no counterpart stays unmatched.
+    instead (rule ``op_sequence``), and what has no counterpart stays unmatched. ``golden_scopes``
+    and ``my_scopes`` are each record's op scope (:func:`_op_scopes_of`).
     """
-    golden_ops, my_ops = _op_scopes(golden.records), _op_scopes(my.records)
+    golden_ops, my_ops = _op_scopes(golden.records, golden_scopes), _op_scopes(my.records, my_scopes)
     diverged = {
         group
         for group in golden_ops.keys() & my_ops.keys()
         if [record.key for record in golden_ops[group]] != [record.key for record in my_ops[group]]
     }
-    mine = my.by_key()
-    pairs = [
-        Pair(record, counterpart, RULE_EXACT, PairPriority.EXACT_KEY)
-        for record in golden.records
-        if (counterpart := mine.get(record.key)) is not None and (not diverged or _op_scope(record) not in diverged)
-    ]
+    # Keys looked up as tuples of their fields (made and hashed in C), not as RecordKey
+    # objects whose __hash__ and __eq__ run in Python: equal keys have equal tuples.
+    mine = {key: record for key, record in zip(map(_KEY_FIELDS, map(_KEY, my.records)), my.records)}
+    golden_keys = map(_KEY_FIELDS, map(_KEY, golden.records))
+    if diverged:
+        pairs = [
+            Pair(record, counterpart, RULE_EXACT, PairPriority.EXACT_KEY)
+            for record, key, scope in zip(golden.records, golden_keys, golden_scopes)
+            if (counterpart := mine.get(key)) is not None and scope not in diverged
+        ]
+    else:
+        pairs = [
+            Pair(record, counterpart, RULE_EXACT, PairPriority.EXACT_KEY)
+            for record, key in zip(golden.records, golden_keys)
+            if (counterpart := mine.get(key)) is not None
+        ]
     for group in sorted(diverged, key=str):
         golden_calls, my_calls = group_op_calls(golden_ops[group]), group_op_calls(my_ops[group])
         matcher = difflib.SequenceMatcher(
@@ -111,18 +161,15 @@ def _call_signature(call: OpCall) -> tuple[object, ...]:
     return (call.name, *(_op_signature(record)[1:] for record in call.records()))
 
 
-def _op_scope(record: TensorRecord) -> tuple[int, str] | None:
-    module = op_record_module(record.key.name)
-    return (record.key.step, module) if module is not None else None
-
-
-def _op_scopes(records: Iterable[TensorRecord]) -> dict[tuple[int, str], list[TensorRecord]]:
-    scopes: dict[tuple[int, str], list[TensorRecord]] = defaultdict(list)
-    for record in records:
-        scope = _op_scope(record)
+def _op_scopes(
+    records: Iterable[TensorRecord], scopes: Iterable[_OpScope]
+) -> dict[tuple[int, str], list[TensorRecord]]:
+    """Return the op records of each op scope, in order (``scopes`` are the records' own)."""
+    by_scope: dict[tuple[int, str], list[TensorRecord]] = defaultdict(list)
+    for record, scope in zip(records, scopes):
         if scope is not None:
-            scopes[scope].append(record)
-    return scopes
+            by_scope[scope].append(record)
+    return by_scope
 
 
 def _op_signature(record: TensorRecord) -> tuple[object, ...]:
