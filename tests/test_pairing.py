@@ -64,3 +64,30 @@ def test_a_record_a_rule_derived_itself_may_be_paired(tmp_path: Path) -> None:
     gathered = golden.records[0].with_changes(key=RecordKey(name="a", rank=-1))  # built from shards, not loaded
     pairing = merge_pairs(golden, my, [Pair(gathered, my.records[0], "gather", 50)])
     assert [(pair.golden, pair.my) for pair in pairing.pairs] == [(gathered, my.records[0])]
+
+
+def test_a_list_pairing_each_record_once_is_kept_as_the_general_merge_keeps_it(tmp_path: Path) -> None:
+    """merge_pairs keeps a one-to-one proposal list whole without its priority book-keeping: the same as with it.
+
+    A repeated proposal sends the list through the general path (which drops the repeat); both
+    must give the same pairs in the same order, and the same unmatched records.
+    """
+    golden = Dump("a", tmp_path, _records("a", "b", "c", "d"))
+    my = Dump("a", tmp_path, _records("c", "a", "b", "e"))
+    one_to_one = [
+        Pair(golden.records[2], my.records[0], "exact_key", 50),
+        Pair(golden.records[0], my.records[1], "exact_key", 50),
+        Pair(golden.records[1], my.records[2], "sequence", 0),
+    ]
+    fast = merge_pairs(golden, my, one_to_one)
+    general = merge_pairs(golden, my, [*one_to_one, one_to_one[0]])
+    assert [(p.golden.key.name, p.my.key.name, p.rule) for p in fast.pairs] == [
+        ("a", "a", "exact_key"),
+        ("b", "b", "sequence"),
+        ("c", "c", "exact_key"),
+    ]
+    assert [(p.golden, p.my, p.rule) for p in fast.pairs] == [(p.golden, p.my, p.rule) for p in general.pairs]
+    assert fast.unmatched_golden == general.unmatched_golden and [u.record.key.name for u in fast.unmatched_golden] == [
+        "d"
+    ]
+    assert fast.unmatched_my == general.unmatched_my and [u.record.key.name for u in fast.unmatched_my] == ["e"]
