@@ -44,6 +44,7 @@ from llmcheck.core.records import (
 )
 
 if TYPE_CHECKING:  # pragma: no cover
+    from llmcheck.core.measuring.measured_columns import MeasuredColumns
     from llmcheck.core.measuring.metric_engine import HeldWorkers
 
 log = logging.getLogger("llmcheck.compare")
@@ -99,7 +100,7 @@ def compare_dumps(
     ``workers - 1`` workers started with ``spawn``, so a script calling this needs the usual
     ``if __name__ == "__main__":`` guard (or ``workers=1``). ``on_pairs_known(pairs,
     tensor_bytes)`` is called once the work is known, ``on_measured(tensor_bytes)`` after
-    each pair and ``on_judging(rows)`` when the last is measured, for a progress bar.
+    each pair (or block of small pairs) and ``on_judging(rows)`` when the last is measured, for a progress bar.
     ``executor`` measures the pairs elsewhere instead (a Ray
     cluster, :class:`llmcheck.core.measuring.ray_executor.RayExecutor`); a pair it could not measure
     becomes an ``error`` row with its reason. ``pool`` holds worker processes started ahead of
@@ -123,8 +124,21 @@ def compare_dumps(
     def measured(index: int, measurement: Any) -> None:  # the row is made as the measurement arrives
         made[index] = judge.row(index, pairing.pairs[index], None, measurement)
 
+    def measured_columns(columns: MeasuredColumns) -> None:  # small pairs' rows, made a block at a time
+        for index, row in zip(columns.index, judge.rows_of(columns, pairing.pairs)):
+            made[index] = row
+
     problems, bytes_read = measure_pairing(
-        pairing, specs, judge.run_dtypes, workers, executor, on_pairs_known, on_measured, pool, measured
+        pairing,
+        specs,
+        judge.run_dtypes,
+        workers,
+        executor,
+        on_pairs_known,
+        on_measured,
+        pool,
+        measured,
+        measured_columns,
     )
     rows = [row or judge.row(index, pairing.pairs[index], problems.get(index), None) for index, row in enumerate(made)]
     if on_judging is not None:

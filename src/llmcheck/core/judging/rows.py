@@ -12,7 +12,7 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from sys import intern as intern_text
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from llmcheck.core.dtypes import is_float_dtype
 from llmcheck.core.judging.digests import digest_row, judged_on_digests
@@ -46,6 +46,9 @@ from llmcheck.core.records import (
     build_row,
     error_measure,
 )
+
+if TYPE_CHECKING:  # pragma: no cover
+    from llmcheck.core.measuring.measured_columns import MeasuredColumns
 
 log = logging.getLogger("llmcheck.compare")
 
@@ -293,3 +296,57 @@ class PairJudge:
         if row.verdict == VERDICT_ERROR and self.same_dump and same_record(pair):
             return dataclasses.replace(row, verdict=VERDICT_PASS, reason=SAME_RECORD_REASON)
         return row
+
+    def rows_of(self, columns: MeasuredColumns, pairs: Sequence[Pair]) -> list[ComparisonRow]:
+        """Return the row of each pair measured in ``columns`` (``columns.index`` its place in ``pairs``), in their order.
+
+        The rows :meth:`row` gives, made a block at a time: such a pair's values are all
+        finite (no NaN/Inf note, no ``nonfinite_mismatch``, never an ``error``), so its row is
+        its thresholds' verdicts, judged a column at a time
+        (:meth:`~llmcheck.core.judging.verdicts.TableJudge.judge_columns`), its statistics and
+        the notes on its shapes and dtypes.
+        """
+        paired = [pairs[index] for index in columns.index]
+        goldens = [pair.golden for pair in paired]
+        mys = [pair.my for pair in paired]
+        classes = [
+            judging_class(golden.dtype, my.dtype, self.run_floor)  # type: ignore[union-attr]  # measured pairs have both
+            for golden, my in zip(goldens, mys)
+        ]
+        metrics, verdicts, deciding = self.table.judge_columns(
+            columns.names,
+            columns.values,
+            [golden.key.name for golden in goldens],  # type: ignore[union-attr]
+            classes,
+        )
+        rows = []
+        for index, pair, golden, my, row_metrics, verdict, decided, judged_class, golden_measured, my_measured in zip(
+            columns.index,
+            paired,
+            goldens,
+            mys,
+            metrics,
+            verdicts,
+            deciding,
+            classes,
+            columns.side_stats(0),
+            columns.side_stats(1),
+        ):
+            assert golden is not None and my is not None
+            alike = golden.shape == my.shape and golden.dtype == my.dtype  # nearly every pair: no note to make
+            rows.append(
+                build_row(
+                    index=index,
+                    golden=golden,
+                    my=my,
+                    rule=pair.rule,
+                    metrics=row_metrics,
+                    verdict=verdict,
+                    deciding_metric=decided,
+                    reason="" if alike else "; ".join(_notes(golden, my)),
+                    golden_stats=_merged_stats(golden, golden_measured),
+                    my_stats=_merged_stats(my, my_measured),
+                    judged_as=judged_class,
+                )
+            )
+        return rows
