@@ -23,7 +23,7 @@ from llmcheck.core.judging.verdicts import (
     verdict_codes,
 )
 from llmcheck.core.plugins import get_plugins
-from llmcheck.core.records import RecordKey, TensorRecord
+from llmcheck.core.records import Dump, RecordKey, TensorData, TensorRecord, TensorStats
 
 #: Limits a table or an override may hold, and values on and beside them.
 LIMITS = (0.0, 1e-6, 1e-3, 0.5, 0.99, 1.0, 3.0)
@@ -185,3 +185,115 @@ def test_rows_made_from_worker_processes_columns_are_those_of_one_process(
     monkeypatch.setattr(metric_engine, "PARALLEL_MIN_BYTES", 0)
     monkeypatch.setattr(metric_engine, "BATCH_TARGET_BYTES", 4096)  # several batches: some measured by workers
     assert _row_fields(compare_dumps(golden, my, workers=2)) == _row_fields(in_process)
+
+
+_STAT_VALUES = st.one_of(
+    st.sampled_from([0.0, -0.0, 1.0, 1.0001, 2.0, -3.0, 65504.0, -65504.0, 3.4e38, math.nan, math.inf, -math.inf]),
+    st.floats(allow_nan=False, allow_infinity=False, width=32),
+    st.integers(-3, 3),  # a source that wrote an integer statistic
+    st.none(),
+)
+
+
+@st.composite
+def _statistics(draw: st.DrawFn, base: TensorStats | None = None) -> TensorStats | None:
+    """Return statistics as sources record them: mostly plain finite floats near ``base``, now and then anything."""
+    if base is not None and draw(st.integers(0, 3)) > 0:  # my-run near the golden: pass, warn or fail
+        scale = draw(st.sampled_from([1.0, 1.0 + 1e-7, 1.001, 1.1, 3.0]))
+        return TensorStats(
+            *(None if value is None else value * scale for value in (base.min, base.max, base.mean, base.l2norm)), 0, 0
+        )  # type: ignore[operator]
+    if draw(st.integers(0, 4)) > 0:
+        low, high = sorted(draw(st.tuples(st.floats(-10.0, 10.0), st.floats(-10.0, 10.0))))
+        return TensorStats(
+            low, high, (low + high) / 2, draw(st.floats(0.0, 100.0)), 0, draw(st.sampled_from([0, None]))
+        )
+    if draw(st.booleans()):
+        return None
+    return TensorStats(
+        *(draw(_STAT_VALUES) for _ in range(4)),
+        draw(st.sampled_from([0, 1, None])),
+        draw(st.sampled_from([0, 2, None])),
+    )
+
+
+@st.composite
+def _statistics_pairs(draw: st.DrawFn) -> tuple[list[TensorRecord], list[TensorRecord]]:
+    golden: list[TensorRecord] = []
+    my: list[TensorRecord] = []
+    data = TensorData("float32", (2, 4), Path("/nonexistent"), 0, 32)
+    for order in range(draw(st.integers(1, 25))):
+        name = draw(st.sampled_from(_NAMES))
+        dtypes = draw(
+            st.sampled_from(
+                [("float32", "float32"), ("float32", "bfloat16"), ("float16", "float16"), ("int64", "int64")]
+            )
+        )
+        shapes = draw(st.sampled_from([((2, 4), (2, 4)), ((2, 4), (1, 2, 4)), ((2, 4), (4, 2))]))
+        golden_stats = draw(_statistics())
+        my_stats = draw(_statistics(golden_stats))
+        digests = draw(st.sampled_from([(None, None), ("ab", "ab"), ("ab", "cd"), ("ab", None)]))
+        kept = draw(st.sampled_from(["neither", "golden", "my"]))  # which side kept its data
+        key = RecordKey(name=name, step=order)
+        golden.append(
+            TensorRecord(
+                key,
+                dtypes[0],
+                shapes[0],
+                order,
+                stats=golden_stats,
+                digest=digests[0],
+                data=data if kept == "golden" else None,
+            )
+        )
+        my.append(
+            TensorRecord(
+                key, dtypes[1], shapes[1], order, stats=my_stats, digest=digests[1], data=data if kept == "my" else None
+            )
+        )
+    return golden, my
+
+
+@settings(max_examples=80, deadline=None)
+@given(records=_statistics_pairs(), overrides=_overrides(), same_dump=st.booleans())
+def test_statistics_only_rows_made_a_block_at_a_time_are_the_rows_made_one_by_one(
+    records: tuple[list[TensorRecord], list[TensorRecord]], overrides: list[ThresholdOverride], same_dump: bool
+) -> None:
+    from llmcheck.core.judging.rows import PairJudge
+    from llmcheck.core.pairing.merge import merge_pairs
+
+    golden = Dump("llmcheck", Path("/golden"), records[0])
+    my = Dump("llmcheck", Path("/golden" if same_dump else "/my"), records[1])
+    specs = compare.select_metrics(None)
+    judge = PairJudge.of(golden, my, specs, None, overrides)
+    pairs = merge_pairs(golden, my, get_plugins().map_pairs(golden, my, None)).pairs
+    problems = {index: "golden has no tensor data (a statistics-only dump)" for index in range(len(pairs))}
+    indices = list(range(len(pairs)))
+    in_blocks = judge.unmeasured_rows(indices, pairs, problems)
+    one_by_one = [judge.row(index, pairs[index], problems[index], None) for index in indices]
+    assert [repr(row) for row in in_blocks] == [repr(row) for row in one_by_one]  # repr: NaN equals NaN
+    assert [type(row.metrics) for row in in_blocks] == [type(row.metrics) for row in one_by_one]
+
+
+def test_a_statistics_only_compare_judges_its_plain_pairs_a_block_at_a_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from llmcheck.core.judging.rows import PairJudge
+
+    records: tuple[list[TensorRecord], list[TensorRecord]] = ([], [])
+    for order in range(40):
+        base = TensorStats(-1.0 - order, 2.0 + order, 0.25, 10.0 + order, 0, 0)
+        scale = (1.0, 1.0 + 1e-3, 1.05, 1.5)[order % 4]  # bf16 limits: warn 0.016, fail 0.1
+        my_stats = TensorStats(base.min * scale, base.max * scale, base.mean * scale, base.l2norm * scale, 0, 0)  # type: ignore[operator]
+        key = RecordKey(name=f"model.layers.{order % 5}.mlp", step=order // 5)
+        records[0].append(TensorRecord(key, "float32", (4, 8), order, stats=base))
+        records[1].append(TensorRecord(key, "bfloat16", (4, 8), order, stats=my_stats))
+    golden, my = Dump("llmcheck", Path("/golden"), records[0]), Dump("llmcheck", Path("/my"), records[1])
+    made_alone: list[int] = []
+    row = PairJudge.row
+    monkeypatch.setattr(
+        PairJudge, "row", lambda self, index, *args: made_alone.append(index) or row(self, index, *args)
+    )
+    result = compare_dumps(golden, my, workers=1)
+    assert {row.verdict for row in result.rows} == {"pass", "warn", "fail"}
+    assert len(made_alone) < 10  # the first row of each class of rows alike, not each row

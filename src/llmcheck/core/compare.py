@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from llmcheck.core.errors import EXIT_FAILURE, EXIT_FAILURES_FOUND, EXIT_OK, UsageError
 from llmcheck.core.gc_pause import paused_cyclic_gc
@@ -100,7 +100,7 @@ def compare_dumps(
     ``workers - 1`` workers started with ``spawn``, so a script calling this needs the usual
     ``if __name__ == "__main__":`` guard (or ``workers=1``). ``on_pairs_known(pairs,
     tensor_bytes)`` is called once the work is known, ``on_measured(tensor_bytes)`` after
-    each pair (or block of small pairs) and ``on_judging(rows)`` when the last is measured, for a progress bar.
+    each pair and ``on_judging(rows)`` when the last is measured, for a progress bar.
     ``executor`` measures the pairs elsewhere instead (a Ray
     cluster, :class:`llmcheck.core.measuring.ray_executor.RayExecutor`); a pair it could not measure
     becomes an ``error`` row with its reason. ``pool`` holds worker processes started ahead of
@@ -140,7 +140,10 @@ def compare_dumps(
         measured,
         measured_columns,
     )
-    rows = [row or judge.row(index, pairing.pairs[index], problems.get(index), None) for index, row in enumerate(made)]
+    unmeasured = [index for index, row in enumerate(made) if row is None]
+    for index, row in zip(unmeasured, judge.unmeasured_rows(unmeasured, pairing.pairs, problems)):
+        made[index] = row
+    rows = cast(list[ComparisonRow], list(made))  # every pair has its row now
     if on_judging is not None:
         on_judging(len(rows))
     made.clear()  # the rows live in one list, which the judging replaces

@@ -57,7 +57,7 @@ _CLASS_DTYPE = {
 }
 _COMPLEX_CLASS = {"complex128": "fp64", "complex64": "fp32", "complex32": "fp16"}
 _SEVERITY = {VERDICT_PASS: 0, VERDICT_WARN: 1, VERDICT_FAIL: 2}
-#: At most this many metrics' verdicts number a pattern exactly (3**39 < 2**63): more, and the rows are judged alone.
+#: At most this many metrics' verdict codes number a pattern exactly (3**39 < 2**63): more, and the rows are judged alone.
 _PATTERN_METRICS = 39
 
 log = logging.getLogger("llmcheck.verdicts")
@@ -378,6 +378,13 @@ def judge(
     return TableJudge(specs, overrides).judge(values, name, judged_class)
 
 
+def _patterns(codes: np.ndarray) -> tuple[list[int], list[int]]:
+    """Return the pattern of each row of verdict codes (rows, metrics), numbered, and the first row of each pattern."""
+    numbered = codes.astype(np.int64) @ (3 ** np.arange(codes.shape[1], dtype=np.int64))
+    _, first_rows, pattern_of = np.unique(numbered, return_index=True, return_inverse=True)
+    return pattern_of.reshape(-1).tolist(), first_rows.tolist()
+
+
 class TableJudge:
     """Judges the pairs of one compare against one set of metrics and overrides (:func:`judge`, many times).
 
@@ -476,27 +483,19 @@ class TableJudge:
         results: list[Mapping[str, MetricResult]] = [None] * count  # type: ignore[list-item]  # each row is set below
         verdicts = [VERDICT_PASS] * count
         deciding: list[str | None] = [None] * count
-        keys: Sequence[tuple[str, str] | str] = list(zip(names, classes)) if self.overrides else classes
-        keyed: dict[tuple[str, str] | str, list[int]] = {}  # the rows of each key of the table of limits
-        for row, key in enumerate(keys):
-            keyed.setdefault(key, []).append(row)
-        tables: dict[int, tuple[list[tuple[str, bool, tuple[float, float] | None]], list[int]]] = {}
-        for key_rows in keyed.values():
-            table = self._limits(names[key_rows[0]], classes[key_rows[0]])
-            tables.setdefault(id(table), (table, []))[1].extend(key_rows)
         row_values: list[list[float]] = values.tolist()
-        for table, rows in tables.values():
-            patterns = self._patterns(table, metrics, values[rows])
+        for table, rows in self._rows_by_table(names, classes):
+            codes = self._codes(table, metrics, values[rows])
             pattern_of: list[int] | list[None] = [None] * len(rows)
             shared: list[tuple[JudgedMetrics, str, str | None] | None] = []
-            if patterns is not None:
-                pattern_of, first_rows, codes = patterns
-                for position, pattern_codes in zip(first_rows, codes):
+            if codes is not None:
+                pattern_of, first_rows = _patterns(codes)
+                for position in first_rows:
                     row = rows[position]
                     judged, verdict, decided = self.judge(dict(zip(metrics, row_values[row])), names[row], classes[row])
                     held = cast(JudgedMetrics, judged)
                     # the verdicts the table gives alone, else (never seen) the pattern's rows are judged one by one
-                    alike = held.verdicts == tuple([VERDICT_OF_CODE[code] for code in pattern_codes])
+                    alike = held.verdicts == tuple([VERDICT_OF_CODE[code] for code in codes[position].tolist()])
                     shared.append((held, verdict, decided) if alike else None)
             for row, pattern in zip(rows, pattern_of):
                 found = None if pattern is None else shared[pattern]
@@ -510,11 +509,40 @@ class TableJudge:
                     verdicts[row], deciding[row] = found[1], found[2]
         return results, verdicts, deciding
 
+    def verdict_code_columns(
+        self, metrics: Sequence[str], values: np.ndarray, names: Sequence[str], classes: Sequence[str]
+    ) -> np.ndarray | None:
+        """Return the verdict code (:data:`VERDICT_OF_CODE`) of each value of :meth:`judge_columns`' ``values``, 0 where a metric has no limits.
+
+        None when some rows' table cannot judge them a column at a time (:meth:`_codes`).
+        """
+        found = np.zeros(values.shape, dtype=np.int8)
+        for table, rows in self._rows_by_table(names, classes):
+            codes = self._codes(table, metrics, values[rows])
+            if codes is None:
+                return None
+            found[rows] = codes
+        return found
+
+    def _rows_by_table(
+        self, names: Sequence[str], classes: Sequence[str]
+    ) -> list[tuple[list[tuple[str, bool, tuple[float, float] | None]], list[int]]]:
+        """Return each table of limits that judges some of the rows (record ``names[i]`` as ``classes[i]``), with those rows."""
+        keys: Sequence[tuple[str, str] | str] = list(zip(names, classes)) if self.overrides else classes
+        keyed: dict[tuple[str, str] | str, list[int]] = {}  # the rows of each key of the table of limits
+        for row, key in enumerate(keys):
+            keyed.setdefault(key, []).append(row)
+        tables: dict[int, tuple[list[tuple[str, bool, tuple[float, float] | None]], list[int]]] = {}
+        for key_rows in keyed.values():
+            table = self._limits(names[key_rows[0]], classes[key_rows[0]])
+            tables.setdefault(id(table), (table, []))[1].extend(key_rows)
+        return list(tables.values())
+
     @staticmethod
-    def _patterns(
+    def _codes(
         table: list[tuple[str, bool, tuple[float, float] | None]], metrics: Sequence[str], values: np.ndarray
-    ) -> tuple[list[int], list[int], list[list[int]]] | None:
-        """Return each row's verdict pattern under ``table``, the first row of each pattern and its verdict codes.
+    ) -> np.ndarray | None:
+        """Return the verdict code of each of ``values`` (rows, metrics) under ``table``, 0 where a metric has no limits.
 
         None when the table cannot judge the rows a column at a time: it judges other
         metrics than ``metrics`` (or in another order), has too many to number their
@@ -522,7 +550,7 @@ class TableJudge:
         """
         if len(table) != len(metrics) or len(table) > _PATTERN_METRICS or values.dtype != np.float64:
             return None
-        codes = np.zeros(values.shape, dtype=np.int64)
+        codes = np.zeros(values.shape, dtype=np.int8)
         for column, ((metric, higher_is_better, limits), measured) in enumerate(zip(table, metrics)):
             if metric != measured:
                 return None
@@ -531,9 +559,7 @@ class TableJudge:
             if any(type(limit) is not float and float(limit) != limit for limit in limits):
                 return None
             codes[:, column] = verdict_codes(values[:, column], higher_is_better, *limits)
-        numbered = codes @ (3 ** np.arange(len(table), dtype=np.int64))
-        _, first_rows, pattern_of = np.unique(numbered, return_index=True, return_inverse=True)
-        return pattern_of.reshape(-1).tolist(), first_rows.tolist(), codes[first_rows].tolist()
+        return codes
 
     def held_alike(self, results: Mapping[str, MetricResult]) -> Mapping[str, MetricResult]:
         """Return results judged elsewhere (a statistics-only pair's) as a :class:`~llmcheck.core.records.JudgedMetrics`.

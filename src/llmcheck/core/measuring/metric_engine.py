@@ -96,11 +96,11 @@ def measure_jobs(
     jobs: Sequence[PairJob], specs: Sequence[MetricSpec], workspace: Workspace, chunk_values: int = DEFAULT_CHUNK_VALUES
 ) -> list[PairMeasurement]:
     """Return the measurement of each job: small pairs together in groups, the others streamed one by one."""
-    measurements, columns = _measure_jobs_as_columns(jobs, specs, workspace, chunk_values)
+    measurements, columns = measure_jobs_as_columns(jobs, specs, workspace, chunk_values)
     return measurements + columns.measurements()
 
 
-def _measure_jobs_as_columns(
+def measure_jobs_as_columns(
     jobs: Sequence[PairJob], specs: Sequence[MetricSpec], workspace: Workspace, chunk_values: int
 ) -> tuple[list[PairMeasurement], MeasuredColumns]:
     """Return :func:`measure_jobs` as measurements and the small pairs measured from their blocks, as columns."""
@@ -234,9 +234,7 @@ def measure_pairs(
             _measure_in_workers(remote, list(specs), workers, chunk_values, all_done, started)
         workspace = Workspace(chunk_values)
         for start in range(0, len(local), LOCAL_BATCH_PAIRS):  # in batches, so progress advances while measuring
-            all_done(
-                *_measure_jobs_as_columns(local[start : start + LOCAL_BATCH_PAIRS], specs, workspace, chunk_values)
-            )
+            all_done(*measure_jobs_as_columns(local[start : start + LOCAL_BATCH_PAIRS], specs, workspace, chunk_values))
     del workspace
     return_free_memory()  # the measuring's buffers and transient objects, before the rows are made
     return results
@@ -319,7 +317,7 @@ def _measure_in_workers(
         submit_from_front()
         while pending or queue:
             if queue:  # this process's share: the last batch not yet handed out
-                done(*_measure_jobs_as_columns(queue.pop(), specs, workspace, chunk_values))
+                done(*measure_jobs_as_columns(queue.pop(), specs, workspace, chunk_values))
                 if not queue:  # its read windows are not held while the workers finish: the compare's peak
                     workspace.release()
                     return_free_memory()

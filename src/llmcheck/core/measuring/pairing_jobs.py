@@ -165,7 +165,8 @@ def measure_pairing(
         assert measured_columns is not None
         measured_columns(columns.fanned_out(same_data) if same_data else columns)
         if on_measured is not None:
-            on_measured(columns_bytes)
+            for pair_bytes_read in columns.bytes_read:  # pair by pair, as a progress bar counts
+                on_measured(pair_bytes_read)
 
     if executor is None:
         measure_pairs(
