@@ -8,6 +8,7 @@ measurement arrives.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import math
 from array import array
@@ -424,19 +425,19 @@ class PairJudge:
         if (golden.digest is not None and my.digest is not None) or shape_problem(golden, my) is not None:
             return None
         sides = []
-        for record, side_run_dtype in ((golden, self.run_dtypes[0]), (my, self.run_dtypes[1])):
-            stats = record.stats
+        for stats, limit in (
+            (golden.stats, _sentinel_limit(golden.dtype, self.run_dtypes[0])),
+            (my.stats, _sentinel_limit(my.dtype, self.run_dtypes[1])),
+        ):
             if stats is None or stats.nan_count not in (0, None) or stats.inf_count not in (0, None):
                 return None
-            recorded = (stats.max, stats.min, stats.mean, stats.l2norm)
-            if any(type(figure) is not float for figure in recorded):  # an int would keep its type in the results
+            high, low, mean, l2norm = stats.max, stats.min, stats.mean, stats.l2norm
+            # an int would keep its type in the results
+            if not (type(high) is float and type(low) is float and type(mean) is float and type(l2norm) is float):
                 return None
-            figures = cast(tuple[float, float, float, float], recorded)
-            limit = sentinel_limit_in_run(record.dtype, side_run_dtype)
-            high, low, mean, l2norm = figures
             if not (abs(high) < limit and abs(low) < limit and math.isfinite(mean) and math.isfinite(l2norm)):
                 return None
-            sides.append(figures)
+            sides.append((high, low, mean, l2norm))
         return sides[0], sides[1]
 
     def _plain_statistics_rows(
@@ -499,6 +500,8 @@ class PairJudge:
             )
 
 
+#: :func:`sentinel_limit_in_run` of a (dtype, run dtype), found once: asked twice per statistics-only pair.
+_sentinel_limit = functools.cache(sentinel_limit_in_run)
 #: Where a statistics row's L2-norm bound is among its :data:`STAT_COLUMNS`.
 _BOUND_COLUMN = STAT_COLUMNS.index(DECIDING_STAT)
 #: A key of :meth:`PairJudge._plain_statistics_rows` whose first row is not made yet.
