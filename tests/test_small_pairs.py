@@ -183,7 +183,7 @@ def test_pairs_and_measurements_cross_to_worker_processes_unchanged(tmp_path: Pa
     assert len(rows) == 41 and len(folded) == 5  # most pairs from their blocks, NaN/Inf/sentinel ones folded
     folded.append(measure_pair(jobs[-1], specs, workspace))  # "large": streamed
     folded[0] = dataclasses.replace(folded[0], values={"rmse": -0.0}, notes=["a note"])  # not every metric
-    crossed = unpack_measurements(pickle.loads(pickle.dumps(pack_measurements(folded, names, rows))))
+    crossed = unpack_measurements(pickle.loads(pickle.dumps(pack_measurements(folded, names, rows.columns(names)))))
     expected = folded + rows.measurements(names)
     assert repr(crossed) == repr(expected)  # repr: NaN equals NaN, -0.0 stays -0.0
     by_index = {m.index: m for m in crossed}

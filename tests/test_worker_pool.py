@@ -99,10 +99,10 @@ def test_this_process_measures_beside_the_workers_with_the_same_digits(
         lambda workers, *args: spawned.append(workers) or start_executor(workers, *args),
     )
     here: list[int] = []
-    measure_jobs = metric_engine.measure_jobs
+    measure_jobs = metric_engine.measure_jobs_as_columns
     monkeypatch.setattr(
         metric_engine,
-        "measure_jobs",
+        "measure_jobs_as_columns",
         lambda jobs, *args: here.extend(job.index for job in jobs) or measure_jobs(jobs, *args),
     )
     beside = compare_dumps(*runs, workers=3)
@@ -130,9 +130,13 @@ def test_measurements_handed_on_as_they_arrive_are_not_kept(
     def measure(*args, keep=True, **options):
         kept.append(keep)
         handed: list[int] = []
-        on_measured = options.pop("on_measured")
+        on_measured, on_columns = options.pop("on_measured"), options.pop("on_columns")
         found = measure_pairs(
-            *args, keep=keep, on_measured=lambda m: handed.append(m.index) or on_measured(m), **options
+            *args,
+            keep=keep,
+            on_measured=lambda m: handed.append(m.index) or on_measured(m),
+            on_columns=lambda columns: handed.extend(columns.index) or on_columns(columns),
+            **options,
         )
         assert found == {} and sorted(handed) == list(range(len(runs[0].records)))
         return found

@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from llmcheck.core.errors import EXIT_FAILURE, EXIT_FAILURES_FOUND, EXIT_OK, UsageError
 from llmcheck.core.gc_pause import paused_cyclic_gc
@@ -44,6 +44,7 @@ from llmcheck.core.records import (
 )
 
 if TYPE_CHECKING:  # pragma: no cover
+    from llmcheck.core.measuring.measured_columns import MeasuredColumns
     from llmcheck.core.measuring.metric_engine import HeldWorkers
 
 log = logging.getLogger("llmcheck.compare")
@@ -123,10 +124,26 @@ def compare_dumps(
     def measured(index: int, measurement: Any) -> None:  # the row is made as the measurement arrives
         made[index] = judge.row(index, pairing.pairs[index], None, measurement)
 
+    def measured_columns(columns: MeasuredColumns) -> None:  # small pairs' rows, made a block at a time
+        for index, row in zip(columns.index, judge.rows_of(columns, pairing.pairs)):
+            made[index] = row
+
     problems, bytes_read = measure_pairing(
-        pairing, specs, judge.run_dtypes, workers, executor, on_pairs_known, on_measured, pool, measured
+        pairing,
+        specs,
+        judge.run_dtypes,
+        workers,
+        executor,
+        on_pairs_known,
+        on_measured,
+        pool,
+        measured,
+        measured_columns,
     )
-    rows = [row or judge.row(index, pairing.pairs[index], problems.get(index), None) for index, row in enumerate(made)]
+    unmeasured = [index for index, row in enumerate(made) if row is None]
+    for index, row in zip(unmeasured, judge.unmeasured_rows(unmeasured, pairing.pairs, problems)):
+        made[index] = row
+    rows = cast(list[ComparisonRow], list(made))  # every pair has its row now
     if on_judging is not None:
         on_judging(len(rows))
     made.clear()  # the rows live in one list, which the judging replaces

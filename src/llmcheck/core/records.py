@@ -746,6 +746,15 @@ class JudgedMetrics(Mapping[str, MetricResult]):
         position = self._layout.positions.get(name)
         return None if position is None else self._values[position]
 
+    @property
+    def verdicts(self) -> tuple[str, ...]:
+        """Return each metric's verdict, in order."""
+        return self._verdicts
+
+    def alike(self, values: Sequence[float]) -> JudgedMetrics:
+        """Return the results of a row judged alike -- the same metrics, limits and verdicts -- whose values are ``values``."""
+        return JudgedMetrics(self._layout, values, self._verdicts)
+
     def __repr__(self) -> str:
         return f"JudgedMetrics({dict(self)!r})"
 

@@ -8,22 +8,31 @@ measurement arrives.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
-from collections.abc import Sequence
+import math
+from array import array
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from sys import intern as intern_text
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
+
+import numpy as np
 
 from llmcheck.core.dtypes import is_float_dtype
 from llmcheck.core.judging.digests import digest_row, judged_on_digests
 from llmcheck.core.judging.stats_compare import (
+    DECIDING_STAT,
+    STAT_COLUMNS,
     comparable_statistics,
     judge_statistics,
     masked_statistics,
+    statistics_error_columns,
     statistics_reason,
 )
 from llmcheck.core.judging.verdicts import (
     NONFINITE_METRIC,
+    VERDICT_OF_CODE,
     TableJudge,
     ThresholdOverride,
     judging_class,
@@ -39,6 +48,7 @@ from llmcheck.core.records import (
     VERDICT_PASS,
     ComparisonRow,
     Dump,
+    JudgedMetrics,
     MetricResult,
     MetricSpec,
     Pair,
@@ -46,6 +56,9 @@ from llmcheck.core.records import (
     build_row,
     error_measure,
 )
+
+if TYPE_CHECKING:  # pragma: no cover
+    from llmcheck.core.measuring.measured_columns import MeasuredColumns
 
 log = logging.getLogger("llmcheck.compare")
 
@@ -69,8 +82,12 @@ def _statistics_row(
     run_floor: str | None,
     run_dtypes: tuple[str | None, str | None] = (None, None),
     table: TableJudge | None = None,
+    bound_table: TableJudge | None = None,
 ) -> ComparisonRow | None:
-    """Return the row of a pair judged on its recorded statistics when a side kept no data, else None."""
+    """Return the row of a pair judged on its recorded statistics when a side kept no data, else None.
+
+    ``bound_table`` judges the error measure alone (:func:`judge_statistics`).
+    """
     golden, my = pair.golden, pair.my
     assert golden is not None and my is not None
     if (golden.data is not None and my.data is not None) or not comparable_statistics(golden.stats, my.stats):
@@ -87,6 +104,7 @@ def _statistics_row(
         judged_class,
         overrides,
         sentinel_limits=limits,
+        bound_table=bound_table,
     )
     sides = " and ".join(side for side, record in (("golden", golden), ("my", my)) if record.data is None)
     bounded = error_measure(specs)
@@ -167,13 +185,16 @@ def _pair_row(
     run_floor: str | None,
     table: TableJudge,
     run_dtypes: tuple[str | None, str | None] = (None, None),
+    bound_table: TableJudge | None = None,
 ) -> ComparisonRow:
     golden, my = pair.golden, pair.my
     assert golden is not None and my is not None
     if problem is not None and judged_on_digests(pair):
-        return digest_row(index, pair, _statistics_row(index, pair, specs, overrides, run_floor, run_dtypes, table))
+        return digest_row(
+            index, pair, _statistics_row(index, pair, specs, overrides, run_floor, run_dtypes, table, bound_table)
+        )
     if problem is not None and (
-        statistics_row := _statistics_row(index, pair, specs, overrides, run_floor, run_dtypes, table)
+        statistics_row := _statistics_row(index, pair, specs, overrides, run_floor, run_dtypes, table, bound_table)
     ):
         return statistics_row
     if problem is not None or measurement is None:
@@ -251,7 +272,8 @@ class PairJudge:
     ``run_dtypes`` are the dtypes most tensors of each run have (a run's mask sentinel is its
     own dtype's "minus infinity"), ``run_floor`` the least precise of the two runs (its
     thresholds judge a pair of mixed precisions), ``same_dump`` whether both sides are one dump
-    on disk (a pair with nothing to measure then passes).
+    on disk (a pair with nothing to measure then passes). ``bound_table`` judges the error
+    measure alone, as statistics-only pairs are (None when no metric is the error measure).
     """
 
     specs: Sequence[MetricSpec]
@@ -260,6 +282,7 @@ class PairJudge:
     run_dtypes: tuple[str | None, str | None]
     run_floor: str | None
     same_dump: bool
+    bound_table: TableJudge | None = None
 
     @classmethod
     def of(
@@ -276,6 +299,7 @@ class PairJudge:
             run_dtype([record.dtype for record in my.records]),
         )
         run_classes = (run_precision([record.dtype for record in dump.records]) for dump in (golden, my))
+        bounded = error_measure(specs)
         return cls(
             specs=specs,
             overrides=overrides,
@@ -283,13 +307,217 @@ class PairJudge:
             run_dtypes=run_dtypes,
             run_floor=least_precise([name for name in run_classes if name]),
             same_dump=_same_dump(golden, my),
+            bound_table=TableJudge([bounded], overrides) if bounded is not None else None,
         )
 
     def row(self, index: int, pair: Pair, problem: str | None, measurement: Any) -> ComparisonRow:
         """Return the row of pair ``index``: measured (``measurement``), or not, and why (``problem``)."""
         row = _pair_row(
-            index, pair, self.specs, problem, measurement, self.overrides, self.run_floor, self.table, self.run_dtypes
+            index,
+            pair,
+            self.specs,
+            problem,
+            measurement,
+            self.overrides,
+            self.run_floor,
+            self.table,
+            self.run_dtypes,
+            self.bound_table,
         )
         if row.verdict == VERDICT_ERROR and self.same_dump and same_record(pair):
             return dataclasses.replace(row, verdict=VERDICT_PASS, reason=SAME_RECORD_REASON)
         return row
+
+    def rows_of(self, columns: MeasuredColumns, pairs: Sequence[Pair]) -> list[ComparisonRow]:
+        """Return the row of each pair measured in ``columns`` (``columns.index`` its place in ``pairs``), in their order.
+
+        The rows :meth:`row` gives, made a block at a time: such a pair's values are all
+        finite (no NaN/Inf note, no ``nonfinite_mismatch``, never an ``error``), so its row is
+        its thresholds' verdicts, judged a column at a time
+        (:meth:`~llmcheck.core.judging.verdicts.TableJudge.judge_columns`), its statistics and
+        the notes on its shapes and dtypes.
+        """
+        paired = [pairs[index] for index in columns.index]
+        goldens = [pair.golden for pair in paired]
+        mys = [pair.my for pair in paired]
+        classes = [
+            judging_class(golden.dtype, my.dtype, self.run_floor)  # type: ignore[union-attr]  # measured pairs have both
+            for golden, my in zip(goldens, mys)
+        ]
+        metrics, verdicts, deciding = self.table.judge_columns(
+            columns.names,
+            columns.values,
+            [golden.key.name for golden in goldens],  # type: ignore[union-attr]
+            classes,
+        )
+        rows = []
+        for index, pair, golden, my, row_metrics, verdict, decided, judged_class, golden_measured, my_measured in zip(
+            columns.index,
+            paired,
+            goldens,
+            mys,
+            metrics,
+            verdicts,
+            deciding,
+            classes,
+            columns.side_stats(0),
+            columns.side_stats(1),
+        ):
+            assert golden is not None and my is not None
+            alike = golden.shape == my.shape and golden.dtype == my.dtype  # nearly every pair: no note to make
+            rows.append(
+                build_row(
+                    index=index,
+                    golden=golden,
+                    my=my,
+                    rule=pair.rule,
+                    metrics=row_metrics,
+                    verdict=verdict,
+                    deciding_metric=decided,
+                    reason="" if alike else "; ".join(_notes(golden, my)),
+                    golden_stats=_merged_stats(golden, golden_measured),
+                    my_stats=_merged_stats(my, my_measured),
+                    judged_as=judged_class,
+                )
+            )
+        return rows
+
+    def unmeasured_rows(
+        self, indices: Sequence[int], pairs: Sequence[Pair], problems: Mapping[int, str]
+    ) -> list[ComparisonRow]:
+        """Return the row of each pair ``indices`` names that was not measured (``problems`` says why), in that order.
+
+        :meth:`row` of each, the statistics-only pairs with plain statistics
+        (:meth:`_plain_statistics`) made a block at a time: their errors are computed and
+        their bounds judged a column at a time, and the rows alike in all but their values
+        -- the same table of limits, sides without data and verdict -- share the figures of
+        the first, which :meth:`row` makes. A statistics-only dump's 10**5 pairs spent most
+        of their judging making each row's results, reason and verdict anew.
+        """
+        rows: list[ComparisonRow | None] = [None] * len(indices)
+        plain: list[int] = []  # positions in indices
+        plain_figures: list[tuple[tuple[float, ...], tuple[float, ...]]] = []
+        for position, index in enumerate(indices):
+            pair, problem = pairs[index], problems.get(index)
+            figures = self._plain_statistics(pair) if problem is not None else None
+            if figures is None:
+                rows[position] = self.row(index, pair, problem, None)
+            else:
+                plain.append(position)
+                plain_figures.append(figures)
+        if plain:
+            self._plain_statistics_rows(
+                [indices[position] for position in plain], pairs, problems, plain_figures, rows, plain
+            )
+        return rows  # type: ignore[return-value]  # every position is set
+
+    def _plain_statistics(self, pair: Pair) -> tuple[tuple[float, ...], tuple[float, ...]] | None:
+        """Return both sides' (max, min, mean, L2 norm) when a pair is judged on plain statistics, else None.
+
+        Plain: one side kept no data, no digests decide, the shapes agree, and each side's
+        statistics are finite floats, short of its mask sentinels, with no NaN or Inf counted.
+        Such a pair's row is the statistics row whatever its values, with no NaN/Inf or mask story.
+        """
+        golden, my = pair.golden, pair.my
+        assert golden is not None and my is not None
+        if self.bound_table is None or (golden.data is not None and my.data is not None):
+            return None
+        if (golden.digest is not None and my.digest is not None) or shape_problem(golden, my) is not None:
+            return None
+        sides = []
+        for stats, limit in (
+            (golden.stats, _sentinel_limit(golden.dtype, self.run_dtypes[0])),
+            (my.stats, _sentinel_limit(my.dtype, self.run_dtypes[1])),
+        ):
+            if stats is None or stats.nan_count not in (0, None) or stats.inf_count not in (0, None):
+                return None
+            high, low, mean, l2norm = stats.max, stats.min, stats.mean, stats.l2norm
+            # an int would keep its type in the results
+            if not (type(high) is float and type(low) is float and type(mean) is float and type(l2norm) is float):
+                return None
+            if not (abs(high) < limit and abs(low) < limit and math.isfinite(mean) and math.isfinite(l2norm)):
+                return None
+            sides.append((high, low, mean, l2norm))
+        return sides[0], sides[1]
+
+    def _plain_statistics_rows(
+        self,
+        indices: Sequence[int],
+        pairs: Sequence[Pair],
+        problems: Mapping[int, str],
+        figures: Sequence[tuple[tuple[float, ...], tuple[float, ...]]],
+        rows: list[ComparisonRow | None],
+        positions: Sequence[int],
+    ) -> None:
+        """Set ``rows[positions[i]]`` to the row of pair ``indices[i]``, judged on its plain statistics ``figures[i]``."""
+        assert self.bound_table is not None
+        errors = statistics_error_columns(
+            np.array([golden for golden, _ in figures], dtype=np.float64).reshape(len(figures), 4),
+            np.array([my for _, my in figures], dtype=np.float64).reshape(len(figures), 4),
+        )
+        paired = [pairs[index] for index in indices]
+        names = [pair.golden.key.name for pair in paired]  # type: ignore[union-attr]  # paired records have both sides
+        classes = [judging_class(pair.golden.dtype, pair.my.dtype, self.run_floor) for pair in paired]  # type: ignore[union-attr]
+        bound = _BOUND_COLUMN
+        codes = self.bound_table.verdict_code_columns(
+            [self.bound_table.specs[0].name], errors[:, bound : bound + 1], names, classes
+        )
+        keyed = bool(self.overrides)
+        first_rows: dict[tuple[object, ...], ComparisonRow | None] = {}
+        for index, position, pair, name, judged_class, code, row_errors in zip(
+            indices,
+            positions,
+            paired,
+            names,
+            classes,
+            [None] * len(indices) if codes is None else codes[:, 0].tolist(),
+            errors.tolist(),
+        ):
+            golden, my = pair.golden, pair.my
+            assert golden is not None and my is not None
+            key = (name if keyed else None, judged_class, golden.data is None, my.data is None, code)
+            first = first_rows.get(key, _UNSEEN) if code is not None else None
+            if first is None or first is _UNSEEN:
+                made = self.row(index, pair, problems[index], None)
+                if first is _UNSEEN:
+                    first_rows[key] = made if _judged_alike(made, row_errors, code) else None
+                rows[position] = made
+                continue
+            assert isinstance(first, ComparisonRow)
+            rows[position] = build_row(
+                index=index,
+                golden=golden,
+                my=my,
+                rule=pair.rule,
+                metrics=cast(JudgedMetrics, first.metrics).alike(array("d", row_errors)),
+                verdict=first.verdict,
+                deciding_metric=first.deciding_metric,
+                reason=first.reason,
+                golden_stats=golden.stats,
+                my_stats=my.stats,
+                nonfinite_mismatch=first.nonfinite_mismatch,
+                judged_as=first.judged_as,
+            )
+
+
+#: :func:`sentinel_limit_in_run` of a (dtype, run dtype), found once: asked twice per statistics-only pair.
+_sentinel_limit = functools.cache(sentinel_limit_in_run)
+#: Where a statistics row's L2-norm bound is among its :data:`STAT_COLUMNS`.
+_BOUND_COLUMN = STAT_COLUMNS.index(DECIDING_STAT)
+#: A key of :meth:`PairJudge._plain_statistics_rows` whose first row is not made yet.
+_UNSEEN: object = object()
+
+
+def _judged_alike(row: ComparisonRow, errors: list[float], code: int) -> bool:
+    """Return whether a plain statistics row holds ``errors``, its bound judged ``code``, so rows alike may share its figures.
+
+    Always, as the statistics judging reads (a row that does not is made alone, as are the rows alike).
+    """
+    metrics = row.metrics
+    return (
+        type(metrics) is JudgedMetrics
+        and list(metrics) == list(STAT_COLUMNS)
+        and [metrics.value(column) for column in STAT_COLUMNS] == errors
+        and metrics.verdicts[_BOUND_COLUMN] == VERDICT_OF_CODE[code]
+        and row.nonfinite_mismatch == 0
+    )

@@ -23,7 +23,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from llmcheck.core.judging.verdicts import NONFINITE_METRIC, ThresholdOverride, judge
+import numpy as np
+
+from llmcheck.core.judging.verdicts import NONFINITE_METRIC, TableJudge, ThresholdOverride
 from llmcheck.core.measuring.sentinels import is_sentinel
 from llmcheck.core.records import (
     VERDICT_FAIL,
@@ -91,6 +93,20 @@ def statistics_errors(golden: TensorStats, my: TensorStats) -> dict[str, float]:
     return errors
 
 
+def statistics_error_columns(golden: np.ndarray, my: np.ndarray) -> np.ndarray:
+    """Return :func:`statistics_errors` of many pairs whose statistics are all finite: (pairs, :data:`STAT_COLUMNS`).
+
+    ``golden`` and ``my`` hold each pair's statistics, (pairs, :data:`STAT_FIELDS`), as float64.
+    The same IEEE operations on the same float64 values: each value is the one
+    :func:`statistics_errors` gives, bit for bit.
+    """
+    difference = np.abs(my - golden)
+    errors = np.empty((len(golden), len(STAT_COLUMNS)))
+    errors[:, 0::2] = difference
+    errors[:, 1::2] = difference / np.maximum(np.abs(golden), _FP32_EPS)
+    return errors
+
+
 def _sentinel_signs(stats: TensorStats, limit: float) -> tuple[bool, bool]:
     return is_sentinel(stats.min, limit) and (stats.min or 0) < 0, is_sentinel(stats.max, limit) and (
         stats.max or 0
@@ -113,6 +129,7 @@ def judge_statistics(
     judged_class: str,
     overrides: Sequence[ThresholdOverride] = (),
     sentinel_limits: tuple[float, float] | None = None,
+    bound_table: TableJudge | None = None,
 ) -> tuple[dict[str, MetricResult], str, str | None, int]:
     """Return the statistics results, the verdict, the deciding column and the NaN/Inf count difference.
 
@@ -125,6 +142,9 @@ def judge_statistics(
     (``nonfinite_mismatch``, at least that many positions differ); equal counts agree, and
     the L2 norms (over the finite values) judge what remains -- nothing, when neither side has
     a finite value.
+
+    ``bound_table`` judges the error measure alone, with these ``overrides``: a compare's
+    statistics-only pairs share one, which looks each table of limits up once (else one is made here).
     """
     errors = statistics_errors(golden, my)
     results: dict[str, MetricResult] = {column: MetricResult(column, value) for column, value in errors.items()}
@@ -143,9 +163,9 @@ def judge_statistics(
         # and none that a row this mask feeds received
         results.pop(DECIDING_STAT, None)
     if bounded is not None and DECIDING_STAT in errors and not masked:
-        judged, verdict, deciding = judge(
-            [bounded], {bounded.name: errors[DECIDING_STAT]}, name, judged_class, overrides
-        )
+        if bound_table is None:
+            bound_table = TableJudge([bounded], overrides)
+        judged, verdict, deciding = bound_table.judge({bounded.name: errors[DECIDING_STAT]}, name, judged_class)
         if deciding is not None:
             as_bounded = judged[deciding]
             results[DECIDING_STAT] = MetricResult(

@@ -19,12 +19,15 @@ from __future__ import annotations
 import fnmatch
 import logging
 import math
+from array import array
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
+
+import numpy as np
 
 from llmcheck.core.dtypes import dtype_class
 from llmcheck.core.errors import LlmcheckError, UsageError, closest_name
@@ -54,6 +57,8 @@ _CLASS_DTYPE = {
 }
 _COMPLEX_CLASS = {"complex128": "fp64", "complex64": "fp32", "complex32": "fp16"}
 _SEVERITY = {VERDICT_PASS: 0, VERDICT_WARN: 1, VERDICT_FAIL: 2}
+#: At most this many metrics' verdict codes number a pattern exactly (3**39 < 2**63): more, and the rows are judged alone.
+_PATTERN_METRICS = 39
 
 log = logging.getLogger("llmcheck.verdicts")
 
@@ -341,6 +346,27 @@ def _metric_verdict(value: float, higher_is_better: bool, warn: float, fail: flo
     return VERDICT_PASS
 
 
+#: The verdicts :func:`verdict_codes` gives, by code.
+VERDICT_OF_CODE = (VERDICT_PASS, VERDICT_WARN, VERDICT_FAIL)
+
+
+def verdict_codes(values: np.ndarray, higher_is_better: bool, warn: float, fail: float) -> np.ndarray:
+    """Return the verdict of each of a metric's values (float64), coded as :data:`VERDICT_OF_CODE` orders them.
+
+    The verdict a value gets alone (NaN fails; past ``fail`` fails, else past ``warn``
+    warns), a column at a time: IEEE comparisons of float64 values give the same answers
+    whether numpy or Python makes them.
+    """
+    if higher_is_better:
+        failing, warning = values < fail, values < warn
+    else:
+        failing, warning = values > fail, values > warn
+    failing |= np.isnan(values)
+    codes = warning.astype(np.int8)
+    codes[failing] = 2
+    return codes
+
+
 def judge(
     specs: Sequence[MetricSpec],
     values: Mapping[str, float],
@@ -350,6 +376,13 @@ def judge(
 ) -> tuple[Mapping[str, MetricResult], str, str | None]:
     """Return each metric's result, the row's verdict and the deciding metric (first with the worst verdict)."""
     return TableJudge(specs, overrides).judge(values, name, judged_class)
+
+
+def _patterns(codes: np.ndarray) -> tuple[list[int], list[int]]:
+    """Return the pattern of each row of verdict codes (rows, metrics), numbered, and the first row of each pattern."""
+    numbered = codes.astype(np.int64) @ (3 ** np.arange(codes.shape[1], dtype=np.int64))
+    _, first_rows, pattern_of = np.unique(numbered, return_index=True, return_inverse=True)
+    return pattern_of.reshape(-1).tolist(), first_rows.tolist()
 
 
 class TableJudge:
@@ -365,6 +398,8 @@ class TableJudge:
         self.overrides = list(overrides)
         # (record name or None without overrides, class) -> each metric's (name, higher is better, limits)
         self._table: dict[tuple[str | None, str], list[tuple[str, bool, tuple[float, float] | None]]] = {}
+        # each metric's (name, higher is better, limits) -> the one table holding them: names alike share it
+        self._alike_tables: dict[tuple[tuple[str, bool, tuple[float, float] | None], ...], list[Any]] = {}
         # (id of a table above, the metrics present where some are missing) -> the rows' shared layout
         self._layouts: dict[tuple[int, tuple[str, ...] | None], MetricLayout] = {}
         self._verdict_tuples: dict[tuple[str, ...], tuple[str, ...]] = {}
@@ -386,6 +421,7 @@ class TableJudge:
                 )
                 for spec in self.specs
             ]
+            table = self._table[key] = self._alike_tables.setdefault(tuple(table), table)
         return table
 
     def judge(
@@ -427,6 +463,103 @@ class TableJudge:
         shared = tuple(verdicts)
         shared = self._verdict_tuples.setdefault(shared, shared)  # most rows: all pass, one tuple for them all
         return JudgedMetrics(layout, held_values(judged), shared), verdict, deciding or first_judged
+
+    def judge_columns(
+        self, metrics: Sequence[str], values: np.ndarray, names: Sequence[str], classes: Sequence[str]
+    ) -> tuple[list[Mapping[str, MetricResult]], list[str], list[str | None]]:
+        """Return :meth:`judge` of each row of ``values``: its results, verdict and deciding metric, a list each.
+
+        ``values`` holds a row per pair, (rows, metrics), its columns the float64 values of
+        ``metrics``; row ``i`` is record ``names[i]`` judged as ``classes[i]``.
+
+        Why: judged row by row, a 10**5-pair decode dump spent a second comparing values with
+        their limits. Here the rows judged under one table of limits are compared a column
+        at a time (:func:`verdict_codes`); the rows that got the same verdict of every metric
+        then share the layout, the verdicts and the deciding metric, which :meth:`judge`
+        gives for the first of them. A table that does not judge exactly ``metrics``, in
+        order, judges its rows one by one.
+        """
+        count = len(names)
+        results: list[Mapping[str, MetricResult]] = [None] * count  # type: ignore[list-item]  # each row is set below
+        verdicts = [VERDICT_PASS] * count
+        deciding: list[str | None] = [None] * count
+        row_values: list[list[float]] = values.tolist()
+        for table, rows in self._rows_by_table(names, classes):
+            codes = self._codes(table, metrics, values[rows])
+            pattern_of: list[int] | list[None] = [None] * len(rows)
+            shared: list[tuple[JudgedMetrics, str, str | None] | None] = []
+            if codes is not None:
+                pattern_of, first_rows = _patterns(codes)
+                for position in first_rows:
+                    row = rows[position]
+                    judged, verdict, decided = self.judge(dict(zip(metrics, row_values[row])), names[row], classes[row])
+                    held = cast(JudgedMetrics, judged)
+                    # the verdicts the table gives alone, else (never seen) the pattern's rows are judged one by one
+                    alike = held.verdicts == tuple([VERDICT_OF_CODE[code] for code in codes[position].tolist()])
+                    shared.append((held, verdict, decided) if alike else None)
+            for row, pattern in zip(rows, pattern_of):
+                found = None if pattern is None else shared[pattern]
+                if found is None:
+                    results[row], verdicts[row], deciding[row] = self.judge(
+                        dict(zip(metrics, row_values[row])), names[row], classes[row]
+                    )
+                else:
+                    # a row's values as C doubles, as held_values keeps floats (tolist gives floats)
+                    results[row] = found[0].alike(array("d", row_values[row]))
+                    verdicts[row], deciding[row] = found[1], found[2]
+        return results, verdicts, deciding
+
+    def verdict_code_columns(
+        self, metrics: Sequence[str], values: np.ndarray, names: Sequence[str], classes: Sequence[str]
+    ) -> np.ndarray | None:
+        """Return the verdict code (:data:`VERDICT_OF_CODE`) of each value of :meth:`judge_columns`' ``values``, 0 where a metric has no limits.
+
+        None when some rows' table cannot judge them a column at a time (:meth:`_codes`).
+        """
+        found = np.zeros(values.shape, dtype=np.int8)
+        for table, rows in self._rows_by_table(names, classes):
+            codes = self._codes(table, metrics, values[rows])
+            if codes is None:
+                return None
+            found[rows] = codes
+        return found
+
+    def _rows_by_table(
+        self, names: Sequence[str], classes: Sequence[str]
+    ) -> list[tuple[list[tuple[str, bool, tuple[float, float] | None]], list[int]]]:
+        """Return each table of limits that judges some of the rows (record ``names[i]`` as ``classes[i]``), with those rows."""
+        keys: Sequence[tuple[str, str] | str] = list(zip(names, classes)) if self.overrides else classes
+        keyed: dict[tuple[str, str] | str, list[int]] = {}  # the rows of each key of the table of limits
+        for row, key in enumerate(keys):
+            keyed.setdefault(key, []).append(row)
+        tables: dict[int, tuple[list[tuple[str, bool, tuple[float, float] | None]], list[int]]] = {}
+        for key_rows in keyed.values():
+            table = self._limits(names[key_rows[0]], classes[key_rows[0]])
+            tables.setdefault(id(table), (table, []))[1].extend(key_rows)
+        return list(tables.values())
+
+    @staticmethod
+    def _codes(
+        table: list[tuple[str, bool, tuple[float, float] | None]], metrics: Sequence[str], values: np.ndarray
+    ) -> np.ndarray | None:
+        """Return the verdict code of each of ``values`` (rows, metrics) under ``table``, 0 where a metric has no limits.
+
+        None when the table cannot judge the rows a column at a time: it judges other
+        metrics than ``metrics`` (or in another order), has too many to number their
+        patterns, or a limit that a float64 cannot hold exactly (Python compares it exactly).
+        """
+        if len(table) != len(metrics) or len(table) > _PATTERN_METRICS or values.dtype != np.float64:
+            return None
+        codes = np.zeros(values.shape, dtype=np.int8)
+        for column, ((metric, higher_is_better, limits), measured) in enumerate(zip(table, metrics)):
+            if metric != measured:
+                return None
+            if limits is None:
+                continue
+            if any(type(limit) is not float and float(limit) != limit for limit in limits):
+                return None
+            codes[:, column] = verdict_codes(values[:, column], higher_is_better, *limits)
+        return codes
 
     def held_alike(self, results: Mapping[str, MetricResult]) -> Mapping[str, MetricResult]:
         """Return results judged elsewhere (a statistics-only pair's) as a :class:`~llmcheck.core.records.JudgedMetrics`.

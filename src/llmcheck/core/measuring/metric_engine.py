@@ -38,6 +38,7 @@ from llmcheck.core.measuring.pair_measure import (
 from llmcheck.core.records import MetricSpec
 
 if TYPE_CHECKING:
+    from llmcheck.core.measuring.measured_columns import MeasuredColumns
     from llmcheck.core.measuring.pair_transfer import PackedJobs, PackedMeasurements
     from llmcheck.core.measuring.small_pairs import BlockRows
 
@@ -82,7 +83,8 @@ def _measure_batch(packed_jobs: PackedJobs) -> PackedMeasurements:
     chunk_values: int = _worker_state["chunk_values"]  # type: ignore[assignment]
     with paused_cyclic_gc():
         measurements, rows = _measure_jobs_as_rows(unpack_jobs(packed_jobs), specs, workspace, chunk_values)
-        packed = pack_measurements(measurements, [spec.name for spec in specs], rows)
+        names = [spec.name for spec in specs]
+        packed = pack_measurements(measurements, names, rows.columns(names) if rows else None)
     many_objects = len(rows) > 0  # small pairs measured by block: their freed memory, kept by the heap, goes back
     del measurements, rows
     if many_objects:
@@ -94,8 +96,16 @@ def measure_jobs(
     jobs: Sequence[PairJob], specs: Sequence[MetricSpec], workspace: Workspace, chunk_values: int = DEFAULT_CHUNK_VALUES
 ) -> list[PairMeasurement]:
     """Return the measurement of each job: small pairs together in groups, the others streamed one by one."""
+    measurements, columns = measure_jobs_as_columns(jobs, specs, workspace, chunk_values)
+    return measurements + columns.measurements()
+
+
+def measure_jobs_as_columns(
+    jobs: Sequence[PairJob], specs: Sequence[MetricSpec], workspace: Workspace, chunk_values: int
+) -> tuple[list[PairMeasurement], MeasuredColumns]:
+    """Return :func:`measure_jobs` as measurements and the small pairs measured from their blocks, as columns."""
     measurements, rows = _measure_jobs_as_rows(jobs, specs, workspace, chunk_values)
-    return measurements + rows.measurements([spec.name for spec in specs])
+    return measurements, rows.columns([spec.name for spec in specs])
 
 
 def _measure_jobs_as_rows(
@@ -175,6 +185,7 @@ def measure_pairs(
     on_measured: Callable[[PairMeasurement], None] | None = None,
     pool: HeldWorkers | None = None,
     keep: bool = True,
+    on_columns: Callable[[MeasuredColumns], None] | None = None,
 ) -> dict[int, PairMeasurement]:
     """Return the measurement of every job by index, using worker processes when that pays off.
 
@@ -182,7 +193,9 @@ def measure_pairs(
     only place it goes (the dict returned is empty), so a caller that consumes them one by one
     never holds them all. ``pool`` holds workers started ahead of need
     (:mod:`llmcheck.core.measuring.worker_pool`); they measure here if they were set up with these
-    specs, and are shut down afterwards.
+    specs, and are shut down afterwards. ``on_columns``, when given, is handed the small pairs
+    measured from their blocks as columns instead (:class:`~llmcheck.core.measuring.measured_columns.MeasuredColumns`,
+    a batch at a time): those are neither handed to ``on_measured`` nor kept.
     """
     workers = workers or default_workers()
     remote = [job for job in jobs if job.crosses_processes]
@@ -204,14 +217,24 @@ def measure_pairs(
         if on_measured is not None:
             on_measured(measurement)
 
+    def all_done(measurements: Sequence[PairMeasurement], columns: MeasuredColumns) -> None:
+        for measurement in measurements:
+            done(measurement)
+        if not columns:
+            return
+        if on_columns is None:
+            for measurement in columns.measurements():
+                done(measurement)
+        else:
+            on_columns(columns)
+
     with paused_cyclic_gc():
         if remote:
             started = pool.take(specs, chunk_values) if pool is not None else None
-            _measure_in_workers(remote, list(specs), workers, chunk_values, done, started)
+            _measure_in_workers(remote, list(specs), workers, chunk_values, all_done, started)
         workspace = Workspace(chunk_values)
         for start in range(0, len(local), LOCAL_BATCH_PAIRS):  # in batches, so progress advances while measuring
-            for measurement in measure_jobs(local[start : start + LOCAL_BATCH_PAIRS], specs, workspace, chunk_values):
-                done(measurement)
+            all_done(*measure_jobs_as_columns(local[start : start + LOCAL_BATCH_PAIRS], specs, workspace, chunk_values))
     del workspace
     return_free_memory()  # the measuring's buffers and transient objects, before the rows are made
     return results
@@ -246,10 +269,12 @@ def _measure_in_workers(
     specs: list[MetricSpec],
     workers: int,
     chunk_values: int,
-    done: Callable[[PairMeasurement], None],
+    done: Callable[[Sequence[PairMeasurement], MeasuredColumns], None],
     started: tuple[ProcessPoolExecutor, int] | None = None,
 ) -> None:
     """Measure the jobs with ``workers`` processes: this one and ``workers - 1`` spawned ones.
+
+    ``done`` is handed each batch's measurements, and its small pairs measured from their blocks as columns.
 
     ``started`` is an executor already running and the measuring-process count it was made
     for; else the spawned processes are started here. The spawned ones take batches from the
@@ -257,7 +282,7 @@ def _measure_in_workers(
     process measures from the first moment, while the others are still starting (0.2-0.8 s on
     a 2-core machine, a sixth of a 4.6 GB compare), and nothing is pickled for its share.
     """
-    from llmcheck.core.measuring.pair_transfer import pack_jobs, unpack_measurements
+    from llmcheck.core.measuring.pair_transfer import pack_jobs, unpack_columns
 
     queue = collections.deque(_batches(jobs, workers))
     if started is None:
@@ -279,7 +304,7 @@ def _measure_in_workers(
         def collect(finished: set[Future[PackedMeasurements]]) -> None:
             for future in finished:
                 try:
-                    measurements = unpack_measurements(future.result())
+                    measured = unpack_columns(future.result())
                 except BrokenProcessPool as exc:
                     raise LlmcheckError(
                         "a worker process measuring pairs died (out of memory, killed, or -- from a Python script -- "
@@ -287,14 +312,12 @@ def _measure_in_workers(
                         where="llmcheck compare",
                         hint="rerun with -j 1 (workers=1) to measure in one process",
                     ) from exc
-                for measurement in measurements:
-                    done(measurement)
+                done(*measured)
 
         submit_from_front()
         while pending or queue:
             if queue:  # this process's share: the last batch not yet handed out
-                for measurement in measure_jobs(queue.pop(), specs, workspace, chunk_values):
-                    done(measurement)
+                done(*measure_jobs_as_columns(queue.pop(), specs, workspace, chunk_values))
                 if not queue:  # its read windows are not held while the workers finish: the compare's peak
                     workspace.release()
                     return_free_memory()

@@ -15,16 +15,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
+from llmcheck.core.measuring.measured_columns import MeasuredColumns
 from llmcheck.core.measuring.pair_measure import PairJob, PairMeasurement
 from llmcheck.core.records import TensorData, TensorStats
 from llmcheck.core.records import build_stats as _build_stats
-
-if TYPE_CHECKING:
-    from llmcheck.core.measuring.small_pairs import BlockRows
 
 #: A batch of pairs as plain data: the file paths, then one tuple per pair.
 PackedJobs = tuple[list[str], list[tuple[Any, ...]]]
@@ -98,9 +96,11 @@ def unpack_jobs(packed: PackedJobs) -> list[PairJob]:
 
 
 def pack_measurements(
-    measurements: Sequence[PairMeasurement], names: Sequence[str], rows: BlockRows | None = None
+    measurements: Sequence[PairMeasurement], names: Sequence[str], rows: MeasuredColumns | None = None
 ) -> PackedMeasurements:
     """Return measurements, then the rows of small pairs' blocks, as arrays: metric values in the columns ``names``.
+
+    ``rows``' metrics are ``names``; :func:`unpack_columns` gives them back as columns.
 
     A measurement whose metrics are not exactly ``names`` (a metric plugin that leaves one
     out) travels as its own dict.
@@ -133,14 +133,14 @@ def pack_measurements(
     agreement = [(m.nonfinite_mismatch, m.matching_nonfinite, m.masked, m.bytes_read) for m in measurements]
     index = [measurement.index for measurement in measurements]
     if rows:  # a block row's values are in the order of ``names``; its NaN/Inf counts are 0
-        values[folded:] = rows.value_matrix()
-        wanted = np.array(rows.wanted, dtype=np.bool_)
-        stats[:, folded:] = np.where(wanted[:, :, None], rows.stats(), 0.0)
-        stats_missing[:, folded:] = ~wanted[:, :, None]
+        values[folded:] = rows.values
+        stats[:, folded:] = np.where(rows.wanted[:, :, None], rows.stats, 0.0)
+        stats_missing[:, folded:] = ~rows.wanted[:, :, None]
         agreement += [(0, 0, 0, bytes_read) for bytes_read in rows.bytes_read]
         index += rows.index
     return {
         "names": names,
+        "block_start": folded,
         "index": index,
         "values": values,
         "other_values": other_values,
@@ -155,13 +155,21 @@ def pack_measurements(
 
 def unpack_measurements(packed: PackedMeasurements) -> list[PairMeasurement]:
     """Return the measurements :func:`pack_measurements` gave, value for value."""
+    measurements, columns = unpack_columns(packed)
+    return measurements + columns.measurements()
+
+
+def unpack_columns(packed: PackedMeasurements) -> tuple[list[PairMeasurement], MeasuredColumns]:
+    """Return what :func:`pack_measurements` was given: the measurements, and the blocks' rows as columns."""
     names = packed["names"]
-    values = packed["values"].tolist()
+    folded = packed["block_start"]
+    values = packed["values"][:folded].tolist()
     other_values = packed["other_values"]
-    sides = [_side_stats(packed, side) for side in (0, 1)]
+    sides = [_side_stats(packed, side, folded) for side in (0, 1)]
     notes = packed["notes"]
+    agreements = packed["agreement"].tolist()
     measurements = []
-    for row, (index, agreement) in enumerate(zip(packed["index"], packed["agreement"].tolist())):
+    for row, (index, agreement) in enumerate(zip(packed["index"][:folded], agreements)):
         mismatch, matching, masked, bytes_read = agreement
         measurements.append(
             PairMeasurement(
@@ -176,15 +184,23 @@ def unpack_measurements(packed: PackedMeasurements) -> list[PairMeasurement]:
                 notes=notes.get(row, []),
             )
         )
-    return measurements
+    columns = MeasuredColumns(
+        names=tuple(names),
+        index=packed["index"][folded:],
+        values=packed["values"][folded:],
+        stats=packed["stats"][:, folded:],
+        wanted=~packed["stats_missing"][:, folded:, 0],
+        bytes_read=[agreement[3] for agreement in agreements[folded:]],
+    )
+    return measurements, columns
 
 
-def _side_stats(packed: PackedMeasurements, side: int) -> list[TensorStats]:
-    """Return one side's statistics of every measurement, ``None`` where :func:`pack_measurements` found it."""
-    stats = packed["stats"][side].tolist()
-    counts = packed["counts"][side].tolist()
-    stats_missing = packed["stats_missing"][side]
-    counts_missing = packed["counts_missing"][side]
+def _side_stats(packed: PackedMeasurements, side: int, rows: int) -> list[TensorStats]:
+    """Return one side's statistics of the first ``rows`` measurements, ``None`` where :func:`pack_measurements` found it."""
+    stats = packed["stats"][side, :rows].tolist()
+    counts = packed["counts"][side, :rows].tolist()
+    stats_missing = packed["stats_missing"][side, :rows]
+    counts_missing = packed["counts_missing"][side, :rows]
     incomplete = set(np.flatnonzero(stats_missing.any(axis=1) | counts_missing.any(axis=1)).tolist())
     result = []
     for row, (floats, integers) in enumerate(zip(stats, counts)):

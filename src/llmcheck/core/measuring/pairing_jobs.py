@@ -21,6 +21,7 @@ from llmcheck.core.records import (
 )
 
 if TYPE_CHECKING:  # pragma: no cover
+    from llmcheck.core.measuring.measured_columns import MeasuredColumns
     from llmcheck.core.measuring.metric_engine import HeldWorkers
 
 
@@ -95,8 +96,13 @@ def measure_pairing(
     on_measured: Callable[[int], None] | None,
     pool: HeldWorkers | None,
     measured: Callable[[int, Any], None],
+    measured_columns: Callable[[MeasuredColumns], None] | None = None,
 ) -> tuple[dict[int, str], int]:
     """Measure every pair, handing each measurement to ``measured(index, measurement)`` as it arrives.
+
+    ``measured_columns``, when given, is handed the small pairs measured in this machine's
+    processes block by block, as columns a batch at a time (their ``index`` the pairs'),
+    instead of one ``measured`` call each: the judge takes a column at a time.
 
     Return why each pair that was not measured was not, and the tensor bytes read. A pair
     over the same bytes as an earlier one is handed that pair's measurement. Nothing keeps
@@ -152,8 +158,26 @@ def measure_pairing(
         if on_measured is not None:
             on_measured(measurement.bytes_read)
 
+    def arrived_columns(columns: MeasuredColumns) -> None:
+        nonlocal bytes_read
+        columns_bytes = sum(columns.bytes_read)
+        bytes_read += columns_bytes
+        assert measured_columns is not None
+        measured_columns(columns.fanned_out(same_data) if same_data else columns)
+        if on_measured is not None:
+            for pair_bytes_read in columns.bytes_read:  # pair by pair, as a progress bar counts
+                on_measured(pair_bytes_read)
+
     if executor is None:
-        measure_pairs(unique_jobs, specs, workers=workers, on_measured=arrived, pool=pool, keep=False)
+        measure_pairs(
+            unique_jobs,
+            specs,
+            workers=workers,
+            on_measured=arrived,
+            pool=pool,
+            keep=False,
+            on_columns=arrived_columns if measured_columns is not None else None,
+        )
     else:
         handed: set[int] = set()
 

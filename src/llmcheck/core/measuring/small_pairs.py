@@ -34,11 +34,12 @@ import numpy as np
 
 from llmcheck.core.dtypes import DTYPE_ITEMSIZE
 from llmcheck.core.dumps.tensor_chunks import Decoder, layout
+from llmcheck.core.measuring.measured_columns import MeasuredColumns
 from llmcheck.core.measuring.pair_block import PairBlock, stacked_row_dots
 from llmcheck.core.measuring.pair_chunk import RELATIVE_FLOOR, PairChunk, Workspace
 from llmcheck.core.measuring.pair_measure import WIDE_INTEGER_DTYPES, PairFold, PairJob, PairMeasurement, measure_pair
 from llmcheck.core.measuring.sentinels import sentinel_limit_in_run
-from llmcheck.core.records import MetricSpec, TensorData, TensorStats, build_stats
+from llmcheck.core.records import MetricSpec, TensorData
 
 #: Pairs of at most this many values per side (and within one chunk) are measured in groups;
 #: 0 streams every pair (the tests compare both ways).
@@ -84,7 +85,7 @@ def _values(data: TensorData) -> int:
 
 
 class BlockRows:
-    """The pairs measured from their blocks, as columns (a row per pair): a worker process sends them on as arrays.
+    """The pairs measured from their blocks, gathered block by block: :meth:`columns` gives them as one set of columns.
 
     :meth:`measurements` makes the measurements ``PairFold`` gives for those pairs alone.
     """
@@ -117,33 +118,25 @@ class BlockRows:
         self.wanted[1] += [job.my_needs_stats for job in jobs]
         self.bytes_read += [job.golden.nbytes + job.my.nbytes for job in jobs]  # byte ranges: no loader
 
-    def value_matrix(self) -> np.ndarray:
-        """Return the metric values, (pairs, metrics)."""
-        return np.array(self.values, dtype=np.float64).reshape(len(self.values), len(self)).T
-
-    def stats(self) -> np.ndarray:
-        """Return each side's ``(min, max, mean, l2norm)`` per pair, (2, pairs, 4): ``SideStats`` after one finite chunk."""
+    def columns(self, names: Sequence[str]) -> MeasuredColumns:
+        """Return the pairs as columns, their metric values under ``names`` (the specs' order)."""
         reductions = np.array(self.reductions, dtype=np.float64).reshape(2, 4, len(self))
         stats = np.empty((2, len(self), 4))
         stats[:, :, 0], stats[:, :, 1] = reductions[:, 0], reductions[:, 1]
         stats[:, :, 2] = (0.0 + reductions[:, 2]) / np.array(self.sizes, dtype=np.float64)
         stats[:, :, 3] = np.sqrt(0.0 + reductions[:, 3])
-        return stats
+        return MeasuredColumns(
+            names=tuple(names),
+            index=self.index,
+            values=np.array(self.values, dtype=np.float64).reshape(len(self.values), len(self)).T,
+            stats=stats,
+            wanted=np.array(self.wanted, dtype=np.bool_).reshape(2, len(self)),
+            bytes_read=self.bytes_read,
+        )
 
     def measurements(self, names: Sequence[str]) -> list[PairMeasurement]:
         """Return the pairs as the measurements ``PairFold`` gives for each alone."""
-        sides = [
-            [_finite_stats(*stats) if wanted else _NOT_WANTED for stats, wanted in zip(*side)]
-            for side in zip(self.stats().tolist(), self.wanted)
-        ]
-        return [
-            PairMeasurement(
-                index=index, values=dict(zip(names, values)), golden_stats=golden, my_stats=my, bytes_read=bytes_read
-            )
-            for index, values, golden, my, bytes_read in zip(
-                self.index, self.value_matrix().tolist(), *sides, self.bytes_read
-            )
-        ]
+        return self.columns(names).measurements()
 
 
 def measure_small_pairs(
@@ -188,13 +181,6 @@ def measure_small_pairs(
             if group:
                 _measure_group(window, kinds, group, (golden_items, my_items), specs, workspace, measurements, rows)
     return measurements, rows
-
-
-_NOT_WANTED = TensorStats(nan_count=0, inf_count=0)
-
-
-def _finite_stats(low: float, high: float, mean: float, l2norm: float) -> TensorStats:
-    return build_stats(low, high, mean, l2norm, 0, 0)
 
 
 def _read_items(datas: Sequence[TensorData], workspace: Workspace, buffer_name: str) -> list[np.ndarray] | None:
