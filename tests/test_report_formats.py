@@ -572,3 +572,38 @@ def test_page_rows_built_column_by_column_are_the_rows_built_field_by_field(
     assert awkward["=1+2"]["m"][0] == -0.0 and math.copysign(1, awkward["=1+2"]["m"][0]) == -1
     assert (awkward["-2"]["m"][0], awkward["-2"]["e"], awkward["-2"]["sg"]) == ("nan", -0.0, [1.5e-05, 2.0])
     assert (awkward["=1+2"]["g"], awkward["=1+2"]["sg"]) == ("inf", [-0.0, "nan"])
+
+
+
+def test_junit_written_case_by_case_is_what_element_tree_writes_for_the_whole_document(
+    mixed_dumps: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """Quotes, ampersands, tabs, line breaks and characters XML cannot hold, in passing, warned, failing and error cases."""
+    from xml.etree import ElementTree
+
+    from llmcheck.plugins.reports.junit_xml import junit_document, write_junit
+
+    golden, my = (get_plugins().load_tensors(path) for path in mixed_dumps)
+    result = with_awkward_rows(compare_dumps(golden, my, workers=1))
+    awkward = [row for row in result.rows if row.index >= 100]
+    rows = [row for row in result.rows if row.index < 100]
+    for index, row in enumerate(awkward * 2):  # each awkward name in a passing case and in one with a child
+        rows.append(
+            dataclasses.replace(
+                row,
+                index=200 + index,
+                golden=row.golden.with_changes(key=RecordKey(name=f"{row.golden.key.name} &<\x01>", step=index)),
+                verdict="pass" if index < len(awkward) else ("warn", "fail", "error")[index % 3],
+            )
+        )
+    result = dataclasses.replace(result, rows=rows)
+    write_junit(result, tmp_path / "junit.xml")
+    document = junit_document(result)
+    ElementTree.indent(document)
+    expected = '<?xml version="1.0" encoding="UTF-8"?>\n' + ElementTree.tostring(document, encoding="unicode") + "\n"
+    assert (tmp_path / "junit.xml").read_text(encoding="utf-8") == expected
+    assert {case.get("classname") for case in document.iter("testcase")} >= {
+        "two\nlines &<\ufffd>",
+        'say "hi" &<\ufffd>',
+    }
+    assert sum(1 for _ in document.iter("failure")) >= 2 and sum(1 for _ in document.iter("error")) >= 2
