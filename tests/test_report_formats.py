@@ -47,7 +47,6 @@ from llmcheck.plugins.reports import csv_table as csv_module
 from llmcheck.plugins.reports import html_page
 from llmcheck.plugins.reports.csv_table import (
     _FIXED_METRICS,
-    _NO_RESULT,
     _NO_STATS,
     _NUMBER_COLUMNS,
     _TEXT_COLUMNS,
@@ -62,6 +61,15 @@ from llmcheck.plugins.reports.number_texts import repr_texts
 from llmcheck.testing import write_llmcheck_dump
 
 FORMULA_NAME = "=cmd|' /C calc'!A0"
+
+
+class _NoResult:
+    """The deciding metric's result of a row no metric decided: every cell empty."""
+
+    value = warn_threshold = fail_threshold = None
+
+
+_NO_RESULT = _NoResult()
 
 
 class RowByRowCells:
@@ -572,7 +580,6 @@ def test_page_rows_built_column_by_column_are_the_rows_built_field_by_field(
     assert awkward["=1+2"]["m"][0] == -0.0 and math.copysign(1, awkward["=1+2"]["m"][0]) == -1
     assert (awkward["-2"]["m"][0], awkward["-2"]["e"], awkward["-2"]["sg"]) == ("nan", -0.0, [1.5e-05, 2.0])
     assert (awkward["=1+2"]["g"], awkward["=1+2"]["sg"]) == ("inf", [-0.0, "nan"])
-
 
 
 def test_junit_written_case_by_case_is_what_element_tree_writes_for_the_whole_document(
