@@ -23,6 +23,8 @@ import msgspec
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from llmcheck.core.cli import main
 from llmcheck.core.compare import compare_dumps
@@ -614,3 +616,22 @@ def test_junit_written_case_by_case_is_what_element_tree_writes_for_the_whole_do
         'say "hi" &<\ufffd>',
     }
     assert sum(1 for _ in document.iter("failure")) >= 2 and sum(1 for _ in document.iter("error")) >= 2
+
+
+#: Texts of any characters, and texts of those ElementTree escapes or XML cannot hold.
+_ATTRIBUTE_TEXTS = st.one_of(st.text(), st.text(alphabet="ab .&<>\"'\r\n\t\x00\x01\x0b\x1f\ufffe\uffff\u2028\u00e9"))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(_ATTRIBUTE_TEXTS, max_size=8))
+def test_junit_attribute_values_of_a_column_are_element_tree_s_value_by_value(texts: list[str]) -> None:
+    """Any text, escapes and characters XML cannot hold among them: a column's values are what ElementTree writes."""
+    from xml.etree import ElementTree
+
+    from llmcheck.plugins.reports.junit_xml import _attribute_values, _text
+
+    def written_by_element_tree(text: str) -> str:
+        serialized = ElementTree.tostring(ElementTree.Element("a", v=_text(text)), encoding="unicode")
+        return serialized[len('<a v="') : -len('" />')]
+
+    assert _attribute_values(texts) == [written_by_element_tree(text) for text in texts]
