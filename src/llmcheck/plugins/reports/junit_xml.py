@@ -143,6 +143,8 @@ _NOT_PLAIN_ATTRIBUTE = re.compile('[&<>"\r\n\t\x00-\x08\x0b\x0c\x0e-\x1f\ufffe\u
 #: The indentation ``ElementTree.indent`` gives a test case: the third level.
 _CASE_LEVEL = 2
 _CASE_SEPARATOR = "\n" + "  " * _CASE_LEVEL
+#: The verdicts whose test case holds a child element (:func:`_testcase`): a failure, an error, a warning.
+_CASES_WITH_A_CHILD = frozenset({VERDICT_FAIL, VERDICT_ERROR, VERDICT_WARN})
 
 
 def _attribute_values(values: list[str]) -> list[str]:
@@ -176,9 +178,6 @@ def _cases_text(cases: list[ComparisonRow], carriers: dict[int, list[ComparisonR
             ElementTree.indent(case, level=_CASE_LEVEL)
             texts[position] = ElementTree.tostring(case, encoding="unicode")
     return _CASE_SEPARATOR.join(texts)
-
-
-_CASES_WITH_A_CHILD = frozenset({VERDICT_FAIL, VERDICT_ERROR, VERDICT_WARN})
 
 
 def write_junit(result: CompareResult, path: Path) -> None:
