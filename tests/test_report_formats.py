@@ -23,6 +23,8 @@ import msgspec
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from llmcheck.core.cli import main
 from llmcheck.core.compare import compare_dumps
@@ -47,7 +49,6 @@ from llmcheck.plugins.reports import csv_table as csv_module
 from llmcheck.plugins.reports import html_page
 from llmcheck.plugins.reports.csv_table import (
     _FIXED_METRICS,
-    _NO_RESULT,
     _NO_STATS,
     _NUMBER_COLUMNS,
     _TEXT_COLUMNS,
@@ -62,6 +63,15 @@ from llmcheck.plugins.reports.number_texts import repr_texts
 from llmcheck.testing import write_llmcheck_dump
 
 FORMULA_NAME = "=cmd|' /C calc'!A0"
+
+
+class _NoResult:
+    """The deciding metric's result of a row no metric decided: every cell empty."""
+
+    value = warn_threshold = fail_threshold = None
+
+
+_NO_RESULT = _NoResult()
 
 
 class RowByRowCells:
@@ -572,3 +582,56 @@ def test_page_rows_built_column_by_column_are_the_rows_built_field_by_field(
     assert awkward["=1+2"]["m"][0] == -0.0 and math.copysign(1, awkward["=1+2"]["m"][0]) == -1
     assert (awkward["-2"]["m"][0], awkward["-2"]["e"], awkward["-2"]["sg"]) == ("nan", -0.0, [1.5e-05, 2.0])
     assert (awkward["=1+2"]["g"], awkward["=1+2"]["sg"]) == ("inf", [-0.0, "nan"])
+
+
+def test_junit_written_case_by_case_is_what_element_tree_writes_for_the_whole_document(
+    mixed_dumps: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """Quotes, ampersands, tabs, line breaks and characters XML cannot hold, in passing, warned, failing and error cases."""
+    from xml.etree import ElementTree
+
+    from llmcheck.plugins.reports.junit_xml import junit_document, write_junit
+
+    golden, my = (get_plugins().load_tensors(path) for path in mixed_dumps)
+    result = with_awkward_rows(compare_dumps(golden, my, workers=1))
+    awkward = [row for row in result.rows if row.index >= 100]
+    rows = [row for row in result.rows if row.index < 100]
+    for index, row in enumerate(awkward * 2):  # each awkward name in a passing case and in one with a child
+        rows.append(
+            dataclasses.replace(
+                row,
+                index=200 + index,
+                golden=row.golden.with_changes(key=RecordKey(name=f"{row.golden.key.name} &<\x01>", step=index)),
+                verdict="pass" if index < len(awkward) else ("warn", "fail", "error")[index % 3],
+            )
+        )
+    result = dataclasses.replace(result, rows=rows)
+    write_junit(result, tmp_path / "junit.xml")
+    document = junit_document(result)
+    ElementTree.indent(document)
+    expected = '<?xml version="1.0" encoding="UTF-8"?>\n' + ElementTree.tostring(document, encoding="unicode") + "\n"
+    assert (tmp_path / "junit.xml").read_text(encoding="utf-8") == expected
+    assert {case.get("classname") for case in document.iter("testcase")} >= {
+        "two\nlines &<\ufffd>",
+        'say "hi" &<\ufffd>',
+    }
+    assert sum(1 for _ in document.iter("failure")) >= 2 and sum(1 for _ in document.iter("error")) >= 2
+
+
+#: Texts of any characters, and texts of those ElementTree escapes or XML cannot hold.
+_ATTRIBUTE_TEXTS = st.one_of(st.text(), st.text(alphabet="ab .&<>\"'\r\n\t\x00\x01\x0b\x1f\ufffe\uffff\u2028\u00e9"))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(_ATTRIBUTE_TEXTS, max_size=8))
+def test_junit_attribute_values_of_a_column_are_element_tree_s_value_by_value(texts: list[str]) -> None:
+    """Any text, escapes and characters XML cannot hold among them: a column's values are what ElementTree writes."""
+    from xml.etree import ElementTree
+
+    from llmcheck.plugins.reports.junit_xml import _attribute_values, _text
+
+    def written_by_element_tree(text: str) -> str:
+        serialized = ElementTree.tostring(ElementTree.Element("a", v=_text(text)), encoding="unicode")
+        return serialized[len('<a v="') : -len('" />')]
+
+    assert _attribute_values(texts) == [written_by_element_tree(text) for text in texts]

@@ -10,12 +10,20 @@ from __future__ import annotations
 
 import csv
 import itertools
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from operator import attrgetter, itemgetter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from llmcheck.plugin_api import ComparisonRow, TensorStats, atomic_output, describe, metric_values
+from llmcheck.plugin_api import (
+    ComparisonRow,
+    MetricResult,
+    TensorStats,
+    atomic_output,
+    describe,
+    metric_columns,
+    metric_values,
+)
 from llmcheck.plugins.reports.number_texts import repr_texts
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -162,15 +170,6 @@ _STR_TYPE, _FLOAT_TYPE = frozenset({str}), frozenset({float})
 _NO_STATS = TensorStats()
 
 
-class _NoResult:
-    """The deciding metric's result of a row no metric decided: every cell empty."""
-
-    value = warn_threshold = fail_threshold = None
-
-
-_NO_RESULT = _NoResult()
-
-
 _CSV_SPECIAL = (",", '"', "\r", "\n")
 
 
@@ -190,7 +189,6 @@ _REASON, _VERDICT, _JUDGED_AS, _RULE, _ATTRIBUTION, _STRUCTURE, _EVIDENCE = map(
 )
 #: Readers of the number columns' values, in ``_NUMBER_COLUMNS`` order (with the fixed metrics' values between).
 _STATS = tuple(map(attrgetter, ("max", "min", "mean")))
-_DECIDING = tuple(map(attrgetter, ("value", "warn_threshold", "fail_threshold")))
 _COUNTS = tuple(map(attrgetter, ("nan_count", "inf_count")))
 _ROW_NUMBERS = tuple(
     map(attrgetter, ("nonfinite_mismatch", "error", "feeder_error", "growth", "expected_error", "noise_error"))
@@ -202,7 +200,8 @@ def _text_fields(values: list[Any]) -> list[str]:
 
     A column's distinct texts are looked at once for what needs care (most columns hold a
     few distinct texts, none starting like a formula or holding , " CR or LF); a column
-    holding one has each of its cells guarded and quoted.
+    holding one has each distinct text guarded and quoted once (a statistics-only compare
+    gives every row the same ``cmp_fail_reason``, holding a comma).
     """
     if set(map(type, values)) == _STR_TYPE:
         distinct = set(values)
@@ -211,7 +210,10 @@ def _text_fields(values: list[Any]) -> list[str]:
             special in joined for special in _CSV_SPECIAL
         ):
             return values
-        return list(map(_text_field, values))
+        if len(distinct) == len(values):
+            return list(map(_text_field, values))
+        fields = {text: _text_field(text) for text in distinct}
+        return list(map(fields.__getitem__, values))
     return repr_texts([values], _text_field)[0]
 
 
@@ -298,12 +300,11 @@ class _Columns:
         golden_stats = [row.golden_stats or _NO_STATS for row in rows]
         my_stats = [row.my_stats or _NO_STATS for row in rows]
         metrics = [row.metrics for row in rows]
-        deciding = [metric.get(row.deciding_metric or "") or _NO_RESULT for metric, row in zip(metrics, rows)]
         numbers = [
             *(list(map(read, golden_stats)) for read in _STATS),
             *(list(map(read, my_stats)) for read in _STATS),
             *metric_values(metrics, _FIXED_METRICS),
-            *(list(map(read, deciding)) for read in _DECIDING),
+            *_deciding_columns(metrics, [row.deciding_metric or "" for row in rows]),
             *(list(map(read, golden_stats)) for read in _COUNTS),
             *(list(map(read, my_stats)) for read in _COUNTS),
             *(list(map(read, rows)) for read in _ROW_NUMBERS),
@@ -322,6 +323,22 @@ class _Columns:
         for shape in set(shapes).difference(known):
             known[shape] = _csv_field(str(list(shape)))
         return list(map(known.__getitem__, shapes))
+
+
+def _deciding_columns(rows_metrics: list[Mapping[str, MetricResult]], deciding: list[str]) -> list[list[Any]]:
+    """Return the value, warn and fail threshold of each row's deciding metric (``None`` where the row holds none).
+
+    Read as columns (:func:`~llmcheck.core.records.metric_columns`) for the few distinct
+    deciding metrics, then picked row by row: asking each row for its deciding
+    :class:`MetricResult` made one object per row only to read three of its fields.
+    """
+    names = list(dict.fromkeys(deciding))
+    by_name = dict(zip(names, metric_columns(rows_metrics, names)))
+    if len(names) == 1:
+        values, _, warn, fail, _ = by_name[names[0]]
+        return [values, warn, fail]
+    chosen = list(map(by_name.__getitem__, deciding))
+    return [[columns[field][index] for index, columns in enumerate(chosen)] for field in (0, 2, 3)]
 
 
 def _sibling_growth(rows: Sequence[ComparisonRow]) -> list[str]:

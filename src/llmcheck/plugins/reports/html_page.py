@@ -351,8 +351,9 @@ def page_parts(result: CompareResult) -> Iterator[bytes]:
 def _script_safe(payload: bytes) -> bytes:
     """Return JSON text that cannot end the ``<script>`` element holding it, nor trip older JS parsers."""
     # Inside <script>, "</" could close the element early; U+2028/9 (UTF-8 E2 80 A8/A9) break older JS parsers.
-    # One byte is looked for first: its search is several times faster, and most parts hold neither.
-    if b"/" in payload and b"</" in payload:
+    # A rare byte is looked for first: one byte's search (memchr) is ten times faster than two bytes', and most
+    # parts hold neither "<" nor E2 -- "/" would not do: op record names hold one (module/op).
+    if b"<" in payload and b"</" in payload:
         payload = payload.replace(b"</", b"<\\/")
     if b"\xe2" in payload and b"\xe2\x80" in payload:
         payload = payload.replace("\u2028".encode(), b"\\u2028").replace("\u2029".encode(), b"\\u2029")
