@@ -45,6 +45,8 @@ from collections.abc import Hashable, Mapping, Sequence, Set
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from llmcheck.core.dtypes import is_float_dtype
 from llmcheck.core.judging.feeders import FeederIndex, Feeding, inside
 from llmcheck.core.judging.repeats import Baseline, SiblingGroup, SiblingLines, sibling_groups, structure_keys
@@ -195,7 +197,9 @@ class _Judge:
         self.same_program = same_program
         self.weights = weights or {}
         #: where each row of golden order stands in ``rows`` (the order :func:`attribute` gives them back in)
-        self.given_at = sorted(range(len(rows)), key=lambda given: rows[given].golden.order)
+        # an array, not a list: a list holds an int object (28 bytes) per row through judging
+        orders = np.fromiter((row.golden.order for row in rows), dtype=np.int64, count=len(rows))
+        self.given_at = np.argsort(orders, kind="stable")  # as sorted() orders them, equal orders kept in turn
         self.ordered = [rows[given] for given in self.given_at]
         self.measure = measure
         self.twin = twin
@@ -212,6 +216,11 @@ class _Judge:
         self.feeders.release_lookups()  # every row's feeders and parts are known: only the parent links are read on
         # the sibling groups (positions, in golden order) and the step each lies in (its slot says it lies in one)
         self.groups = [(self.steps[positions[0]], positions) for positions in sibling_groups(self.places, slots)]
+        #: each row's member number in its sibling group (0 without one): the same whatever a cutoff leaves out
+        self.member_at = [0] * len(self.ordered)
+        for _, positions in self.groups:
+            for member, position in enumerate(positions):
+                self.member_at[position] = member
         self.sibling_group = self._sibling_groups({}, None)
         #: each row as judged so far (the row itself until the walk reaches it), by position
         self.judged: list[ComparisonRow] = list(self.ordered)
@@ -220,16 +229,14 @@ class _Judge:
         # (step, parameter) -> the row that named it: each step the wrong weights enter the computation anew
         self.weights_named: dict[tuple[int, str], ComparisonRow] = {}
 
-    def _sibling_groups(
-        self, cutoff: Mapping[int, int], steps: Set[int] | None
-    ) -> list[tuple[SiblingGroup, int] | None]:
-        """Return, by position, the row's sibling group and its member number there (None without siblings).
+    def _sibling_groups(self, cutoff: Mapping[int, int], steps: Set[int] | None) -> list[SiblingGroup | None]:
+        """Return, by position, the row's sibling group (None without siblings); its member number there is :attr:`member_at`.
 
         A row before its step's cutoff (an earlier pass's first introduced row) sees only the
         siblings before that cutoff: what comes after a defect must not move a verdict before it.
         Only the groups of ``steps`` (None: all) are made: the others' rows are not judged.
         """
-        by_position: list[tuple[SiblingGroup, int] | None] = [None] * len(self.ordered)
+        by_position: list[SiblingGroup | None] = [None] * len(self.ordered)
         lines = SiblingLines()  # the groups of a size have their lines made together, as they are asked
         for step, positions in self.groups:
             if steps is not None and step not in steps:
@@ -243,8 +250,8 @@ class _Judge:
                 if limit is not None and positions[0] < limit <= positions[-1]
                 else group
             )
-            for member, position in enumerate(positions):
-                by_position[position] = (before if limit is not None and position < limit else group, member)
+            for position in positions:
+                by_position[position] = before if limit is not None and position < limit else group
         return by_position
 
     def rejudge(self, cutoff: Mapping[int, int], steps: Set[int]) -> None:
@@ -300,11 +307,10 @@ class _Judge:
 
     def baseline(self, position: int) -> Baseline | None:
         """Return what the row's repeats in the other layers say, or None where it has none."""
-        siblings = self.sibling_group[position]
-        if siblings is None:
+        group = self.sibling_group[position]
+        if group is None:
             return None
-        group, member = siblings
-        return group.baseline(member, _floor(self.ordered[position]))
+        return group.baseline(self.member_at[position], _floor(self.ordered[position]))
 
     def run(self, steps: Set[int] | None = None) -> list[ComparisonRow]:
         """Judge the rows of ``steps`` (None: all) in golden order; return every row as judged, by position."""
