@@ -270,7 +270,7 @@ class _Judge:
         self.run(steps)
 
     def _feeder_error(self, feeding: Feeding) -> float | None:
-        known = [error for feeder in feeding.rows if (error := self.error_at[feeder]) is not None]
+        known = [error for feeder in feeding.positions if (error := self.error_at[feeder]) is not None]
         return max(known) if known else None
 
     def _received_error(self, row: ComparisonRow, feeding: Feeding) -> float | None:
@@ -337,7 +337,7 @@ class _Judge:
             if twin is not None
             else (baseline.expected(feeder_error) if baseline is not None and feeder_error is not None else None)
         )
-        fed_by = tuple([_label_text(self.ordered[feeder].golden) for feeder in feeding.rows])
+        fed_by = tuple([_label_text(self.ordered[feeder].golden) for feeder in feeding.positions])
         if feeding.unmatched:
             fed_by += tuple(_label_text(record) + MY_ONLY_SUFFIX for record in feeding.unmatched)
         # most rows add no result: they share the measured ones rather than hold a copy each
@@ -351,7 +351,7 @@ class _Judge:
             and is_float_dtype(row.golden.dtype)
             and is_float_dtype(row.my.dtype)
         )
-        failing_feeders = [feeder for feeder in feeding.rows if self.judged[feeder].verdict == VERDICT_FAIL]
+        failing_feeders = [feeder for feeder in feeding.positions if self.judged[feeder].verdict == VERDICT_FAIL]
         anomaly: tuple[str, float, float, str] | None = None
         suspect = False
         if judgeable:
@@ -561,7 +561,7 @@ class _Judge:
     def _carried_twin_ratio(self, feeding: Feeding) -> float:
         """Return the largest error-over-twin ratio among a row's feeders (0 where none has a twin)."""
         carried = 0.0
-        for feeder in feeding.rows:
+        for feeder in feeding.positions:
             feeder_twin = self.twin.errors.get(id(self.ordered[feeder].golden)) if self.twin is not None else None
             feeder_error = self.error_at[feeder]
             if feeder_twin and feeder_error is not None:
@@ -659,7 +659,7 @@ class _Judge:
         """
         if error is None or feeding.guessed:
             return None
-        for feeder in feeding.rows:
+        for feeder in feeding.positions:
             carried = self.error_at[feeder]
             if self.judged[feeder].attribution != SUSPECT or not carried or error < CARRY_FRACTION * carried:
                 continue
@@ -770,10 +770,10 @@ class _Judge:
     ) -> str:
         if feeding.unmatched:
             return INHERITED_FROM_UNMATCHED
-        if not feeding.rows:
+        if not feeding.positions:
             return UNKNOWN
         if not failing_feeders:
-            if any(self.judged[feeder].verdict == VERDICT_ERROR for feeder in feeding.rows):
+            if any(self.judged[feeder].verdict == VERDICT_ERROR for feeder in feeding.positions):
                 return UNKNOWN
             step = row.golden.key.step
             earlier = self.introduced_in_step.get(step, [])

@@ -39,7 +39,7 @@ class Feeding(NamedTuple):
     far) in lists by position, with no map keyed by ``id(row)``.
     """
 
-    rows: tuple[int, ...] = ()
+    positions: tuple[int, ...] = ()
     unmatched: tuple[TensorRecord, ...] = ()
     guessed: bool = False
 
@@ -138,16 +138,16 @@ class FeederIndex:
             call_inputs = self.inputs_of.get(self.call_ids[position[id(row)]], ()) if self.inputs_of else ()
             own_inputs = [position[id(r)] for r in call_inputs if r.golden.order < row.golden.order]
             if own_inputs:
-                return Feeding(rows=tuple(own_inputs))
+                return Feeding(positions=tuple(own_inputs))
         else:
             producer = self._producer(row)
             # The my-side tensor may come from an op only the my-run executes (a stray scale):
             # then that op, not the golden producer's counterpart, is where it was made.
             lone = self._unmatched_producer(row)
             if lone is not None:
-                return Feeding(rows=(position[id(producer)],) if producer is not None else (), unmatched=(lone,))
+                return Feeding(positions=(position[id(producer)],) if producer is not None else (), unmatched=(lone,))
             if producer is not None:
-                return Feeding(rows=(position[id(producer)],))
+                return Feeding(positions=(position[id(producer)],))
         earlier = self._nearest_earlier(row)
         fed = [earlier] if earlier is not None else []
         if row.golden.key.io == IO_INPUT:
@@ -155,7 +155,7 @@ class FeederIndex:
             # inside an MLP, an attention's result) derives from the module's own inputs and from
             # whatever its children produced before it in this call.
             fed.extend(r for r in self._enclosing_call(row) if r is not earlier)
-        return Feeding(rows=tuple([position[id(r)] for r in fed]), guessed=True)
+        return Feeding(positions=tuple([position[id(r)] for r in fed]), guessed=True)
 
     def parts(self, row: ComparisonRow) -> tuple[int, ...]:
         """Return what a module's output may be the sum of (their positions): its call's inputs and its direct children's records there.
