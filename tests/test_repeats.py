@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from llmcheck.core.judging.repeats import SiblingGroup, SiblingLines, sibling_baseline
+from llmcheck.core.judging.sibling_lines import _leave_one_out_order_statistics
 
 #: Few distinct values, so ties, equal feeder errors (no slope) and zero feeders are common.
 _ERRORS = st.sampled_from([0.0, 1e-7, 3e-7, 1e-6, 2.5e-6, 1e-5, 4e-3, 0.1, 1.0, 7.5])
@@ -73,3 +75,42 @@ def test_groups_whose_lines_are_made_together_give_each_member_the_direct_baseli
         # repr: the same floats, the sign of a zero and NaN included
         assert repr(found) == repr(direct)
         assert found is None or repr(found.log_spread) == repr(direct.log_spread)  # type: ignore[union-attr]
+
+
+@settings(max_examples=150, deadline=None)
+@given(size=st.integers(3, 24), count=st.integers(1, 4), data=st.data())
+def test_each_members_middle_slopes_are_those_of_its_others_sorted(size, count, data) -> None:
+    """The others' middle slopes, found by skipping a member's own in the slopes sorted once, are the ones sorting the others picks."""
+    points = [data.draw(st.lists(st.tuples(_ERRORS, _ERRORS), min_size=size, max_size=size)) for _ in range(count)]
+    values = np.array(points, dtype=np.float64)
+    x, y = values[:, :, 0] ** 2, values[:, :, 1] ** 2
+    first, second = np.triu_indices(size, 1)
+    with np.errstate(all="ignore"):
+        distinct = x[:, first] != x[:, second]
+        slopes = (y[:, second] - y[:, first]) / (x[:, second] - x[:, first])
+    upper, lower, remaining = _leave_one_out_order_statistics(slopes, distinct, size)
+    for group in range(count):
+        for member in range(size):
+            others = sorted(
+                float(slopes[group, pair])
+                for pair in range(len(first))
+                if distinct[group, pair] and member not in (first[pair], second[pair])
+            )
+            assert remaining[group, member] == len(others)
+            if others:  # repr: the same float, the sign of a zero included
+                middle = len(others) // 2
+                assert repr(float(upper[group, member])) == repr(others[middle])
+                if middle:
+                    assert repr(float(lower[group, member])) == repr(others[middle - 1])
+
+
+@settings(max_examples=60, deadline=None)
+@given(size=st.integers(10, 40), floor=st.sampled_from([0.0, 1e-6, 3.9e-3]), data=st.data())
+def test_large_groups_full_of_ties_give_each_member_the_direct_baseline(size, floor, data) -> None:
+    """Groups of a decode dump's size, few distinct values: every member's line is the one computed sibling by sibling."""
+    points = data.draw(st.lists(st.tuples(_ERRORS, _ERRORS), min_size=size, max_size=size))
+    group = SiblingGroup(list(range(size)), points)
+    for member in range(size):
+        others = points[:member] + points[member + 1 :]
+        found, direct = group.baseline(member, floor), sibling_baseline(others, floor)
+        assert repr(found) == repr(direct)

@@ -41,9 +41,11 @@ deepest module whose inputs agree and whose output does not.
 from __future__ import annotations
 
 import math
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence, Set
 from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
 
 from llmcheck.core.dtypes import is_float_dtype
 from llmcheck.core.judging.feeders import FeederIndex, Feeding, inside
@@ -174,7 +176,14 @@ def _label_text(record: TensorRecord) -> str:
 
 
 class _Judge:
-    """Walks the rows in golden order once, judging each against its feeders, siblings and twin."""
+    """Walks the rows in golden order once, judging each against its feeders, siblings and twin.
+
+    Everything a row is judged by is known by its position in golden order: its feeders and
+    parts are positions (:class:`~llmcheck.core.judging.feeders.Feeding`), and what the walk
+    has judged is a list by position, not a map keyed by ``id(row)``. A row is judged by the
+    rows of its own step alone -- its feeders and its siblings lie in its step -- so a step can
+    be judged again without the others (:meth:`rejudge`).
+    """
 
     def __init__(
         self,
@@ -187,12 +196,16 @@ class _Judge:
     ) -> None:
         self.same_program = same_program
         self.weights = weights or {}
-        self.ordered = sorted(rows, key=lambda row: row.golden.order)
+        #: where each row of golden order stands in ``rows`` (the order :func:`attribute` gives them back in)
+        # an array, not a list: a list holds an int object (28 bytes) per row through judging
+        orders = np.fromiter((row.golden.order for row in rows), dtype=np.int64, count=len(rows))
+        self.given_at = np.argsort(orders, kind="stable")  # as sorted() orders them, equal orders kept in turn
+        self.ordered = [rows[given] for given in self.given_at]
         self.measure = measure
         self.twin = twin
-        # what each row holds, by its position in golden order (a feeder's, by id(row))
+        self.steps = [row.golden.key.step for row in self.ordered]
+        # what each row holds, by its position in golden order
         self.error_at = [measure.of(row) for row in self.ordered]
-        self.errors = dict(zip(map(id, self.ordered), self.error_at))
         self.feeders = FeederIndex(self.ordered, unmatched_my)
         self.feeding = [self.feeders.feeding(row) for row in self.ordered]
         # each row's slot by a number (equal slots, equal numbers): hashed once here, not in every lookup after
@@ -201,48 +214,63 @@ class _Judge:
         self.places = structure_keys([(row.golden.key.name, slot) for row, slot in zip(self.ordered, slots)])
         self.feeder_errors = [self._received_error(row, feeding) for row, feeding in zip(self.ordered, self.feeding)]
         self.feeders.release_lookups()  # every row's feeders and parts are known: only the parent links are read on
-        self.slots = slots
-        self.sibling_group = self._sibling_groups({})
-        self.judged: dict[int, ComparisonRow] = {}
+        # the sibling groups (positions, in golden order) and the step each lies in (its slot says it lies in one)
+        self.groups = [(self.steps[positions[0]], positions) for positions in sibling_groups(self.places, slots)]
+        #: each row's member number in its sibling group (0 without one): the same whatever a cutoff leaves out
+        self.member_at = [0] * len(self.ordered)
+        for _, positions in self.groups:
+            for member, position in enumerate(positions):
+                self.member_at[position] = member
+        self.sibling_group = self._sibling_groups({}, None)
+        #: each row as judged so far (the row itself until the walk reaches it), by position
+        self.judged: list[ComparisonRow] = list(self.ordered)
         self.introduced_in_step: dict[int, list[ComparisonRow]] = {}  # step -> its introduced rows, in order
-        self.twin_suspects: dict[int, list[ComparisonRow]] = {}  # step -> rows suspected against the twin, in order
+        self.twin_suspects: dict[int, list[int]] = {}  # step -> positions of rows suspected against the twin, in order
         # (step, parameter) -> the row that named it: each step the wrong weights enter the computation anew
         self.weights_named: dict[tuple[int, str], ComparisonRow] = {}
 
-    def _sibling_groups(self, cutoff: Mapping[int, int]) -> list[tuple[SiblingGroup, int] | None]:
-        """Return, by position, the row's sibling group and its member number there (None without siblings).
+    def _sibling_groups(self, cutoff: Mapping[int, int], steps: Set[int] | None) -> list[SiblingGroup | None]:
+        """Return, by position, the row's sibling group (None without siblings); its member number there is :attr:`member_at`.
 
         A row before its step's cutoff (an earlier pass's first introduced row) sees only the
         siblings before that cutoff: what comes after a defect must not move a verdict before it.
+        Only the groups of ``steps`` (None: all) are made: the others' rows are not judged.
         """
-        by_position: list[tuple[SiblingGroup, int] | None] = [None] * len(self.ordered)
+        by_position: list[SiblingGroup | None] = [None] * len(self.ordered)
         lines = SiblingLines()  # the groups of a size have their lines made together, as they are asked
-        for positions in sibling_groups(self.places, self.slots):
+        for step, positions in self.groups:
+            if steps is not None and step not in steps:
+                continue
             indexes = [self.places[position].index for position in positions]  # type: ignore[union-attr]
             points = [self._point(position) for position in positions]
             group = SiblingGroup(indexes, points, lines)
-            step = self.ordered[positions[0]].golden.key.step  # a sibling group lies in one step (its slot says so)
             limit = cutoff.get(step)
             before = (
                 SiblingGroup(indexes, [point if p < limit else None for p, point in zip(positions, points)], lines)
                 if limit is not None and positions[0] < limit <= positions[-1]
                 else group
             )
-            for member, position in enumerate(positions):
-                by_position[position] = (before if limit is not None and position < limit else group, member)
+            for position in positions:
+                by_position[position] = before if limit is not None and position < limit else group
         return by_position
 
-    def rejudge(self, cutoff: Mapping[int, int]) -> dict[int, ComparisonRow]:
-        """Judge every row again, the rows before each step's cutoff by the siblings before it alone."""
-        self.sibling_group = self._sibling_groups(cutoff)
-        self.judged = {}
-        self.introduced_in_step = {}
-        self.twin_suspects = {}
-        self.weights_named = {}
-        return self.run()
+    def rejudge(self, cutoff: Mapping[int, int], steps: Set[int]) -> None:
+        """Judge the rows of ``steps`` again, the rows before each step's cutoff by the siblings before it alone.
+
+        The other steps' rows keep their verdicts: nothing of another step enters them.
+        """
+        self.sibling_group = self._sibling_groups(cutoff, steps)
+        for position, step in enumerate(self.steps):
+            if step in steps:
+                self.judged[position] = self.ordered[position]
+        for step in steps:
+            self.introduced_in_step.pop(step, None)
+            self.twin_suspects.pop(step, None)
+        self.weights_named = {named: row for named, row in self.weights_named.items() if named[0] not in steps}
+        self.run(steps)
 
     def _feeder_error(self, feeding: Feeding) -> float | None:
-        known = [error for row in feeding.rows if (error := self.errors[id(row)]) is not None]
+        known = [error for feeder in feeding.positions if (error := self.error_at[feeder]) is not None]
         return max(known) if known else None
 
     def _received_error(self, row: ComparisonRow, feeding: Feeding) -> float | None:
@@ -264,7 +292,7 @@ class _Judge:
             (
                 error * part_size
                 for part in parts
-                if (error := self.errors[id(part)]) is not None and (part_size := _golden_size(part))
+                if (error := self.error_at[part]) is not None and (part_size := _golden_size(self.ordered[part]))
             ),
             reverse=True,
         )
@@ -279,16 +307,17 @@ class _Judge:
 
     def baseline(self, position: int) -> Baseline | None:
         """Return what the row's repeats in the other layers say, or None where it has none."""
-        siblings = self.sibling_group[position]
-        if siblings is None:
+        group = self.sibling_group[position]
+        if group is None:
             return None
-        group, member = siblings
-        return group.baseline(member, _floor(self.ordered[position]))
+        return group.baseline(self.member_at[position], _floor(self.ordered[position]))
 
-    def run(self) -> dict[int, ComparisonRow]:
+    def run(self, steps: Set[int] | None = None) -> list[ComparisonRow]:
+        """Judge the rows of ``steps`` (None: all) in golden order; return every row as judged, by position."""
         for position, row in enumerate(self.ordered):
-            self.judged[id(row)] = self._judge(position, row)
-        self._mark_enclosing()
+            if steps is None or self.steps[position] in steps:
+                self.judged[position] = self._judge(position, row)
+        self._mark_enclosing(steps)
         return self.judged
 
     def _judge(self, position: int, row: ComparisonRow) -> ComparisonRow:
@@ -308,7 +337,7 @@ class _Judge:
             if twin is not None
             else (baseline.expected(feeder_error) if baseline is not None and feeder_error is not None else None)
         )
-        fed_by = tuple([_label_text(r.golden) for r in feeding.rows])
+        fed_by = tuple([_label_text(self.ordered[feeder].golden) for feeder in feeding.positions])
         if feeding.unmatched:
             fed_by += tuple(_label_text(record) + MY_ONLY_SUFFIX for record in feeding.unmatched)
         # most rows add no result: they share the measured ones rather than hold a copy each
@@ -322,7 +351,7 @@ class _Judge:
             and is_float_dtype(row.golden.dtype)
             and is_float_dtype(row.my.dtype)
         )
-        failing_feeders = [r for r in feeding.rows if self.judged.get(id(r), r).verdict == VERDICT_FAIL]
+        failing_feeders = [feeder for feeder in feeding.positions if self.judged[feeder].verdict == VERDICT_FAIL]
         anomaly: tuple[str, float, float, str] | None = None
         suspect = False
         if judgeable:
@@ -376,13 +405,13 @@ class _Judge:
                 metrics = {**metrics, TWIN_DIFFERENCE_METRIC: departs}
                 evidence = f"departs from the noise twin by {twin_row.error or 0.0:.3g}, as its inputs do"
             elif twin is None and failing_feeders and verdict != VERDICT_FAIL and not feeding.guessed:
-                carried = max((self.errors[id(r)] or 0.0) for r in failing_feeders)
+                carried = max((self.error_at[feeder] or 0.0) for feeder in failing_feeders)
                 if carried > 0 and error >= CARRY_FRACTION * carried and error > _floor(row):
                     verdict, deciding = VERDICT_FAIL, CARRIED_METRIC
                     carries = MetricResult(CARRIED_METRIC, error / carried, VERDICT_FAIL, None, CARRY_FRACTION)
                     metrics = {**metrics, CARRIED_METRIC: carries}
                     evidence = (
-                        f"carries the error of {failing_feeders[0].golden.key.label()} "
+                        f"carries the error of {self.ordered[failing_feeders[0]].golden.key.label()} "
                         f"({carried:.3g} there, {error:.3g} here)"
                     )
         weight = self.weights.get(id(row))
@@ -393,7 +422,7 @@ class _Judge:
             metrics = row.metrics
         attribution = SUSPECT if suspect and verdict == VERDICT_WARN else row.attribution
         if attribution == SUSPECT and twin is not None:
-            self.twin_suspects.setdefault(row.golden.key.step, []).append(row)
+            self.twin_suspects.setdefault(row.golden.key.step, []).append(position)
         if verdict == VERDICT_FAIL:
             attribution, why = self._attribution(row, error, feeding, failing_feeders, anomaly, weight, evidence)
             if why:
@@ -413,8 +442,8 @@ class _Judge:
             if confirmed is not None:
                 attribution = INHERITED
                 evidence = (
-                    f"carries the error of {confirmed.golden.key.label()}, where it is introduced "
-                    f"({self.errors[id(confirmed)] or 0.0:.3g} there, {error or 0.0:.3g} here)"
+                    f"carries the error of {self.ordered[confirmed].golden.key.label()}, where it is introduced "
+                    f"({self.error_at[confirmed] or 0.0:.3g} there, {error or 0.0:.3g} here)"
                 )
             if attribution == INTRODUCED:
                 self.introduced_in_step.setdefault(row.golden.key.step, []).append(row)
@@ -455,7 +484,7 @@ class _Judge:
         row: ComparisonRow,
         error: float | None,
         feeding: Feeding,
-        failing_feeders: Sequence[ComparisonRow],
+        failing_feeders: Sequence[int],
         anomaly: tuple[str, float, float, str] | None,
         weight: WeightFinding | None,
         evidence: str,
@@ -532,9 +561,9 @@ class _Judge:
     def _carried_twin_ratio(self, feeding: Feeding) -> float:
         """Return the largest error-over-twin ratio among a row's feeders (0 where none has a twin)."""
         carried = 0.0
-        for feeder in feeding.rows:
-            feeder_twin = self.twin.errors.get(id(feeder.golden)) if self.twin is not None else None
-            feeder_error = self.errors.get(id(feeder))
+        for feeder in feeding.positions:
+            feeder_twin = self.twin.errors.get(id(self.ordered[feeder].golden)) if self.twin is not None else None
+            feeder_error = self.error_at[feeder]
             if feeder_twin and feeder_error is not None:
                 carried = max(carried, feeder_error / feeder_twin)
         return carried
@@ -588,7 +617,7 @@ class _Judge:
             f"{evidence}, but its inputs are {carried:.3g}x theirs already: a drift it carries, not added here",
         )
 
-    def _confirmed_twin_suspect(self, row: ComparisonRow) -> ComparisonRow | None:
+    def _confirmed_twin_suspect(self, row: ComparisonRow) -> int | None:
         """Return the step's latest twin suspect before ``row``, made introduced, for a failure too weak to be its own.
 
         Against a noise twin a defect under the fail line warns where it sits and fails further
@@ -597,13 +626,13 @@ class _Judge:
         """
         step = row.golden.key.step
         for earlier in reversed(self.twin_suspects.get(step, [])):
-            if earlier.golden.order < row.golden.order:
+            if self.ordered[earlier].golden.order < row.golden.order:
                 return self._confirm(earlier)
         return None
 
-    def _confirm(self, feeder: ComparisonRow) -> ComparisonRow:
-        """Make a suspect introduced: the failure it hands on settles the doubt."""
-        judged = self.judged[id(feeder)]
+    def _confirm(self, feeder: int) -> int:
+        """Make a suspect introduced (its position): the failure it hands on settles the doubt."""
+        judged = self.judged[feeder]
         deciding = judged.deciding_metric or GROWTH_METRIC
         settled = judged.metrics.get(deciding)
         metrics = dict(judged.metrics)
@@ -611,16 +640,16 @@ class _Judge:
             metrics[deciding] = MetricResult(
                 settled.name, settled.value, VERDICT_FAIL, None, settled.warn_threshold, settled.higher_is_better
             )
-        self.judged[id(feeder)] = judged.with_changes(
+        self.judged[feeder] = judged.with_changes(
             verdict=VERDICT_FAIL,
             attribution=INTRODUCED,
             metrics=metrics,
             evidence=judged.evidence.split("; in ", 1)[0] + "; confirmed by the failure it hands on",
         )
-        self.introduced_in_step.setdefault(feeder.golden.key.step, []).append(feeder)
+        self.introduced_in_step.setdefault(self.steps[feeder], []).append(self.ordered[feeder])
         return feeder
 
-    def _confirmed_suspect(self, feeding: Feeding, error: float | None) -> ComparisonRow | None:
+    def _confirmed_suspect(self, feeding: Feeding, error: float | None) -> int | None:
         """Return a suspect feeder that a failing row confirms, made introduced; None where there is none.
 
         A suspect is a row whose excess the siblings cannot tell from noise. When the error it
@@ -630,10 +659,9 @@ class _Judge:
         """
         if error is None or feeding.guessed:
             return None
-        for feeder in feeding.rows:
-            judged = self.judged.get(id(feeder))
-            carried = self.errors[id(feeder)]
-            if judged is None or judged.attribution != SUSPECT or not carried or error < CARRY_FRACTION * carried:
+        for feeder in feeding.positions:
+            carried = self.error_at[feeder]
+            if self.judged[feeder].attribution != SUSPECT or not carried or error < CARRY_FRACTION * carried:
                 continue
             return self._confirm(feeder)
         return None
@@ -737,15 +765,15 @@ class _Judge:
         row: ComparisonRow,
         error: float | None,
         feeding: Feeding,
-        failing_feeders: Sequence[ComparisonRow],
+        failing_feeders: Sequence[int],
         anomaly: tuple[str, float, float, str] | None,
     ) -> str:
         if feeding.unmatched:
             return INHERITED_FROM_UNMATCHED
-        if not feeding.rows:
+        if not feeding.positions:
             return UNKNOWN
         if not failing_feeders:
-            if any(self.judged.get(id(r), r).verdict == VERDICT_ERROR for r in feeding.rows):
+            if any(self.judged[feeder].verdict == VERDICT_ERROR for feeder in feeding.positions):
                 return UNKNOWN
             step = row.golden.key.step
             earlier = self.introduced_in_step.get(step, [])
@@ -756,33 +784,37 @@ class _Judge:
                 # agreeing norms do not prove agreeing inputs. It most likely carries that error on.
                 return INHERITED
             return INTRODUCED
-        inherited = [self.errors[id(r)] for r in failing_feeders]
+        inherited = [self.error_at[feeder] for feeder in failing_feeders]
         finite = (
             error is not None
             and None not in inherited
-            and not any(self.judged.get(id(r), r).nonfinite_mismatch for r in (row, *failing_feeders))
+            and not row.nonfinite_mismatch
+            and not any(self.judged[feeder].nonfinite_mismatch for feeder in failing_feeders)
         )
         if anomaly is not None or (finite and error > AMPLIFICATION_FACTOR * max(inherited)):  # type: ignore[operator,type-var]
             return AMPLIFIED
         return INHERITED
 
-    def _mark_enclosing(self) -> None:
-        """Relabel an introduced module output that only encloses an earlier introduced row of its call."""
-        # judged holds the rows in golden order (run() judges them so)
-        introduced = [(original_id, row) for original_id, row in self.judged.items() if row.attribution == INTRODUCED]
+    def _mark_enclosing(self, steps: Set[int] | None) -> None:
+        """Relabel an introduced module output of ``steps`` (None: all) that only encloses an earlier introduced row of its call."""
+        introduced = [
+            (position, row)
+            for position, row in enumerate(self.judged)
+            if row.attribution == INTRODUCED and (steps is None or self.steps[position] in steps)
+        ]
         parents = self.feeders.parents
-        for position, (original_id, row) in enumerate(introduced):
+        for number, (position, row) in enumerate(introduced):
             name, step = row.golden.key.name, row.golden.key.step
             inner = next(
                 (
                     earlier
-                    for _, earlier in introduced[:position]
+                    for _, earlier in introduced[:number]
                     if earlier.golden.key.step == step and inside(earlier.golden.key.name, name, parents)
                 ),
                 None,
             )
             if inner is not None:
-                self.judged[original_id] = row.with_changes(
+                self.judged[position] = row.with_changes(
                     attribution=ENCLOSES, evidence=f"encloses {inner.golden.key.label()}, where the error is introduced"
                 )
 
@@ -855,26 +887,27 @@ def attribute(
     # before it are judged again by the siblings before it alone: a defect in layer 14 (and the
     # error it hands to layers 15-29) must not decide a verdict in layer 10. A new first
     # introduced row moves the cutoff; it only moves earlier, and a few passes settle it.
+    # A step is judged by its own rows alone: only the steps whose cutoff moved are judged again.
     cutoff: dict[int, int] = {}
     for _ in range(CUTOFF_PASSES):
-        first = _first_introduced_positions(judge.ordered, judged)
+        first = _first_introduced_positions(judge.steps, judged)
         if first == cutoff or not first:
             break
+        moved = {step for step in first.keys() | cutoff.keys() if first.get(step) != cutoff.get(step)}
         cutoff = first
-        judged = {}  # the earlier pass's rows go before the next pass makes its own (550 bytes a row)
-        judged = judge.rejudge(cutoff)
-    return [judged.get(id(row), row) for row in rows]
+        judge.rejudge(cutoff, moved)
+    given_order = list(rows)
+    for position, given in enumerate(judge.given_at):
+        given_order[given] = judged[position]
+    return given_order
 
 
-def _first_introduced_positions(
-    ordered: Sequence[ComparisonRow], judged: Mapping[int, ComparisonRow]
-) -> dict[int, int]:
-    """Return, per step, the golden-order position of its first introduced row."""
+def _first_introduced_positions(steps: Sequence[int], judged: Sequence[ComparisonRow]) -> dict[int, int]:
+    """Return, per step, the golden-order position of its first introduced row (``steps`` and ``judged`` by position)."""
     first: dict[int, int] = {}
-    for position, row in enumerate(ordered):
-        verdict = judged.get(id(row), row)
-        if verdict.attribution == INTRODUCED:
-            first.setdefault(row.golden.key.step, position)
+    for position, row in enumerate(judged):
+        if row.attribution == INTRODUCED:
+            first.setdefault(steps[position], position)
     return first
 
 

@@ -30,14 +30,16 @@ from llmcheck.core.records import IO_INPUT, IO_OUTPUT, ComparisonRow, TensorReco
 
 
 class Feeding(NamedTuple):
-    """The rows that fed one row, and the unmatched records (either run) that fed it, if any.
+    """The rows that fed one row (their positions in golden order), and the unmatched records (either run) that fed it, if any.
 
     ``guessed`` is set when the nearest earlier record stands in for feeders the dump does
     not name: good enough to say where an error starts, not to make a row fail with it.
     A named tuple, not a dataclass: one is made per row of a compare (10**5 in a decode dump).
+    Positions, not rows: a judge looks up what it knows of a feeder (its error, its verdict so
+    far) in lists by position, with no map keyed by ``id(row)``.
     """
 
-    rows: tuple[ComparisonRow, ...] = ()
+    positions: tuple[int, ...] = ()
     unmatched: tuple[TensorRecord, ...] = ()
     guessed: bool = False
 
@@ -130,21 +132,22 @@ class FeederIndex:
         return known
 
     def feeding(self, row: ComparisonRow) -> Feeding:
-        """Return the rows (and unmatched records) that fed ``row``."""
+        """Return the rows (their positions) and unmatched records that fed ``row``."""
+        position = self.position
         if row.golden.key.io == IO_OUTPUT:
-            call_inputs = self.inputs_of.get(self.call_ids[self.position[id(row)]], ()) if self.inputs_of else ()
-            own_inputs = [r for r in call_inputs if r.golden.order < row.golden.order]
+            call_inputs = self.inputs_of.get(self.call_ids[position[id(row)]], ()) if self.inputs_of else ()
+            own_inputs = [position[id(r)] for r in call_inputs if r.golden.order < row.golden.order]
             if own_inputs:
-                return Feeding(rows=tuple(own_inputs))
+                return Feeding(positions=tuple(own_inputs))
         else:
             producer = self._producer(row)
             # The my-side tensor may come from an op only the my-run executes (a stray scale):
             # then that op, not the golden producer's counterpart, is where it was made.
             lone = self._unmatched_producer(row)
             if lone is not None:
-                return Feeding(rows=(producer,) if producer is not None else (), unmatched=(lone,))
+                return Feeding(positions=(position[id(producer)],) if producer is not None else (), unmatched=(lone,))
             if producer is not None:
-                return Feeding(rows=(producer,))
+                return Feeding(positions=(position[id(producer)],))
         earlier = self._nearest_earlier(row)
         fed = [earlier] if earlier is not None else []
         if row.golden.key.io == IO_INPUT:
@@ -152,10 +155,10 @@ class FeederIndex:
             # inside an MLP, an attention's result) derives from the module's own inputs and from
             # whatever its children produced before it in this call.
             fed.extend(r for r in self._enclosing_call(row) if r is not earlier)
-        return Feeding(rows=tuple(fed), guessed=True)
+        return Feeding(positions=tuple([position[id(r)] for r in fed]), guessed=True)
 
-    def parts(self, row: ComparisonRow) -> tuple[ComparisonRow, ...]:
-        """Return what a module's output may be the sum of: its call's inputs and its direct children's records there.
+    def parts(self, row: ComparisonRow) -> tuple[int, ...]:
+        """Return what a module's output may be the sum of (their positions): its call's inputs and its direct children's records there.
 
         A module that adds tensors (a decoder layer: residual plus branch) can show a relative
         error far above its inputs' when the sum nearly cancels (a trained model's massive
@@ -171,14 +174,15 @@ class FeederIndex:
         if not own_inputs:
             return ()
         name, shape = row.golden.key.name, row.golden.shape
+        start = self.position[id(own_inputs[0])] + 1
         children = [
-            r
-            for r in self.ordered[self.position[id(own_inputs[0])] + 1 : position]
+            start + offset
+            for offset, r in enumerate(self.ordered[start:position])
             if r.golden.parent == name and r.golden.shape == shape
         ]
         if not children:
             return ()
-        return tuple(r for r in own_inputs if r.golden.shape == shape) + tuple(children)
+        return tuple([self.position[id(r)] for r in own_inputs if r.golden.shape == shape] + children)
 
     def _enclosing_call(self, row: ComparisonRow) -> list[ComparisonRow]:
         """Return the inputs of the enclosing module's latest call and its children's outputs since then."""

@@ -28,7 +28,7 @@ import numpy as np
 #: lowest and highest growth, slope, added squared error, whether any of them received error.
 Line = tuple[float, float, float, float, bool]
 
-#: Array elements (groups x members x pairwise slopes) one pass holds at most: a few MB while it runs, whatever
+#: Array elements (groups x members x members) one pass holds at most: a few MB while it runs, whatever
 #: the group size -- judging's peak memory is a few hundred bytes a row, and a pass must not add to it -- and
 #: hundreds of groups of ten, so numpy's cost per call is spread over thousands of members.
 PASS_ELEMENTS = 1 << 18
@@ -38,7 +38,7 @@ PASS_MEMBERS = 4096
 
 def groups_per_pass(size: int) -> int:
     """Return how many groups of ``size`` members one pass of :func:`leave_one_out_lines` takes (at least one)."""
-    return max(1, min(PASS_ELEMENTS // (size * size * (size - 1) // 2 or 1), PASS_MEMBERS // max(size, 1)))
+    return max(1, min(PASS_ELEMENTS // (size * size or 1), PASS_MEMBERS // max(size, 1)))
 
 
 def leave_one_out_lines(groups: Sequence[Sequence[tuple[float, float]]]) -> list[list[Line | None]]:
@@ -91,18 +91,7 @@ def _theil_sen_lines(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarr
     first, second = np.triu_indices(size, 1)  # the pairs, in the order itertools.combinations makes them
     distinct = x[:, first] != x[:, second]
     slopes = (y[:, second] - y[:, first]) / (x[:, second] - x[:, first])
-    order = np.argsort(slopes, axis=1, kind="stable")
-    slopes = np.take_along_axis(slopes, order, axis=1)
-    distinct = np.take_along_axis(distinct, order, axis=1)
-    first, second = first[order], second[order]
-    members = np.arange(size)[None, :, None]
-    # the sorted slopes each member's median is over: its others' (an unequal x), in sorted order
-    kept = distinct[:, None, :] & (first[:, None, :] != members) & (second[:, None, :] != members)
-    remaining = kept.sum(axis=2)
-    ranks = np.cumsum(kept, axis=2, dtype=np.int32)
-    middle = remaining // 2
-    upper = np.take_along_axis(slopes, np.argmax(ranks > middle[:, :, None], axis=2), axis=1)
-    lower = np.take_along_axis(slopes, np.argmax(ranks > (middle - 1)[:, :, None], axis=2), axis=1)
+    upper, lower, remaining = _leave_one_out_order_statistics(slopes, distinct, size)
     median_slope = np.where(remaining % 2 == 1, upper, (lower + upper) / 2)
     slope = np.where(median_slope < 0.0, 0.0, median_slope)  # max(median, 0.0): -0.0 kept, as max keeps it
     others = ~np.eye(size, dtype=bool)
@@ -120,6 +109,47 @@ def _theil_sen_lines(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarr
         slope = np.where(through_origin & (with_ratio > 0), ratio_median, slope)
         intercept = np.where(through_origin, 0.0, intercept)
     return slope, intercept, settled
+
+
+def _leave_one_out_order_statistics(
+    slopes: np.ndarray, distinct: np.ndarray, size: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Return, per member, the middle two of the others' pairwise slopes (upper, lower) and how many there are.
+
+    The others' slopes are the pairs with an unequal ``x`` (``distinct``) that do not hold the
+    member, in the order a stable sort of them gives. Why not mask each member's pairs out of
+    every pair and count along (``n**3 / 2`` elements a group): all distinct slopes are sorted
+    once, and the ``r``-th of a member's others is the ``r + j``-th of them all, ``j`` being how
+    many of the member's own pairs lie so early that fewer than ``r + 1`` others precede them
+    (``n**2`` elements a group). The same element, so the very same float, as counting gives.
+    """
+    count, pairs = slopes.shape
+    by_slope = np.argsort(slopes, axis=1, kind="stable")
+    # the distinct pairs first, in slope order (a stable sort keeps them in the order sorting all of them gives)
+    order = np.take_along_axis(
+        by_slope, np.argsort(~np.take_along_axis(distinct, by_slope, axis=1), axis=1, kind="stable"), axis=1
+    )
+    ordered_slopes = np.take_along_axis(slopes, order, axis=1)
+    rank = np.empty_like(order)
+    np.put_along_axis(rank, order, np.broadcast_to(np.arange(pairs), (count, pairs)), axis=1)
+    first, second = np.triu_indices(size, 1)
+    own_pairs = np.array([np.flatnonzero((first == member) | (second == member)) for member in range(size)])
+    own_distinct = distinct[:, own_pairs]  # (groups, members, size - 1)
+    beyond = pairs + size  # past every rank: an own pair with an equal x is no slope, among the others or not
+    own_ranks = np.where(own_distinct, rank[:, own_pairs], beyond)
+    own_ranks.sort(axis=2)
+    # how many others precede the member's j-th own slope: its rank less the j own ones before it
+    others_before = own_ranks - np.arange(size - 1)
+    remaining = distinct.sum(axis=1)[:, None] - own_distinct.sum(axis=2)
+    middle = remaining // 2
+
+    def others_at(position: np.ndarray) -> np.ndarray:
+        skipped = (others_before <= position[:, :, None]).sum(axis=2)
+        at = np.clip(position + skipped, 0, pairs - 1)  # a member with no others reads any slope: left unsettled
+        values: np.ndarray = np.take_along_axis(ordered_slopes, at, axis=1)
+        return values
+
+    return others_at(middle), others_at(middle - 1), remaining
 
 
 def _sorted_median(values: np.ndarray, length: int) -> np.ndarray:
