@@ -184,7 +184,7 @@ def test_pairs_and_measurements_cross_to_worker_processes_unchanged(tmp_path: Pa
     folded.append(measure_pair(jobs[-1], specs, workspace))  # "large": streamed
     folded[0] = dataclasses.replace(folded[0], values={"rmse": -0.0}, notes=["a note"])  # not every metric
     crossed = unpack_measurements(pickle.loads(pickle.dumps(pack_measurements(folded, names, rows.columns(names)))))
-    expected = folded + rows.measurements(names)
+    expected = folded + rows.columns(names).measurements()
     assert repr(crossed) == repr(expected)  # repr: NaN equals NaN, -0.0 stays -0.0
     by_index = {m.index: m for m in crossed}
     by_name = {record.key.name: by_index[index] for index, record in enumerate(golden.records)}

@@ -364,7 +364,6 @@ class PairJudge:
             columns.side_stats(1),
         ):
             assert golden is not None and my is not None
-            alike = golden.shape == my.shape and golden.dtype == my.dtype  # nearly every pair: no note to make
             rows.append(
                 build_row(
                     index=index,
@@ -374,7 +373,7 @@ class PairJudge:
                     metrics=row_metrics,
                     verdict=verdict,
                     deciding_metric=decided,
-                    reason="" if alike else "; ".join(_notes(golden, my)),
+                    reason="; ".join(_notes(golden, my)),
                     golden_stats=_merged_stats(golden, golden_measured),
                     my_stats=_merged_stats(my, my_measured),
                     judged_as=judged_class,

@@ -134,10 +134,6 @@ class BlockRows:
             bytes_read=self.bytes_read,
         )
 
-    def measurements(self, names: Sequence[str]) -> list[PairMeasurement]:
-        """Return the pairs as the measurements ``PairFold`` gives for each alone."""
-        return self.columns(names).measurements()
-
 
 def measure_small_pairs(
     jobs: Sequence[PairJob],

@@ -56,8 +56,8 @@ def map_pairs(golden: Dump, my: Dump, user_mapping: UserMapping | None) -> list[
         # plugins' rules, which know both namings; aligning leftovers by shape alone would
         # invent pairs between unrelated tensors.
         return proposals
-    paired_golden = set(map(id, [pair.golden for pair in exact]))
-    paired_my = set(map(id, [pair.my for pair in exact]))
+    paired_golden = {id(pair.golden) for pair in exact}
+    paired_my = {id(pair.my) for pair in exact}
     # Ops of a module both runs have were aligned by name already: a leftover there is an op
     # one run executes and the other does not, never a counterpart to guess by shape.
     shared_scopes = set(golden_scopes) & set(my_scopes) - {None}
@@ -126,18 +126,11 @@ def exact_key_pairs(
     # objects whose __hash__ and __eq__ run in Python: equal keys have equal tuples.
     mine = {key: record for key, record in zip(map(_KEY_FIELDS, map(_KEY, my.records)), my.records)}
     golden_keys = map(_KEY_FIELDS, map(_KEY, golden.records))
-    if diverged:
-        pairs = [
-            Pair(record, counterpart, RULE_EXACT, PairPriority.EXACT_KEY)
-            for record, key, scope in zip(golden.records, golden_keys, golden_scopes)
-            if (counterpart := mine.get(key)) is not None and scope not in diverged
-        ]
-    else:
-        pairs = [
-            Pair(record, counterpart, RULE_EXACT, PairPriority.EXACT_KEY)
-            for record, key in zip(golden.records, golden_keys)
-            if (counterpart := mine.get(key)) is not None
-        ]
+    pairs = [
+        Pair(record, counterpart, RULE_EXACT, PairPriority.EXACT_KEY)
+        for record, key, scope in zip(golden.records, golden_keys, golden_scopes)
+        if (counterpart := mine.get(key)) is not None and scope not in diverged
+    ]
     for group in sorted(diverged, key=str):
         golden_calls, my_calls = group_op_calls(golden_ops[group]), group_op_calls(my_ops[group])
         matcher = difflib.SequenceMatcher(
