@@ -330,3 +330,38 @@ def test_a_hunt_stopped_by_sigterm_stops_its_child_and_the_program_in_it(workdir
     (dump,) = started.glob("llmcheck_dump_*")
     assert read_dump(dump).cut is not None  # dump passed the signal on to the program and marked its dump cut
     assert not (workdir / "stopped" / "1_steps" / "phase.json").exists()
+
+
+def _named_dump(folder: Path, names: list[str], size: int) -> Path:
+    import torch
+
+    from llmcheck.core.capture.statistics import tensor_stats
+    from llmcheck.core.dumps.store import DumpWriter
+    from llmcheck.core.records import RecordKey, TensorRecord
+
+    with DumpWriter(folder, "test") as writer:
+        for order, name in enumerate(names):
+            tensor = torch.full((size,), float(order + 1))
+            record = TensorRecord(
+                key=RecordKey(name=name), dtype="float32", shape=(size,), order=order, stats=tensor_stats(tensor)
+            )
+            writer.add(record, tensor)
+    return writer.path
+
+
+def test_a_phase_whose_compare_pairs_nothing_says_what_each_dump_held(tmp_path: Path) -> None:
+    from llmcheck.core.errors import LlmcheckError
+    from llmcheck.core.hunt.command import Hunt
+
+    # two programs that recorded other tensors (another model, another selection): compare has no pair to judge
+    golden = _named_dump(tmp_path / "golden", ["model.layers.0", "model.layers.1", "lm_head"], 4)
+    my = _named_dump(tmp_path / "my", ["decoder.block.0", "decoder.block.1"], 6)
+    hunt = Hunt("python golden.py", "python my.py", tmp_path / "hunt")
+    with pytest.raises(LlmcheckError) as raised:
+        hunt.compare(golden, my, tmp_path / "hunt" / "report", None, page=False)
+    line = raised.value.one_line()
+    assert line.startswith(f"{tmp_path / 'hunt' / 'report.log'}: the compare paired none of the 3 golden records ")
+    assert f"with the 2 my records of {golden.parent} and {my.parent}" in line
+    # compare's own account stays in its log, and its reports were written
+    assert "no pairs: no pairing rule matched" in (tmp_path / "hunt" / "report.log").read_text()
+    assert (tmp_path / "hunt" / "report" / "summary.json").is_file()

@@ -263,6 +263,14 @@ def test_op_level_inside_vllm_records_the_engines_own_kernels_by_module(
     assert any(name.startswith("model.layers.3.self_attn.qkv_proj/") for name in ops)
 
 
+def _log_tails(folder: Path, lines: int = 15) -> str:
+    """Return the last lines of every log a hunt's children wrote: what a failing hunt left to read."""
+    return "\n".join(
+        f"--- {log}\n" + "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
+        for log in sorted(folder.rglob("*.log"))
+    )
+
+
 def test_hunt_drives_the_vllm_backend_from_the_step_to_the_operator(
     tmp_path: Path, vllm_python: str, model: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -276,7 +284,7 @@ def test_hunt_drives_the_vllm_backend_from_the_step_to_the_operator(
         shlex.join(zoo.vllm_argv(vllm_python, engine, model, "float32", defect)) for defect in ("none", "norm_eps")
     )
     code = main(["hunt", "--backend", "vllm", "--golden", golden, "--my", my, "-o", "hunt", "-l", "warning"])
-    assert code == 3
+    assert code == 3, _log_tails(tmp_path / "hunt")
     report = json.loads((tmp_path / "hunt" / "hunt.json").read_text())
     path = report["path"]
     layer = f"model.layers.{zoo.LAYER}"

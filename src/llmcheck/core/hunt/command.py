@@ -41,7 +41,7 @@ from typing import Any
 
 from llmcheck.core.dumps.atomic_files import atomic_write_text
 from llmcheck.core.dumps.store import MODEL_DTYPES_FIELD, find_dumps, read_dump
-from llmcheck.core.errors import LlmcheckError, UsageError
+from llmcheck.core.errors import EXIT_FAILURE, LlmcheckError, UsageError
 from llmcheck.core.records import DEPTH_BLOCKS, ROOT_MODULE, Dump, TensorRecord, block_depth, module_depth
 
 log = logging.getLogger("llmcheck.hunt")
@@ -129,12 +129,7 @@ class Hunt:
             returncode = _run_child(argv, output)
         run = ChildRun(argv, returncode, time.perf_counter() - started)
         if returncode not in done_codes:
-            lines = [line for line in log_file.read_text(encoding="utf-8", errors="replace").splitlines() if line]
-            raise LlmcheckError(
-                f"'{display_command(argv)}' failed with exit code {returncode}: {lines[-1] if lines else 'no output'}",
-                where=log_file,
-                hint="run that command to see the whole output",
-            )
+            raise child_failure(run, log_file)
         return run
 
     def dump(self, program: str, folder: Path, flags: Sequence[str]) -> tuple[ChildRun, Path]:
@@ -173,9 +168,31 @@ class Hunt:
         if not page:
             args += ["--skip-report", "html"]
         report.mkdir(parents=True, exist_ok=True)
-        run = self.llmcheck(args, report.with_suffix(".log"), COMPARE_DONE_CODES)
-        summary: dict[str, Any] = json.loads((report / "summary.json").read_text(encoding="utf-8"))
+        run = self.llmcheck(args, report.with_suffix(".log"), (*COMPARE_DONE_CODES, EXIT_FAILURE))
+        summary_path = report / "summary.json"
+        summary: dict[str, Any] = json.loads(summary_path.read_text(encoding="utf-8")) if summary_path.is_file() else {}
+        counts = summary.get("counts", {})
+        if run.exit_code == EXIT_FAILURE and summary and not counts.get("pairs"):
+            # compare's own words ("no pairs: ...") sit above the list of files it wrote: say what the dumps held
+            raise LlmcheckError(
+                f"the compare paired none of the {counts.get('unmatched_golden', '?')} golden records with the "
+                f"{counts.get('unmatched_my', '?')} my records of {golden.parent} and {my.parent}",
+                where=report.with_suffix(".log"),
+                hint="the phase's two programs recorded different tensors; see their logs beside the dumps",
+            )
+        if run.exit_code not in COMPARE_DONE_CODES:
+            raise child_failure(run, report.with_suffix(".log"))
         return run, summary
+
+
+def child_failure(run: ChildRun, log_file: Path) -> LlmcheckError:
+    """Return the one-line error of a child that failed: its command, exit code and last line of output."""
+    lines = [line for line in log_file.read_text(encoding="utf-8", errors="replace").splitlines() if line]
+    return LlmcheckError(
+        f"'{display_command(run.argv)}' failed with exit code {run.exit_code}: {lines[-1] if lines else 'no output'}",
+        where=log_file,
+        hint="run that command to see the whole output",
+    )
 
 
 #: Seconds a child stopped with the hunt (SIGTERM, Ctrl-C) has to close its dump before it is killed.
