@@ -77,6 +77,8 @@ INDEX_NAME = "index.jsonl"
 TOPOLOGY_NAME = "topology.json"
 #: A serving engine's per-step batch bookkeeping, one :class:`~llmcheck.core.records.BatchLayout` JSON per line.
 BATCHES_NAME = "batches.jsonl"
+#: The shards a writer was killed while writing: renamed only once whole, before any index line names them.
+UNFINISHED_SHARDS = "shard_*.safetensors.tmp"
 DUMP_DIR_PREFIX = "llmcheck_dump_"
 #: The manifest field of a dump whose capture ran the program cast to another dtype (torch: ``--as-dtype``):
 #: ``{"to": dtype, "from": {dtype: count of floating parameters and buffers}, "outputs_returned_as": dtype}``.
@@ -876,7 +878,7 @@ def read_dump(path: Path) -> Dump:
             len(records) - expected_records,
             expected_records,
         )
-    for leftover in sorted(root.glob("shard_*.safetensors.tmp")):
+    for leftover in sorted(root.glob(UNFINISHED_SHARDS)):
         cuts.append(f"unfinished shard {leftover.name} was discarded")
     if declared.end_time is None:
         cuts.append("the writer did not close the dump (killed or still running)")

@@ -26,6 +26,7 @@ from typing import Any
 
 from llmcheck.plugin_api import (
     BATCHES_NAME,
+    UNFINISHED_SHARDS,
     CaptureRequest,
     DumpNotFoundError,
     LlmcheckError,
@@ -261,6 +262,12 @@ class TorchCaptureBackend:
         are handed to the writer, and every step records the same modules: so the dump is
         whole when its last step has a layout and as many records as the step before. A dump
         that is not is left to be marked cut.
+
+        A writer killed while it wrote a shard leaves ``shard_*.safetensors.tmp``: the writer
+        renames a shard before it writes the index lines pointing into it, so such a file holds
+        only tensors of records the index never named -- of a step whose records were lost
+        (a writer behind a busy machine's engine). It is removed as the dump is closed, and the
+        note says so; the step counts alone tell whether the steps kept are whole.
         """
         if program_run.interrupted_by is None:
             stopped = "the program ended"
@@ -279,8 +286,9 @@ class TorchCaptureBackend:
             return
         per_step = Counter(record.key.step for record in dump.records)
         steps = sorted(per_step)
-        if not steps or dump.cut is None or "unfinished shard" in dump.cut or "holds" in dump.cut:
+        if not steps or dump.cut is None or "holds" in dump.cut:
             return
+        unfinished = sorted(path.glob(UNFINISHED_SHARDS))
         last = steps[-1]
         rank = int(dump.manifest.get("rank") or 0)
         whole = (rank, last) in dump.batches and (len(steps) == 1 or per_step[last] == per_step[steps[-2]])
@@ -293,7 +301,19 @@ class TorchCaptureBackend:
                 note += f"; step {', '.join(map(str, lost))} was lost (its records were not written)"
                 kept = [layout.as_json() for (_, step), layout in sorted(dump.batches.items()) if step in per_step]
                 atomic_write_text(path / BATCHES_NAME, "".join(json.dumps(line) + "\n" for line in kept))
+            if unfinished:  # tensors of records no index line names: nothing a reader could reach
+                names = ", ".join(shard.name for shard in unfinished)
+                note += (
+                    f"; the unfinished shard {names} was removed"
+                    if len(unfinished) == 1
+                    else f"; the unfinished shards {names} were removed"
+                )
+                for shard in unfinished:
+                    shard.unlink()
             close_from_outside(path, len(dump.records), note)
+        except OSError as exc:
+            log.warning("%s: cannot remove an unfinished shard (%s); read it as a cut dump", path, exc.strerror)
+            return
         except LlmcheckError as exc:
             log.warning("%s; read it as a cut dump", exc.one_line())
             return
