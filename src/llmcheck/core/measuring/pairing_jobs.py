@@ -160,8 +160,7 @@ def measure_pairing(
 
     def arrived_columns(columns: MeasuredColumns) -> None:
         nonlocal bytes_read
-        columns_bytes = sum(columns.bytes_read)
-        bytes_read += columns_bytes
+        bytes_read += sum(columns.bytes_read)
         assert measured_columns is not None
         measured_columns(columns.fanned_out(same_data) if same_data else columns)
         if on_measured is not None:
