@@ -25,6 +25,17 @@ def capture_run(model: torch.nn.Module, input_ids: torch.Tensor, dump_path: Path
     return Path(handle.path)
 
 
+def capture_generate(model: torch.nn.Module, dump_path: Path, new_tokens: int) -> Path:
+    """Run ``generate`` of ``new_tokens`` greedy tokens under the torch capture (every module's inputs and outputs, each step) and return the dump."""
+    from llmcheck import DumpConfig, register_hook
+
+    config = DumpConfig(dump_path=str(dump_path), token_range=list(range(new_tokens)), tensor_part=2)
+    with register_hook(model, config) as handle, torch.no_grad():
+        model.generate(torch.tensor([[1, 5, 9, 13, 17, 21, 25, 29]]), max_new_tokens=new_tokens, do_sample=False)
+    assert handle.path is not None
+    return Path(handle.path)
+
+
 def module(model: torch.nn.Module, name: str) -> torch.nn.Module:
     """Return the submodule at a dotted path."""
     return dict(model.named_modules())[name]

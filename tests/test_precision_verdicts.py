@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import torch
 
+from compare_runs import capture_generate
 from llmcheck import DumpConfig, register_hook
 from llmcheck.core.compare import compare_dumps
 from llmcheck.core.plugins import get_plugins
@@ -600,10 +601,7 @@ def test_wrong_weights_are_introduced_again_in_every_decode_step_and_their_modul
     from llmcheck.bundled_model import random_llama
 
     def generate(model: torch.nn.Module, folder: Path):
-        config = DumpConfig(dump_path=str(folder), token_range=[0, 1], tensor_part=2)
-        with register_hook(model, config) as handle, torch.no_grad():
-            model.generate(torch.tensor([[1, 5, 9, 13, 17, 21, 25, 29]]), max_new_tokens=2, do_sample=False)
-        return get_plugins().load_tensors(Path(handle.path))
+        return get_plugins().load_tensors(capture_generate(model, folder, new_tokens=2))
 
     defective = random_llama(seed=0, num_layers=4)
     with torch.no_grad():

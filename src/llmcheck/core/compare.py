@@ -146,10 +146,9 @@ def compare_dumps(
     rows = cast(list[ComparisonRow], list(made))  # every pair has its row now
     if on_judging is not None:
         on_judging(len(rows))
-    made.clear()  # the rows live in one list, which the judging replaces
-    rows = attribute(
-        rows, measure, twin, [item.record for item in pairing.unmatched_my], same_program, check_weights(rows)
-    )
+    made.clear()  # the rows live in one list, whose rows the judging replaces a step at a time
+    del unmeasured, problems  # a statistics-only compare's reasons, one a pair: judging's peak is no place for them
+    attribute(rows, measure, twin, [item.record for item in pairing.unmatched_my], same_program, check_weights(rows))
     return CompareResult(
         golden=golden,
         my=my,

@@ -48,7 +48,7 @@ from typing import Any
 import numpy as np
 
 from llmcheck.core.dtypes import is_float_dtype
-from llmcheck.core.judging.feeders import FeederIndex, Feeding, inside
+from llmcheck.core.judging.feeders import FeederIndex, Feeding, ParentLinks, unmatched_producers
 from llmcheck.core.judging.repeats import Baseline, SiblingGroup, SiblingLines, sibling_groups, structure_keys
 from llmcheck.core.judging.suspects import INHERITED_FROM_UNMATCHED, MY_ONLY_SUFFIX
 from llmcheck.core.judging.verdicts import NONFINITE_METRIC
@@ -190,7 +190,8 @@ class _Judge:
         rows: Sequence[ComparisonRow],
         measure: ErrorMeasure,
         twin: NoiseTwin | None,
-        unmatched_my: Sequence[TensorRecord],
+        links: ParentLinks,
+        unmatched: Mapping[tuple[Hashable, ...], TensorRecord],
         same_program: bool = False,
         weights: Mapping[int, WeightFinding] | None = None,
     ) -> None:
@@ -206,7 +207,7 @@ class _Judge:
         self.steps = [row.golden.key.step for row in self.ordered]
         # what each row holds, by its position in golden order
         self.error_at = [measure.of(row) for row in self.ordered]
-        self.feeders = FeederIndex(self.ordered, unmatched_my)
+        self.feeders = FeederIndex(self.ordered, links, unmatched)
         self.feeding = [self.feeders.feeding(row) for row in self.ordered]
         # each row's slot by a number (equal slots, equal numbers): hashed once here, not in every lookup after
         numbers: dict[Hashable, int] = {}
@@ -777,7 +778,7 @@ class _Judge:
                 return UNKNOWN
             step = row.golden.key.step
             earlier = self.introduced_in_step.get(step, [])
-            encloses = any(self.feeders.inside(r.golden.key.name, row.golden.key.name) for r in earlier)
+            encloses = any(self.feeders.links.inside(r.golden.key.name, row.golden.key.name) for r in earlier)
             if earlier and not encloses and (anomaly is None or row.golden.data is None or row.my.data is None):
                 # An earlier row of this step already differs, and nothing says this one adds more
                 # than it should (it fails the dtype table alone), or statistics only judged it:
@@ -802,14 +803,14 @@ class _Judge:
             for position, row in enumerate(self.judged)
             if row.attribution == INTRODUCED and (steps is None or self.steps[position] in steps)
         ]
-        parents = self.feeders.parents
+        links = self.feeders.links
         for number, (position, row) in enumerate(introduced):
             name, step = row.golden.key.name, row.golden.key.step
             inner = next(
                 (
                     earlier
                     for _, earlier in introduced[:number]
-                    if earlier.golden.key.step == step and inside(earlier.golden.key.name, name, parents)
+                    if earlier.golden.key.step == step and links.inside(earlier.golden.key.name, name)
                 ),
                 None,
             )
@@ -863,14 +864,14 @@ def twin_mode(against_twin: Sequence[ComparisonRow]) -> tuple[str, int]:
 
 
 def attribute(
-    rows: Sequence[ComparisonRow],
+    rows: list[ComparisonRow],
     measure: ErrorMeasure | None = None,
     twin: NoiseTwin | None = None,
     unmatched_my: Sequence[TensorRecord] = (),
     same_program: bool = False,
     weights: Mapping[int, WeightFinding] | None = None,
 ) -> list[ComparisonRow]:
-    """Return the rows (same order) judged against their feeders, siblings and noise twin, with attribution set.
+    """Judge the rows against their feeders, siblings and noise twin, with attribution set: each row is replaced in place by its judged copy; return the list.
 
     ``measure`` names the error measure (without one, rows keep their table verdicts and are
     only labelled); ``twin`` is what the noise twin says; ``unmatched_my`` are the my-run
@@ -879,15 +880,51 @@ def attribute(
     twin): there any difference behind bit-exact inputs is introduced, however small. ``weights``
     maps ``id(row)`` to what :func:`llmcheck.core.judging.weights.check_weights` found: parameters that
     differ from the golden beyond rounding fail as introduced.
+
+    A row is judged by the rows of its step alone (its feeders and siblings lie there), so where
+    each step's rows lie together in golden order -- a decode dump's, a step after another --
+    the steps are judged one at a time (:func:`step_windows`): what judging holds besides the
+    rows (feeder look-ups, sibling lines, the walk's state: more than the rows themselves) is
+    one step's, and a step's rows as measured are let go as its judged rows replace them.
     """
     measure = measure or ErrorMeasure(metric="")
-    judge = _Judge(rows, measure, twin, unmatched_my, same_program, weights)
+    windows = step_windows(rows)
+    links = ParentLinks(rows[given] for window in windows for given in window)
+    unmatched = unmatched_producers(unmatched_my)
+    for window in windows:
+        judge = _Judge([rows[given] for given in window], measure, twin, links, unmatched, same_program, weights)
+        judged = _judged_with_cutoffs(judge)
+        for position, given in enumerate(judge.given_at):
+            rows[window[given]] = judged[position]
+    return rows
+
+
+def step_windows(rows: Sequence[ComparisonRow]) -> list[list[int]]:
+    """Return the indexes of ``rows`` in golden order, cut into one window per step where each step's rows lie together.
+
+    Where steps interleave in golden order (records of two steps taken turn about), the
+    nearest earlier record of a row's step may lie behind another step's: all the rows are
+    then one window, judged together as they always could be.
+    """
+    orders = np.fromiter((row.golden.order for row in rows), dtype=np.int64, count=len(rows))
+    golden_order = np.argsort(orders, kind="stable")  # as sorted() orders them, equal orders kept in turn
+    steps = np.fromiter((rows[given].golden.key.step for given in golden_order), dtype=np.int64, count=len(rows))
+    starts = (np.flatnonzero(steps[1:] != steps[:-1]) + 1).tolist()
+    if len(starts) + 1 != len(np.unique(steps)):  # a step in two runs or more
+        return [golden_order.tolist()] if len(rows) else []
+    return [window.tolist() for window in np.split(golden_order, starts)]
+
+
+def _judged_with_cutoffs(judge: _Judge) -> list[ComparisonRow]:
+    """Return a judge's rows judged, and judged again before each step's first introduced row while that moves.
+
+    A row's siblings include the layers after it. Once a step has an introduced row, the rows
+    before it are judged again by the siblings before it alone: a defect in layer 14 (and the
+    error it hands to layers 15-29) must not decide a verdict in layer 10. A new first
+    introduced row moves the cutoff; it only moves earlier, and a few passes settle it.
+    A step is judged by its own rows alone: only the steps whose cutoff moved are judged again.
+    """
     judged = judge.run()
-    # A row's siblings include the layers after it. Once a step has an introduced row, the rows
-    # before it are judged again by the siblings before it alone: a defect in layer 14 (and the
-    # error it hands to layers 15-29) must not decide a verdict in layer 10. A new first
-    # introduced row moves the cutoff; it only moves earlier, and a few passes settle it.
-    # A step is judged by its own rows alone: only the steps whose cutoff moved are judged again.
     cutoff: dict[int, int] = {}
     for _ in range(CUTOFF_PASSES):
         first = _first_introduced_positions(judge.steps, judged)
@@ -896,10 +933,7 @@ def attribute(
         moved = {step for step in first.keys() | cutoff.keys() if first.get(step) != cutoff.get(step)}
         cutoff = first
         judge.rejudge(cutoff, moved)
-    given_order = list(rows)
-    for position, given in enumerate(judge.given_at):
-        given_order[given] = judged[position]
-    return given_order
+    return judged
 
 
 def _first_introduced_positions(steps: Sequence[int], judged: Sequence[ComparisonRow]) -> dict[int, int]:

@@ -22,7 +22,7 @@ row fed by one is reported as *inherited from an unmatched op*.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from typing import NamedTuple
 
 from llmcheck.core.op_calls import CallId
@@ -87,33 +87,69 @@ def tensor_identities(record: TensorRecord, stats: TensorStats | None) -> list[t
     return identities
 
 
-class FeederIndex:
-    """Finds the feeders of every row of one compare (built once, queried row by row in golden order)."""
+class ParentLinks:
+    """Each golden record name's enclosing module or op, and which names lie inside which modules.
 
-    def __init__(self, ordered_rows: Sequence[ComparisonRow], unmatched_my: Sequence[TensorRecord] = ()) -> None:
+    One for a whole compare, shared by the feeder index of every step: a step's records may be
+    enclosed by a module whose parent link an earlier step's record gives, and a decode dump
+    asks whether the same names lie inside the same modules every step.
+    """
+
+    def __init__(self, ordered_rows: Iterable[ComparisonRow]) -> None:
+        #: name -> parent, from the name's first record with one, in golden order
+        self.parents: dict[str, str] = {}
+        for row in ordered_rows:
+            if row.golden.parent:
+                self.parents.setdefault(row.golden.key.name, row.golden.parent)
+        self._inside: dict[tuple[str, str], bool] = {}
+
+    def inside(self, name: str, module: str) -> bool:
+        """Return :func:`inside` of a record name and a module by these parent links, once per pair of names."""
+        known = self._inside.get((name, module))
+        if known is None:
+            known = self._inside[(name, module)] = inside(name, module, self.parents)
+        return known
+
+
+def unmatched_producers(unmatched_my: Iterable[TensorRecord]) -> dict[tuple[Hashable, ...], TensorRecord]:
+    """Return identity -> the my-only output record that holds it (the last such record, on a repeated identity)."""
+    producers: dict[tuple[Hashable, ...], TensorRecord] = {}
+    for record in unmatched_my:
+        if record.key.io == IO_OUTPUT:
+            for identity in tensor_identities(record, record.stats):
+                producers[identity] = record
+    return producers
+
+
+class FeederIndex:
+    """Finds the feeders of the rows of one step (built once, queried row by row in golden order).
+
+    ``links`` and ``unmatched`` (:func:`unmatched_producers`) are the whole compare's, made once
+    and shared by the index of every step.
+    """
+
+    def __init__(
+        self,
+        ordered_rows: Sequence[ComparisonRow],
+        links: ParentLinks,
+        unmatched: Mapping[tuple[Hashable, ...], TensorRecord],
+    ) -> None:
         self.ordered = list(ordered_rows)
         self.position = {id(row): index for index, row in enumerate(self.ordered)}
         # the call of each row, by position: compared for every row and its earlier neighbours
         self.call_ids = [CallId.of(row.golden) for row in self.ordered]
         self.inputs_of: dict[CallId, list[ComparisonRow]] = {}
         self.inputs_by_name: dict[tuple[str, int], list[ComparisonRow]] = {}
-        self.parents: dict[str, str] = {}
+        self.links = links
         for row, call_id in zip(self.ordered, self.call_ids):
             if row.golden.key.io == IO_INPUT:
                 self.inputs_of.setdefault(call_id, []).append(row)
                 self.inputs_by_name.setdefault((row.golden.key.name, row.golden.key.step), []).append(row)
-            if row.golden.parent:
-                self.parents.setdefault(row.golden.key.name, row.golden.parent)
         self._producers: dict[tuple[Hashable, ...], list[ComparisonRow]] | None = None
-        self._inside: dict[tuple[str, str], bool] = {}  # a decode dump asks about the same names every step
-        self.unmatched_producers: dict[tuple[Hashable, ...], TensorRecord] = {}
-        for record in unmatched_my:
-            if record.key.io == IO_OUTPUT:
-                for identity in tensor_identities(record, record.stats):
-                    self.unmatched_producers[identity] = record
+        self.unmatched_producers = unmatched
 
     def release_lookups(self) -> None:
-        """Let go of what finding feeders and parts needs, keeping the parent links :meth:`inside` reads.
+        """Let go of what finding feeders and parts needs (the parent links are the compare's, kept).
 
         A judge asks for every row's feeders and parts once, before it judges: the lookups by
         call, by name and by tensor (a row or two of entries each, 400 bytes a row) are then
@@ -123,13 +159,6 @@ class FeederIndex:
         self.position, self.call_ids = {}, []
         self.inputs_of, self.inputs_by_name = {}, {}
         self._producers, self.unmatched_producers = None, {}
-
-    def inside(self, name: str, module: str) -> bool:
-        """Return :func:`inside` of a record name and a module by this compare's parent links, once per pair of names."""
-        known = self._inside.get((name, module))
-        if known is None:
-            known = self._inside[(name, module)] = inside(name, module, self.parents)
-        return known
 
     def feeding(self, row: ComparisonRow) -> Feeding:
         """Return the rows (their positions) and unmatched records that fed ``row``."""
@@ -200,7 +229,7 @@ class FeederIndex:
         children = [
             r
             for r in self.ordered[start : self.position[id(row)]]
-            if r.golden.key.io == IO_OUTPUT and self.inside(r.golden.key.name, parent)
+            if r.golden.key.io == IO_OUTPUT and self.links.inside(r.golden.key.name, parent)
         ]
         return inputs + children
 
@@ -248,7 +277,7 @@ class FeederIndex:
             earlier = self.ordered[earlier_position]
             if earlier.golden.key.step != step:
                 break
-            if self.call_ids[earlier_position] == call_id or self.inside(earlier.golden.key.name, name):
+            if self.call_ids[earlier_position] == call_id or self.links.inside(earlier.golden.key.name, name):
                 continue
             return earlier
         return None
