@@ -15,6 +15,7 @@ from llmcheck.core.compare import compare_dumps
 from llmcheck.core.dumps.store import DumpWriter
 from llmcheck.core.dumps.tensor_io import dtype_name
 from llmcheck.core.judging import divergence
+from llmcheck.core.judging import rows as rows_module
 from llmcheck.core.plugins import get_plugins
 from llmcheck.core.records import ComparisonRow, Dump, RecordKey, TensorRecord
 
@@ -128,3 +129,14 @@ def test_steps_whose_records_interleave_are_judged_together(tmp_path: Path) -> N
     # a record's nearest earlier one is another step's: nothing names its feeders, and it is judged on its own
     assert {row.golden.key.step for row in rows if row.verdict == "fail"} == {1, 3}
     assert {row.attribution for row in rows if row.verdict == "fail"} == {divergence.UNKNOWN}
+
+
+def test_statistics_rows_made_a_block_at_a_time_equal_those_made_in_one_block(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    golden, my = _dumps(tmp_path, with_data=False)
+    whole = compare_dumps(golden, my, workers=1).rows
+    monkeypatch.setattr(rows_module, "PLAIN_BLOCK", 3)  # blocks of 3 of the 32 pairs: the last one short
+    in_blocks = compare_dumps(golden, my, workers=1).rows
+    assert [repr(row) for row in whole] == [repr(row) for row in in_blocks]
+    assert {row.golden.key.step for row in whole if row.attribution == divergence.INTRODUCED} == {1, 3}

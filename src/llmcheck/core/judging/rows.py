@@ -391,23 +391,28 @@ class PairJudge:
         their bounds judged a column at a time, and the rows alike in all but their values
         -- the same table of limits, sides without data and verdict -- share the figures of
         the first, which :meth:`row` makes. A statistics-only dump's 10**5 pairs spent most
-        of their judging making each row's results, reason and verdict anew.
+        of their judging making each row's results, reason and verdict anew. A block is
+        :data:`PLAIN_BLOCK` pairs: its figures and their columns, as Python floats, cost more
+        than the rows they make (800 bytes a pair), so they are held for one block at a time.
         """
         rows: list[ComparisonRow | None] = [None] * len(indices)
-        plain: list[int] = []  # positions in indices
-        plain_figures: list[tuple[tuple[float, ...], tuple[float, ...]]] = []
-        for position, index in enumerate(indices):
-            pair, problem = pairs[index], problems.get(index)
-            figures = self._plain_statistics(pair) if problem is not None else None
-            if figures is None:
-                rows[position] = self.row(index, pair, problem, None)
-            else:
-                plain.append(position)
-                plain_figures.append(figures)
-        if plain:
-            self._plain_statistics_rows(
-                [indices[position] for position in plain], pairs, problems, plain_figures, rows, plain
-            )
+        first_rows: dict[tuple[object, ...], ComparisonRow | None] = {}  # shared by every block
+        for start in range(0, len(indices), PLAIN_BLOCK):
+            plain: list[int] = []  # positions in indices
+            plain_figures: list[tuple[tuple[float, ...], tuple[float, ...]]] = []
+            for position in range(start, min(start + PLAIN_BLOCK, len(indices))):
+                index = indices[position]
+                pair, problem = pairs[index], problems.get(index)
+                figures = self._plain_statistics(pair) if problem is not None else None
+                if figures is None:
+                    rows[position] = self.row(index, pair, problem, None)
+                else:
+                    plain.append(position)
+                    plain_figures.append(figures)
+            if plain:
+                self._plain_statistics_rows(
+                    [indices[position] for position in plain], pairs, problems, plain_figures, rows, plain, first_rows
+                )
         return rows  # type: ignore[return-value]  # every position is set
 
     def _plain_statistics(self, pair: Pair) -> tuple[tuple[float, ...], tuple[float, ...]] | None:
@@ -447,8 +452,12 @@ class PairJudge:
         figures: Sequence[tuple[tuple[float, ...], tuple[float, ...]]],
         rows: list[ComparisonRow | None],
         positions: Sequence[int],
+        first_rows: dict[tuple[object, ...], ComparisonRow | None],
     ) -> None:
-        """Set ``rows[positions[i]]`` to the row of pair ``indices[i]``, judged on its plain statistics ``figures[i]``."""
+        """Set ``rows[positions[i]]`` to the row of pair ``indices[i]``, judged on its plain statistics ``figures[i]``.
+
+        ``first_rows`` holds, by what makes rows alike, the first row made (None: one that cannot be shared).
+        """
         assert self.bound_table is not None
         errors = statistics_error_columns(
             np.array([golden for golden, _ in figures], dtype=np.float64).reshape(len(figures), 4),
@@ -462,7 +471,6 @@ class PairJudge:
             [self.bound_table.specs[0].name], errors[:, bound : bound + 1], names, classes
         )
         keyed = bool(self.overrides)
-        first_rows: dict[tuple[object, ...], ComparisonRow | None] = {}
         for index, position, pair, name, judged_class, code, row_errors in zip(
             indices,
             positions,
@@ -503,6 +511,8 @@ class PairJudge:
 _sentinel_limit = functools.cache(sentinel_limit_in_run)
 #: Where a statistics row's L2-norm bound is among its :data:`STAT_COLUMNS`.
 _BOUND_COLUMN = STAT_COLUMNS.index(DECIDING_STAT)
+#: Pairs :meth:`PairJudge.unmeasured_rows` judges on plain statistics together: enough to spread numpy's cost per call.
+PLAIN_BLOCK = 8192
 #: A key of :meth:`PairJudge._plain_statistics_rows` whose first row is not made yet.
 _UNSEEN: object = object()
 
