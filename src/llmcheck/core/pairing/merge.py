@@ -283,7 +283,13 @@ def write_pairs_json(path: Path, pairing: Pairing, golden: Dump, my: Dump) -> No
     part of a golden tensor one rank holds) is marked ``"derived": true``: fed back with
     ``--mapping`` it is left to the rule that built it, since its keys alone name another pair.
     """
-    loaded = {id(record) for record in golden.records} | {id(record) for record in my.records}
+    derived = [False] * len(pairing.pairs)
+    for dump, side in ((golden, attrgetter("golden")), (my, attrgetter("my"))):
+        loaded = {id(record) for record in dump.records}  # one side's at a time: a set of ids is 100 bytes a record
+        for number, record in enumerate(map(side, pairing.pairs)):
+            if id(record) not in loaded:
+                derived[number] = True
+        del loaded
     document = {
         "format": PAIRS_FORMAT,
         "format_version": PAIRS_FORMAT_VERSION,
@@ -292,9 +298,7 @@ def write_pairs_json(path: Path, pairing: Pairing, golden: Dump, my: Dump) -> No
         "how_to_edit": "fix or add pairs, then rerun: llmcheck compare ... --mapping pairs.json",
     }
     entries: dict[str, Iterator[str]] = {
-        "pairs": (
-            _pair_json_text(pair, not (id(pair.golden) in loaded and id(pair.my) in loaded)) for pair in pairing.pairs
-        ),
+        "pairs": map(_pair_json_text, pairing.pairs, derived),
         "unmatched_golden": map(_unmatched_json_text, pairing.unmatched_golden),
         "unmatched_my": map(_unmatched_json_text, pairing.unmatched_my),
     }
