@@ -15,8 +15,8 @@ device such as ``/dev/zero``, endless; a socket; a folder), a link that loops or
 a name the system finds too long, and a metadata file (JSON, CSV, text, read whole) larger
 than :data:`METADATA_LIMIT_BYTES`. Every reader opens a dump's file through
 :func:`inside_dump` (a path handed on to a loader that maps or seeks) or
-:func:`read_dump_file` (the bytes, read whole); :func:`parse_dump_json` turns those bytes
-into JSON with the same one-line errors.
+:func:`read_dump_file` (the bytes, read whole) or :func:`dump_file_lines` (a line at a
+time); :func:`parse_dump_json` turns those bytes into JSON with the same one-line errors.
 
 Folders are walked without following folder links (:func:`walk_files`), so a link cycle
 can never make a walk endless. Every source plugin calls these functions; none has its own
@@ -35,7 +35,7 @@ import os
 import stat
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from llmcheck.core.errors import DumpFormatError, DumpNotFoundError, PathOutsideDumpError
 
@@ -138,24 +138,14 @@ def read_dump_file(path: Path, root: Path | None, *, limit_bytes: int | None = M
     The file is opened without waiting (``O_NONBLOCK``) and checked again once open, so a
     file swapped for a FIFO after the check still cannot block the read.
     """
-    path = inside_dump(path, root, limit_bytes=limit_bytes)
-    try:
-        descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
-    except FileNotFoundError:
-        raise
-    except OSError as exc:
-        raise unresolvable_path(exc, path) from None
-    with os.fdopen(descriptor, "rb") as handle:
-        status = os.fstat(descriptor)
-        refused = _not_regular(status.st_mode, path) or _too_large(status.st_size, limit_bytes, path)
-        if refused is not None:
-            raise refused
+    path, handle, size = _open_checked(path, root, limit_bytes)
+    with handle:
         try:
             if limit_bytes is None:
                 content = handle.read()
             else:  # the size it has, not the limit: a read of limit + 1 bytes allocates that much first
-                content = handle.read(min(status.st_size, limit_bytes) + 1)
-                if len(content) > status.st_size:  # grown since the check: read on, up to the limit
+                content = handle.read(min(size, limit_bytes) + 1)
+                if len(content) > size:  # grown since the check: read on, up to the limit
                     content += handle.read(limit_bytes + 1 - len(content))
         except OSError as exc:
             raise DumpFormatError(f"cannot be read: {exc.strerror}", where=path) from None
@@ -163,6 +153,40 @@ def read_dump_file(path: Path, root: Path | None, *, limit_bytes: int | None = M
     if refused is not None:
         raise refused
     return content
+
+
+def dump_file_lines(path: Path, root: Path | None) -> Iterator[bytes]:
+    """Yield the lines of a dump's file (each ending in LF, but a last partial one), checked as :func:`read_dump_file` checks it.
+
+    For a file that grows with the dump, read a line at a time rather than whole: the index
+    of a ten-million-record dump is gigabytes, which loading it must not hold besides its
+    records. The file is opened (and a missing one raises ``FileNotFoundError``) on the first
+    ``next``; a read that fails is a :class:`DumpFormatError` naming the file.
+    """
+    path, handle, _ = _open_checked(path, root, None)
+    with handle:
+        try:
+            yield from handle
+        except OSError as exc:
+            raise DumpFormatError(f"cannot be read: {exc.strerror}", where=path) from None
+
+
+def _open_checked(path: Path, root: Path | None, limit_bytes: int | None) -> tuple[Path, BinaryIO, int]:
+    """Return a dump's file checked by :func:`inside_dump`, opened without waiting and checked again, with its size then."""
+    path = inside_dump(path, root, limit_bytes=limit_bytes)
+    try:
+        descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        raise unresolvable_path(exc, path) from None
+    handle = os.fdopen(descriptor, "rb")
+    status = os.fstat(descriptor)
+    refused = _not_regular(status.st_mode, path) or _too_large(status.st_size, limit_bytes, path)
+    if refused is not None:
+        handle.close()
+        raise refused
+    return path, handle, status.st_size
 
 
 def parse_dump_json(content: bytes | str, where: Path | str, what: str = "") -> Any:

@@ -17,7 +17,6 @@ returns every record flushed before a kill and reports the cut instead of failin
 from __future__ import annotations
 
 import contextlib
-import io
 import itertools
 import json
 import logging
@@ -25,7 +24,7 @@ import os
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from math import prod
 from operator import attrgetter
@@ -37,7 +36,13 @@ import msgspec
 
 from llmcheck.core.dtypes import DTYPE_ITEMSIZE
 from llmcheck.core.dumps.atomic_files import TEMPORARY_SUFFIX, atomic_write_text, remove_quietly, write_failed
-from llmcheck.core.dumps.dump_paths import METADATA_LIMIT_BYTES, inside_dump, plain_file_names, read_dump_file
+from llmcheck.core.dumps.dump_paths import (
+    METADATA_LIMIT_BYTES,
+    dump_file_lines,
+    inside_dump,
+    plain_file_names,
+    read_dump_file,
+)
 from llmcheck.core.dumps.dump_schema import (
     IndexLine,
     ManifestJson,
@@ -859,9 +864,7 @@ def read_dump(path: Path) -> Dump:
         )
     index_path = _dump_file(root, INDEX_NAME, plain_names)
     cuts: list[str] = []
-    # the index grows with the records (10**5 lines and more): no size limit, only the file rules
-    raw = _read_bytes(index_path, root, DumpFormatError("index.jsonl is missing", where=index_path), None)
-    records = _index_records(root, raw, str(index_path), cuts, plain_names)
+    records = _index_records(root, _index_lines(index_path, root), str(index_path), cuts, plain_names)
     expected_records = declared.records
     if isinstance(expected_records, int) and len(records) < expected_records and not cuts:
         cuts.append(
@@ -948,8 +951,26 @@ def _dump_file(root: Path, name: str, plain_names: frozenset[str]) -> Path:
     return path if name in plain_names else inside_dump(path, root)
 
 
+def _index_lines(index_path: Path, root: Path) -> Iterator[bytes]:
+    """Return the index's lines, read as they are asked for, a line a lone CR ends split off as :meth:`bytes.splitlines` does.
+
+    The index grows with the records (10**7 lines are gigabytes): no size limit, only the
+    file rules, and never held whole. A missing index is the one-line error that says so.
+    """
+    lines = dump_file_lines(index_path, root)
+    try:
+        first = next(lines, None)
+    except FileNotFoundError:
+        raise DumpFormatError("index.jsonl is missing", where=index_path) from None
+    for line in itertools.chain(() if first is None else (first,), lines):
+        if b"\r" in line:  # a line ends at LF; a blank line a lone CR ends is passed over as a blank
+            yield from line.splitlines(keepends=True)
+        else:
+            yield line
+
+
 def _index_records(
-    root: Path, raw: bytes, index_where: str, cuts: list[str], plain_names: frozenset[str]
+    root: Path, lines: Iterable[bytes], index_where: str, cuts: list[str], plain_names: frozenset[str]
 ) -> list[TensorRecord]:
     """Return the records of an index's complete lines in execution order; a partial last line is noted in ``cuts``.
 
@@ -970,9 +991,6 @@ def _index_records(
     root_name = root.name
     records: list[TensorRecord] = []
     blank_lines: list[int] = []  # their numbers, for the line numbers of a repeated key's error
-    # One line at a time from a stream, each freed once read, keeps what is decoded in the
-    # cache; a stream ends lines at LF only, and a lone CR ends one too (bytes.splitlines).
-    lines: Iterable[bytes] = io.BytesIO(raw) if b"\r" not in raw else raw.splitlines(keepends=True)
     offset = 0  # where the line starts, named in its error
     # Values most lines repeat, held once: a shape (a tuple and its ints, 90 bytes), a step past
     # Python's small ints (28), a statistics-only record's source path (its name per step, 130).
