@@ -229,6 +229,9 @@ class _Judge:
         self.twin_suspects: dict[int, list[int]] = {}  # step -> positions of rows suspected against the twin, in order
         # (step, parameter) -> the row that named it: each step the wrong weights enter the computation anew
         self.weights_named: dict[tuple[int, str], ComparisonRow] = {}
+        #: the rows' labels as feeders (made when a row first feeds another) and the sibling growth ranges rows hold
+        self.labels: list[str | None] = [None] * len(self.ordered)
+        self.growth_ranges: dict[tuple[float, float], tuple[float, float]] = {}
 
     def _sibling_groups(self, cutoff: Mapping[int, int], steps: Set[int] | None) -> list[SiblingGroup | None]:
         """Return, by position, the row's sibling group (None without siblings); its member number there is :attr:`member_at`.
@@ -338,7 +341,7 @@ class _Judge:
             if twin is not None
             else (baseline.expected(feeder_error) if baseline is not None and feeder_error is not None else None)
         )
-        fed_by = tuple([_label_text(self.ordered[feeder].golden) for feeder in feeding.positions])
+        fed_by = tuple([self._feeder_label(feeder) for feeder in feeding.positions])
         if feeding.unmatched:
             fed_by += tuple(_label_text(record) + MY_ONLY_SUFFIX for record in feeding.unmatched)
         # most rows add no result: they share the measured ones rather than hold a copy each
@@ -470,7 +473,7 @@ class _Judge:
             structure=place.structure if place is not None else "",
             layer_index=place.index if place is not None else None,
             sibling_growth=(
-                (baseline.growth_low, baseline.growth_high)
+                self._growth_range(baseline.growth_low, baseline.growth_high)
                 if baseline is not None and math.isfinite(baseline.growth_low)
                 else None
             ),
@@ -479,6 +482,22 @@ class _Judge:
             expected_error=expected,
             evidence=evidence,
         )
+
+    def _feeder_label(self, position: int) -> str:
+        """Return the label of the golden record at ``position``, one string however many rows it feeds."""
+        label = self.labels[position]
+        if label is None:
+            label = self.labels[position] = _label_text(self.ordered[position].golden)
+        return label
+
+    def _growth_range(self, low: float, high: float) -> tuple[float, float]:
+        """Return ``(low, high)``, the tuple an earlier row of this step holds if one holds the same.
+
+        Left out of a sibling group, a member sees the group's lowest and highest growth unless
+        it is one of them: most of a group's rows hold one range, which one tuple serves.
+        """
+        growth_range = (low, high)
+        return self.growth_ranges.setdefault(growth_range, growth_range)
 
     def _attribution(
         self,
