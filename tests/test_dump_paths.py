@@ -19,6 +19,7 @@ import pytest
 import torch
 
 import llmcheck
+from llmcheck.core.dumps.dump_paths import dump_file_lines
 from llmcheck.core.errors import DumpFormatError, DumpNotFoundError, PathOutsideDumpError
 from llmcheck.core.plugins import get_plugins
 
@@ -359,3 +360,32 @@ def test_a_run_folder_that_is_a_link_is_never_entered_by_any_source_and_the_erro
         f"(to {elsewhere})"
     )
     assert caught.value.hint == "pass the folder a link leads to, or copy it in"
+
+
+def test_an_index_read_a_line_at_a_time_keeps_the_rules_of_a_file_read_whole(
+    tmp_path: Path, make_llmcheck_dump
+) -> None:
+    # the index is streamed (a ten-million-record index is 4 GB), yet missing, linked out or cut short it says so
+    dump = make_llmcheck_dump(tmp_path / "dump", {"a": torch.ones(4), "b": torch.zeros(2)})
+    index = dump / "index.jsonl"
+    lines = index.read_bytes().splitlines(keepends=True)
+    assert [line.rstrip(b"\n") for line in dump_file_lines(index, dump)] == [line.rstrip(b"\n") for line in lines]
+
+    outside = tmp_path / "elsewhere.jsonl"
+    shutil.move(index, outside)
+    index.symlink_to(outside)
+    with pytest.raises(PathOutsideDumpError) as linked:
+        get_plugins().load_tensors(dump)
+    assert linked.value.one_line().startswith(f"{index}: leads outside the dump")
+
+    index.unlink()
+    with pytest.raises(DumpFormatError) as missing:
+        get_plugins().load_tensors(dump)
+    assert missing.value.one_line().startswith(f"{index}: index.jsonl is missing")
+
+    index.write_bytes(
+        lines[0] + lines[1][:-5]
+    )  # the second line cut short: the first record is read, and the cut named
+    cut = get_plugins().load_tensors(dump)
+    assert [record.key.name for record in cut.records] == ["a"]
+    assert cut.cut is not None and f"index.jsonl ends in a partial line at byte {len(lines[0])}" in cut.cut

@@ -18,7 +18,7 @@ What is here, by the question a plugin author asks:
   and the module-tree naming convention (:data:`ROOT_MODULE`, :func:`module_parent`, ...).
 * **How do I fail?** The typed errors; the CLI prints them as one line.
 * **How do I read a dump's files safely?** :func:`inside_dump`, :func:`read_dump_file`,
-  :func:`parse_dump_json`, :func:`walk_files`, :func:`is_real_folder` (one rule: regular
+  :func:`dump_file_lines`, :func:`parse_dump_json`, :func:`walk_files`, :func:`is_real_folder` (one rule: regular
   files inside the dump, metadata files bounded), :func:`read_npy_header`, and the tensor
   I/O helpers (:func:`tensor_from_byte_range`, ...; they import torch on first use).
 * **Which records make one op call?** :class:`OpCall`, :func:`group_op_calls`.
@@ -51,6 +51,7 @@ from llmcheck.core.dtypes import DTYPE_ITEMSIZE, FLOAT_DTYPES, dtype_class, is_f
 from llmcheck.core.dumps.atomic_files import atomic_output, atomic_write_text, atomic_write_with, write_failed
 from llmcheck.core.dumps.dump_paths import (
     METADATA_LIMIT_BYTES,
+    dump_file_lines,
     folder_link_reason,
     inside_dump,
     is_real_folder,
@@ -281,6 +282,7 @@ __all__ = [  # noqa: RUF022 -- grouped by the question a plugin author asks, not
     # reading a dump's files
     "inside_dump",
     "read_dump_file",
+    "dump_file_lines",
     "parse_dump_json",
     "METADATA_LIMIT_BYTES",
     "walk_files",
