@@ -67,6 +67,25 @@ Report writing adds at most ~270 bytes a pair (``pairs.json``), never the peak. 
 is one Python object (or three) per record and per row: the target of <= 400 bytes a pair
 needs the records and rows as columns (issue #31's "rows as columns").
 
+The same trace on the 200 000-record dumps, by phase (bytes a pair held when the phase ends,
+and the most held while it ran, over the command's fixed ~22 MB), ed00b9e against the evening
+of 2026-11-28, when judging went a step at a time, statistics rows a block at a time, the
+index a line at a time and ``pairs.json``'s derived sides one dump at a time:
+
+=====================================  ===========  ===========
+phase: held after (peak during)        ed00b9e      evening
+=====================================  ===========  ===========
+loading both dumps                      875 (1330)   875 (935)
+pairing                                 980 (1190)   975 (1190)
+measuring: the rows as measured        1520 (2195)  1430 (1545)
+judging: the rows as judged            1765 (2540)  1705 (1750)
+writing the reports                    1765 (2040)  1705 (1800)
+=====================================  ===========  ===========
+
+The peak moves from judging (its feeder look-ups, sibling lines and both passes' rows, held for
+every step at once) to writing ``pairs.json``, 1 800 bytes a pair: what is held then is the
+records, the pairs and the judged rows themselves.
+
 Targets on a 2-core machine (issue #17): >= 20 000 pairs/s in the small mode, >= 2.5 GB/s in
 the large mode's compare phase, peak PSS <= 2 x largest tensor + 300 MB. The
 best-known peer compared the same kind of dumps at about 0.12 GB/s.
