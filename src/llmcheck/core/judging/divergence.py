@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Hashable, Mapping, Sequence, Set
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -175,6 +175,20 @@ def _label_text(record: TensorRecord) -> str:
     return record.key.label()
 
 
+@dataclass
+class AcrossSteps:
+    """What the judges of a compare's steps share, made once: parent links, my-only producers, name templates.
+
+    A step's records may be enclosed by a module whose parent link an earlier step's record
+    gives; a my-only producer is found by the identity of the tensor it made; and every step
+    of a decode dump repeats the same names, whose candidate templates are found once.
+    """
+
+    links: ParentLinks
+    unmatched: Mapping[tuple[Hashable, ...], TensorRecord]
+    templates: dict[str, list[tuple[str, int]]] = field(default_factory=dict)
+
+
 class _Judge:
     """Walks the rows in golden order once, judging each against its feeders, siblings and twin.
 
@@ -190,8 +204,7 @@ class _Judge:
         rows: Sequence[ComparisonRow],
         measure: ErrorMeasure,
         twin: NoiseTwin | None,
-        links: ParentLinks,
-        unmatched: Mapping[tuple[Hashable, ...], TensorRecord],
+        shared: AcrossSteps,
         same_program: bool = False,
         weights: Mapping[int, WeightFinding] | None = None,
     ) -> None:
@@ -207,12 +220,14 @@ class _Judge:
         self.steps = [row.golden.key.step for row in self.ordered]
         # what each row holds, by its position in golden order
         self.error_at = [measure.of(row) for row in self.ordered]
-        self.feeders = FeederIndex(self.ordered, links, unmatched)
+        self.feeders = FeederIndex(self.ordered, shared.links, shared.unmatched)
         self.feeding = [self.feeders.feeding(row) for row in self.ordered]
         # each row's slot by a number (equal slots, equal numbers): hashed once here, not in every lookup after
         numbers: dict[Hashable, int] = {}
         slots = [numbers.setdefault(_slot(row), len(numbers)) for row in self.ordered]
-        self.places = structure_keys([(row.golden.key.name, slot) for row, slot in zip(self.ordered, slots)])
+        self.places = structure_keys(
+            [(row.golden.key.name, slot) for row, slot in zip(self.ordered, slots)], shared.templates
+        )
         self.feeder_errors = [self._received_error(row, feeding) for row, feeding in zip(self.ordered, self.feeding)]
         self.feeders.release_lookups()  # every row's feeders and parts are known: only the parent links are read on
         # the sibling groups (positions, in golden order) and the step each lies in (its slot says it lies in one)
@@ -908,10 +923,11 @@ def attribute(
     """
     measure = measure or ErrorMeasure(metric="")
     windows = step_windows(rows)
-    links = ParentLinks(rows[given] for window in windows for given in window)
-    unmatched = unmatched_producers(unmatched_my)
+    shared = AcrossSteps(
+        ParentLinks(rows[given] for window in windows for given in window), unmatched_producers(unmatched_my)
+    )
     for window in windows:
-        judge = _Judge([rows[given] for given in window], measure, twin, links, unmatched, same_program, weights)
+        judge = _Judge([rows[given] for given in window], measure, twin, shared, same_program, weights)
         judged = _judged_with_cutoffs(judge)
         for position, given in enumerate(judge.given_at):
             rows[window[given]] = judged[position]

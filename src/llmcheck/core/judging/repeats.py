@@ -47,16 +47,20 @@ def _candidates(name: str) -> list[tuple[str, int]]:
     ]
 
 
-def structure_keys(names_and_kinds: Sequence[tuple[str, Hashable]]) -> list[Place | None]:
+def structure_keys(
+    names_and_kinds: Sequence[tuple[str, Hashable]], known: dict[str, list[tuple[str, int]]] | None = None
+) -> list[Place | None]:
     """Return the repeated place of each (record name, kind) -- ``None`` where the name repeats nowhere.
 
     ``kind`` is what siblings must share besides the template (the op type, shape and slot):
-    ``model.layers.{i}`` output and input are different places.
+    ``model.layers.{i}`` output and input are different places. ``known`` holds each name's
+    candidate templates, found once: a decode dump repeats each name once per step, and the
+    steps, judged one at a time, share it.
     """
     counts: dict[tuple[str, int], int] = {}
     seen: set[tuple[str, int]] = set()
     per_row = []
-    known: dict[str, list[tuple[str, int]]] = {}  # a decode dump repeats each name once per step
+    known = {} if known is None else known
     kind_numbers: dict[Hashable, int] = {}  # each kind hashed once per row, then known by its number
     for name, kind in names_and_kinds:
         candidates = known.get(name)
