@@ -905,7 +905,7 @@ def attribute(
     same_program: bool = False,
     weights: Mapping[int, WeightFinding] | None = None,
 ) -> list[ComparisonRow]:
-    """Judge the rows against their feeders, siblings and noise twin, with attribution set: each row is replaced in place by its judged copy; return the list.
+    """Judge the rows against their feeders, siblings and noise twin, each replaced in place by its judged copy; return the list.
 
     ``measure`` names the error measure (without one, rows keep their table verdicts and are
     only labelled); ``twin`` is what the noise twin says; ``unmatched_my`` are the my-run
