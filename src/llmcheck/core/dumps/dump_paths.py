@@ -156,14 +156,18 @@ def read_dump_file(path: Path, root: Path | None, *, limit_bytes: int | None = M
 
 
 def dump_file_lines(path: Path, root: Path | None) -> Iterator[bytes]:
-    """Yield the lines of a dump's file (each ending in LF, but a last partial one), checked as :func:`read_dump_file` checks it.
+    """Return the lines of a dump's file (each ending in LF, but a last partial one), checked as :func:`read_dump_file` checks it.
 
     For a file that grows with the dump, read a line at a time rather than whole: the index
     of a ten-million-record dump is gigabytes, which loading it must not hold besides its
-    records. The file is opened (and a missing one raises ``FileNotFoundError``) on the first
-    ``next``; a read that fails is a :class:`DumpFormatError` naming the file.
+    records. The file is opened now (a missing one raises ``FileNotFoundError``) and read as
+    the lines are asked for; a read that fails is a :class:`DumpFormatError` naming the file.
     """
     path, handle, _ = _open_checked(path, root, None)
+    return _lines_of(handle, path)
+
+
+def _lines_of(handle: BinaryIO, path: Path) -> Iterator[bytes]:
     with handle:
         try:
             yield from handle

@@ -957,12 +957,15 @@ def _index_lines(index_path: Path, root: Path) -> Iterator[bytes]:
     The index grows with the records (10**7 lines are gigabytes): no size limit, only the
     file rules, and never held whole. A missing index is the one-line error that says so.
     """
-    lines = dump_file_lines(index_path, root)
     try:
-        first = next(lines, None)
+        lines = dump_file_lines(index_path, root)
     except FileNotFoundError:
         raise DumpFormatError("index.jsonl is missing", where=index_path) from None
-    for line in itertools.chain(() if first is None else (first,), lines):
+    return _split_lone_returns(lines)
+
+
+def _split_lone_returns(lines: Iterable[bytes]) -> Iterator[bytes]:
+    for line in lines:
         if b"\r" in line:  # a line ends at LF; a blank line a lone CR ends is passed over as a blank
             yield from line.splitlines(keepends=True)
         else:

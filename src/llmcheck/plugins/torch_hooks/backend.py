@@ -296,24 +296,23 @@ class TorchCaptureBackend:
             return
         note = f"llmcheck dump: {stopped}, and its capturing process ended without closing it; steps 0-{last} are whole"
         lost = sorted(step for layout_rank, step in dump.batches if layout_rank == rank and step not in per_step)
-        try:
-            if lost:  # the kill came while a step's records were still on their way to the disk: that step is lost
-                note += f"; step {', '.join(map(str, lost))} was lost (its records were not written)"
-                kept = [layout.as_json() for (_, step), layout in sorted(dump.batches.items()) if step in per_step]
-                atomic_write_text(path / BATCHES_NAME, "".join(json.dumps(line) + "\n" for line in kept))
-            if unfinished:  # tensors of records no index line names: nothing a reader could reach
-                names = ", ".join(shard.name for shard in unfinished)
-                note += (
-                    f"; the unfinished shard {names} was removed"
-                    if len(unfinished) == 1
-                    else f"; the unfinished shards {names} were removed"
-                )
+        if lost:  # the kill came while a step's records were still on their way to the disk: that step is lost
+            note += f"; step {', '.join(map(str, lost))} was lost (its records were not written)"
+        if unfinished:  # tensors of records no index line names: nothing a reader could reach
+            try:
                 for shard in unfinished:
                     shard.unlink()
+            except OSError as exc:
+                log.warning("%s: cannot remove an unfinished shard (%s); read it as a cut dump", path, exc.strerror)
+                return
+            names = ", ".join(shard.name for shard in unfinished)
+            removed = "shard {} was removed" if len(unfinished) == 1 else "shards {} were removed"
+            note += "; the unfinished " + removed.format(names)
+        try:
+            if lost:
+                kept = [layout.as_json() for (_, step), layout in sorted(dump.batches.items()) if step in per_step]
+                atomic_write_text(path / BATCHES_NAME, "".join(json.dumps(line) + "\n" for line in kept))
             close_from_outside(path, len(dump.records), note)
-        except OSError as exc:
-            log.warning("%s: cannot remove an unfinished shard (%s); read it as a cut dump", path, exc.strerror)
-            return
         except LlmcheckError as exc:
             log.warning("%s; read it as a cut dump", exc.one_line())
             return
