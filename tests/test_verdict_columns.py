@@ -269,7 +269,7 @@ def test_statistics_only_rows_made_a_block_at_a_time_are_the_rows_made_one_by_on
     pairs = merge_pairs(golden, my, get_plugins().map_pairs(golden, my, None)).pairs
     problems = {index: "golden has no tensor data (a statistics-only dump)" for index in range(len(pairs))}
     indices = list(range(len(pairs)))
-    in_blocks = judge.unmeasured_rows(indices, pairs, problems)
+    in_blocks = list(judge.unmeasured_rows(indices, pairs, problems))
     one_by_one = [judge.row(index, pairs[index], problems[index], None) for index in indices]
     assert [repr(row) for row in in_blocks] == [repr(row) for row in one_by_one]  # repr: NaN equals NaN
     assert [type(row.metrics) for row in in_blocks] == [type(row.metrics) for row in one_by_one]

@@ -32,8 +32,10 @@ What is here, by the question a plugin author asks:
   for many small pairs at once :class:`PairBlock` (``results_of_block``) with :func:`row_dots`.
 * **How does a backend declare its ``dump`` flags?** :class:`BackendOption`, and
   :func:`seed_dump_options` for the original tool's flag set.
-* **How does a reporter render a compare?** :class:`Reporter` gets a :class:`CompareResult`;
-  the file names, :func:`describe`, :func:`json_safe`, :func:`write_pairs_json`, the depth
+* **How does a reporter render a compare?** :class:`Reporter` gets a :class:`CompareResult`,
+  whose rows are a :class:`RowTable` (columns; a row is made when read): :func:`row_field`,
+  :func:`iter_field`, :func:`rows_where`, :func:`rows_at` and :func:`in_golden_order` read
+  it without making every row at once. The file names, :func:`describe`, :func:`json_safe`, :func:`write_pairs_json`, the depth
   profile helpers and :func:`atomic_output` are what the built-in reports share.
 
 Names that need torch are imported on first access, so importing this module stays cheap.
@@ -93,6 +95,15 @@ from llmcheck.core.errors import (
 )
 from llmcheck.core.hookspecs import hookimpl
 from llmcheck.core.judging.carried_errors import carried_origins
+from llmcheck.core.judging.row_table import (
+    RowTable,
+    golden_order,
+    in_golden_order,
+    iter_field,
+    row_field,
+    rows_at,
+    rows_where,
+)
 from llmcheck.core.judging.weights import PARAMETER_ATTR, PARAMETER_DIGESTS_ATTR
 from llmcheck.core.op_calls import CallId, OpCall, group_op_calls, position_order
 from llmcheck.core.pairing.merge import write_pairs_json
@@ -333,6 +344,13 @@ __all__ = [  # noqa: RUF022 -- grouped by the question a plugin author asks, not
     # reporters: a compare's result and what its reports share
     "Reporter",
     "ComparisonRow",
+    "RowTable",
+    "row_field",
+    "iter_field",
+    "rows_at",
+    "rows_where",
+    "golden_order",
+    "in_golden_order",
     "VERDICT_PASS",
     "VERDICT_WARN",
     "VERDICT_FAIL",

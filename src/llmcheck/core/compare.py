@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 from llmcheck.core.errors import EXIT_FAILURE, EXIT_FAILURES_FOUND, EXIT_OK, UsageError
 from llmcheck.core.gc_pause import paused_cyclic_gc
@@ -26,6 +26,7 @@ from llmcheck.core.judging.divergence import (
 )
 from llmcheck.core.judging.noise_twin import read_noise_twin, twin_coverage
 from llmcheck.core.judging.result import CompareResult
+from llmcheck.core.judging.row_table import RowCollector
 from llmcheck.core.judging.rows import PairJudge
 from llmcheck.core.judging.stats_compare import DECIDING_STAT
 from llmcheck.core.judging.verdicts import (
@@ -35,7 +36,6 @@ from llmcheck.core.judging.weights import check_weights
 from llmcheck.core.measuring.pairing_jobs import PairExecutor, measure_pairing, pair_bytes
 from llmcheck.core.pairing.merge import merge_pairs
 from llmcheck.core.records import (
-    ComparisonRow,
     Dump,
     MetricSpec,
     TensorRecord,
@@ -119,14 +119,14 @@ def compare_dumps(
         twin, rows_with_twin = _noise_twin(
             golden, my, noise, measure, workers, [pair.golden for pair in pairing.pairs if pair.golden is not None]
         )
-    made: list[ComparisonRow | None] = [None] * len(pairing.pairs)
+    made = RowCollector(len(pairing.pairs))  # the rows as measured, held as columns
 
     def measured(index: int, measurement: Any) -> None:  # the row is made as the measurement arrives
-        made[index] = judge.row(index, pairing.pairs[index], None, measurement)
+        made.add(index, judge.row(index, pairing.pairs[index], None, measurement))
 
     def measured_columns(columns: MeasuredColumns) -> None:  # small pairs' rows, made a block at a time
         for index, row in zip(columns.index, judge.rows_of(columns, pairing.pairs)):
-            made[index] = row
+            made.add(index, row)
 
     problems, bytes_read = measure_pairing(
         pairing,
@@ -140,20 +140,21 @@ def compare_dumps(
         measured,
         measured_columns,
     )
-    unmeasured = [index for index, row in enumerate(made) if row is None]
+    unmeasured = made.missing()
     for index, row in zip(unmeasured, judge.unmeasured_rows(unmeasured, pairing.pairs, problems)):
-        made[index] = row
-    rows = cast(list[ComparisonRow], list(made))  # every pair has its row now
+        made.add(index, row)
+    rows = made.table()  # every pair has its row now
     if on_judging is not None:
         on_judging(len(rows))
-    made.clear()  # the rows live in one list, whose rows the judging replaces a step at a time
     del unmeasured, problems  # a statistics-only compare's reasons, one a pair: judging's peak is no place for them
-    attribute(rows, measure, twin, [item.record for item in pairing.unmatched_my], same_program, check_weights(rows))
+    weights = check_weights(rows)
+    judged = attribute(rows, measure, twin, [item.record for item in pairing.unmatched_my], same_program, weights)
+    del rows  # judged: the rows as measured are let go before the reports
     return CompareResult(
         golden=golden,
         my=my,
         pairing=pairing,
-        rows=rows,
+        rows=judged,
         metric_specs=specs,
         elapsed_s=time.perf_counter() - started,
         tensor_bytes_read=bytes_read,

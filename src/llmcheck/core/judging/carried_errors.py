@@ -15,7 +15,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from llmcheck.core.judging.divergence import ENCLOSES, INHERITED, INTRODUCED
-from llmcheck.core.records import ROOT_MODULE, VERDICT_FAIL, ComparisonRow, lies_inside
+from llmcheck.core.judging.row_table import golden_order, row_field, rows_at
+from llmcheck.core.records import ROOT_MODULE, VERDICT_FAIL, ComparisonRow, TensorRecord, lies_inside
 
 #: Attributions of a failing row that fails with another row's error rather than for a reason of its own.
 CARRYING = frozenset({INHERITED, ENCLOSES})
@@ -25,47 +26,55 @@ def carried_origins(rows: Sequence[ComparisonRow]) -> dict[int, ComparisonRow]:
     """Return, by row index, the row whose failure each carrying failing row carries on (rows carrying none are left out).
 
     The origin is itself a failing row that carries nothing: introduced, amplified, or
-    failing with no feeder to blame.
+    failing with no feeder to blame. The rows are followed by position through the fields
+    this needs, read as columns: only the origins found are made as rows.
     """
-    ordered = sorted(rows, key=lambda row: row.golden.order)
-    by_label = {row.golden.key.label(): row for row in ordered}
-    introduced_by_step: dict[int, list[ComparisonRow]] = {}
-    for row in ordered:
-        if row.verdict == VERDICT_FAIL and row.attribution == INTRODUCED:
-            introduced_by_step.setdefault(row.golden.key.step, []).append(row)
-    origins: dict[int, ComparisonRow | None] = {}
+    golden, verdicts = row_field(rows, "golden"), row_field(rows, "verdict")
+    attributions, fed_by, indexes = row_field(rows, "attribution"), row_field(rows, "fed_by"), row_field(rows, "index")
+    ordered = golden_order(rows)
+    by_label = {golden[position].key.label(): position for position in ordered}
+    introduced_by_step: dict[int, list[int]] = {}
+    for position in ordered:
+        if verdicts[position] == VERDICT_FAIL and attributions[position] == INTRODUCED:
+            introduced_by_step.setdefault(golden[position].key.step, []).append(position)
+    origins: dict[int, int | None] = {}
 
-    def origin(row: ComparisonRow, seen: frozenset[int]) -> ComparisonRow | None:
-        if row.index in origins:
-            return origins[row.index]
+    def origin(position: int, seen: frozenset[int]) -> int | None:
+        if indexes[position] in origins:
+            return origins[indexes[position]]
         found = None
-        for label in row.fed_by:
+        for label in fed_by[position]:
             feeder = by_label.get(label)
-            if feeder is None or feeder.verdict != VERDICT_FAIL or feeder.index in seen:
+            if feeder is None or verdicts[feeder] != VERDICT_FAIL or indexes[feeder] in seen:
                 continue
-            candidate = origin(feeder, seen | {feeder.index}) if feeder.attribution in CARRYING else feeder
+            candidate = origin(feeder, seen | {indexes[feeder]}) if attributions[feeder] in CARRYING else feeder
             if candidate is None:
                 continue
-            if found is None or (candidate.attribution == INTRODUCED and found.attribution != INTRODUCED):
+            if found is None or (attributions[candidate] == INTRODUCED and attributions[found] != INTRODUCED):
                 found = candidate  # of several failing feeders, an introduced origin names the defect
         if found is None:
-            found = _named_by_the_verdict(row, introduced_by_step.get(row.golden.key.step, []))
-        origins[row.index] = found
+            step_introduced = introduced_by_step.get(golden[position].key.step, [])
+            found = _named_by_the_verdict(position, step_introduced, golden, attributions)
+        origins[indexes[position]] = found
         return found
 
-    carried = {}
-    for row in ordered:
-        if row.verdict == VERDICT_FAIL and row.attribution in CARRYING:
-            found = origin(row, frozenset({row.index}))
+    carried: dict[int, int] = {}
+    for position in ordered:
+        if verdicts[position] == VERDICT_FAIL and attributions[position] in CARRYING:
+            found = origin(position, frozenset({indexes[position]}))
             if found is not None:
-                carried[row.index] = found
-    return carried
+                carried[indexes[position]] = found
+    distinct = sorted(set(carried.values()))
+    made = dict(zip(distinct, rows_at(rows, distinct)))
+    return {index: made[position] for index, position in carried.items()}
 
 
-def _named_by_the_verdict(row: ComparisonRow, introduced: Sequence[ComparisonRow]) -> ComparisonRow | None:
+def _named_by_the_verdict(
+    position: int, introduced: Sequence[int], golden: Sequence[TensorRecord], attributions: Sequence[str]
+) -> int | None:
     """Return the introduced row the verdict blames when the feeders name none: the one inside, else the first before."""
-    name = row.golden.key.name
-    if row.attribution == ENCLOSES:
-        inside = (inner for inner in introduced if name == ROOT_MODULE or lies_inside(inner.golden.key.name, name))
+    name = golden[position].key.name
+    if attributions[position] == ENCLOSES:
+        inside = (inner for inner in introduced if name == ROOT_MODULE or lies_inside(golden[inner].key.name, name))
         return next(inside, None)
-    return next((earlier for earlier in introduced if earlier.golden.order < row.golden.order), None)
+    return next((earlier for earlier in introduced if golden[earlier].order < golden[position].order), None)

@@ -50,6 +50,7 @@ import numpy as np
 from llmcheck.core.dtypes import is_float_dtype
 from llmcheck.core.judging.feeders import FeederIndex, Feeding, ParentLinks, unmatched_producers
 from llmcheck.core.judging.repeats import Baseline, SiblingGroup, SiblingLines, sibling_groups, structure_keys
+from llmcheck.core.judging.row_table import RowTable, first_in_golden_order, row_field, rows_at, rows_where
 from llmcheck.core.judging.suspects import INHERITED_FROM_UNMATCHED, MY_ONLY_SUFFIX
 from llmcheck.core.judging.verdicts import NONFINITE_METRIC
 from llmcheck.core.judging.weights import WeightFinding
@@ -433,7 +434,7 @@ class _Judge:
                         f"carries the error of {self.ordered[failing_feeders[0]].golden.key.label()} "
                         f"({carried:.3g} there, {error:.3g} here)"
                     )
-        weight = self.weights.get(id(row))
+        weight = self.weights.get(row.index)
         if weight is not None:  # a leaf: whatever fed the op, these values were loaded wrong
             verdict, deciding, evidence = VERDICT_FAIL, WEIGHTS_METRIC, weight.evidence
             metrics = {**metrics, WEIGHTS_METRIC: MetricResult(WEIGHTS_METRIC, weight.count, VERDICT_FAIL, None, 0.0)}
@@ -898,40 +899,43 @@ def twin_mode(against_twin: Sequence[ComparisonRow]) -> tuple[str, int]:
 
 
 def attribute(
-    rows: list[ComparisonRow],
+    rows: Sequence[ComparisonRow],
     measure: ErrorMeasure | None = None,
     twin: NoiseTwin | None = None,
     unmatched_my: Sequence[TensorRecord] = (),
     same_program: bool = False,
     weights: Mapping[int, WeightFinding] | None = None,
-) -> list[ComparisonRow]:
-    """Judge the rows against their feeders, siblings and noise twin, each replaced in place by its judged copy; return the list.
+) -> RowTable:
+    """Judge the rows against their feeders, siblings and noise twin; return the judged rows, in the same order, as a table.
 
     ``measure`` names the error measure (without one, rows keep their table verdicts and are
     only labelled); ``twin`` is what the noise twin says; ``unmatched_my`` are the my-run
     records no pair holds (possible producers of a row's input). ``same_program`` says the
     two runs are one program at one precision on one machine (the my-run against its noise
     twin): there any difference behind bit-exact inputs is introduced, however small. ``weights``
-    maps ``id(row)`` to what :func:`llmcheck.core.judging.weights.check_weights` found: parameters that
+    maps a row's ``index`` to what :func:`llmcheck.core.judging.weights.check_weights` found: parameters that
     differ from the golden beyond rounding fail as introduced.
 
     A row is judged by the rows of its step alone (its feeders and siblings lie there), so where
     each step's rows lie together in golden order -- a decode dump's, a step after another --
     the steps are judged one at a time (:func:`step_windows`): what judging holds besides the
     rows (feeder look-ups, sibling lines, the walk's state: more than the rows themselves) is
-    one step's, and a step's rows as measured are let go as its judged rows replace them.
+    one step's: its rows as measured are made (``rows`` may be a
+    :class:`~llmcheck.core.judging.row_table.RowTable`, whose rows are made when read), judged, and
+    held as columns in the table returned.
     """
     measure = measure or ErrorMeasure(metric="")
     windows = step_windows(rows)
+    golden = row_field(rows, "golden")
     shared = AcrossSteps(
-        ParentLinks(rows[given] for window in windows for given in window), unmatched_producers(unmatched_my)
+        ParentLinks(golden[given] for window in windows for given in window), unmatched_producers(unmatched_my)
     )
+    del golden
+    table = RowTable(len(rows))
     for window in windows:
-        judge = _Judge([rows[given] for given in window], measure, twin, shared, same_program, weights)
-        judged = _judged_with_cutoffs(judge)
-        for position, given in enumerate(judge.given_at):
-            rows[window[given]] = judged[position]
-    return rows
+        judge = _Judge(rows_at(rows, window), measure, twin, shared, same_program, weights)
+        table.put([window[given] for given in judge.given_at], _judged_with_cutoffs(judge))
+    return table
 
 
 def step_windows(rows: Sequence[ComparisonRow]) -> list[list[int]]:
@@ -941,9 +945,10 @@ def step_windows(rows: Sequence[ComparisonRow]) -> list[list[int]]:
     nearest earlier record of a row's step may lie behind another step's: all the rows are
     then one window, judged together as they always could be.
     """
-    orders = np.fromiter((row.golden.order for row in rows), dtype=np.int64, count=len(rows))
+    golden = row_field(rows, "golden")
+    orders = np.fromiter((record.order for record in golden), dtype=np.int64, count=len(rows))
     golden_order = np.argsort(orders, kind="stable")  # as sorted() orders them, equal orders kept in turn
-    steps = np.fromiter((rows[given].golden.key.step for given in golden_order), dtype=np.int64, count=len(rows))
+    steps = np.fromiter((golden[given].key.step for given in golden_order), dtype=np.int64, count=len(rows))
     starts = (np.flatnonzero(steps[1:] != steps[:-1]) + 1).tolist()
     if len(starts) + 1 != len(np.unique(steps)):  # a step in two runs or more
         return [golden_order.tolist()] if len(rows) else []
@@ -982,12 +987,12 @@ def _first_introduced_positions(steps: Sequence[int], judged: Sequence[Compariso
 
 def first_divergence(rows: Sequence[ComparisonRow]) -> ComparisonRow | None:
     """Return the first failing row in golden execution order, or None when nothing fails."""
-    return min((row for row in rows if row.verdict == VERDICT_FAIL), key=lambda row: row.golden.order, default=None)
+    return first_in_golden_order(rows, "verdict", VERDICT_FAIL)
 
 
 def first_introduced(rows: Sequence[ComparisonRow]) -> ComparisonRow | None:
     """Return the first row whose error is introduced here (the deepest such module), or None."""
-    return min((row for row in rows if row.attribution == INTRODUCED), key=lambda row: row.golden.order, default=None)
+    return first_in_golden_order(rows, "attribution", INTRODUCED)
 
 
 def code_owner(rows: Sequence[ComparisonRow], row: ComparisonRow) -> ComparisonRow | None:
@@ -1003,18 +1008,12 @@ def code_owner(rows: Sequence[ComparisonRow], row: ComparisonRow) -> ComparisonR
     if row.golden.key.io != IO_INPUT or not parent:
         return None
     step, order = row.golden.key.step, row.golden.order
-    return min(
-        (
-            candidate
-            for candidate in rows
-            if candidate.golden.key.name == parent
-            and candidate.golden.key.io == IO_OUTPUT
-            and candidate.golden.key.step == step
-            and candidate.golden.order > order
-        ),
-        key=lambda candidate: candidate.golden.order,
-        default=None,
-    )
+
+    def made_there(golden: TensorRecord) -> bool:
+        key = golden.key
+        return key.name == parent and key.io == IO_OUTPUT and key.step == step and golden.order > order
+
+    return min(rows_where(rows, "golden", made_there), key=lambda candidate: candidate.golden.order, default=None)
 
 
 def _rounded(value: float | None) -> float | None:

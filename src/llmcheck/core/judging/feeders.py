@@ -95,12 +95,13 @@ class ParentLinks:
     asks whether the same names lie inside the same modules every step.
     """
 
-    def __init__(self, ordered_rows: Iterable[ComparisonRow]) -> None:
+    def __init__(self, ordered_golden: Iterable[TensorRecord]) -> None:
+        """``ordered_golden``: the golden records of the rows, in golden order."""
         #: name -> parent, from the name's first record with one, in golden order
         self.parents: dict[str, str] = {}
-        for row in ordered_rows:
-            if row.golden.parent:
-                self.parents.setdefault(row.golden.key.name, row.golden.parent)
+        for record in ordered_golden:
+            if record.parent:
+                self.parents.setdefault(record.key.name, record.parent)
         self._inside: dict[tuple[str, str], bool] = {}
 
     def inside(self, name: str, module: str) -> bool:

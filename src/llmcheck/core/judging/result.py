@@ -7,6 +7,7 @@ result that lived with the orchestrator tied every report to it (and it back to 
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,6 +20,7 @@ from llmcheck.core.judging.divergence import (
     first_divergence,
     first_introduced,
 )
+from llmcheck.core.judging.row_table import row_field, rows_where
 from llmcheck.core.judging.suspects import Suspects, find_suspects
 from llmcheck.core.judging.verdicts import (
     ThresholdOverride,
@@ -46,7 +48,7 @@ class CompareResult:
     golden: Dump
     my: Dump
     pairing: Pairing
-    rows: list[ComparisonRow]
+    rows: Sequence[ComparisonRow]  # a RowTable as a compare makes it: each row made when read
     metric_specs: list[MetricSpec]
     elapsed_s: float
     tensor_bytes_read: int
@@ -65,7 +67,7 @@ class CompareResult:
         declared legitimately unmatched, ``unexpected`` ones nothing explains (unexpected
         golden records fail a compare unless ``--allow-unmatched``).
         """
-        verdicts = [row.verdict for row in self.rows]
+        verdicts = row_field(self.rows, "verdict")
         pairing = self.pairing
         expected_golden = sum(item.expected for item in pairing.unmatched_golden)
         expected_my = sum(item.expected for item in pairing.unmatched_my)
@@ -84,14 +86,14 @@ class CompareResult:
             "unmatched_my_unexpected": len(pairing.unmatched_my) - expected_my,
         }
 
-    @property
+    @functools.cached_property
     def first_divergence(self) -> ComparisonRow | None:
-        """Return the first failing row in execution order."""
+        """Return the first failing row in execution order (found once: each reader asks for it)."""
         return first_divergence(self.rows)
 
-    @property
+    @functools.cached_property
     def first_introduced(self) -> ComparisonRow | None:
-        """Return the first row whose error is introduced there (the deepest such module)."""
+        """Return the first row whose error is introduced there (the deepest such module; found once)."""
         return first_introduced(self.rows)
 
     @property
@@ -142,7 +144,7 @@ class CompareResult:
 
     def summary(self) -> dict[str, Any]:
         """Return the content of summary.json."""
-        introduced = [row for row in self.rows if row.attribution == INTRODUCED]
+        introduced = rows_where(self.rows, "attribution", INTRODUCED.__eq__)
         throughput = self.tensor_bytes_read / self.elapsed_s / 1e9 if self.elapsed_s > 0 else None
         return {
             "format": SUMMARY_FORMAT,
@@ -193,7 +195,7 @@ class CompareResult:
                     "seen_at": seen_at.key.label() if (seen_at := self.culprit_seen_at) is not None else None,
                 }
             ),
-            "noise_suspects": [describe_row(row) for row in self.rows if row.attribution == SUSPECT][:50],
+            "noise_suspects": [describe_row(row) for row in rows_where(self.rows, "attribution", SUSPECT.__eq__)][:50],
             "introduced": [describe_row(row) for row in introduced[:50]],
             "metrics": [spec.name for spec in self.metric_specs],
             "thresholds": {

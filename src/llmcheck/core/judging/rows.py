@@ -12,7 +12,7 @@ import functools
 import logging
 import math
 from array import array
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from sys import intern as intern_text
 from typing import TYPE_CHECKING, Any, cast
@@ -383,8 +383,8 @@ class PairJudge:
 
     def unmeasured_rows(
         self, indices: Sequence[int], pairs: Sequence[Pair], problems: Mapping[int, str]
-    ) -> list[ComparisonRow]:
-        """Return the row of each pair ``indices`` names that was not measured (``problems`` says why), in that order.
+    ) -> Iterator[ComparisonRow]:
+        """Yield the row of each pair ``indices`` names that was not measured (``problems`` says why), in that order.
 
         :meth:`row` of each, the statistics-only pairs with plain statistics
         (:meth:`_plain_statistics`) made a block at a time: their errors are computed and
@@ -393,15 +393,17 @@ class PairJudge:
         the first, which :meth:`row` makes. A statistics-only dump's 10**5 pairs spent most
         of their judging making each row's results, reason and verdict anew. A block is
         :data:`PLAIN_BLOCK` pairs: its figures and their columns, as Python floats, cost more
-        than the rows they make (800 bytes a pair), so they are held for one block at a time.
+        than the rows they make (800 bytes a pair), so they are held for one block at a time;
+        and the rows are yielded a block at a time, for the caller to hold as it will (a compare
+        holds them as columns: :class:`~llmcheck.core.judging.row_table.RowTable`).
         """
-        rows: list[ComparisonRow | None] = [None] * len(indices)
         first_rows: dict[tuple[object, ...], ComparisonRow | None] = {}  # shared by every block
         for start in range(0, len(indices), PLAIN_BLOCK):
-            plain: list[int] = []  # positions in indices
+            block = indices[start : start + PLAIN_BLOCK]
+            rows: list[ComparisonRow | None] = [None] * len(block)
+            plain: list[int] = []  # positions in block
             plain_figures: list[tuple[tuple[float, ...], tuple[float, ...]]] = []
-            for position in range(start, min(start + PLAIN_BLOCK, len(indices))):
-                index = indices[position]
+            for position, index in enumerate(block):
                 pair, problem = pairs[index], problems.get(index)
                 figures = self._plain_statistics(pair) if problem is not None else None
                 if figures is None:
@@ -411,9 +413,9 @@ class PairJudge:
                     plain_figures.append(figures)
             if plain:
                 self._plain_statistics_rows(
-                    [indices[position] for position in plain], pairs, problems, plain_figures, rows, plain, first_rows
+                    [block[position] for position in plain], pairs, problems, plain_figures, rows, plain, first_rows
                 )
-        return rows  # type: ignore[return-value]  # every position is set
+            yield from cast("list[ComparisonRow]", rows)  # every position is set
 
     def _plain_statistics(self, pair: Pair) -> tuple[tuple[float, ...], tuple[float, ...]] | None:
         """Return both sides' (max, min, mean, L2 norm) when a pair is judged on plain statistics, else None.

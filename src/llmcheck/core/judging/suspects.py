@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from llmcheck.core.judging.row_table import row_field, rows_where
 from llmcheck.core.pairing.merge import Pairing
 from llmcheck.core.records import VERDICT_PASS, VERDICT_WARN, ComparisonRow, TensorRecord
 
@@ -93,11 +94,10 @@ def find_suspects(rows: Sequence[ComparisonRow], pairing: Pairing, anchor: Compa
     """Return the one-sided records where the error starts (before ``anchor``) or that fed a row."""
     if anchor is None:
         return Suspects()
-    agreeing = [row for row in rows if row.verdict in (VERDICT_PASS, VERDICT_WARN)]
+    agreeing = [verdict in (VERDICT_PASS, VERDICT_WARN) for verdict in row_field(rows, "verdict")]
     fed_labels = {
         label.removesuffix(MY_ONLY_SUFFIX)
-        for row in rows
-        if row.attribution == INHERITED_FROM_UNMATCHED
+        for row in rows_where(rows, "attribution", INHERITED_FROM_UNMATCHED.__eq__)
         for label in row.fed_by
         if label.endswith(MY_ONLY_SUFFIX)
     }
@@ -105,10 +105,9 @@ def find_suspects(rows: Sequence[ComparisonRow], pairing: Pairing, anchor: Compa
     def window(records: Sequence[TensorRecord], anchor_record: TensorRecord, side: str) -> tuple[TensorRecord, ...]:
         last_agreeing = max(
             (
-                getattr(row, side).order
-                for row in agreeing
-                if getattr(row, side).order < anchor_record.order
-                and getattr(row, side).key.step == anchor_record.key.step
+                record.order
+                for record, agrees in zip(row_field(rows, side), agreeing)
+                if agrees and record.order < anchor_record.order and record.key.step == anchor_record.key.step
             ),
             default=-1,
         )

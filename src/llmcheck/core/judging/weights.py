@@ -23,7 +23,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from llmcheck.core.dtypes import DTYPE_ITEMSIZE
-from llmcheck.core.records import ComparisonRow
+from llmcheck.core.judging.row_table import row_field
+from llmcheck.core.records import ComparisonRow, TensorRecord
 
 #: The attrs key a source sets on a record holding a model parameter (its qualified name).
 PARAMETER_ATTR = "parameter"
@@ -63,9 +64,9 @@ class WeightFinding:
         )
 
 
-def parameter_of(row: ComparisonRow) -> str | None:
+def _parameter(golden: TensorRecord, my: TensorRecord) -> str | None:
     """Return the parameter a row's records hold, or None."""
-    return row.golden.attrs.get(PARAMETER_ATTR) or row.my.attrs.get(PARAMETER_ATTR)
+    return golden.attrs.get(PARAMETER_ATTR) or my.attrs.get(PARAMETER_ATTR)
 
 
 def _less_precise(golden: str, my: str) -> str | None:
@@ -75,20 +76,23 @@ def _less_precise(golden: str, my: str) -> str | None:
 
 
 def check_weights(rows: Sequence[ComparisonRow]) -> dict[int, WeightFinding]:
-    """Return, keyed by ``id(row)``, the parameter rows whose my-run weights differ beyond rounding."""
+    """Return, keyed by the row's ``index``, the parameter rows whose my-run weights differ beyond rounding.
+
+    Only the rows' records are read (their columns, where ``rows`` is a table): no row is made.
+    """
     findings: dict[int, WeightFinding] = {}
-    for row in rows:
-        digest_finding = _digest_finding(row)
+    sides = list(zip(row_field(rows, "index"), row_field(rows, "golden"), row_field(rows, "my")))
+    for index, golden, my in sides:
+        digest_finding = _digest_finding(golden, my)
         if digest_finding is not None:
-            findings[id(row)] = digest_finding
-    if not any(parameter_of(row) for row in rows):
+            findings[index] = digest_finding
+    if not any(_parameter(golden, my) for _, golden, my in sides):
         return findings  # most dumps hold no parameters: no torch import for them
     import torch
 
     checked: dict[tuple[Any, ...], WeightFinding | None] = {}
-    for row in rows:
-        parameter = parameter_of(row)
-        golden, my = row.golden, row.my
+    for index, golden, my in sides:
+        parameter = _parameter(golden, my)
         target = _less_precise(golden.dtype, my.dtype)
         if (
             parameter is None
@@ -118,14 +122,14 @@ def check_weights(rows: Sequence[ComparisonRow]) -> dict[int, WeightFinding]:
             )
         finding = checked[identity]
         if finding is not None:
-            findings[id(row)] = finding
+            findings[index] = finding
     return findings
 
 
-def _digest_finding(row: ComparisonRow) -> WeightFinding | None:
+def _digest_finding(golden: TensorRecord, my: TensorRecord) -> WeightFinding | None:
     """Return what a row's parameter digests say: the parameters whose my-run values are not the golden's rounded."""
-    golden_digests = row.golden.attrs.get(PARAMETER_DIGESTS_ATTR)
-    my_digests = row.my.attrs.get(PARAMETER_DIGESTS_ATTR)
+    golden_digests = golden.attrs.get(PARAMETER_DIGESTS_ATTR)
+    my_digests = my.attrs.get(PARAMETER_DIGESTS_ATTR)
     if not isinstance(golden_digests, Mapping) or not isinstance(my_digests, Mapping):
         return None
     differing: list[str] = []
@@ -144,7 +148,7 @@ def _digest_finding(row: ComparisonRow) -> WeightFinding | None:
         if target is None or golden_digest is None or my_digest is None:
             continue  # not comparable at one dtype (an integer parameter, a dtype newer than the capture)
         if golden_digest != my_digest:
-            differing.append(f"{row.golden.key.name}.{parameter}")
+            differing.append(f"{golden.key.name}.{parameter}")
             targets.append(target)
     if not differing:
         return None

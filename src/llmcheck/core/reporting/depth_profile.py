@@ -34,6 +34,7 @@ from llmcheck.core.judging.divergence import (
     TWIN_FAIL_FACTOR,
     WEIGHTS_METRIC,
 )
+from llmcheck.core.judging.row_table import golden_order, row_field, rows_at
 from llmcheck.core.records import IO_OUTPUT, ROOT_MODULE, ComparisonRow, MetricSpec, lies_inside
 
 _INDEX_PART = re.compile(r"(?<![^./])(\d+)(?=[./]|$)")
@@ -114,17 +115,18 @@ def drawn_step(
     for row in (introduced, first):
         if row is not None:
             return row.golden.key.step
-    return min((row.golden.key.step for row in rows), default=None)
+    return min((record.key.step for record in row_field(rows, "golden")), default=None)
 
 
 def _main_outputs(rows: Sequence[ComparisonRow], step: int) -> list[ComparisonRow]:
     """Return the first output tensor of each call's first run in ``step`` (one row per module), in execution order."""
-    chosen: dict[str, ComparisonRow] = {}
-    for row in sorted(rows, key=lambda row: row.golden.order):
-        key = row.golden.key
+    golden = row_field(rows, "golden")
+    chosen: dict[str, int] = {}
+    for position in golden_order(rows):
+        key = golden[position].key
         if key.step == step and key.io == IO_OUTPUT and key.call_index == 0 and key.name not in chosen:
-            chosen[key.name] = row
-    return list(chosen.values())
+            chosen[key.name] = position
+    return rows_at(rows, list(chosen.values()))
 
 
 def _point_label(name: str, place: Placement) -> str:

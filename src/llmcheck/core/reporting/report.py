@@ -7,6 +7,7 @@ The files themselves are written by reporters (``core/reporting/reporters.py``; 
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -21,6 +22,7 @@ from llmcheck.core.judging.divergence import (
     TWIN_METRIC,
     WEIGHTS_METRIC,
 )
+from llmcheck.core.judging.row_table import row_field, rows_at
 from llmcheck.core.records import (
     IO_INPUT,
     VERDICT_ERROR,
@@ -87,13 +89,19 @@ _SEVERITY = {VERDICT_FAIL: 3, VERDICT_ERROR: 2, VERDICT_WARN: 1}
 def worst_rows(result: CompareResult, count: int = 10) -> list[ComparisonRow]:
     """Return up to ``count`` non-passing rows, worst first: verdict, NaN/Inf mismatch, then the error measure."""
     measure = error_measure(result.metric_specs)
+    rows = result.rows
+    verdicts, nonfinite, errors = (row_field(rows, name) for name in ("verdict", "nonfinite_mismatch", "error"))
+    candidates = [position for position, verdict in enumerate(verdicts) if verdict in _SEVERITY]
+    unjudged = [position for position in candidates if errors[position] is None]  # their error: the measured metric
+    for position, row in zip(unjudged, rows_at(rows, unjudged)):
+        errors[position] = row_error(row, measure)
 
-    def badness(row: ComparisonRow) -> tuple[int, int, float]:
-        error = row_error(row, measure)
+    def badness(position: int) -> tuple[int, int, float]:
+        error = errors[position]
         value = -1.0 if error is None or math.isnan(error) else error
-        return _SEVERITY.get(row.verdict, 0), row.nonfinite_mismatch, value
+        return _SEVERITY[verdicts[position]], nonfinite[position], value
 
-    return sorted((row for row in result.rows if row.verdict in _SEVERITY), key=badness, reverse=True)[:count]
+    return rows_at(rows, heapq.nlargest(count, candidates, key=badness))
 
 
 #: What each of the verdict's own measures is, for a reader meeting one in a line (docs/metrics.md says more).

@@ -21,6 +21,7 @@ from llmcheck.plugin_api import (
     TensorStats,
     atomic_output,
     describe,
+    iter_field,
     metric_columns,
     metric_values,
 )
@@ -138,7 +139,7 @@ def csv_header(result: CompareResult) -> list[str]:
         *SEED_COLUMNS,
         *OWN_COLUMNS,
         *(spec.name for spec in result.metric_specs if spec.name not in named),
-        *statistics_columns([row.metrics for row in result.rows]),
+        *statistics_columns(iter_field(result.rows, "metrics")),
     ]
 
 

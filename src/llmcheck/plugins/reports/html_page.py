@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from importlib import resources
 from operator import attrgetter
 from pathlib import Path
@@ -32,7 +32,9 @@ from llmcheck.plugin_api import (
     drawn_step,
     error_measure,
     heatmap,
+    in_golden_order,
     introduced_point,
+    iter_field,
     json_safe,
     metric_columns,
     placement,
@@ -108,7 +110,6 @@ class _PageRow(msgspec.Struct, gc=False):
 
 
 _NONE = type(None)
-_GOLDEN_ORDER = attrgetter("golden.order")
 _NOTHING, _PLAIN_NUMBERS = frozenset({_NONE}), frozenset({float, int, _NONE})
 _GOLDEN, _MY, _KEY, _METRICS = attrgetter("golden"), attrgetter("my"), attrgetter("key"), attrgetter("metrics")
 _INDEX, _NAME, _CALL, _STEP, _IO, _POSITION = map(attrgetter, ("index", "name", "call_index", "step", "io", "position"))
@@ -154,7 +155,7 @@ class _Rows:
         self.measure = measure
         self._shapes: dict[tuple[int, ...], str] = {}
 
-    def block(self, rows: list[ComparisonRow]) -> list[_PageRow]:
+    def block(self, rows: Sequence[ComparisonRow]) -> list[_PageRow]:
         """Return the table rows of ``rows``."""
         count = len(rows)
         goldens, mys = list(map(_GOLDEN, rows)), list(map(_MY, rows))
@@ -284,7 +285,9 @@ def _page_data(result: CompareResult) -> tuple[dict[str, Any], Iterator[list[_Pa
     from llmcheck.plugins.reports.story import story
 
     plotted = [(spec.name, spec.higher_is_better) for spec in result.metric_specs]
-    if any(DECIDING_STAT in row.metrics for row in result.rows):  # statistics-only pairs: plot what judged them
+    if any(
+        DECIDING_STAT in metrics for metrics in iter_field(result.rows, "metrics")
+    ):  # statistics-only pairs: plot what judged them
         plotted.append((DECIDING_STAT, False))
     metric_names = [name for name, _ in plotted]
     measure = error_measure(result.metric_specs)
@@ -304,7 +307,7 @@ def _page_data(result: CompareResult) -> tuple[dict[str, Any], Iterator[list[_Pa
             ],
         }
     )
-    rows = sorted(result.rows, key=_GOLDEN_ORDER)
+    rows = in_golden_order(result.rows)
     blocks = (rows[start : start + _ROWS_PER_PART] for start in range(0, len(rows), _ROWS_PER_PART))
     return data, map(_Rows(metric_names, measure).block, blocks)
 

@@ -28,6 +28,7 @@ from llmcheck.plugin_api import (
     atomic_write_text,
     carried_origins,
     divergence_line,
+    in_golden_order,
 )
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -87,7 +88,7 @@ def _cases_and_carriers(result: CompareResult) -> tuple[list[ComparisonRow], dic
     origins = carried_origins(result.rows)
     carriers: dict[int, list[ComparisonRow]] = {}
     cases = []
-    for row in sorted(result.rows, key=lambda row: row.golden.order):
+    for row in in_golden_order(result.rows):
         origin = origins.get(row.index)
         if origin is None:
             cases.append(row)

@@ -20,6 +20,8 @@ from llmcheck.plugin_api import (
     is_float_dtype,
     measure_text,
     row_error,
+    row_field,
+    rows_at,
 )
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -28,8 +30,10 @@ if TYPE_CHECKING:  # pragma: no cover
 
 def final_output(result: CompareResult) -> ComparisonRow | None:
     """Return the last output compared in the last step (the model's output: logits, or the last layer's)."""
-    outputs = (row for row in result.rows if row.golden.key.io == IO_OUTPUT)
-    return max(outputs, key=lambda row: (row.golden.key.step, row.golden.order), default=None)  # one pass
+    golden = row_field(result.rows, "golden")
+    outputs = (position for position, record in enumerate(golden) if record.key.io == IO_OUTPUT)
+    last = max(outputs, key=lambda position: (golden[position].key.step, golden[position].order), default=None)
+    return None if last is None else rows_at(result.rows, [last])[0]
 
 
 def next_tokens(row: ComparisonRow) -> tuple[int, int] | None:

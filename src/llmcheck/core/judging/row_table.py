@@ -1,0 +1,445 @@
+"""The judged rows of a compare, held as columns a judged step at a time; a row is made when it is asked for.
+
+Why: as :class:`~llmcheck.core.records.ComparisonRow` objects, the judged rows of a
+statistics-only compare cost 660 bytes a pair (the row's 24 slots, its metrics, its feeders'
+labels, its errors as float objects): 6.6 GB for ten million pairs, held from judging to the
+last report. Held here, a step's rows are numbers in arrays: floats and ints as C values,
+texts and shared objects (the metric layout, a growth range) as small codes into the
+distinct values, the feeders' labels as codes a row. The records both sides point at are
+held by reference, as the dumps hold them anyway.
+
+A :class:`RowTable` is a read-only sequence of rows in the compare's row order: ``table[i]``,
+``table[a:b]`` and iteration make the rows asked for, a block at a time, field for field and
+bit for bit what judging made -- a value of any type a column does not hold as it is (an int
+among floats, a numpy scalar, an object judging made afresh for each row) is kept as the
+object itself. Nothing keeps a made row: two reads give equal rows, not the same object, so
+a reader compares rows by ``index``. A reader that needs one field of every row asks
+:meth:`RowTable.column` and makes no row at all.
+"""
+
+from __future__ import annotations
+
+import itertools
+from array import array
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import fields
+from operator import attrgetter
+from typing import Any, overload
+
+import numpy as np
+
+from llmcheck.core.records import ComparisonRow, JudgedMetrics, build_row
+
+#: The fields of a row, in :class:`ComparisonRow`'s order: a block holds a column for each.
+ROW_FIELDS = tuple(row_field.name for row_field in fields(ComparisonRow))
+_FIELD_POSITION = {name: position for position, name in enumerate(ROW_FIELDS)}
+_ROW_VALUES = attrgetter(*ROW_FIELDS)
+_HELD_VALUES = attrgetter("_values")
+#: How many rows iteration makes at a time: few enough that they cost nothing beside the table.
+ROWS_PER_BATCH = 4096
+_NONE_TYPE = type(None)
+
+
+class _Column:
+    """One field of a block's rows; ``values(offsets)`` returns the field of the rows at ``offsets``, in turn."""
+
+    __slots__ = ()
+
+    def values(self, offsets: np.ndarray) -> list[Any]:
+        raise NotImplementedError
+
+
+class _Constant(_Column):
+    """A field every row of the block shares: the value, once."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def values(self, offsets: np.ndarray) -> list[Any]:
+        return [self.value] * len(offsets)
+
+
+class _Numbers(_Column):
+    """Python floats (or ints) as C doubles (or integers), each read back as the number it was; ``None`` where ``absent``."""
+
+    __slots__ = ("absent", "numbers")
+
+    def __init__(self, numbers: np.ndarray, absent: np.ndarray | None) -> None:
+        self.numbers, self.absent = numbers, absent
+
+    def values(self, offsets: np.ndarray) -> list[Any]:
+        values: list[Any] = self.numbers[offsets].tolist()
+        if self.absent is not None:
+            for position in np.flatnonzero(self.absent[offsets]).tolist():
+                values[position] = None
+        return values
+
+
+class _Codes(_Column):
+    """Values drawn from a few distinct ones: a small code per row into the distinct values."""
+
+    __slots__ = ("codes", "distinct")
+
+    def __init__(self, codes: np.ndarray, distinct: np.ndarray) -> None:
+        self.codes, self.distinct = codes, distinct
+
+    def values(self, offsets: np.ndarray) -> list[Any]:
+        values: list[Any] = self.distinct[self.codes[offsets]].tolist()
+        return values
+
+
+class _Objects(_Column):
+    """Values each row holds its own of (the records a row pairs): a reference per row."""
+
+    __slots__ = ("objects",)
+
+    def __init__(self, objects: np.ndarray) -> None:
+        self.objects = objects
+
+    def values(self, offsets: np.ndarray) -> list[Any]:
+        values: list[Any] = self.objects[offsets].tolist()
+        return values
+
+
+class _Ragged(_Column):
+    """A run of values per row, of a few distinct ones: a code per value and where each row's run starts.
+
+    Holds a row's feeders' labels (a tuple of texts), or its metric values (an ``array('d')``
+    of C doubles, sliced back out of one).
+    """
+
+    __slots__ = ("distinct", "flat", "make", "starts")
+
+    def __init__(self, flat: Any, starts: np.ndarray, distinct: list[Any] | None, make: Callable[[Any], Any]) -> None:
+        self.flat, self.starts, self.distinct, self.make = flat, starts, distinct, make
+
+    def values(self, offsets: np.ndarray) -> list[Any]:
+        starts, ends = self.starts[offsets], self.starts[offsets + 1]
+        if len(offsets) == 0:
+            return []
+        low = int(starts.min())
+        flat = self.flat[low : int(ends.max())]  # the runs asked for lie together where the rows do
+        if self.distinct is not None:
+            flat = list(map(self.distinct.__getitem__, flat.tolist()))
+        make = self.make
+        return [make(flat[start:end]) for start, end in zip((starts - low).tolist(), (ends - low).tolist())]
+
+
+class _Metrics(_Column):
+    """Each row's :class:`JudgedMetrics`: its layout and verdicts as codes, its values as C doubles."""
+
+    __slots__ = ("layouts", "metric_values", "verdicts")
+
+    def __init__(self, layouts: _Column, verdicts: _Column, metric_values: _Column) -> None:
+        self.layouts, self.verdicts, self.metric_values = layouts, verdicts, metric_values
+
+    def values(self, offsets: np.ndarray) -> list[Any]:
+        layouts, verdicts = self.layouts.values(offsets), self.verdicts.values(offsets)
+        return list(map(JudgedMetrics, layouts, self.metric_values.values(offsets), verdicts))
+
+
+def _smallest_codes(codes: Sequence[int], distinct: int) -> np.ndarray:
+    return np.fromiter(codes, dtype=np.min_scalar_type(max(distinct - 1, 0)), count=len(codes))
+
+
+def _coded(values: Sequence[Any], by_value: bool) -> tuple[list[int], list[Any]]:
+    """Return a code per value and the distinct values, by equality (texts, where equal ones read alike) or by identity."""
+    keys = list(values) if by_value else list(map(id, values))
+    first_of = dict(zip(reversed(keys), reversed(values)))  # each key's first value (the same object, by identity)
+    code_of = {key: code for code, key in enumerate(dict.fromkeys(keys))}
+    return list(map(code_of.__getitem__, keys)), [first_of[key] for key in code_of]
+
+
+def _object_array(values: Sequence[Any]) -> np.ndarray:
+    """Return ``values`` as an array of references (a tuple stays one element, not spread across several)."""
+    return np.fromiter(values, dtype=object, count=len(values))
+
+
+def _column(values: list[Any]) -> _Column:
+    """Return the smallest column that gives ``values`` back exactly: each value's type, bits and, for objects, identity."""
+    identities = set(map(id, values))
+    if len(identities) == 1:
+        return _Constant(values[0])
+    kinds = set(map(type, values))
+    number_kinds = kinds - {_NONE_TYPE}
+    if number_kinds == {float} or (number_kinds == {int} and _fits_int64(values)):
+        kind = np.float64 if number_kinds == {float} else np.int64
+        absent = None
+        if _NONE_TYPE in kinds:
+            absent = np.array([value is None for value in values], dtype=bool)
+            values = [0 if value is None else value for value in values]
+        numbers = np.array(values, dtype=kind)
+        return _Numbers(_narrowest_ints(numbers) if kind is np.int64 else numbers, absent)
+    by_value = _texts(values, kinds)
+    if len(set(values) if by_value else identities) * 2 > len(values):  # mostly distinct: a reference each
+        return _Objects(_object_array(values))
+    codes, distinct = _coded(values, by_value)
+    return _Codes(_smallest_codes(codes, len(distinct)), _object_array(distinct))
+
+
+def _texts(values: Sequence[Any], kinds: set[type]) -> bool:
+    """Return whether every value is a text, None or a tuple of texts (of ``kinds``): equal ones read alike, so they are coded by value.
+
+    Any other object keeps its identity: equal floats may still differ (``-0.0`` and ``0.0``).
+    """
+    if kinds <= _TEXT_KINDS:
+        return True
+    return kinds <= {*_TEXT_KINDS, tuple} and _tuples_of_texts(value for value in values if type(value) is tuple)
+
+
+_TEXT_KINDS = frozenset({str, _NONE_TYPE})
+
+
+def _tuples_of_texts(tuples: Iterable[tuple[Any, ...]]) -> bool:
+    return set(map(type, itertools.chain.from_iterable(tuples))) <= {str}
+
+
+def _fits_int64(values: Sequence[Any]) -> bool:
+    numbers = [value for value in values if value is not None]
+    return bool(min(numbers) >= -(2**63) and max(numbers) < 2**63)
+
+
+def _narrowest_ints(numbers: np.ndarray) -> np.ndarray:
+    for kind in (np.int8, np.int16, np.int32):
+        info = np.iinfo(kind)
+        if numbers.size == 0 or (info.min <= numbers.min() and numbers.max() <= info.max):
+            return numbers.astype(kind)
+    return numbers.astype(np.int64)
+
+
+def _labels_column(values: list[Any]) -> _Column | None:
+    """Return the feeders' labels as codes a row, or None where a value is not a tuple of texts."""
+    if set(map(type, values)) != {tuple} or not _tuples_of_texts(values):
+        return None
+    flat = [item for value in values for item in value]
+    codes, distinct = _coded(flat, by_value=True)
+    starts = np.zeros(len(values) + 1, dtype=np.int64)
+    np.cumsum([len(value) for value in values], out=starts[1:])
+    return _Ragged(_smallest_codes(codes, len(distinct)), starts, distinct, tuple)
+
+
+def _metrics_column(values: list[Any]) -> _Column | None:
+    """Return each row's metrics as codes and C doubles, or None where one is not a :class:`JudgedMetrics` over C doubles."""
+    if set(map(type, values)) != {JudgedMetrics}:
+        return None
+    held = list(map(_HELD_VALUES, values))
+    if set(map(type, held)) != {array}:
+        return None
+    pool = array("d", itertools.chain.from_iterable(held))
+    starts = np.zeros(len(values) + 1, dtype=np.int64)
+    np.cumsum(list(map(len, held)), out=starts[1:])
+    layouts = _column([metrics._layout for metrics in values])
+    verdicts = _column([metrics._verdicts for metrics in values])
+    return _Metrics(layouts, verdicts, _Ragged(pool, starts, None, _same))
+
+
+def _same(value: Any) -> Any:
+    return value
+
+
+_RECORDS = frozenset({"golden", "my"})
+_SPECIAL_COLUMNS: dict[str, Callable[[list[Any]], _Column | None]] = {
+    "fed_by": _labels_column,
+    "metrics": _metrics_column,
+}
+
+
+class _Block:
+    """Some rows (one judged step's) as a column per field."""
+
+    __slots__ = ("columns",)
+
+    def __init__(self, rows: Sequence[ComparisonRow]) -> None:
+        columns: list[_Column] = []
+        for name, held in zip(ROW_FIELDS, zip(*map(_ROW_VALUES, rows))):
+            values = list(held)
+            if name in _RECORDS:  # each row's own records, held by the dumps: a reference each
+                columns.append(_Objects(_object_array(values)))
+                continue
+            special = _SPECIAL_COLUMNS.get(name)
+            column = special(values) if special is not None else None
+            columns.append(column if column is not None else _column(values))
+        self.columns = columns
+
+    def rows(self, offsets: np.ndarray) -> list[ComparisonRow]:
+        return list(map(build_row, *(column.values(offsets) for column in self.columns)))
+
+    def values(self, name: str, offsets: np.ndarray) -> list[Any]:
+        return self.columns[_FIELD_POSITION[name]].values(offsets)
+
+
+class RowTable(Sequence[ComparisonRow]):
+    """A compare's judged rows as columns, in row order: a read-only sequence that makes each row when asked.
+
+    Judging fills it a step at a time (:meth:`put`): the rows at some row positions, held as
+    one block of columns. Every position is filled before it is read.
+    """
+
+    def __init__(self, size: int) -> None:
+        self._blocks: list[_Block] = []
+        self._block_of = np.full(size, -1, dtype=np.int32)
+        self._offset = np.zeros(size, dtype=np.int64)
+
+    def put(self, positions: Sequence[int], rows: Sequence[ComparisonRow]) -> None:
+        """Hold ``rows``, the rows at row positions ``positions`` (in turn), as one block."""
+        if not rows:
+            return
+        at = np.asarray(positions, dtype=np.int64)
+        self._block_of[at] = len(self._blocks)
+        self._offset[at] = np.arange(len(rows), dtype=np.int64)
+        self._blocks.append(_Block(rows))
+
+    @classmethod
+    def of(cls, rows: Sequence[ComparisonRow]) -> RowTable:
+        """Return a table holding ``rows`` as they are (one block)."""
+        table = cls(len(rows))
+        table.put(range(len(rows)), rows)
+        return table
+
+    def reordered(self, positions: Sequence[int]) -> RowTable:
+        """Return a table of the rows at ``positions``, in that order: the same columns, read in another order."""
+        table = RowTable(0)
+        table._blocks = self._blocks
+        table._block_of, table._offset = self._block_of[positions], self._offset[positions]
+        return table
+
+    def __len__(self) -> int:
+        return len(self._block_of)
+
+    @overload
+    def __getitem__(self, index: int) -> ComparisonRow: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[ComparisonRow]: ...
+
+    def __getitem__(self, index: int | slice) -> ComparisonRow | list[ComparisonRow]:
+        if isinstance(index, slice):
+            return self.rows_at(np.arange(len(self))[index])
+        if not -len(self) <= index < len(self):
+            raise IndexError("row index out of range")
+        return self.rows_at(np.array([index % len(self)]))[0]
+
+    def __iter__(self) -> Iterator[ComparisonRow]:
+        for start in range(0, len(self), ROWS_PER_BATCH):
+            yield from self.rows_at(np.arange(start, min(start + ROWS_PER_BATCH, len(self))))
+
+    def rows_at(self, positions: np.ndarray) -> list[ComparisonRow]:
+        """Return the rows at row positions ``positions``, in turn."""
+        return self._gathered(positions, _Block.rows)
+
+    def column(self, name: str) -> list[Any]:
+        """Return field ``name`` of every row, in row order, making no row (``table.column("verdict")``)."""
+        if name not in _FIELD_POSITION:
+            raise KeyError(f"ComparisonRow has no field {name!r}")
+        return self._gathered(np.arange(len(self)), lambda block, offsets: block.values(name, offsets))
+
+    def _gathered(self, positions: np.ndarray, read: Callable[[_Block, np.ndarray], list[Any]]) -> list[Any]:
+        """Return what ``read`` gives for each position, in turn, asking each block once for its positions."""
+        if len(positions) == 0:
+            return []
+        blocks = self._block_of[positions]
+        offsets = self._offset[positions]
+        if (blocks[0] == blocks).all():  # the usual case: one step's rows
+            return read(self._blocks[int(blocks[0])], offsets)
+        by_block = np.argsort(blocks, kind="stable")  # the positions of each block together, in turn
+        starts = np.flatnonzero(np.diff(blocks[by_block])) + 1
+        gathered = np.empty(len(positions), dtype=object)
+        for chosen in np.split(by_block, starts):
+            gathered[chosen] = _object_array(read(self._blocks[int(blocks[chosen[0]])], offsets[chosen]))
+        values: list[Any] = gathered.tolist()
+        return values
+
+    def __repr__(self) -> str:
+        return f"RowTable({len(self)} rows in {len(self._blocks)} blocks)"
+
+
+def row_field(rows: Sequence[ComparisonRow], name: str) -> list[Any]:
+    """Return field ``name`` of every row, in turn: of a :class:`RowTable`, read from its column, making no row."""
+    if isinstance(rows, RowTable):
+        return rows.column(name)
+    return [getattr(row, name) for row in rows]
+
+
+def iter_field(rows: Sequence[ComparisonRow], name: str) -> Iterator[Any]:
+    """Yield field ``name`` of every row, in turn, a batch at a time: for a field whose values are made (``metrics``)."""
+    if not isinstance(rows, RowTable):
+        yield from (getattr(row, name) for row in rows)
+        return
+    for start in range(0, len(rows), ROWS_PER_BATCH):
+        positions = np.arange(start, min(start + ROWS_PER_BATCH, len(rows)))
+        yield from rows._gathered(positions, lambda block, offsets: block.values(name, offsets))
+
+
+def rows_at(rows: Sequence[ComparisonRow], positions: Sequence[int]) -> list[ComparisonRow]:
+    """Return the rows at ``positions``, in turn: of a :class:`RowTable`, making those rows alone."""
+    if isinstance(rows, RowTable):
+        return rows.rows_at(np.asarray(positions, dtype=np.int64))
+    return [rows[position] for position in positions]
+
+
+def rows_where(rows: Sequence[ComparisonRow], name: str, keep: Callable[[Any], bool]) -> list[ComparisonRow]:
+    """Return the rows whose field ``name`` ``keep`` accepts, in row order, making no other row."""
+    return rows_at(rows, [position for position, value in enumerate(row_field(rows, name)) if keep(value)])
+
+
+def first_in_golden_order(rows: Sequence[ComparisonRow], name: str, value: Any) -> ComparisonRow | None:
+    """Return the row earliest in golden execution order whose field ``name`` equals ``value`` (of equal orders, the first)."""
+    golden = row_field(rows, "golden")
+    matching = (position for position, held in enumerate(row_field(rows, name)) if held == value)
+    first = min(matching, key=lambda position: golden[position].order, default=None)
+    return None if first is None else rows_at(rows, [first])[0]
+
+
+def golden_order(rows: Sequence[ComparisonRow]) -> list[int]:
+    """Return the row positions in golden execution order, rows of equal order in turn (as ``sorted`` keeps them)."""
+    orders = np.fromiter((record.order for record in row_field(rows, "golden")), dtype=np.int64, count=len(rows))
+    ordered: list[int] = np.argsort(orders, kind="stable").tolist()
+    return ordered
+
+
+def in_golden_order(rows: Sequence[ComparisonRow]) -> Sequence[ComparisonRow]:
+    """Return the rows sorted by golden execution order, as ``sorted(rows, key=golden order)`` gives them.
+
+    Of a :class:`RowTable`, a sequence that makes the rows as they are read, a batch at a time.
+    """
+    if isinstance(rows, RowTable):
+        return rows.reordered(golden_order(rows))
+    return sorted(rows, key=lambda row: row.golden.order)
+
+
+class RowCollector:
+    """Gathers rows made one at a time, in any order, into a :class:`RowTable`, a batch of them a block.
+
+    How a compare holds its rows as measured: each pair's row is made as its measurement
+    arrives, and held as columns once a batch of rows is made, not as an object until judging.
+    """
+
+    def __init__(self, size: int) -> None:
+        self._table = RowTable(size)
+        self._positions: list[int] = []
+        self._rows: list[ComparisonRow] = []
+
+    def add(self, position: int, row: ComparisonRow) -> None:
+        """Hold ``row`` as the row at ``position``."""
+        self._positions.append(position)
+        self._rows.append(row)
+        if len(self._rows) >= ROWS_PER_BATCH:
+            self._flush()
+
+    def _flush(self) -> None:
+        self._table.put(self._positions, self._rows)
+        self._positions, self._rows = [], []
+
+    def missing(self) -> list[int]:
+        """Return the positions no row was added at, ascending."""
+        self._flush()
+        missing: list[int] = np.flatnonzero(self._table._block_of < 0).tolist()
+        return missing
+
+    def table(self) -> RowTable:
+        """Return the table of the rows added, and let it go: the collector is done."""
+        self._flush()
+        table, self._table = self._table, RowTable(0)
+        return table

@@ -1,0 +1,194 @@
+"""A compare's judged rows held as columns give back, when read, exactly the rows judging made.
+
+Exactly: each field's type, each float's bits (``-0.0``, NaN, infinities), the objects rows
+share; and the readers that take a column (``row_field``, ``rows_where``, ``in_golden_order``,
+``first_in_golden_order``) answer as they do over a list of the same rows.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+from array import array
+from dataclasses import fields, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from compare_runs import capture_generate
+from llmcheck.core.compare import compare_dumps
+from llmcheck.core.judging.row_table import (
+    ROWS_PER_BATCH,
+    RowTable,
+    first_in_golden_order,
+    in_golden_order,
+    iter_field,
+    row_field,
+    rows_at,
+    rows_where,
+)
+from llmcheck.core.plugins import get_plugins
+from llmcheck.core.records import (
+    VERDICT_FAIL,
+    VERDICT_PASS,
+    ComparisonRow,
+    JudgedMetrics,
+    MetricLayout,
+    MetricResult,
+    RecordKey,
+    TensorRecord,
+    TensorStats,
+)
+
+
+def _bits(value: Any) -> Any:
+    """Return what tells a value apart from every other: a float's bits, a container's items' bits, and the type."""
+    if isinstance(value, float):
+        return type(value), struct.pack("<d", value)
+    if isinstance(value, (tuple, list, array)):
+        return type(value), tuple(_bits(item) for item in value)
+    if isinstance(value, JudgedMetrics):
+        return type(value), value._layout, _bits(value._values), value._verdicts
+    return type(value), value
+
+
+def assert_same_rows(read: list[ComparisonRow], made: list[ComparisonRow]) -> None:
+    """Assert ``read`` holds ``made``'s rows field for field: equal bits and types, and the very records."""
+    assert len(read) == len(made)
+    for read_row, made_row in zip(read, made):
+        for row_field_ in fields(ComparisonRow):
+            got, want = getattr(read_row, row_field_.name), getattr(made_row, row_field_.name)
+            assert _bits(got) == _bits(want), (row_field_.name, got, want)
+        assert read_row.golden is made_row.golden and read_row.my is made_row.my
+
+
+def _record(name: str, order: int, step: int = 0) -> TensorRecord:
+    return TensorRecord(key=RecordKey(name=name, step=step), dtype="float32", shape=(4,), order=order)
+
+
+_LAYOUT = MetricLayout(["cosine_similarity", "max_absolute_error"], [0.99, None], [0.9, None], [True, False])
+
+
+def _rows(count: int) -> list[ComparisonRow]:
+    """Return rows whose fields take every kind of value a column must give back exactly."""
+    growth = (1.0, 2.5)
+    shared_stats = TensorStats(min=-1.0, max=1.0)
+    rows = []
+    for index in range(count):
+        golden, my = _record(f"model.layers.{index % 7}", order=count - index, step=index % 3), _record("x", index)
+        rows.append(
+            ComparisonRow(
+                index=index,
+                golden=golden,
+                my=my,
+                rule="exact_key",
+                metrics=JudgedMetrics(_LAYOUT, array("d", [1.0 - index * 1e-3, -0.0]), (VERDICT_PASS, VERDICT_PASS)),
+                verdict=VERDICT_FAIL if index % 5 == 0 else VERDICT_PASS,
+                deciding_metric="cosine_similarity" if index % 2 else None,
+                reason="" if index % 3 else "dtype differs",
+                golden_stats=shared_stats if index % 2 else TensorStats(mean=float(index)),
+                nonfinite_mismatch=index % 2,
+                attribution="introduced" if index == 7 else "",
+                fed_by=tuple(f"feeder {index - back} step 0 output.0" for back in range(1, index % 3 + 1)),
+                error=[math.nan, -0.0, math.inf, None, 1e-300, 5e-324][index % 6],
+                feeder_error=None,
+                growth=float(index) if index % 4 else None,
+                structure="model.layers.{i}",
+                layer_index=index % 7 if index % 2 else None,
+                sibling_growth=growth if index % 3 else None,
+                sibling_count=index,
+                expected_error=2.0**-index,
+                evidence="because" if index == 7 else "",
+            )
+        )
+    return rows
+
+
+def test_rows_read_back_bit_for_bit_with_the_objects_they_share() -> None:
+    made = _rows(40)
+    table = RowTable.of(made)
+    assert_same_rows(list(table), made)
+    read = table[3]
+    assert read.sibling_growth is made[3].sibling_growth  # a shared object stays the same object
+    assert read.golden_stats is made[3].golden_stats
+    assert read.metrics == made[3].metrics and read.metrics["cosine_similarity"] == made[3].metrics["cosine_similarity"]
+
+
+@pytest.mark.parametrize(
+    ("name", "values"),
+    [
+        ("error", [1.0, 2, None, 3.0]),  # an int among floats stays an int
+        ("error", [np.float64(1.5), 2.0, np.float32(0.25), None]),  # numpy scalars stay numpy scalars
+        ("sibling_count", [2**70, 1, -(2**65), 0]),  # ints beyond 64 bits
+        ("layer_index", [True, False, None, 1]),  # bools are not ints
+        ("fed_by", [("a",), (), ("a", 1), ("b", "a")]),  # a label that is not a text
+        ("sibling_growth", [(1, 2), (1.0, 2.0), (-0.0, 2.0), (0.0, 2.0)]),  # equal tuples that print apart
+        ("reason", ["", "x", "x", None]),
+    ],
+)
+def test_a_field_of_any_type_reads_back_as_it_was(name: str, values: list[Any]) -> None:
+    made = [replace(row, **{name: value}) for row, value in zip(_rows(len(values)), values)]
+    assert_same_rows(list(RowTable.of(made)), made)
+
+
+def test_metrics_of_other_kinds_are_held_as_they_are() -> None:
+    plain = {"cosine_similarity": MetricResult("cosine_similarity", 0.5, VERDICT_FAIL, 0.99, 0.9, True)}
+    integral = JudgedMetrics(_LAYOUT, (1, 2.0), (VERDICT_PASS, VERDICT_PASS))  # an int statistic: a tuple
+    made = [replace(row, metrics=metrics) for row, metrics in zip(_rows(3), [plain, integral, plain])]
+    read = list(RowTable.of(made))
+    assert read[0].metrics is plain and read[1].metrics is integral
+
+
+def test_steps_put_out_of_order_read_back_in_row_order() -> None:
+    made = _rows(3 * ROWS_PER_BATCH // 2)
+    table = RowTable(len(made))
+    odd, even = list(range(1, len(made), 2)), list(range(0, len(made), 2))
+    table.put(odd, [made[position] for position in odd])
+    table.put(even[::-1], [made[position] for position in even[::-1]])
+    assert_same_rows(list(table), made)
+    assert_same_rows(table[5:17:3], made[5:17:3])
+    assert_same_rows([table[-1], table[0]], [made[-1], made[0]])
+    with pytest.raises(IndexError):
+        table[len(made)]
+    assert table.column("verdict") == [row.verdict for row in made]
+    with pytest.raises(KeyError, match="no field 'verdicts'"):
+        table.column("verdicts")
+
+
+def test_the_column_readers_answer_as_they_do_over_a_list() -> None:
+    made = _rows(50)
+    table = RowTable.of(made)
+    for rows in (made, table):
+        assert row_field(rows, "index") == list(range(50))
+        assert list(iter_field(rows, "metrics")) == [row.metrics for row in made]
+        assert_same_rows(rows_at(rows, [4, 2]), [made[4], made[2]])
+        assert_same_rows(
+            rows_where(rows, "verdict", VERDICT_FAIL.__eq__), [r for r in made if r.verdict == VERDICT_FAIL]
+        )
+        assert_same_rows(list(in_golden_order(rows)), sorted(made, key=lambda row: row.golden.order))
+        first = first_in_golden_order(rows, "verdict", VERDICT_FAIL)
+        assert first is not None and first.index == 45  # the failing row with the lowest golden order
+        assert first_in_golden_order(rows, "verdict", "no such verdict") is None
+
+
+def test_a_real_compare_reads_back_as_judged(tmp_path: Path) -> None:
+    """A real decode of a Llama, judged: the table's rows are the rows, and held again they read the same."""
+    from llmcheck.bundled_model import random_llama
+
+    defective = random_llama(seed=0, num_layers=4)
+    with torch.no_grad():
+        defective.model.layers[2].mlp.down_proj.weight.mul_(1.05)
+    golden, my = (
+        get_plugins().load_tensors(capture_generate(model, tmp_path / name, new_tokens=3))
+        for model, name in ((random_llama(seed=0, num_layers=4), "golden"), (defective, "my"))
+    )
+    result = compare_dumps(golden, my, workers=1)
+    assert isinstance(result.rows, RowTable) and len(result.rows) > 100
+    rows = list(result.rows)
+    assert_same_rows(list(RowTable.of(rows)), rows)
+    assert [row.index for row in rows] == list(range(len(rows)))
+    introduced = result.first_introduced
+    assert introduced is not None and introduced.golden.key.name == "model.layers.2.mlp.down_proj"
