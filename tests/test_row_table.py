@@ -23,6 +23,7 @@ from llmcheck.core.compare import compare_dumps
 from llmcheck.core.judging.row_table import (
     ROWS_PER_BATCH,
     RowTable,
+    field_blocks,
     first_in_golden_order,
     in_golden_order,
     iter_field,
@@ -158,6 +159,19 @@ def test_steps_put_out_of_order_read_back_in_row_order() -> None:
         table.column("verdicts")
 
 
+def test_a_block_is_let_go_once_all_its_rows_are_released() -> None:
+    made = _rows(12)
+    table = RowTable(len(made))
+    table.put(range(6), made[:6])
+    table.put(range(6, 12), made[6:])
+    table.release([0, 1, 2, 6, 7])
+    assert_same_rows(list(table), made)  # no block has all its rows released yet
+    table.release([3, 4, 5])
+    assert_same_rows(table[6:], made[6:])
+    with pytest.raises(LookupError, match="released"):
+        table[0]
+
+
 def test_the_column_readers_answer_as_they_do_over_a_list() -> None:
     made = _rows(50)
     table = RowTable.of(made)
@@ -172,6 +186,21 @@ def test_the_column_readers_answer_as_they_do_over_a_list() -> None:
         first = first_in_golden_order(rows, "verdict", VERDICT_FAIL)
         assert first is not None and first.index == 45  # the failing row with the lowest golden order
         assert first_in_golden_order(rows, "verdict", "no such verdict") is None
+
+
+def test_field_blocks_read_the_fields_of_a_table_as_of_a_list() -> None:
+    made = _rows(70)
+    order = sorted(range(70), key=lambda position: made[position].golden.order)
+    for order_given in (None, order):
+        expected = made if order_given is None else [made[position] for position in order]
+        for rows in (made, RowTable.of(made)):
+            blocks = list(field_blocks(rows, 32, order_given))
+            assert [len(block) for block in blocks] == [32, 32, 6]
+            assert [value for block in blocks for value in block.fed_by] == [row.fed_by for row in expected]
+            assert [_bits(value) for block in blocks for value in block.error] == [_bits(row.error) for row in expected]
+            assert_same_rows([row for block in blocks for row in block.rows()], expected)
+            with pytest.raises(AttributeError):
+                blocks[0].verdicts  # noqa: B018 -- a field the rows do not have
 
 
 def test_a_real_compare_reads_back_as_judged(tmp_path: Path) -> None:

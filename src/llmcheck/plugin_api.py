@@ -96,7 +96,9 @@ from llmcheck.core.errors import (
 from llmcheck.core.hookspecs import hookimpl
 from llmcheck.core.judging.carried_errors import carried_origins
 from llmcheck.core.judging.row_table import (
+    RowFields,
     RowTable,
+    field_blocks,
     golden_order,
     in_golden_order,
     iter_field,
@@ -345,6 +347,8 @@ __all__ = [  # noqa: RUF022 -- grouped by the question a plugin author asks, not
     "Reporter",
     "ComparisonRow",
     "RowTable",
+    "RowFields",
+    "field_blocks",
     "row_field",
     "iter_field",
     "rows_at",

@@ -922,7 +922,8 @@ def attribute(
     rows (feeder look-ups, sibling lines, the walk's state: more than the rows themselves) is
     one step's: its rows as measured are made (``rows`` may be a
     :class:`~llmcheck.core.judging.row_table.RowTable`, whose rows are made when read), judged, and
-    held as columns in the table returned.
+    held as columns in the table returned. A table given is let go of a block at a time as its
+    rows are judged (:meth:`~llmcheck.core.judging.row_table.RowTable.release`): it is read no more.
     """
     measure = measure or ErrorMeasure(metric="")
     windows = step_windows(rows)
@@ -935,6 +936,8 @@ def attribute(
     for window in windows:
         judge = _Judge(rows_at(rows, window), measure, twin, shared, same_program, weights)
         table.put([window[given] for given in judge.given_at], _judged_with_cutoffs(judge))
+        if isinstance(rows, RowTable):
+            rows.release(window)
     return table
 
 

@@ -159,9 +159,9 @@ def _object_array(values: Sequence[Any]) -> np.ndarray:
 
 def _column(values: list[Any]) -> _Column:
     """Return the smallest column that gives ``values`` back exactly: each value's type, bits and, for objects, identity."""
-    identities = set(map(id, values))
-    if len(identities) == 1:
-        return _Constant(values[0])
+    first = values[0]
+    if all(value is first for value in values):
+        return _Constant(first)
     kinds = set(map(type, values))
     number_kinds = kinds - {_NONE_TYPE}
     if number_kinds == {float} or (number_kinds == {int} and _fits_int64(values)):
@@ -173,7 +173,7 @@ def _column(values: list[Any]) -> _Column:
         numbers = np.array(values, dtype=kind)
         return _Numbers(_narrowest_ints(numbers) if kind is np.int64 else numbers, absent)
     by_value = _texts(values, kinds)
-    if len(set(values) if by_value else identities) * 2 > len(values):  # mostly distinct: a reference each
+    if len(set(values) if by_value else set(map(id, values))) * 2 > len(values):  # mostly distinct: a reference each
         return _Objects(_object_array(values))
     codes, distinct = _coded(values, by_value)
     return _Codes(_smallest_codes(codes, len(distinct)), _object_array(distinct))
@@ -278,9 +278,10 @@ class RowTable(Sequence[ComparisonRow]):
     """
 
     def __init__(self, size: int) -> None:
-        self._blocks: list[_Block] = []
+        self._blocks: list[_Block | None] = []  # None: a block whose rows were all released
+        self._unreleased: list[int] = []  # per block, how many of its rows are not released
         self._block_of = np.full(size, -1, dtype=np.int32)
-        self._offset = np.zeros(size, dtype=np.int64)
+        self._offset = np.zeros(size, dtype=np.int32)
 
     def put(self, positions: Sequence[int], rows: Sequence[ComparisonRow]) -> None:
         """Hold ``rows``, the rows at row positions ``positions`` (in turn), as one block."""
@@ -288,8 +289,28 @@ class RowTable(Sequence[ComparisonRow]):
             return
         at = np.asarray(positions, dtype=np.int64)
         self._block_of[at] = len(self._blocks)
-        self._offset[at] = np.arange(len(rows), dtype=np.int64)
+        self._offset[at] = np.arange(len(rows), dtype=np.int32)
         self._blocks.append(_Block(rows))
+        self._unreleased.append(len(rows))
+
+    def release(self, positions: Sequence[int]) -> None:
+        """Say the rows at ``positions`` are read for the last time: a block whose rows all are is let go.
+
+        How judging lets go of the rows as measured, a block at a time, as it judges them.
+        Reading a row of a block let go raises ``LookupError``.
+        """
+        blocks = self._block_of[np.asarray(positions, dtype=np.int64)]
+        released = np.bincount(blocks[blocks >= 0], minlength=len(self._blocks))
+        for block in np.flatnonzero(released).tolist():
+            self._unreleased[block] -= int(released[block])
+            if self._unreleased[block] <= 0:
+                self._blocks[block] = None
+
+    def _block(self, block: int) -> _Block:
+        held = self._blocks[block]
+        if held is None:
+            raise LookupError(f"the rows of block {block} of this table were released")
+        return held
 
     @classmethod
     def of(cls, rows: Sequence[ComparisonRow]) -> RowTable:
@@ -301,7 +322,7 @@ class RowTable(Sequence[ComparisonRow]):
     def reordered(self, positions: Sequence[int]) -> RowTable:
         """Return a table of the rows at ``positions``, in that order: the same columns, read in another order."""
         table = RowTable(0)
-        table._blocks = self._blocks
+        table._blocks, table._unreleased = self._blocks, self._unreleased  # the same blocks, let go together
         table._block_of, table._offset = self._block_of[positions], self._offset[positions]
         return table
 
@@ -333,23 +354,27 @@ class RowTable(Sequence[ComparisonRow]):
         """Return field ``name`` of every row, in row order, making no row (``table.column("verdict")``)."""
         if name not in _FIELD_POSITION:
             raise KeyError(f"ComparisonRow has no field {name!r}")
-        return self._gathered(np.arange(len(self)), lambda block, offsets: block.values(name, offsets))
+        return self.values_at(name, np.arange(len(self)))
+
+    def values_at(self, name: str, positions: np.ndarray) -> list[Any]:
+        """Return field ``name`` of the rows at ``positions``, in turn, making no row."""
+        return self._gathered(positions, lambda block, offsets: block.values(name, offsets))
 
     def _gathered(self, positions: np.ndarray, read: Callable[[_Block, np.ndarray], list[Any]]) -> list[Any]:
         """Return what ``read`` gives for each position, in turn, asking each block once for its positions."""
+        return _read_groups(self._groups(positions), len(positions), read)
+
+    def _groups(self, positions: np.ndarray) -> list[tuple[_Block, np.ndarray, np.ndarray | None]]:
+        """Return, for each block holding some of ``positions``, the block, its offsets and where they go (None: all, in turn)."""
         if len(positions) == 0:
             return []
         blocks = self._block_of[positions]
         offsets = self._offset[positions]
         if (blocks[0] == blocks).all():  # the usual case: one step's rows
-            return read(self._blocks[int(blocks[0])], offsets)
+            return [(self._block(int(blocks[0])), offsets, None)]
         by_block = np.argsort(blocks, kind="stable")  # the positions of each block together, in turn
         starts = np.flatnonzero(np.diff(blocks[by_block])) + 1
-        gathered = np.empty(len(positions), dtype=object)
-        for chosen in np.split(by_block, starts):
-            gathered[chosen] = _object_array(read(self._blocks[int(blocks[chosen[0]])], offsets[chosen]))
-        values: list[Any] = gathered.tolist()
-        return values
+        return [(self._block(int(blocks[chosen[0]])), offsets[chosen], chosen) for chosen in np.split(by_block, starts)]
 
     def __repr__(self) -> str:
         return f"RowTable({len(self)} rows in {len(self._blocks)} blocks)"
@@ -369,7 +394,7 @@ def iter_field(rows: Sequence[ComparisonRow], name: str) -> Iterator[Any]:
         return
     for start in range(0, len(rows), ROWS_PER_BATCH):
         positions = np.arange(start, min(start + ROWS_PER_BATCH, len(rows)))
-        yield from rows._gathered(positions, lambda block, offsets: block.values(name, offsets))
+        yield from rows.values_at(name, positions)
 
 
 def rows_at(rows: Sequence[ComparisonRow], positions: Sequence[int]) -> list[ComparisonRow]:
@@ -409,6 +434,23 @@ def in_golden_order(rows: Sequence[ComparisonRow]) -> Sequence[ComparisonRow]:
     return sorted(rows, key=lambda row: row.golden.order)
 
 
+def _read_groups(
+    groups: list[tuple[_Block, np.ndarray, np.ndarray | None]],
+    count: int,
+    read: Callable[[_Block, np.ndarray], list[Any]],
+) -> list[Any]:
+    """Return what ``read`` gives for the rows of ``groups`` (:meth:`RowTable._groups`), in turn."""
+    if not groups:
+        return []
+    if groups[0][2] is None:
+        return read(groups[0][0], groups[0][1])
+    gathered = np.empty(count, dtype=object)
+    for block, offsets, chosen in groups:
+        gathered[chosen] = _object_array(read(block, offsets))
+    values: list[Any] = gathered.tolist()
+    return values
+
+
 class RowCollector:
     """Gathers rows made one at a time, in any order, into a :class:`RowTable`, a batch of them a block.
 
@@ -443,3 +485,48 @@ class RowCollector:
         self._flush()
         table, self._table = self._table, RowTable(0)
         return table
+
+
+class RowFields:
+    """Some rows' fields, a list each, read when first asked for (``fields.verdict``), making no row.
+
+    What a report that writes every row reads, a block of rows at a time (:func:`field_blocks`):
+    from a :class:`RowTable`, each field is read from its column; :meth:`rows` makes the rows
+    themselves, for what a field alone does not tell.
+    """
+
+    def __init__(self, rows: Sequence[ComparisonRow], positions: np.ndarray) -> None:
+        self._source, self._positions = rows, positions
+        self._read: dict[str, list[Any]] = {}
+        self._rows: list[ComparisonRow] | None = None
+        self._groups = rows._groups(positions) if isinstance(rows, RowTable) else None  # found once for every field
+
+    def __len__(self) -> int:
+        return len(self._positions)
+
+    def __getattr__(self, name: str) -> list[Any]:
+        if name not in _FIELD_POSITION:
+            raise AttributeError(name)
+        values = self._read.get(name)
+        if values is None:
+            if self._groups is not None:
+                values = _read_groups(
+                    self._groups, len(self._positions), lambda block, offsets: block.values(name, offsets)
+                )
+            else:
+                values = [getattr(row, name) for row in self.rows()]
+            self._read[name] = values
+        return values
+
+    def rows(self) -> list[ComparisonRow]:
+        """Return the rows themselves (made once)."""
+        if self._rows is None:
+            self._rows = rows_at(self._source, self._positions.tolist())
+        return self._rows
+
+
+def field_blocks(rows: Sequence[ComparisonRow], size: int, order: Sequence[int] | None = None) -> Iterator[RowFields]:
+    """Yield the fields of ``size`` rows at a time, in row order or in ``order`` (row positions)."""
+    positions = np.arange(len(rows)) if order is None else np.asarray(order, dtype=np.int64)
+    for start in range(0, len(positions), size):
+        yield RowFields(rows, positions[start : start + size])

@@ -16,11 +16,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from llmcheck.plugin_api import (
-    ComparisonRow,
     MetricResult,
+    RowFields,
     TensorStats,
     atomic_output,
     describe,
+    field_blocks,
     iter_field,
     metric_columns,
     metric_values,
@@ -185,15 +186,10 @@ def _csv_field(text: str) -> str:
 _ROWS_PER_BLOCK = 256
 _KEY, _SOURCE, _DTYPE, _SHAPE = attrgetter("key"), attrgetter("source_path"), attrgetter("dtype"), attrgetter("shape")
 _STEP, _NAME, _IO, _POSITION, _CALL = map(attrgetter, ("step", "name", "io", "position", "call_index"))
-_REASON, _VERDICT, _JUDGED_AS, _RULE, _ATTRIBUTION, _STRUCTURE, _EVIDENCE = map(
-    attrgetter, ("reason", "verdict", "judged_as", "rule", "attribution", "structure", "evidence")
-)
 #: Readers of the number columns' values, in ``_NUMBER_COLUMNS`` order (with the fixed metrics' values between).
 _STATS = tuple(map(attrgetter, ("max", "min", "mean")))
 _COUNTS = tuple(map(attrgetter, ("nan_count", "inf_count")))
-_ROW_NUMBERS = tuple(
-    map(attrgetter, ("nonfinite_mismatch", "error", "feeder_error", "growth", "expected_error", "noise_error"))
-)
+_ROW_NUMBERS = ("nonfinite_mismatch", "error", "feeder_error", "growth", "expected_error", "noise_error")
 
 
 def _text_fields(values: list[Any]) -> list[str]:
@@ -255,21 +251,21 @@ class _Columns:
         self._dtypes: dict[str, str] = {}
         self._shapes: dict[tuple[int, ...], str] = {}
 
-    def text(self, rows: Sequence[ComparisonRow]) -> str:
-        """Return the csv lines of ``rows``, each ending in CRLF."""
-        if not rows:
+    def text(self, fields: RowFields) -> str:
+        """Return the csv lines of the rows ``fields`` holds, each ending in CRLF."""
+        if not len(fields):
             return ""
-        columns = self._in_header_order([*self._text_columns(rows), *self._number_columns(rows)])
+        columns = self._in_header_order([*self._text_columns(fields), *self._number_columns(fields)])
         return "\r\n".join(map(",".join, zip(*columns))) + "\r\n"
 
-    def _text_columns(self, rows: Sequence[ComparisonRow]) -> list[list[str]]:
+    def _text_columns(self, fields: RowFields) -> list[list[str]]:
         """Return the fields of the text columns, in the order of ``_TEXT_COLUMNS``."""
-        goldens, mys = [row.golden for row in rows], [row.my for row in rows]
+        goldens, mys = fields.golden, fields.my
         keys = list(map(_KEY, goldens))
         steps = _text_fields(list(map(_STEP, keys)))
         return [
             steps,
-            _text_fields([golden.attrs.get("data_id", row.index) for golden, row in zip(goldens, rows)]),
+            _text_fields([golden.attrs.get("data_id", index) for golden, index in zip(goldens, fields.index)]),
             _text_fields(list(map(_SOURCE, goldens))),
             _text_fields([golden.op_type or "" for golden in goldens]),
             self._dtype_fields(list(map(_DTYPE, goldens))),
@@ -278,37 +274,37 @@ class _Columns:
             _text_fields([my.op_type or "" for my in mys]),
             self._dtype_fields(list(map(_DTYPE, mys))),
             self._shape_fields(list(map(_SHAPE, mys))),
-            _text_fields(list(map(_REASON, rows))),
+            _text_fields(fields.reason),
             _text_fields(list(map(_NAME, keys))),
             steps,
             _text_fields(list(map(_IO, keys))),
             _text_fields(list(map(_POSITION, keys))),
             _text_fields(list(map(_CALL, keys))),
             _text_fields([my.key.name for my in mys]),
-            _text_fields(list(map(_VERDICT, rows))),
-            _text_fields([row.deciding_metric or "" for row in rows]),
-            _text_fields(list(map(_JUDGED_AS, rows))),
-            _text_fields(list(map(_RULE, rows))),
-            _text_fields(list(map(_ATTRIBUTION, rows))),
-            _text_fields([" | ".join(row.fed_by) for row in rows]),
-            _text_fields(list(map(_STRUCTURE, rows))),
-            _text_fields(_sibling_growth(rows)),
-            _text_fields(list(map(_EVIDENCE, rows))),
+            _text_fields(fields.verdict),
+            _text_fields([deciding or "" for deciding in fields.deciding_metric]),
+            _text_fields(fields.judged_as),
+            _text_fields(fields.rule),
+            _text_fields(fields.attribution),
+            _text_fields([" | ".join(fed_by) for fed_by in fields.fed_by]),
+            _text_fields(fields.structure),
+            _text_fields(_sibling_growth(fields.sibling_growth)),
+            _text_fields(fields.evidence),
         ]
 
-    def _number_columns(self, rows: Sequence[ComparisonRow]) -> list[list[str]]:
+    def _number_columns(self, fields: RowFields) -> list[list[str]]:
         """Return the fields of the number columns, in the order of ``_NUMBER_COLUMNS`` and then the extra ones."""
-        golden_stats = [row.golden_stats or _NO_STATS for row in rows]
-        my_stats = [row.my_stats or _NO_STATS for row in rows]
-        metrics = [row.metrics for row in rows]
+        golden_stats = [stats or _NO_STATS for stats in fields.golden_stats]
+        my_stats = [stats or _NO_STATS for stats in fields.my_stats]
+        metrics = fields.metrics
         numbers = [
             *(list(map(read, golden_stats)) for read in _STATS),
             *(list(map(read, my_stats)) for read in _STATS),
             *metric_values(metrics, _FIXED_METRICS),
-            *_deciding_columns(metrics, [row.deciding_metric or "" for row in rows]),
+            *_deciding_columns(metrics, [deciding or "" for deciding in fields.deciding_metric]),
             *(list(map(read, golden_stats)) for read in _COUNTS),
             *(list(map(read, my_stats)) for read in _COUNTS),
-            *(list(map(read, rows)) for read in _ROW_NUMBERS),
+            *(list(getattr(fields, name)) for name in _ROW_NUMBERS),
             *metric_values(metrics, self.extra_columns),
         ]
         return repr_texts(numbers, _number_field)
@@ -342,9 +338,8 @@ def _deciding_columns(rows_metrics: list[Mapping[str, MetricResult]], deciding: 
     return [[columns[field][index] for index, columns in enumerate(chosen)] for field in (0, 2, 3)]
 
 
-def _sibling_growth(rows: Sequence[ComparisonRow]) -> list[str]:
-    """Return the ``lowest-highest`` growth texts (empty where the row has none)."""
-    growths = [row.sibling_growth for row in rows]
+def _sibling_growth(growths: list[tuple[float, float] | None]) -> list[str]:
+    """Return the ``lowest-highest`` growth texts of rows' ``sibling_growth`` (empty where a row has none)."""
     present = [growth for growth in growths if growth]
     lowest, highest = _described([low for low, _ in present]), _described([high for _, high in present])
     texts = iter(map("{}-{}".format, lowest, highest))
@@ -355,8 +350,7 @@ def write_csv(result: CompareResult, path: Path) -> None:
     """Write cmp_report.csv: one row per pair, in golden execution order."""
     header = csv_header(result)
     columns = _Columns(header)
-    rows = result.rows
     with atomic_output(path, "w", newline="", encoding="utf-8") as handle:
         csv.writer(handle).writerow(header)
-        for start in range(0, len(rows), _ROWS_PER_BLOCK):
-            handle.write(columns.text(rows[start : start + _ROWS_PER_BLOCK]))
+        for fields in field_blocks(result.rows, _ROWS_PER_BLOCK):
+            handle.write(columns.text(fields))

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from importlib import resources
 from operator import attrgetter
 from pathlib import Path
@@ -25,14 +25,15 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from llmcheck.plugin_api import (
-    ComparisonRow,
     MetricSpec,
+    RowFields,
     atomic_output,
     depth_points,
     drawn_step,
     error_measure,
+    field_blocks,
+    golden_order,
     heatmap,
-    in_golden_order,
     introduced_point,
     iter_field,
     json_safe,
@@ -111,31 +112,26 @@ class _PageRow(msgspec.Struct, gc=False):
 
 _NONE = type(None)
 _NOTHING, _PLAIN_NUMBERS = frozenset({_NONE}), frozenset({float, int, _NONE})
-_GOLDEN, _MY, _KEY, _METRICS = attrgetter("golden"), attrgetter("my"), attrgetter("key"), attrgetter("metrics")
-_INDEX, _NAME, _CALL, _STEP, _IO, _POSITION = map(attrgetter, ("index", "name", "call_index", "step", "io", "position"))
+_KEY = attrgetter("key")
+_NAME, _CALL, _STEP, _IO, _POSITION = map(attrgetter, ("name", "call_index", "step", "io", "position"))
 _OP, _DTYPE, _SHAPE = map(attrgetter, ("op_type", "dtype", "shape"))
-_ROW_FIELDS = tuple(
-    map(
-        attrgetter,
-        (
-            "verdict",
-            "deciding_metric",
-            "attribution",
-            "rule",
-            "reason",
-            "fed_by",
-            "judged_as",
-            "error",
-            "feeder_error",
-            "growth",
-            "expected_error",
-            "noise_error",
-            "structure",
-            "sibling_growth",
-            "sibling_count",
-            "evidence",
-        ),
-    )
+_ROW_FIELDS = (
+    "verdict",
+    "deciding_metric",
+    "attribution",
+    "rule",
+    "reason",
+    "fed_by",
+    "judged_as",
+    "error",
+    "feeder_error",
+    "growth",
+    "expected_error",
+    "noise_error",
+    "structure",
+    "sibling_growth",
+    "sibling_count",
+    "evidence",
 )
 
 
@@ -155,10 +151,10 @@ class _Rows:
         self.measure = measure
         self._shapes: dict[tuple[int, ...], str] = {}
 
-    def block(self, rows: Sequence[ComparisonRow]) -> list[_PageRow]:
-        """Return the table rows of ``rows``."""
-        count = len(rows)
-        goldens, mys = list(map(_GOLDEN, rows)), list(map(_MY, rows))
+    def block(self, fields: RowFields) -> list[_PageRow]:
+        """Return the table rows of the rows ``fields`` holds."""
+        count = len(fields)
+        goldens, mys = fields.golden, fields.my
         keys = list(map(_KEY, goldens))
         (
             verdicts,
@@ -177,16 +173,17 @@ class _Rows:
             sibling_growths,
             sibling_counts,
             evidence,
-        ) = ([*map(read, rows)] for read in _ROW_FIELDS)
-        metrics = list(map(_METRICS, rows))
+        ) = (getattr(fields, name) for name in _ROW_FIELDS)
+        metrics = fields.metrics
         by_metric = [self._metric_column(columns) for columns in metric_columns(metrics, self.metric_names)]
         if by_metric:  # each of the five fields: the metrics' columns turned into one tuple per row
             values, warn, fail, metric_verdicts, comparisons = ([*zip(*field)] for field in zip(*by_metric))
         else:
             values = warn = fail = metric_verdicts = comparisons = [()] * count
         if _NONE in set(map(type, errors)):
-            errors = [row_error(row, self.measure) for row in rows]
-        structures = [structure or placement(row).structure for structure, row in zip(structures, rows)]
+            errors = [row_error(row, self.measure) for row in fields.rows()]
+        if not all(structures):  # a row the verdict placed nowhere: placed by its name
+            structures = [structure or placement(row).structure for structure, row in zip(structures, fields.rows())]
         growth_values = list(itertools.chain.from_iterable(filter(None, sibling_growths)))
         if _json_numbers(growth_values) is growth_values:  # all finite
             sibling_growths = [growth or None for growth in sibling_growths]
@@ -195,7 +192,7 @@ class _Rows:
         return list(
             map(
                 _PageRow,
-                map(_INDEX, rows),
+                fields.index,
                 map(_NAME, keys),
                 map(_CALL, keys),
                 map(_STEP, keys),
@@ -307,8 +304,7 @@ def _page_data(result: CompareResult) -> tuple[dict[str, Any], Iterator[list[_Pa
             ],
         }
     )
-    rows = in_golden_order(result.rows)
-    blocks = (rows[start : start + _ROWS_PER_PART] for start in range(0, len(rows), _ROWS_PER_PART))
+    blocks = field_blocks(result.rows, _ROWS_PER_PART, golden_order(result.rows))
     return data, map(_Rows(metric_names, measure).block, blocks)
 
 
