@@ -436,3 +436,25 @@ def test_a_closed_manifest_counting_fewer_records_than_the_index_holds_is_report
         f"{writer.path}: index.jsonl holds 3 records, 2 more than the 1 the closed manifest counts "
         "(lines were added after the dump was written)"
     ) in caplog.text
+
+
+def test_the_runs_of_a_compare_share_their_record_keys(tmp_path: Path) -> None:
+    """Loaded for one compare, two dumps naming the same tensors hold one key object for both; read alone, each its own."""
+    from llmcheck.core.plugins import get_plugins
+
+    paths = []
+    for run, scale in (("golden", 1.0), ("my", 1.001)):
+        with DumpWriter(tmp_path / run, "test") as writer:
+            for order, name in enumerate(("model.embed", "model.layers.0", "model.norm")):
+                tensor = torch.arange(8, dtype=torch.float32) * scale
+                writer.add(_record(name, tensor, order), tensor)
+            if run == "my":  # a record only the my-run has keeps a key of its own
+                writer.add(_record("model.extra", torch.ones(2), 3), torch.ones(2))
+        paths.append(writer.path)
+    golden, my = get_plugins().load_runs(paths[0], None, paths[1], None)
+    assert [record.key for record in golden.records] == [record.key for record in my.records[:3]]
+    assert all(mine.key is theirs.key for mine, theirs in zip(my.records, golden.records))
+    assert my.records[3].key.name == "model.extra"
+    alone = [read_dump(path) for path in paths]
+    assert alone[0].records[0].key == alone[1].records[0].key
+    assert alone[0].records[0].key is not alone[1].records[0].key

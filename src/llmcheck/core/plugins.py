@@ -412,12 +412,15 @@ class Plugins:
         """Return the golden and my dumps; when both paths are wrong, one error names both problems."""
         loaded: list[Dump] = []
         problems: list[LlmcheckError] = []
+        from llmcheck.core.dumps.store import sharing_record_keys
+
         sides = ((golden_path, golden_source, "--golden-source"), (my_path, my_source, "--my-source"))
-        for path, source, flag in sides:
-            try:
-                loaded.append(self.load_tensors(path, source, flag))
-            except LlmcheckError as exc:
-                problems.append(exc)
+        with sharing_record_keys():  # the runs name the same tensors: one key object for both
+            for path, source, flag in sides:
+                try:
+                    loaded.append(self.load_tensors(path, source, flag))
+                except LlmcheckError as exc:
+                    problems.append(exc)
         # the same path given twice fails twice alike: said once
         lines = list(dict.fromkeys(problem.one_line() for problem in problems))
         if len(lines) == 1:
