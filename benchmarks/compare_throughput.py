@@ -63,28 +63,32 @@ judged rows (fed_by labels, growths)             1100    610
 total at the peak                                9600   2900
 =============================================  ======  =====
 
-Report writing adds at most ~270 bytes a pair (``pairs.json``), never the peak. What remains
-is one Python object (or three) per record and per row: the target of <= 400 bytes a pair
-needs the records and rows as columns (issue #31's "rows as columns").
+Report writing adds at most ~270 bytes a pair (``pairs.json``), never the peak. (The figures
+above are from before the rows went into columns; the table below follows them.)
 
 The same trace on the 200 000-record dumps, by phase (bytes a pair held when the phase ends,
-and the most held while it ran, over the command's fixed ~22 MB), ed00b9e against the evening
-of 2026-11-28, when judging went a step at a time, statistics rows a block at a time, the
-index a line at a time and ``pairs.json``'s derived sides one dump at a time:
+and the most held while it ran, over the command's fixed ~22 MB): ed00b9e; the evening of
+2026-11-28, when judging went a step at a time, statistics rows a block at a time, the index a
+line at a time and ``pairs.json``'s derived sides one dump at a time; and the night, when the
+rows went into columns (``core/judging/row_table.py``: the rows as measured, let go a block at
+a time as they are judged, and the rows as judged, which the reports read a field at a time)
+and the two dumps came to share their record keys:
 
-=====================================  ===========  ===========
-phase: held after (peak during)        ed00b9e      evening
-=====================================  ===========  ===========
-loading both dumps                      875 (1330)   875 (935)
-pairing                                 980 (1190)   975 (1190)
-measuring: the rows as measured        1520 (2195)  1430 (1545)
-judging: the rows as judged            1765 (2540)  1705 (1750)
-writing the reports                    1765 (2040)  1705 (1800)
-=====================================  ===========  ===========
+=====================================  ===========  ===========  ===========
+phase: held after (peak during)        ed00b9e      evening      night
+=====================================  ===========  ===========  ===========
+loading both dumps                      875 (1330)   875 (935)    790 (905)
+pairing                                 980 (1190)   975 (1190)   890 (1105)
+measuring: the rows as measured        1520 (2195)  1430 (1545)  1010 (1170)
+judging: the rows as judged            1765 (2540)  1705 (1750)  1160 (1220)
+writing the reports                    1765 (2040)  1705 (1800)  1160 (1255)
+=====================================  ===========  ===========  ===========
 
-The peak moves from judging (its feeder look-ups, sibling lines and both passes' rows, held for
-every step at once) to writing ``pairs.json``, 1 800 bytes a pair: what is held then is the
-records, the pairs and the judged rows themselves.
+In the evening the peak was writing ``pairs.json``, 1 800 bytes a pair: the records, the pairs
+and the judged rows as objects (730 bytes a pair). At night the judged rows hold 270 bytes a
+pair as columns and the rows as measured 120; the peak is still writing ``pairs.json``, 1 255
+bytes a pair, of which the records are 790: a record is still three Python objects (the
+record, its key and its statistics, 430 bytes), the next step of issue #31.
 
 Targets on a 2-core machine (issue #17): >= 20 000 pairs/s in the small mode, >= 2.5 GB/s in
 the large mode's compare phase, peak PSS <= 2 x largest tensor + 300 MB. The
