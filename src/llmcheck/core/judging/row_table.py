@@ -1,9 +1,9 @@
-"""The judged rows of a compare, held as columns a judged step at a time; a row is made when it is asked for.
+"""The rows of a compare, as measured and as judged, held as columns a block at a time; a row is made when it is asked for.
 
 Why: as :class:`~llmcheck.core.records.ComparisonRow` objects, the judged rows of a
 statistics-only compare cost 660 bytes a pair (the row's 24 slots, its metrics, its feeders'
 labels, its errors as float objects): 6.6 GB for ten million pairs, held from judging to the
-last report. Held here, a step's rows are numbers in arrays: floats and ints as C values,
+last report; the rows as measured, 450 more until judging ends. Held here, a step's rows are numbers in arrays: floats and ints as C values,
 texts and shared objects (the metric layout, a growth range) as small codes into the
 distinct values, the feeders' labels as codes a row. The records both sides point at are
 held by reference, as the dumps hold them anyway.
@@ -14,7 +14,7 @@ bit for bit what judging made -- a value of any type a column does not hold as i
 among floats, a numpy scalar, an object judging made afresh for each row) is kept as the
 object itself. Nothing keeps a made row: two reads give equal rows, not the same object, so
 a reader compares rows by ``index``. A reader that needs one field of every row asks
-:meth:`RowTable.column` and makes no row at all.
+:meth:`RowTable.column` (or :func:`field_blocks`, a block of rows at a time) and makes no row at all.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from array import array
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import fields
 from operator import attrgetter
-from typing import Any, overload
+from typing import Any, Protocol, overload
 
 import numpy as np
 
@@ -40,16 +40,14 @@ ROWS_PER_BATCH = 4096
 _NONE_TYPE = type(None)
 
 
-class _Column:
-    """One field of a block's rows; ``values(offsets)`` returns the field of the rows at ``offsets``, in turn."""
-
-    __slots__ = ()
+class _Column(Protocol):
+    """One field of a block's rows, held one of the ways below."""
 
     def values(self, offsets: np.ndarray) -> list[Any]:
-        raise NotImplementedError
+        """Return the field of the rows at ``offsets``, in turn."""
 
 
-class _Constant(_Column):
+class _Constant:
     """A field every row of the block shares: the value, once."""
 
     __slots__ = ("value",)
@@ -61,7 +59,7 @@ class _Constant(_Column):
         return [self.value] * len(offsets)
 
 
-class _Numbers(_Column):
+class _Numbers:
     """Python floats (or ints) as C doubles (or integers), each read back as the number it was; ``None`` where ``absent``."""
 
     __slots__ = ("absent", "numbers")
@@ -77,7 +75,7 @@ class _Numbers(_Column):
         return values
 
 
-class _Codes(_Column):
+class _Codes:
     """Values drawn from a few distinct ones: a small code per row into the distinct values."""
 
     __slots__ = ("codes", "distinct")
@@ -90,7 +88,7 @@ class _Codes(_Column):
         return values
 
 
-class _Objects(_Column):
+class _Objects:
     """Values each row holds its own of (the records a row pairs): a reference per row."""
 
     __slots__ = ("objects",)
@@ -103,7 +101,7 @@ class _Objects(_Column):
         return values
 
 
-class _Ragged(_Column):
+class _Ragged:
     """A run of values per row, of a few distinct ones: a code per value and where each row's run starts.
 
     Holds a row's feeders' labels (a tuple of texts), or its metric values (an ``array('d')``
@@ -127,7 +125,7 @@ class _Ragged(_Column):
         return [make(flat[start:end]) for start, end in zip((starts - low).tolist(), (ends - low).tolist())]
 
 
-class _Metrics(_Column):
+class _Metrics:
     """Each row's :class:`JudgedMetrics`: its layout and verdicts as codes, its values as C doubles."""
 
     __slots__ = ("layouts", "metric_values", "verdicts")
@@ -271,10 +269,11 @@ class _Block:
 
 
 class RowTable(Sequence[ComparisonRow]):
-    """A compare's judged rows as columns, in row order: a read-only sequence that makes each row when asked.
+    """A compare's rows as columns, in row order: a read-only sequence that makes each row when asked.
 
-    Judging fills it a step at a time (:meth:`put`): the rows at some row positions, held as
-    one block of columns. Every position is filled before it is read.
+    Filled a block at a time (:meth:`put`): the rows at some row positions, held as one block
+    of columns -- a batch of rows as measured (:class:`RowCollector`), one step's rows as
+    judged. Every position is filled before it is read.
     """
 
     def __init__(self, size: int) -> None:
@@ -343,8 +342,8 @@ class RowTable(Sequence[ComparisonRow]):
         return self.rows_at(np.array([index % len(self)]))[0]
 
     def __iter__(self) -> Iterator[ComparisonRow]:
-        for start in range(0, len(self), ROWS_PER_BATCH):
-            yield from self.rows_at(np.arange(start, min(start + ROWS_PER_BATCH, len(self))))
+        for block in field_blocks(self, ROWS_PER_BATCH):
+            yield from block.rows()
 
     def rows_at(self, positions: np.ndarray) -> list[ComparisonRow]:
         """Return the rows at row positions ``positions``, in turn."""
@@ -358,7 +357,7 @@ class RowTable(Sequence[ComparisonRow]):
 
     def values_at(self, name: str, positions: np.ndarray) -> list[Any]:
         """Return field ``name`` of the rows at ``positions``, in turn, making no row."""
-        return self._gathered(positions, lambda block, offsets: block.values(name, offsets))
+        return self._gathered(positions, _field_reader(name))
 
     def _gathered(self, positions: np.ndarray, read: Callable[[_Block, np.ndarray], list[Any]]) -> list[Any]:
         """Return what ``read`` gives for each position, in turn, asking each block once for its positions."""
@@ -389,12 +388,8 @@ def row_field(rows: Sequence[ComparisonRow], name: str) -> list[Any]:
 
 def iter_field(rows: Sequence[ComparisonRow], name: str) -> Iterator[Any]:
     """Yield field ``name`` of every row, in turn, a batch at a time: for a field whose values are made (``metrics``)."""
-    if not isinstance(rows, RowTable):
-        yield from (getattr(row, name) for row in rows)
-        return
-    for start in range(0, len(rows), ROWS_PER_BATCH):
-        positions = np.arange(start, min(start + ROWS_PER_BATCH, len(rows)))
-        yield from rows.values_at(name, positions)
+    for block in field_blocks(rows, ROWS_PER_BATCH):
+        yield from getattr(block, name)
 
 
 def rows_at(rows: Sequence[ComparisonRow], positions: Sequence[int]) -> list[ComparisonRow]:
@@ -432,6 +427,11 @@ def in_golden_order(rows: Sequence[ComparisonRow]) -> Sequence[ComparisonRow]:
     if isinstance(rows, RowTable):
         return rows.reordered(golden_order(rows))
     return sorted(rows, key=lambda row: row.golden.order)
+
+
+def _field_reader(name: str) -> Callable[[_Block, np.ndarray], list[Any]]:
+    """Return what reads field ``name`` of a block's rows at some offsets."""
+    return lambda block, offsets: block.values(name, offsets)
 
 
 def _read_groups(
@@ -510,9 +510,7 @@ class RowFields:
         values = self._read.get(name)
         if values is None:
             if self._groups is not None:
-                values = _read_groups(
-                    self._groups, len(self._positions), lambda block, offsets: block.values(name, offsets)
-                )
+                values = _read_groups(self._groups, len(self._positions), _field_reader(name))
             else:
                 values = [getattr(row, name) for row in self.rows()]
             self._read[name] = values
