@@ -54,6 +54,7 @@ from llmcheck.core.dumps.dump_schema import (
     decode,
     decoder,
 )
+from llmcheck.core.dumps.stats_rows import StatsRows
 from llmcheck.core.errors import DumpFormatError, DumpNotFoundError, LlmcheckError, UsageError, WriteFailedError
 from llmcheck.core.gc_pause import paused_cyclic_gc
 from llmcheck.core.records import (
@@ -189,8 +190,13 @@ def index_line(
 NO_ATTRS: Mapping[str, Any] = {}
 
 
-def record_from_index_line(line: IndexLine, data: TensorData | None, source_path: str) -> TensorRecord:
+def record_from_index_line(
+    line: IndexLine, data: TensorData | None, source_path: str, stats_rows: StatsRows | None = None
+) -> TensorRecord:
     """Build a record from a validated index line and its data handle.
+
+    ``stats_rows`` makes the record's statistics as a row of columns its dump's records share
+    (:mod:`~llmcheck.core.dumps.stats_rows`; without it they are a ``TensorStats`` of their own).
 
     The text fields repeat across a dump's lines (every step repeats every name; io, dtype,
     device repeat throughout): they are interned, so 10**5 records hold one copy of each
@@ -223,7 +229,7 @@ def record_from_index_line(line: IndexLine, data: TensorData | None, source_path
         line.rank,  # rank
         None if line.op_type is None else intern(line.op_type),  # op_type
         None if line.parent is None else intern(line.parent),  # parent
-        None if line.stats is None else _stats_from_json(line.stats),  # stats
+        None if line.stats is None else _stats_from_json(line.stats, stats_rows or build_stats),  # stats
         data,  # data
         source_path,  # source_path
         line.attrs or NO_ATTRS,  # attrs
@@ -260,9 +266,9 @@ _build_record = slot_builder(TensorRecord)
 _build_data = slot_builder(TensorData, skip_post_init=True)
 
 
-def _stats_from_json(stats: StatsJson) -> TensorStats:
+def _stats_from_json(stats: StatsJson, make: Callable[..., TensorStats]) -> TensorStats:
     """Return an index line's statistics as :meth:`TensorStats.from_json` reads them (a non-finite one's text as its float)."""
-    return build_stats(
+    return make(
         min=number_from_json(stats.min),
         max=number_from_json(stats.max),
         mean=number_from_json(stats.mean),
@@ -1018,6 +1024,7 @@ def _index_records(
     shards = _Shards(root, index_where, plain_names)
     root_name = root.name
     records: list[TensorRecord] = []
+    stats_rows = StatsRows()  # the records' statistics, as rows of columns
     blank_lines: list[int] = []  # their numbers, for the line numbers of a repeated key's error
     offset = 0  # where the line starts, named in its error
     # Values most lines repeat, held once: a shape (a tuple and its ints, 90 bytes), a step past
@@ -1051,7 +1058,7 @@ def _index_records(
             source_path = index_paths.get(line.name)
             if source_path is None:
                 source_path = index_paths[line.name] = f"{root_name}/{INDEX_NAME}:{line.name}"
-            records.append(record_from_index_line(line, None, source_path))
+            records.append(record_from_index_line(line, None, source_path, stats_rows))
             continue
         if shard_name is None or tensor_name is None:
             raise DumpFormatError(
@@ -1059,7 +1066,8 @@ def _index_records(
                 where=f"{index_where}:{line_number}",
             )
         data = shards.data(line, shard_name, tensor_name, itemsize, line_number)
-        records.append(record_from_index_line(line, data, f"{root_name}/{shard_name}:{tensor_name}"))
+        records.append(record_from_index_line(line, data, f"{root_name}/{shard_name}:{tensor_name}", stats_rows))
+    stats_rows.close()
     # One pass in C but for each key's hash (RecordKey's __hash__, 0.2 us): 10 ms of the 240 ms
     # a 50 000-record dump takes, won back by record_from_index_line's calls by position.
     if len(set(map(_KEY, records))) != len(records):

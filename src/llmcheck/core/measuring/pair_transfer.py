@@ -202,7 +202,7 @@ def _side_stats(packed: PackedMeasurements, side: int, rows: int) -> list[Tensor
     stats_missing = packed["stats_missing"][side, :rows]
     counts_missing = packed["counts_missing"][side, :rows]
     incomplete = set(np.flatnonzero(stats_missing.any(axis=1) | counts_missing.any(axis=1)).tolist())
-    result = []
+    result: list[TensorStats] = []
     for row, (floats, integers) in enumerate(zip(stats, counts)):
         if row in incomplete:
             floats = [None if gone else value for value, gone in zip(floats, stats_missing[row].tolist())]

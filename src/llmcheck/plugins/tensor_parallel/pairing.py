@@ -208,7 +208,7 @@ def _combined_stats(shards: list[TensorRecord], kind: str) -> TensorStats | None
         return None
     if kind == SUM:
         means = [part.mean for part in stats]  # type: ignore[union-attr]
-        return TensorStats(mean=sum(means)) if None not in means else None  # type: ignore[arg-type]
+        return TensorStats(mean=sum(means)) if None not in means else None
     counts = [shard.numel for shard in shards]
     fields = {name: [getattr(part, name) for part in stats] for name in ("min", "max", "mean", "l2norm")}
     if any(None in values for values in fields.values()):
