@@ -35,6 +35,7 @@ from llmcheck.core.judging.verdicts import (
 from llmcheck.core.judging.weights import check_weights
 from llmcheck.core.measuring.pairing_jobs import PairExecutor, measure_pairing, pair_bytes
 from llmcheck.core.pairing.merge import merge_pairs
+from llmcheck.core.pairing.pair_table import pair_side
 from llmcheck.core.records import (
     Dump,
     MetricSpec,
@@ -117,7 +118,12 @@ def compare_dumps(
     twin, rows_with_twin = None, 0
     if noise is not None and measure is not None:  # before measuring: a twin that pairs with nothing fails fast
         twin, rows_with_twin = _noise_twin(
-            golden, my, noise, measure, workers, [pair.golden for pair in pairing.pairs if pair.golden is not None]
+            golden,
+            my,
+            noise,
+            measure,
+            workers,
+            [record for record in pair_side(pairing.pairs, "golden") if record is not None],
         )
     made = RowCollector(len(pairing.pairs))  # the rows as measured, held as columns
 

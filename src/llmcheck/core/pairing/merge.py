@@ -39,6 +39,7 @@ from typing import IO, Any
 
 from llmcheck.core.dumps.atomic_files import atomic_output
 from llmcheck.core.errors import PluginError, UsageError, closest_name
+from llmcheck.core.pairing.pair_table import PairTable, pair_side
 from llmcheck.core.records import Dump, Pair, RecordKey, TensorRecord, UserMapping
 
 PAIRS_FORMAT = "llmcheck-pairs"
@@ -59,9 +60,13 @@ class Unmatched:
 
 @dataclass
 class Pairing:
-    """The kept pairs in golden execution order, and the unmatched records of each side."""
+    """The kept pairs in golden execution order, and the unmatched records of each side.
 
-    pairs: list[Pair]
+    ``pairs`` is a :class:`~llmcheck.core.pairing.pair_table.PairTable` as :func:`merge_pairs`
+    returns it: 20 bytes a pair, where a list of pair objects is 88.
+    """
+
+    pairs: Sequence[Pair]
     unmatched_golden: list[Unmatched] = field(default_factory=list)
     unmatched_my: list[Unmatched] = field(default_factory=list)
 
@@ -163,7 +168,7 @@ def _pairing(
     """Return the kept pairs in golden execution order and each side's records no kept pair holds (by ``id``)."""
     kept.sort(key=lambda pair: (pair.golden.order, pair.my.order))  # type: ignore[union-attr]
     return Pairing(
-        pairs=kept,
+        pairs=PairTable(kept),
         unmatched_golden=[
             Unmatched(r, notes.get(id(r), NO_COUNTERPART), id(r) in expected)
             for r in golden.records
@@ -284,9 +289,9 @@ def write_pairs_json(path: Path, pairing: Pairing, golden: Dump, my: Dump) -> No
     ``--mapping`` it is left to the rule that built it, since its keys alone name another pair.
     """
     derived = [False] * len(pairing.pairs)
-    for dump, side in ((golden, attrgetter("golden")), (my, attrgetter("my"))):
+    for dump, side in ((golden, "golden"), (my, "my")):
         loaded = {id(record) for record in dump.records}  # one side's at a time: a set of ids is 100 bytes a record
-        for number, record in enumerate(map(side, pairing.pairs)):
+        for number, record in enumerate(pair_side(pairing.pairs, side)):
             if id(record) not in loaded:
                 derived[number] = True
         del loaded
