@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
 from llmcheck.core.errors import PluginError
-from llmcheck.core.pairing.merge import merge_pairs
+from llmcheck.core.pairing.merge import merge_pairs, write_pairs_json
 from llmcheck.core.records import Dump, Pair, RecordKey, TensorRecord
 from llmcheck.plugins.native.pairing import map_pairs
 
@@ -91,3 +92,31 @@ def test_a_list_pairing_each_record_once_is_kept_as_the_general_merge_keeps_it(t
         "d"
     ]
     assert fast.unmatched_my == general.unmatched_my and [u.record.key.name for u in fast.unmatched_my] == ["e"]
+
+
+@pytest.mark.parametrize("first_order", [0, 7, None], ids=["orders-from-0", "orders-from-7", "orders-not-a-count"])
+def test_a_copy_of_a_loaded_record_is_refused_and_a_derived_record_marked_whatever_the_orders(
+    tmp_path: Path, first_order: int | None
+) -> None:
+    """Records are told apart from copies by identity: at their place by order, else by a set of ids."""
+    records = _records("a", "b", "c")
+    if first_order is not None:
+        records = [record.with_changes(order=first_order + record.order) for record in records]
+    else:  # orders that count nothing: a record is not found at its place, and the set decides
+        records = [record.with_changes(order=10 * (3 - record.order)) for record in records]
+    golden, my = Dump("a", tmp_path, records), Dump("a", tmp_path, _records("a", "b", "c"))
+    copy = records[1].with_changes()
+    assert copy == records[1] and copy is not records[1]
+    with pytest.raises(PluginError, match="proposed a copy of the golden record b"):
+        merge_pairs(golden, my, [Pair(copy, my.records[1], "rule", 50)])
+    derived = records[2].with_changes(shape=(8,))  # equal to no loaded record: built by a rule, allowed
+    merged = merge_pairs(
+        golden, my, [Pair(records[0], my.records[0], "rule", 50), Pair(derived, my.records[2], "rule", 50)]
+    )
+    written = tmp_path / "pairs.json"
+    write_pairs_json(written, merged, golden, my)
+    entries = json.loads(written.read_text())["pairs"]
+    assert sorted((entry["golden"]["name"], entry.get("derived", False)) for entry in entries) == [
+        ("a", False),
+        ("c", True),
+    ]

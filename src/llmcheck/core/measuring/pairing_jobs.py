@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Callable, Sequence
+from array import array
+from collections.abc import Callable, Iterator, Mapping, MutableMapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from llmcheck.core.pairing.merge import Pairing
@@ -77,6 +78,54 @@ def has_recorded_stats(record: TensorRecord) -> bool:
     return record.stats is not None and record.stats.max is not None
 
 
+class PairProblems(MutableMapping[int, str]):
+    """Why each pair that was not measured was not, by pair index: a code a pair into the distinct reasons.
+
+    Why not a dict: every pair of a statistics-only compare has a reason (it has no data), and
+    a dict entry and its index's int were 100 bytes a pair, held through the measuring. The
+    reasons are few (one per side with no data, one per pair of mismatched shapes): here a
+    pair is four bytes.
+    """
+
+    __slots__ = ("_code_of", "_codes", "_count", "_reasons")
+
+    def __init__(self, pairs: int) -> None:
+        self._codes = array("I", bytes(4 * pairs))  # 0: no reason
+        self._reasons: list[str] = [""]
+        self._code_of: dict[str, int] = {}
+        self._count = 0
+
+    def __getitem__(self, index: int) -> str:
+        code = self._codes[index] if 0 <= index < len(self._codes) else 0
+        if not code:
+            raise KeyError(index)
+        return self._reasons[code]
+
+    def get(self, index: int, default: Any = None) -> Any:
+        """Return the reason of the pair at ``index``, or ``default`` where it has none (read once per unmeasured pair)."""
+        code = self._codes[index] if 0 <= index < len(self._codes) else 0
+        return self._reasons[code] if code else default
+
+    def __setitem__(self, index: int, reason: str) -> None:
+        code = self._code_of.get(reason)
+        if code is None:
+            code = self._code_of[reason] = len(self._reasons)
+            self._reasons.append(reason)
+        self._count += not self._codes[index]
+        self._codes[index] = code
+
+    def __delitem__(self, index: int) -> None:
+        self[index]  # a KeyError for a pair with no reason, as a dict gives
+        self._codes[index] = 0
+        self._count -= 1
+
+    def __iter__(self) -> Iterator[int]:
+        return (index for index, code in enumerate(self._codes) if code)
+
+    def __len__(self) -> int:
+        return self._count
+
+
 class PairExecutor(Protocol):
     """Measures pairs somewhere other than this machine's worker processes (``compare --executor``)."""
 
@@ -97,7 +146,7 @@ def measure_pairing(
     pool: HeldWorkers | None,
     measured: Callable[[int, Any], None],
     measured_columns: Callable[[MeasuredColumns], None] | None = None,
-) -> tuple[dict[int, str], int]:
+) -> tuple[Mapping[int, str], int]:
     """Measure every pair, handing each measurement to ``measured(index, measurement)`` as it arrives.
 
     ``measured_columns``, when given, is handed the small pairs measured in this machine's
@@ -115,7 +164,7 @@ def measure_pairing(
 
     jobs: dict[tuple[Any, ...], PairJob] = {}
     same_data: dict[int, list[int]] = {}  # a measured pair's index -> the later pairs over its bytes
-    problems: dict[int, str] = {}
+    problems = PairProblems(len(pairing.pairs))
     for index, pair in enumerate(pairing.pairs):
         assert pair.golden is not None and pair.my is not None
         problem = incomparable_reason(pair.golden, pair.my)

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import itertools
 import json
-from collections.abc import Collection, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from operator import attrgetter
 from pathlib import Path
@@ -83,16 +83,12 @@ def _refuse_copies(dump: Dump, side: str, proposals: Sequence[Pair]) -> None:
     paired (under the copy) and unmatched. A record the dump does not hold and no loaded
     record equals (shards gathered into one tensor) is a derived record, which is allowed.
     """
-    loaded = set(map(id, dump.records))
+    loaded = loaded_records(dump)
     side_of = _GOLDEN if side == "golden" else _MY
-    proposed = set(map(id, map(side_of, proposals)))
-    proposed.discard(_NONE_ID)
-    if proposed <= loaded:  # every proposal holds loaded records (the common case): one pass in C
-        return
     by_key: dict[RecordKey, TensorRecord] | None = None
     for pair in proposals:
         record = side_of(pair)
-        if record is None or id(record) in loaded:
+        if record is None or loaded(record):
             continue
         by_key = dump.by_key() if by_key is None else by_key
         if by_key.get(record.key) == record:
@@ -103,6 +99,32 @@ def _refuse_copies(dump: Dump, side: str, proposals: Sequence[Pair]) -> None:
                 hint="a llmcheck_map_pairs implementation must put the very record objects of "
                 "the dumps it was given into its pairs, not copies",
             )
+
+
+def loaded_records(dump: Dump) -> Callable[[TensorRecord], bool]:
+    """Return a test of whether a record is one of ``dump``'s very record objects (not an equal copy).
+
+    Why not a set of the records' ids: that is 100 bytes a record, held while pairs.json is
+    written -- the compare's peak. A dump's records are in execution order, and ``order``
+    counts them from the first one's in llmcheck's own dumps and most sources, so a record
+    is found at its place by that count and checked by identity; a dump whose orders are not
+    such a count (and a record not found so) falls back to the set, made the first time.
+    """
+    records = dump.records
+    count = len(records)
+    first = records[0].order if count and type(records[0].order) is int else 0
+    ids: set[int] | None = None
+
+    def loaded(record: TensorRecord) -> bool:
+        nonlocal ids
+        order = record.order
+        if type(order) is int and 0 <= order - first < count and records[order - first] is record:
+            return True
+        if ids is None:
+            ids = set(map(id, records))
+        return id(record) in ids
+
+    return loaded
 
 
 _GOLDEN = attrgetter("golden")
@@ -290,11 +312,10 @@ def write_pairs_json(path: Path, pairing: Pairing, golden: Dump, my: Dump) -> No
     """
     derived = [False] * len(pairing.pairs)
     for dump, side in ((golden, "golden"), (my, "my")):
-        loaded = {id(record) for record in dump.records}  # one side's at a time: a set of ids is 100 bytes a record
+        loaded = loaded_records(dump)
         for number, record in enumerate(pair_side(pairing.pairs, side)):
-            if id(record) not in loaded:
+            if record is None or not loaded(record):
                 derived[number] = True
-        del loaded
     document = {
         "format": PAIRS_FORMAT,
         "format_version": PAIRS_FORMAT_VERSION,
