@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from llmcheck.core.records import (
+    RECORD_FIELDS,
     ComparisonRow,
     MetricResult,
     RecordKey,
@@ -15,6 +16,7 @@ from llmcheck.core.records import (
     TensorRecord,
     TensorStats,
     build_metric_result,
+    build_record,
     build_row,
     build_stats,
     slot_builder,
@@ -31,11 +33,9 @@ def test_built_objects_equal_constructed_ones_defaults_included() -> None:
     key = slot_builder(RecordKey)("layer", "output", "0", 3, 1, "after")
     _same(key, RecordKey("layer", "output", "0", 3, 1, "after"))
     assert key.rank == 0  # a default
-    record = slot_builder(TensorRecord)(key=key, dtype="float32", shape=(2,), order=4)
+    record = build_record(key=key, dtype="float32", shape=(2,), order=4)
     constructed = TensorRecord(key=key, dtype="float32", shape=(2,), order=4)
-    assert [getattr(record, f.name) for f in dataclasses.fields(TensorRecord)] == [
-        getattr(constructed, f.name) for f in dataclasses.fields(TensorRecord)
-    ]
+    assert [getattr(record, name) for name in RECORD_FIELDS] == [getattr(constructed, name) for name in RECORD_FIELDS]
     _same(
         build_metric_result("cosine_similarity", 0.5, higher_is_better=True),
         MetricResult("cosine_similarity", 0.5, higher_is_better=True),

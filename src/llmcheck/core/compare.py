@@ -33,7 +33,7 @@ from llmcheck.core.judging.verdicts import (
     ThresholdOverride,
 )
 from llmcheck.core.judging.weights import check_weights
-from llmcheck.core.measuring.pairing_jobs import PairExecutor, measure_pairing, pair_bytes
+from llmcheck.core.measuring.pairing_jobs import PairExecutor, measure_pairing
 from llmcheck.core.pairing.merge import merge_pairs
 from llmcheck.core.pairing.pair_table import pair_side
 from llmcheck.core.records import (
@@ -164,7 +164,12 @@ def compare_dumps(
         metric_specs=specs,
         elapsed_s=time.perf_counter() - started,
         tensor_bytes_read=bytes_read,
-        tensor_bytes_compared=sum(pair_bytes(pair) for pair in pairing.pairs),
+        tensor_bytes_compared=sum(  # both sides' records, read without making the pairs
+            record.nbytes
+            for side in ("golden", "my")
+            for record in pair_side(pairing.pairs, side)
+            if record is not None
+        ),
         threshold_overrides=tuple(threshold_overrides),
         noise=noise,
         rows_with_twin=rows_with_twin,

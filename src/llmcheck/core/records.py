@@ -323,7 +323,27 @@ class TensorData:
         return tensor_from_byte_range(self.path, self.offset, self.nbytes, self.dtype, self.shape)
 
 
-@dataclass(frozen=True, slots=True)
+#: ``attrs`` not given: each held record gets a dict of its own, as a dataclass's ``default_factory`` gives.
+_FRESH_ATTRS: Any = MISSING
+
+#: The fields of :class:`TensorRecord`, in order: a record is made from them by position.
+RECORD_FIELDS = (
+    "key",
+    "dtype",
+    "shape",
+    "order",
+    "device",
+    "rank",
+    "op_type",
+    "parent",
+    "stats",
+    "data",
+    "source_path",
+    "attrs",
+    "digest",
+)
+
+
 class TensorRecord:
     """One tensor seen in one run: its key, its description, its statistics and lazy data.
 
@@ -335,7 +355,113 @@ class TensorRecord:
     ``digest`` is a checksum of the tensor's bytes that the source recorded instead of (or
     besides) the data (msprobe's md5 mode); two records whose sources recorded digests the
     same way are bit-identical exactly when their digests are equal.
+
+    ``TensorRecord(key=..., ...)`` holds its fields itself (:class:`HeldRecord`). The records
+    read from llmcheck's own index are rows of columns instead
+    (:class:`~llmcheck.core.dumps.record_rows.RecordRow`): a decode dump holds 10**6 records or
+    more, and a record as an object of its own and its ``order`` were 164 bytes. Both kinds
+    read alike, compare equal when their fields are equal and are frozen;
+    :meth:`with_changes` makes a held record of either.
     """
+
+    __slots__ = ()
+
+    if TYPE_CHECKING:  # the fields, as the kinds below give them
+        key: RecordKey
+        dtype: str
+        shape: tuple[int, ...]
+        order: int
+        device: str
+        rank: int
+        op_type: str | None
+        parent: str | None
+        stats: TensorStats | None
+        data: TensorData | None
+        source_path: str
+        attrs: Mapping[str, Any]
+        digest: str | None
+
+    def __new__(
+        cls,
+        key: RecordKey,
+        dtype: str,
+        shape: tuple[int, ...],
+        order: int,
+        device: str = "cpu",
+        rank: int = 0,
+        op_type: str | None = None,
+        parent: str | None = None,
+        stats: TensorStats | None = None,
+        data: TensorData | None = None,
+        source_path: str = "",
+        attrs: Mapping[str, Any] = _FRESH_ATTRS,
+        digest: str | None = None,
+    ) -> TensorRecord:
+        if cls is TensorRecord or cls is HeldRecord:  # the records a plugin makes hold their fields
+            return build_record(
+                key, dtype, shape, order, device, rank, op_type, parent, stats, data, source_path, attrs, digest
+            )
+        return super().__new__(cls)
+
+    def __init__(self, *values: Any, **named: Any) -> None:
+        """The fields were set by ``__new__``."""
+
+    @property
+    def numel(self) -> int:
+        """Return the number of elements of the tensor."""
+        return math.prod(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        """Return the tensor's size in bytes in its own dtype."""
+        return self.numel * DTYPE_ITEMSIZE.get(self.dtype, 0)
+
+    def values(self) -> tuple[Any, ...]:
+        """Return the fields, in :data:`RECORD_FIELDS` order."""
+        return _RECORD_VALUES(self)
+
+    def with_changes(self, **changes: Any) -> TensorRecord:
+        """Return a copy with the given fields replaced (a :class:`HeldRecord`, whichever kind this is)."""
+        unknown = changes.keys() - _RECORD_POSITION.keys()
+        if unknown:
+            raise TypeError(f"TensorRecord has no field {sorted(unknown)[0]!r}")
+        values = list(self.values())
+        for name, value in changes.items():
+            values[_RECORD_POSITION[name]] = value
+        return build_record(*values)
+
+    def __eq__(self, other: object) -> bool:
+        if self is other:
+            return True
+        if not isinstance(other, TensorRecord):
+            return NotImplemented
+        return self.values() == other.values()
+
+    def __hash__(self) -> int:
+        return hash(self.values())
+
+    def __repr__(self) -> str:
+        fields_text = ", ".join(f"{name}={value!r}" for name, value in zip(RECORD_FIELDS, self.values()))
+        return f"TensorRecord({fields_text})"
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise FrozenInstanceError(f"cannot assign to field {name!r}")
+
+    def __delattr__(self, name: str) -> None:
+        raise FrozenInstanceError(f"cannot delete field {name!r}")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickle as a held record: a record sent to another process leaves its columns behind."""
+        return TensorRecord, self.values()
+
+
+_RECORD_VALUES = operator.attrgetter(*RECORD_FIELDS)
+_RECORD_POSITION = {name: position for position, name in enumerate(RECORD_FIELDS)}
+
+
+@dataclass(frozen=True, slots=True, init=False, repr=False, eq=False)
+class HeldRecord(TensorRecord):
+    """A record that holds its fields: what ``TensorRecord(...)`` makes."""
 
     key: RecordKey
     dtype: str
@@ -351,19 +477,8 @@ class TensorRecord:
     attrs: Mapping[str, Any] = field(default_factory=dict)
     digest: str | None = None
 
-    @property
-    def numel(self) -> int:
-        """Return the number of elements of the tensor."""
-        return math.prod(self.shape)
-
-    @property
-    def nbytes(self) -> int:
-        """Return the tensor's size in bytes in its own dtype."""
-        return self.numel * DTYPE_ITEMSIZE.get(self.dtype, 0)
-
-    def with_changes(self, **changes: Any) -> TensorRecord:
-        """Return a copy with the given fields replaced."""
-        return replace(self, **changes)
+    __hash__ = TensorRecord.__hash__
+    __reduce__ = TensorRecord.__reduce__
 
 
 @dataclass(frozen=True, slots=True)
@@ -768,6 +883,8 @@ build_row = _build_row = slot_builder(ComparisonRow)
 build_metric_result = slot_builder(MetricResult)
 #: ``TensorStats(...)``, built faster: two per measured pair, one per record of a statistics dump.
 build_stats = slot_builder(HeldStats)
+#: ``TensorRecord(...)``, built faster: what a loader makes for each record.
+build_record = slot_builder(HeldRecord)
 
 
 class MetricLayout:

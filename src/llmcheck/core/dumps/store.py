@@ -54,7 +54,7 @@ from llmcheck.core.dumps.dump_schema import (
     decode,
     decoder,
 )
-from llmcheck.core.dumps.stats_rows import StatsRows
+from llmcheck.core.dumps.record_rows import RecordRows
 from llmcheck.core.errors import DumpFormatError, DumpNotFoundError, LlmcheckError, UsageError, WriteFailedError
 from llmcheck.core.gc_pause import paused_cyclic_gc
 from llmcheck.core.records import (
@@ -65,6 +65,7 @@ from llmcheck.core.records import (
     TensorRecord,
     TensorStats,
     TopologyNode,
+    build_record,
     build_stats,
     number_from_json,
     slot_builder,
@@ -191,12 +192,12 @@ NO_ATTRS: Mapping[str, Any] = {}
 
 
 def record_from_index_line(
-    line: IndexLine, data: TensorData | None, source_path: str, stats_rows: StatsRows | None = None
+    line: IndexLine, data: TensorData | None, source_path: str, rows: RecordRows | None = None
 ) -> TensorRecord:
     """Build a record from a validated index line and its data handle.
 
-    ``stats_rows`` makes the record's statistics as a row of columns its dump's records share
-    (:mod:`~llmcheck.core.dumps.stats_rows`; without it they are a ``TensorStats`` of their own).
+    ``rows`` makes the record and its statistics as rows of columns its dump's records share
+    (:mod:`~llmcheck.core.dumps.record_rows`); without it they are objects of their own.
 
     The text fields repeat across a dump's lines (every step repeats every name; io, dtype,
     device repeat throughout): they are interned, so 10**5 records hold one copy of each
@@ -220,7 +221,7 @@ def record_from_index_line(
     shared = _SHARED_KEYS.get()
     if shared is not None:
         key = shared.setdefault(key, key)
-    return _build_record(
+    return (build_record if rows is None else rows)(
         key,  # key
         intern(line.dtype),  # dtype
         line.shape,  # shape
@@ -229,10 +230,11 @@ def record_from_index_line(
         line.rank,  # rank
         None if line.op_type is None else intern(line.op_type),  # op_type
         None if line.parent is None else intern(line.parent),  # parent
-        None if line.stats is None else _stats_from_json(line.stats, stats_rows or build_stats),  # stats
+        None if line.stats is None else _stats_from_json(line.stats, build_stats if rows is None else rows.stats),
         data,  # data
         source_path,  # source_path
         line.attrs or NO_ATTRS,  # attrs
+        None,  # digest
     )
 
 
@@ -257,12 +259,12 @@ def sharing_record_keys() -> Iterator[None]:
         _SHARED_KEYS.reset(token)
 
 
-# The three objects of each of a decode dump's 10**5 records, built through their slots
+# The objects of each of a decode dump's 10**5 records, built through their slots
 # (:func:`~llmcheck.core.records.slot_builder`): their frozen __init__ was half of loading a
-# dump. TensorData's __post_init__, skipped so, refuses a handle with neither a path nor a
+# dump (the index reader makes the records themselves as rows, :class:`RecordRows`).
+# TensorData's __post_init__, skipped so, refuses a handle with neither a path nor a
 # loader; every handle the reader makes has a path.
 _build_key = slot_builder(RecordKey)
-_build_record = slot_builder(TensorRecord)
 _build_data = slot_builder(TensorData, skip_post_init=True)
 
 
@@ -1024,7 +1026,7 @@ def _index_records(
     shards = _Shards(root, index_where, plain_names)
     root_name = root.name
     records: list[TensorRecord] = []
-    stats_rows = StatsRows()  # the records' statistics, as rows of columns
+    rows = RecordRows()  # the records and their statistics, as rows of columns
     blank_lines: list[int] = []  # their numbers, for the line numbers of a repeated key's error
     offset = 0  # where the line starts, named in its error
     # Values most lines repeat, held once: a shape (a tuple and its ints, 90 bytes), a step past
@@ -1058,7 +1060,7 @@ def _index_records(
             source_path = index_paths.get(line.name)
             if source_path is None:
                 source_path = index_paths[line.name] = f"{root_name}/{INDEX_NAME}:{line.name}"
-            records.append(record_from_index_line(line, None, source_path, stats_rows))
+            records.append(record_from_index_line(line, None, source_path, rows))
             continue
         if shard_name is None or tensor_name is None:
             raise DumpFormatError(
@@ -1066,8 +1068,8 @@ def _index_records(
                 where=f"{index_where}:{line_number}",
             )
         data = shards.data(line, shard_name, tensor_name, itemsize, line_number)
-        records.append(record_from_index_line(line, data, f"{root_name}/{shard_name}:{tensor_name}", stats_rows))
-    stats_rows.close()
+        records.append(record_from_index_line(line, data, f"{root_name}/{shard_name}:{tensor_name}", rows))
+    rows.close()
     # One pass in C but for each key's hash (RecordKey's __hash__, 0.2 us): 10 ms of the 240 ms
     # a 50 000-record dump takes, won back by record_from_index_line's calls by position.
     if len(set(map(_KEY, records))) != len(records):

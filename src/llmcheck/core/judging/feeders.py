@@ -59,20 +59,12 @@ def inside(name: str, module: str, parents: dict[str, str]) -> bool:
 
 
 def _stats_signature(record: TensorRecord, stats: TensorStats | None) -> tuple[Hashable, ...] | None:
-    if stats is None or stats.l2norm is None or stats.max is None:
+    if stats is None:
         return None
-    return (
-        "stats",
-        record.key.step,
-        record.dtype,
-        tuple(record.shape),
-        stats.min,
-        stats.max,
-        stats.mean,
-        stats.l2norm,
-        stats.nan_count,
-        stats.inf_count,
-    )
+    values = stats.values()  # read at once (min, max, mean, l2norm, NaN and Inf counts): a row's are in columns
+    if values[3] is None or values[1] is None:
+        return None
+    return ("stats", record.key.step, record.dtype, tuple(record.shape), *values)
 
 
 def tensor_identities(record: TensorRecord, stats: TensorStats | None) -> list[tuple[Hashable, ...]]:

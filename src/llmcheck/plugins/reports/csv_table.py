@@ -186,10 +186,13 @@ def _csv_field(text: str) -> str:
 _ROWS_PER_BLOCK = 256
 _KEY, _SOURCE, _DTYPE, _SHAPE = attrgetter("key"), attrgetter("source_path"), attrgetter("dtype"), attrgetter("shape")
 _STEP, _NAME, _IO, _POSITION, _CALL = map(attrgetter, ("step", "name", "io", "position", "call_index"))
-#: Readers of the number columns' values, in ``_NUMBER_COLUMNS`` order (with the fixed metrics' values between).
-_STATS = tuple(map(attrgetter, ("max", "min", "mean")))
-_COUNTS = tuple(map(attrgetter, ("nan_count", "inf_count")))
 _ROW_NUMBERS = ("nonfinite_mismatch", "error", "feeder_error", "growth", "expected_error", "noise_error")
+
+
+def _stats_columns(all_stats: Sequence[TensorStats | None]) -> list[list[Any]]:
+    """Return the six columns (min, max, mean, L2 norm, NaN and Inf counts) of statistics, a row's ``None`` as no values."""
+    values = [(stats or _NO_STATS).values() for stats in all_stats]
+    return [list(column) for column in zip(*values)] if values else [[] for _ in range(6)]
 
 
 def _text_fields(values: list[Any]) -> list[str]:
@@ -294,16 +297,23 @@ class _Columns:
 
     def _number_columns(self, fields: RowFields) -> list[list[str]]:
         """Return the fields of the number columns, in the order of ``_NUMBER_COLUMNS`` and then the extra ones."""
-        golden_stats = [stats or _NO_STATS for stats in fields.golden_stats]
-        my_stats = [stats or _NO_STATS for stats in fields.my_stats]
+        # each side's six statistics read at once a row (a record's are a row of columns), then as columns
+        golden_mins, golden_maxes, golden_means, _, golden_nans, golden_infs = _stats_columns(fields.golden_stats)
+        my_mins, my_maxes, my_means, _, my_nans, my_infs = _stats_columns(fields.my_stats)
         metrics = fields.metrics
         numbers = [
-            *(list(map(read, golden_stats)) for read in _STATS),
-            *(list(map(read, my_stats)) for read in _STATS),
+            golden_maxes,
+            golden_mins,
+            golden_means,
+            my_maxes,
+            my_mins,
+            my_means,
             *metric_values(metrics, _FIXED_METRICS),
             *_deciding_columns(metrics, [deciding or "" for deciding in fields.deciding_metric]),
-            *(list(map(read, golden_stats)) for read in _COUNTS),
-            *(list(map(read, my_stats)) for read in _COUNTS),
+            golden_nans,
+            golden_infs,
+            my_nans,
+            my_infs,
             *(list(getattr(fields, name)) for name in _ROW_NUMBERS),
             *metric_values(metrics, self.extra_columns),
         ]

@@ -1,0 +1,321 @@
+"""The records of a dump read from llmcheck's own index, and their statistics, held as rows of columns.
+
+Why: a statistics-only dump (``dump -sd``) is nothing but records and their statistics, and
+ten million of them is what a long decode of a large model writes. As objects of their own, a
+record was 164 bytes (its 13 fields, and its ``order`` as an int object) and its statistics
+176 (the object, and four float objects). Here each is a row of 48 bytes -- a
+:class:`RecordRow`, a :class:`StatsRow` -- reading its values out of columns its block
+shares: references to the objects records hold anyway (keys shared by both runs, interned
+texts, shapes), C doubles and integers, or, where a block's rows all hold one value (the
+device, rank 0, no attrs, no data, NaN counts of zero), one tuple every such block shares.
+A statistics-only record and its statistics come to about 190 bytes in all, instead of 340.
+
+A row reads back each value exactly as it was given, object for object: a column of floats
+or ints is held as C numbers only where every value in it is of that type, else the values
+are kept as they are. A block holds :data:`ROWS_PER_BLOCK` rows, so each row's number within
+its block is one of Python's cached small ints: a row holds no number of its own.
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from llmcheck.core.records import RECORD_FIELDS, STATS_FIELDS, RecordKey, TensorData, TensorRecord, TensorStats
+
+#: The rows a block holds: 256, so that each row's number within its block is one of Python's
+#: shared small ints (0 to 256), not an int object of its own.
+ROWS_PER_BLOCK = 256
+#: The shared column of each value that fills whole blocks, by the value's type and the value
+#: (or identity, for a value that cannot be hashed); at most this many, then blocks keep their own.
+_SHARED_LIMIT = 4096
+_shared_columns: dict[tuple[Any, ...], tuple[Any, tuple[Any, ...]]] = {}
+
+
+def _shared_column(value: Any) -> tuple[Any, ...] | None:
+    """Return the one column of ``ROWS_PER_BLOCK`` times ``value`` that every block filled with it shares.
+
+    Found by value for what reads alike whichever equal object it is (None, a text, an int, a
+    tuple of ints: a shape), by identity for a mapping (the one empty ``attrs``); any other
+    value (a float: ``0.0`` equals ``-0.0``) is not shared.
+    """
+    kind = type(value)
+    if kind in _BY_VALUE or (kind is tuple and all(type(item) is int for item in value)):
+        found_by: tuple[Any, ...] = (kind, value)
+    elif isinstance(value, Mapping):
+        found_by = (kind, id(value))
+    else:
+        return None
+    entry = _shared_columns.get(found_by)
+    if entry is None:
+        if len(_shared_columns) >= _SHARED_LIMIT:
+            return None
+        entry = _shared_columns[found_by] = (value, (value,) * ROWS_PER_BLOCK)  # the value kept alive for its id
+    return entry[1]
+
+
+_BY_VALUE = frozenset({type(None), bool, int, str})
+
+
+def _sealed(values: list[Any]) -> Sequence[Any]:
+    """Return a column in the least memory that gives back each value, object for object or bit for bit.
+
+    A full block's column of one object is the column every such block shares; floats, where
+    every value is a float, are C doubles; ints, where every value is an int, C integers;
+    anything else is kept as the objects (a tuple of references).
+    """
+    first = values[0]
+    if (
+        len(values) == ROWS_PER_BLOCK
+        and values[-1] is first  # most columns that hold many values differ here: no look at the rest
+        and all(value is first for value in values)  # one object, not only equal ones (0 equals 0.0)
+    ):
+        shared = _shared_column(first)
+        if shared is not None:
+            return shared
+    kinds = set(map(type, values))
+    if kinds == {float}:
+        return array("d", values)
+    if kinds == {int} and min(values) >= -(2**63) and max(values) < 2**63:
+        return array("q", values)
+    return tuple(values)
+
+
+class _Block:
+    """Up to :data:`ROWS_PER_BLOCK` rows: a column per field, lists while filling, compact once sealed."""
+
+    __slots__ = ("columns",)
+
+    def __init__(self, fields: int) -> None:
+        self.columns: tuple[Any, ...] = tuple([] for _ in range(fields))
+
+    def seal(self) -> None:
+        """Hold each column in the least memory that gives its values back exactly."""
+        self.columns = tuple(map(_sealed, self.columns))
+
+
+class StatsRow(TensorStats):
+    """A record's statistics as one row of a block's columns: read alike, equal and hashed alike to ``TensorStats(...)``."""
+
+    __slots__ = ("_block", "_row")
+
+    _block: _Block
+    _row: int
+
+    @property
+    def min(self) -> float | None:
+        """The smallest finite element."""
+        return self._block.columns[0][self._row]  # type: ignore[no-any-return]
+
+    @property
+    def max(self) -> float | None:
+        """The largest finite element."""
+        return self._block.columns[1][self._row]  # type: ignore[no-any-return]
+
+    @property
+    def mean(self) -> float | None:
+        """The mean of the finite elements."""
+        return self._block.columns[2][self._row]  # type: ignore[no-any-return]
+
+    @property
+    def l2norm(self) -> float | None:
+        """The L2 norm of the finite elements."""
+        return self._block.columns[3][self._row]  # type: ignore[no-any-return]
+
+    @property
+    def nan_count(self) -> int | None:
+        """How many elements are NaN."""
+        return self._block.columns[4][self._row]  # type: ignore[no-any-return]
+
+    @property
+    def inf_count(self) -> int | None:
+        """How many elements are infinite."""
+        return self._block.columns[5][self._row]  # type: ignore[no-any-return]
+
+    def values(self) -> tuple[Any, ...]:
+        """Return the six values, in :data:`~llmcheck.core.records.STATS_FIELDS` order (read at once: one call, not six)."""
+        row = self._row
+        mins, maxes, means, norms, nans, infs = self._block.columns
+        return mins[row], maxes[row], means[row], norms[row], nans[row], infs[row]
+
+
+#: The fields a :class:`RecordRow` holds in slots of its own: the three read most (26, 12 and 6
+#: times a record in a compare), at a slot's speed. Each is an object records share (an interned
+#: text, a shape) or hold one each anyway (a key): a slot costs what a column would.
+SLOT_FIELDS = ("key", "dtype", "shape")
+#: The fields a :class:`RecordRow` reads from its block's columns, in order.
+COLUMN_FIELDS = tuple(name for name in RECORD_FIELDS if name not in SLOT_FIELDS)
+
+
+class RecordRow(TensorRecord):
+    """A record as one row of a block's columns: read alike, equal alike to ``TensorRecord(...)``.
+
+    Its key, dtype and shape are slots of its own; each other field is a property reading the
+    field's column at the row's place.
+    """
+
+    __slots__ = ("_block", "_row", "dtype", "key", "shape")
+
+    _block: _Block
+    _row: int
+
+    def values(self) -> tuple[Any, ...]:
+        """Return the fields, in :data:`~llmcheck.core.records.RECORD_FIELDS` order."""
+        row = self._row
+        (order, device, rank, op_type, parent, stats, data, source_path, attrs, digest) = (
+            column[row] for column in self._block.columns
+        )
+        return (
+            self.key,
+            self.dtype,
+            self.shape,
+            order,
+            device,
+            rank,
+            op_type,
+            parent,
+            stats,
+            data,
+            source_path,
+            attrs,
+            digest,
+        )
+
+
+def _column_reader(position: int, name: str) -> property:
+    def read(record: RecordRow, position: int = position) -> Any:  # the position bound as a default: read faster
+        return record._block.columns[position][record._row]
+
+    read.__name__ = name
+    return property(read, doc=f"The record's ``{name}`` (see :class:`~llmcheck.core.records.TensorRecord`).")
+
+
+for _position, _name in enumerate(COLUMN_FIELDS):
+    setattr(RecordRow, _name, _column_reader(_position, _name))
+
+_new = object.__new__
+# the slots' descriptors, through which a row is set up without the frozen __setattr__
+_set_stats_block = StatsRow.__dict__["_block"].__set__
+_set_stats_row = StatsRow.__dict__["_row"].__set__
+_set_record_block = RecordRow.__dict__["_block"].__set__
+_set_record_row = RecordRow.__dict__["_row"].__set__
+_set_key = RecordRow.__dict__["key"].__set__
+_set_dtype = RecordRow.__dict__["dtype"].__set__
+_set_shape = RecordRow.__dict__["shape"].__set__
+
+
+class _Blocks:
+    """The block rows are being made into, and how full it is: sealed and replaced when full, and at :meth:`close`."""
+
+    __slots__ = ("_block", "_fields", "_filled")
+
+    def __init__(self, fields: int) -> None:
+        self._fields = fields
+        self._block = _Block(fields)
+        self._filled = 0
+
+    def _rotate(self) -> None:
+        """Seal the full block and start the next (the makers below inline the rest of a row's placing)."""
+        self._block.seal()
+        self._block, self._filled = _Block(self._fields), 0
+
+    def close(self) -> None:
+        """Seal the block still filling; rows made after this go into a new block.
+
+        A block still filling holds its values as lists: read alike, larger.
+        """
+        if self._filled:
+            self._block.seal()
+            self._block, self._filled = _Block(self._fields), 0
+
+
+class StatsRows(_Blocks):
+    """Makes the statistics of a dump's records as :class:`StatsRow` s: call it with a record's six values."""
+
+    __slots__ = ()
+
+    def __init__(self) -> None:
+        super().__init__(len(STATS_FIELDS))
+
+    def __call__(
+        self,
+        min: float | None,
+        max: float | None,
+        mean: float | None,
+        l2norm: float | None,
+        nan_count: int | None,
+        inf_count: int | None,
+    ) -> StatsRow:
+        if self._filled == ROWS_PER_BLOCK:
+            self._rotate()
+        block, place = self._block, self._filled
+        self._filled = place + 1
+        mins, maxes, means, norms, nans, infs = block.columns
+        mins.append(min)
+        maxes.append(max)
+        means.append(mean)
+        norms.append(l2norm)
+        nans.append(nan_count)
+        infs.append(inf_count)
+        row: StatsRow = _new(StatsRow)
+        _set_stats_block(row, block)
+        _set_stats_row(row, place)
+        return row
+
+
+class RecordRows(_Blocks):
+    """Makes a dump's records as :class:`RecordRow` s: call it with a record's 13 fields, in their order.
+
+    :attr:`stats` makes their statistics; :meth:`close` closes both once the last record is made.
+    """
+
+    __slots__ = ("stats",)
+
+    def __init__(self) -> None:
+        super().__init__(len(COLUMN_FIELDS))
+        self.stats = StatsRows()
+
+    def __call__(
+        self,
+        key: RecordKey,
+        dtype: str,
+        shape: tuple[int, ...],
+        order: int,
+        device: str,
+        rank: int,
+        op_type: str | None,
+        parent: str | None,
+        stats: TensorStats | None,
+        data: TensorData | None,
+        source_path: str,
+        attrs: Mapping[str, Any],
+        digest: str | None,
+    ) -> RecordRow:
+        if self._filled == ROWS_PER_BLOCK:
+            self._rotate()
+        block, place = self._block, self._filled
+        self._filled = place + 1
+        orders, devices, ranks, op_types, parents, all_stats, datas, source_paths, all_attrs, digests = block.columns
+        orders.append(order)
+        devices.append(device)
+        ranks.append(rank)
+        op_types.append(op_type)
+        parents.append(parent)
+        all_stats.append(stats)
+        datas.append(data)
+        source_paths.append(source_path)
+        all_attrs.append(attrs)
+        digests.append(digest)
+        row: RecordRow = _new(RecordRow)
+        _set_record_block(row, block)
+        _set_record_row(row, place)
+        _set_key(row, key)
+        _set_dtype(row, dtype)
+        _set_shape(row, shape)
+        return row
+
+    def close(self) -> None:
+        """Seal the blocks still filling, of the records and of their statistics."""
+        super().close()
+        self.stats.close()

@@ -1,0 +1,217 @@
+"""The records of a dump read from llmcheck's own index, and their statistics, held as rows of columns, read back exactly what the index holds.
+
+Exactly: each value's type and bits (``-0.0``, NaN, infinities, a count among floats, a missing
+value, a field every record of a block shares and one that one record sets), in a full block and
+in the last one; equal to and pickled as the ``TensorRecord(...)`` / ``TensorStats(...)`` of the
+same values; frozen; and in less than half the memory of objects of their own.
+"""
+
+from __future__ import annotations
+
+import math
+import pickle
+import struct
+import tracemalloc
+from collections.abc import Callable, Iterator
+from dataclasses import FrozenInstanceError
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from llmcheck.core.dumps.record_rows import ROWS_PER_BLOCK, RecordRow, RecordRows, StatsRow, StatsRows
+from llmcheck.core.dumps.store import NO_ATTRS, DumpWriter, read_dump
+from llmcheck.core.records import RECORD_FIELDS, STATS_FIELDS, HeldRecord, RecordKey, TensorRecord, TensorStats
+
+
+def _bits(value: Any) -> Any:
+    """Return what tells a value apart from every other: a float's bits, statistics' values' bits, and the type."""
+    if isinstance(value, float):
+        return float, struct.pack("<d", value)
+    if isinstance(value, TensorStats):
+        return TensorStats, tuple(map(_bits, value.values()))
+    return type(value), value
+
+
+def _values(count: int) -> list[tuple[Any, ...]]:
+    """Return ``count`` rows' six values: mostly plain floats and zero counts, with every odd value somewhere."""
+    odd = [
+        (-0.0, math.inf, math.nan, 0.0, 3, 2),
+        (None, None, None, None, None, None),
+        (1, 2.5, None, 7.0, 0, None),  # an int where floats are
+        (-math.inf, 1e308, 5e-324, 2.0**60, 2**62, 0),
+    ]
+    return [
+        odd[number // 97 % len(odd)] if number % 97 == 5 else (-1.0 * number, number + 0.5, 0.25, 3.0, 0, 0)
+        for number in range(count)
+    ]
+
+
+@pytest.mark.parametrize("count", [1, ROWS_PER_BLOCK, 3 * ROWS_PER_BLOCK + 17])
+def test_rows_read_back_every_value_bit_for_bit(count: int) -> None:
+    make = StatsRows()
+    given = _values(count)
+    made = [make(*values) for values in given]
+    before_close = [tuple(map(_bits, row.values())) for row in made]  # the block still filling reads alike
+    make.close()
+    for row, values, early in zip(made, given, before_close):
+        assert isinstance(row, StatsRow) and isinstance(row, TensorStats)
+        expected = tuple(map(_bits, values))
+        assert tuple(map(_bits, row.values())) == expected == early
+        assert tuple(_bits(getattr(row, name)) for name in STATS_FIELDS) == expected
+
+
+def test_a_row_equals_hashes_and_pickles_as_the_statistics_of_its_values() -> None:
+    make = StatsRows()
+    row = make(-1.5, 2.0, 0.25, 3.0, 0, 1)
+    make.close()
+    held = TensorStats(min=-1.5, max=2.0, mean=0.25, l2norm=3.0, nan_count=0, inf_count=1)
+    assert row == held and held == row and hash(row) == hash(held)
+    assert row != TensorStats(min=-1.5, max=2.0, mean=0.25, l2norm=3.0, nan_count=0, inf_count=0)
+    assert (
+        repr(row) == repr(held) == ("TensorStats(min=-1.5, max=2.0, mean=0.25, l2norm=3.0, nan_count=0, inf_count=1)")
+    )
+    assert pickle.loads(pickle.dumps(row)) == held  # sent to a worker, it leaves its columns behind
+    assert row.as_json() == held.as_json()
+    with pytest.raises(FrozenInstanceError):
+        row.min = 0.0  # type: ignore[misc]
+    nan_row = make(math.nan, None, None, None, 1, 0)
+    assert nan_row == nan_row  # the same statistics, though NaN is unequal to itself
+
+
+def test_rows_cost_less_than_half_of_statistics_objects() -> None:
+    """As a dump is read: each record's values are decoded afresh, and only what holds them stays."""
+    count = 20 * ROWS_PER_BLOCK
+
+    def decoded() -> Iterator[tuple[Any, ...]]:
+        for number in range(count):
+            yield -1.0 - number, 1.0 + number, 0.5 / (number + 1), 3.0 + number, 0, 0
+
+    tracemalloc.start()
+    try:
+        held = [TensorStats(*values) for values in decoded()]
+        held_bytes = tracemalloc.get_traced_memory()[0]
+        del held
+        tracemalloc.clear_traces()
+        make = StatsRows()
+        rows = [make(*values) for values in decoded()]
+        make.close()
+        row_bytes = tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+    assert len(rows) == count
+    # 48 bytes the row, 32 its four doubles, 8 its place in the list; 80 + 96 + 8 as objects
+    assert row_bytes / count <= 92 and held_bytes / count >= 2 * 88, (row_bytes / count, held_bytes / count)
+
+
+def test_a_statistics_only_dump_reads_its_statistics_as_rows(tmp_path: Path) -> None:
+    written = [
+        TensorStats(min=-0.0, max=math.inf, mean=math.nan, l2norm=2.5, nan_count=4, inf_count=1),
+        TensorStats(min=1.0, max=2.0, mean=1.5, l2norm=None, nan_count=0, inf_count=0),
+        None,
+    ]
+    with DumpWriter(tmp_path, "test") as writer:
+        for order, stats in enumerate(written):
+            writer.add(
+                TensorRecord(key=RecordKey(f"layer{order}"), dtype="float32", shape=(4,), order=order, stats=stats)
+            )
+    read = [record.stats for record in read_dump(writer.path).records]
+    assert [type(stats) for stats in read] == [StatsRow, StatsRow, type(None)]
+    assert [None if stats is None else tuple(map(_bits, stats.values())) for stats in read] == [
+        None if stats is None else tuple(map(_bits, stats.values())) for stats in written
+    ]
+
+
+def _written_records(count: int) -> list[TensorRecord]:
+    """Return statistics-only records whose every field varies somewhere: most alike, every 97th odd."""
+    records = []
+    for order in range(count):
+        odd = order % 97 == 5
+        records.append(
+            TensorRecord(
+                key=RecordKey(
+                    f"model.layers.{order // 20}.mlp", io="input" if order % 2 else "output", call_index=order % 20
+                ),
+                dtype="float16" if odd else "bfloat16",
+                shape=(1, order % 3 + 1, 64),
+                order=order,
+                device="npu:1" if odd else "cpu",
+                rank=3 if odd else 0,
+                op_type=None if odd else "LlamaMLP",
+                parent="model" if odd else f"model.layers.{order // 20}",
+                stats=None
+                if order % 50 == 7
+                else TensorStats(-1.0 * order, order + 0.5, -0.0, math.inf, 0, 2 if odd else 0),
+                attrs={"ids": [order]} if odd else {},
+            )
+        )
+    return records
+
+
+@pytest.mark.parametrize("count", [3, 2 * ROWS_PER_BLOCK + 9])
+def test_a_dump_reads_its_records_as_rows_field_for_field(tmp_path: Path, count: int) -> None:
+    written = _written_records(count)
+    with DumpWriter(tmp_path, "test") as writer:
+        for record in written:
+            writer.add(record)
+    read = read_dump(writer.path).records
+    assert [type(record) for record in read] == [RecordRow] * count
+    for record, given in zip(read, written):
+        for name in RECORD_FIELDS:
+            if name != "source_path":  # where the reader found it
+                assert _bits(getattr(record, name)) == _bits(getattr(given, name)), (record.order, name)
+        assert record == given.with_changes(source_path=record.source_path)
+    record = read[-1]
+    moved = record.with_changes(order=10**6, parent="elsewhere")
+    assert type(moved) is HeldRecord and (moved.order, moved.parent, moved.key) == (10**6, "elsewhere", record.key)
+    assert pickle.loads(pickle.dumps(record)) == record  # sent to another process: a held record, equal
+    assert repr(record) == repr(record.with_changes())
+    with pytest.raises(FrozenInstanceError):
+        record.order = 0  # type: ignore[misc]
+    with pytest.raises(TypeError, match="no field 'size'"):
+        record.with_changes(size=3)
+
+
+def test_record_rows_cost_less_than_half_of_record_objects() -> None:
+    """As a dump is read: each line's values decoded afresh (the order, the statistics), the rest shared."""
+    count = 20 * ROWS_PER_BLOCK
+    key = RecordKey("model.layers.0.mlp")
+    shape = (1, 1, 64)
+
+    def records(make: Callable[..., TensorRecord], make_stats: Callable[..., TensorStats]) -> list[TensorRecord]:
+        return [
+            make(
+                key,
+                "bfloat16",
+                shape,
+                10**6 + order,
+                "cpu",
+                0,
+                "LlamaMLP",
+                "model.layers.0",
+                make_stats(-1.0 - order, 1.0 + order, 0.5 / (order + 1), 3.0 + order, 0, 0),
+                None,
+                "dump/index.jsonl:model.layers.0.mlp",
+                NO_ATTRS,
+                None,
+            )
+            for order in range(count)
+        ]
+
+    tracemalloc.start()
+    try:
+        held = records(TensorRecord, TensorStats)
+        held_bytes = tracemalloc.get_traced_memory()[0]
+        del held
+        tracemalloc.clear_traces()
+        rows = RecordRows()
+        made = records(rows, rows.stats)
+        rows.close()
+        row_bytes = tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+    assert all(type(record) is RecordRow for record in made)
+    # a row: 72 (its key, dtype and shape slots) + 8 (its place in the list) + 8 (order) + 8 (stats), the
+    # columns of values its block's records share costing nothing, + its statistics' 48 + 32 (doubles);
+    # as objects: 136 + 8 + 28 (order) + 80 + 96
+    assert row_bytes / count <= 200 and held_bytes / count >= 340, (row_bytes / count, held_bytes / count)
