@@ -90,6 +90,30 @@ pair as columns and the rows as measured 120; the peak is still writing ``pairs.
 bytes a pair, of which the records are 790: a record is still three Python objects (the
 record, its key and its statistics, 430 bytes), the next step of issue #31.
 
+On 2026-12-06 the records went into columns too (``core/dumps/record_rows.py``: a record read
+from the index is a 72-byte row with its key, dtype and shape in slots and its other fields in
+its block's columns, its statistics a 48-byte row over C doubles), the kept pairs into a
+``PairTable`` (20 bytes a pair instead of 88), the reasons of unmeasured pairs into a code a
+pair, and the sets of every record's id went. The same trace, by this session's script, on
+ff16fba and after:
+
+=====================================  ===========  ===========
+phase: held after (peak during)        ff16fba      2026-12-06
+=====================================  ===========  ===========
+loading both dumps                      803 (919)    514 (630)
+pairing                                 905 (1117)   626 (892)
+measuring: the rows as measured        1146 (1183)   710 (759)
+judging: the rows as judged            1175 (1240)   815 (881)
+writing the reports                    1175 (1271)   815 (896)
+=====================================  ===========  ===========
+
+The peak is now pairing's (the pairing rules' proposals as ``Pair`` objects, and the
+exact-key rule's look-up of every my record by its key's fields) and writing ``report.html``,
+about 900 bytes a pair; held, the records are 496 bytes a pair (two rows and their
+statistics, and the key both runs share), the judged rows 270. Measured as peak PSS over the
+fixed memory: 1 462 bytes a pair on ff16fba, 1 045 now, both in one run -- ten million pairs
+would still take about 10.5 GB.
+
 Targets on a 2-core machine (issue #17): >= 20 000 pairs/s in the small mode, >= 2.5 GB/s in
 the large mode's compare phase, peak PSS <= 2 x largest tensor + 300 MB. The
 best-known peer compared the same kind of dumps at about 0.12 GB/s.

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import MISSING, FrozenInstanceError, dataclass, field, fields, replace
 from enum import IntEnum
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar, cast
 
 from llmcheck.core.dtypes import DTYPE_ITEMSIZE, dtype_class
 
@@ -137,11 +137,53 @@ class RecordKey:
         return f"{self.name}{call} step {self.step} {self.io}.{self.position}{moment}{rank}"
 
 
+class _HeldOrRow:
+    """What a noun held two ways -- its values itself, or a row of columns -- shares: frozen, and
+    compared, hashed, shown and pickled by its values, whichever way holds them.
+
+    The noun names its fields (``_FIELDS``) and itself (``_NOUN``, set once it is defined) and
+    gives :meth:`values`; pickled, either kind comes back holding its values (a row's columns
+    stay behind).
+    """
+
+    __slots__ = ()
+    _FIELDS: ClassVar[tuple[str, ...]]
+    _NOUN: ClassVar[type]
+
+    def values(self) -> tuple[Any, ...]:
+        """Return the values, in the noun's field order."""
+        raise NotImplementedError
+
+    def __eq__(self, other: object) -> bool:
+        if self is other:
+            return True
+        if not isinstance(other, self._NOUN):
+            return NotImplemented
+        mine, theirs = self.values(), cast("_HeldOrRow", other).values()
+        return mine == theirs
+
+    def __hash__(self) -> int:
+        return hash(self.values())
+
+    def __repr__(self) -> str:
+        shown = ", ".join(f"{name}={value!r}" for name, value in zip(self._FIELDS, self.values()))
+        return f"{self._NOUN.__name__}({shown})"
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise FrozenInstanceError(f"cannot assign to field {name!r}")
+
+    def __delattr__(self, name: str) -> None:
+        raise FrozenInstanceError(f"cannot delete field {name!r}")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return self._NOUN, self.values()
+
+
 #: The fields of :class:`TensorStats`, in order: a statistics object is made from them by position.
 STATS_FIELDS = ("min", "max", "mean", "l2norm", "nan_count", "inf_count")
 
 
-class TensorStats:
+class TensorStats(_HeldOrRow):
     """Cheap statistics of a tensor, computed at capture time or read from the dump.
 
     Values are ``None`` when undefined (an empty tensor) or not recorded by the source.
@@ -156,6 +198,7 @@ class TensorStats:
     """
 
     __slots__ = ()
+    _FIELDS = STATS_FIELDS
 
     def __new__(
         cls,
@@ -173,62 +216,17 @@ class TensorStats:
     def __init__(self, *values: Any, **named: Any) -> None:
         """The values were set by ``__new__``."""
 
-    @property
-    def min(self) -> float | None:
-        """The smallest finite element."""
-        raise NotImplementedError
-
-    @property
-    def max(self) -> float | None:
-        """The largest finite element."""
-        raise NotImplementedError
-
-    @property
-    def mean(self) -> float | None:
-        """The mean of the finite elements."""
-        raise NotImplementedError
-
-    @property
-    def l2norm(self) -> float | None:
-        """The L2 norm of the finite elements."""
-        raise NotImplementedError
-
-    @property
-    def nan_count(self) -> int | None:
-        """How many elements are NaN."""
-        raise NotImplementedError
-
-    @property
-    def inf_count(self) -> int | None:
-        """How many elements are infinite."""
-        raise NotImplementedError
+    if TYPE_CHECKING:  # the values, as the kinds below give them
+        min: float | None  # the smallest finite element
+        max: float | None  # the largest finite element
+        mean: float | None  # the mean of the finite elements
+        l2norm: float | None  # the L2 norm of the finite elements
+        nan_count: int | None  # how many elements are NaN
+        inf_count: int | None  # how many elements are infinite
 
     def values(self) -> tuple[Any, ...]:
         """Return the six values, in :data:`STATS_FIELDS` order."""
         return _STATS_VALUES(self)
-
-    def __eq__(self, other: object) -> bool:
-        if self is other:
-            return True
-        if not isinstance(other, TensorStats):
-            return NotImplemented
-        return _STATS_VALUES(self) == _STATS_VALUES(other)
-
-    def __hash__(self) -> int:
-        return hash(_STATS_VALUES(self))
-
-    def __repr__(self) -> str:
-        return "TensorStats(" + ", ".join(f"{name}={value!r}" for name, value in zip(STATS_FIELDS, self.values())) + ")"
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        raise FrozenInstanceError(f"cannot assign to field {name!r}")
-
-    def __delattr__(self, name: str) -> None:
-        raise FrozenInstanceError(f"cannot delete field {name!r}")
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        """Pickle as held values: statistics sent to a worker leave their columns behind."""
-        return TensorStats, self.values()
 
     def as_json(self) -> dict[str, float | int | str | None]:
         """Return a JSON-safe dict (NaN and infinities become strings JSON can carry)."""
@@ -241,6 +239,7 @@ class TensorStats:
 
 
 _STATS_VALUES = operator.attrgetter(*STATS_FIELDS)
+TensorStats._NOUN = TensorStats
 
 
 @dataclass(frozen=True, slots=True, init=False, repr=False, eq=False)
@@ -253,9 +252,6 @@ class HeldStats(TensorStats):
     l2norm: float | None = None
     nan_count: int | None = None
     inf_count: int | None = None
-
-    __hash__ = TensorStats.__hash__
-    __reduce__ = TensorStats.__reduce__
 
 
 def _json_number(value: float | int | None) -> float | int | str | None:
@@ -344,7 +340,7 @@ RECORD_FIELDS = (
 )
 
 
-class TensorRecord:
+class TensorRecord(_HeldOrRow):
     """One tensor seen in one run: its key, its description, its statistics and lazy data.
 
     ``order`` is the execution order within the run (records are compared and the first
@@ -365,6 +361,7 @@ class TensorRecord:
     """
 
     __slots__ = ()
+    _FIELDS = RECORD_FIELDS
 
     if TYPE_CHECKING:  # the fields, as the kinds below give them
         key: RecordKey
@@ -430,33 +427,10 @@ class TensorRecord:
             values[_RECORD_POSITION[name]] = value
         return build_record(*values)
 
-    def __eq__(self, other: object) -> bool:
-        if self is other:
-            return True
-        if not isinstance(other, TensorRecord):
-            return NotImplemented
-        return self.values() == other.values()
-
-    def __hash__(self) -> int:
-        return hash(self.values())
-
-    def __repr__(self) -> str:
-        fields_text = ", ".join(f"{name}={value!r}" for name, value in zip(RECORD_FIELDS, self.values()))
-        return f"TensorRecord({fields_text})"
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        raise FrozenInstanceError(f"cannot assign to field {name!r}")
-
-    def __delattr__(self, name: str) -> None:
-        raise FrozenInstanceError(f"cannot delete field {name!r}")
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        """Pickle as a held record: a record sent to another process leaves its columns behind."""
-        return TensorRecord, self.values()
-
 
 _RECORD_VALUES = operator.attrgetter(*RECORD_FIELDS)
 _RECORD_POSITION = {name: position for position, name in enumerate(RECORD_FIELDS)}
+TensorRecord._NOUN = TensorRecord
 
 
 @dataclass(frozen=True, slots=True, init=False, repr=False, eq=False)
@@ -476,9 +450,6 @@ class HeldRecord(TensorRecord):
     source_path: str = ""
     attrs: Mapping[str, Any] = field(default_factory=dict)
     digest: str | None = None
-
-    __hash__ = TensorRecord.__hash__
-    __reduce__ = TensorRecord.__reduce__
 
 
 @dataclass(frozen=True, slots=True)

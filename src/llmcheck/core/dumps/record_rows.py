@@ -96,42 +96,15 @@ class _Block:
 
 
 class StatsRow(TensorStats):
-    """A record's statistics as one row of a block's columns: read alike, equal and hashed alike to ``TensorStats(...)``."""
+    """A record's statistics as one row of a block's columns: read alike, equal and hashed alike to ``TensorStats(...)``.
+
+    Each value is a property reading its column at the row's place.
+    """
 
     __slots__ = ("_block", "_row")
 
     _block: _Block
     _row: int
-
-    @property
-    def min(self) -> float | None:
-        """The smallest finite element."""
-        return self._block.columns[0][self._row]  # type: ignore[no-any-return]
-
-    @property
-    def max(self) -> float | None:
-        """The largest finite element."""
-        return self._block.columns[1][self._row]  # type: ignore[no-any-return]
-
-    @property
-    def mean(self) -> float | None:
-        """The mean of the finite elements."""
-        return self._block.columns[2][self._row]  # type: ignore[no-any-return]
-
-    @property
-    def l2norm(self) -> float | None:
-        """The L2 norm of the finite elements."""
-        return self._block.columns[3][self._row]  # type: ignore[no-any-return]
-
-    @property
-    def nan_count(self) -> int | None:
-        """How many elements are NaN."""
-        return self._block.columns[4][self._row]  # type: ignore[no-any-return]
-
-    @property
-    def inf_count(self) -> int | None:
-        """How many elements are infinite."""
-        return self._block.columns[5][self._row]  # type: ignore[no-any-return]
 
     def values(self) -> tuple[Any, ...]:
         """Return the six values, in :data:`~llmcheck.core.records.STATS_FIELDS` order (read at once: one call, not six)."""
@@ -183,16 +156,22 @@ class RecordRow(TensorRecord):
         )
 
 
-def _column_reader(position: int, name: str) -> property:
-    def read(record: RecordRow, position: int = position) -> Any:  # the position bound as a default: read faster
-        return record._block.columns[position][record._row]
+def _column_reader(position: int, name: str, kind: str) -> property:
+    """Return the property reading a row's field ``name`` from its block's column ``position``."""
+
+    def read(
+        row: StatsRow | RecordRow, position: int = position
+    ) -> Any:  # the position bound as a default: read faster
+        return row._block.columns[position][row._row]
 
     read.__name__ = name
-    return property(read, doc=f"The record's ``{name}`` (see :class:`~llmcheck.core.records.TensorRecord`).")
+    return property(read, doc=f"The {kind}'s ``{name}`` (see :class:`~llmcheck.core.records.Tensor{kind.title()}`).")
 
 
+for _position, _name in enumerate(STATS_FIELDS):
+    setattr(StatsRow, _name, _column_reader(_position, _name, "stats"))
 for _position, _name in enumerate(COLUMN_FIELDS):
-    setattr(RecordRow, _name, _column_reader(_position, _name))
+    setattr(RecordRow, _name, _column_reader(_position, _name, "record"))
 
 _new = object.__new__
 # the slots' descriptors, through which a row is set up without the frozen __setattr__
