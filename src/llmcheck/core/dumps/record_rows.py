@@ -3,12 +3,12 @@
 Why: a statistics-only dump (``dump -sd``) is nothing but records and their statistics, and
 ten million of them is what a long decode of a large model writes. As objects of their own, a
 record was 164 bytes (its 13 fields, and its ``order`` as an int object) and its statistics
-176 (the object, and four float objects). Here each is a row of 48 bytes -- a
-:class:`RecordRow`, a :class:`StatsRow` -- reading its values out of columns its block
-shares: references to the objects records hold anyway (keys shared by both runs, interned
-texts, shapes), C doubles and integers, or, where a block's rows all hold one value (the
-device, rank 0, no attrs, no data, NaN counts of zero), one tuple every such block shares.
-A statistics-only record and its statistics come to about 190 bytes in all, instead of 340.
+176 (the object, and four float objects). Here each is a row -- a :class:`RecordRow` of 72
+bytes, a :class:`StatsRow` of 48 -- reading its values out of columns its block shares:
+references to the objects records hold anyway (keys shared by both runs, interned texts,
+shapes), C doubles and integers, or, where a block's rows all hold one value (the device,
+rank 0, no attrs, no data, NaN counts of zero), one tuple every such block shares. A
+statistics-only record and its statistics come to about 180 bytes in all, instead of 350.
 
 A row reads back each value exactly as it was given, object for object: a column of floats
 or ints is held as C numbers only where every value in it is of that type, else the values
@@ -159,9 +159,8 @@ class RecordRow(TensorRecord):
 def _column_reader(position: int, name: str, kind: str) -> property:
     """Return the property reading a row's field ``name`` from its block's column ``position``."""
 
-    def read(
-        row: StatsRow | RecordRow, position: int = position
-    ) -> Any:  # the position bound as a default: read faster
+    # the position is bound as a default argument, read faster than a closure's cell
+    def read(row: StatsRow | RecordRow, position: int = position) -> Any:
         return row._block.columns[position][row._row]
 
     read.__name__ = name
