@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING, Any, Protocol
 from llmcheck.core.pairing.merge import Pairing
 from llmcheck.core.records import (
     MetricSpec,
-    Pair,
     TensorData,
     TensorRecord,
 )
@@ -241,11 +240,6 @@ def measure_pairing(
         later = ((first, index) for first, indices in same_data.items() for index in indices)
         problems.update({index: failures[first] for first, index in later if first in failures})
     return problems, bytes_read
-
-
-def pair_bytes(pair: Pair) -> int:
-    """Return the tensor bytes of both records of a pair."""
-    return sum(record.nbytes for record in (pair.golden, pair.my) if record is not None)
 
 
 def _data_identity(golden: TensorData, my: TensorData) -> tuple[Any, ...]:
