@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from compare_runs import capture_run, scaled_weight, wrong_rmsnorm_epsilon
+from compare_runs import capture_run, linears_in_float64, scaled_weight, wrong_rmsnorm_epsilon
 from llmcheck.core.compare import compare_dumps
 from llmcheck.core.plugins import get_plugins
 
@@ -68,6 +68,26 @@ def test_defect_in_a_named_module_is_the_first_introduced_divergence(
     assert parent_output.verdict != "pass" and parent_output.golden.order > introduced.golden.order
     logits = next(row for row in result.rows if row.golden.key.name == "lm_head" and row.golden.key.io == "output")
     assert logits.verdict != "pass" and logits.attribution in ("", "inherited", "amplified")
+
+
+def test_another_fp32_program_names_no_culprit_yet_finds_a_defect_it_carries(
+    smollm2, prompt_ids, golden_smollm2_dump: Path, tmp_path: Path
+) -> None:
+    # Another program in fp32 (its GEMMs accumulate in float64): each product differs by its
+    # summation order alone, and the model's output, fed the bit-exact token ids, adds up 30
+    # layers of that (above 1e-6): it holds the error its children made, none of its own.
+    model, _ = smollm2
+    with linears_in_float64(model):
+        clean = capture_run(model, prompt_ids, tmp_path / "clean")
+        with scaled_weight(model, "model.layers.17.mlp.down_proj", 0.97):
+            defective = capture_run(model, prompt_ids, tmp_path / "defective")
+    result = _compare(golden_smollm2_dump, clean)
+    counts = result.counts()
+    assert counts["failures"] == 0 and counts["errors"] == 0 and result.first_introduced is None
+    behind_exact_inputs = [row for row in result.rows if row.feeder_error == 0 and row.error]
+    assert max(row.error for row in behind_exact_inputs) > 1e-6  # the composites the exact-input rule once named
+    introduced = _compare(golden_smollm2_dump, defective).first_introduced
+    assert introduced is not None and introduced.golden.key.name == "model.layers.17.mlp.down_proj"
 
 
 def test_bf16_against_fp32_warns_within_bf16_thresholds_and_never_fails(

@@ -230,6 +230,15 @@ class _Judge:
             [(row.golden.key.name, slot) for row, slot in zip(self.ordered, slots)], shared.templates
         )
         self.feeder_errors = [self._received_error(row, feeding) for row, feeding in zip(self.ordered, self.feeding)]
+        #: position -> what the recorded parts of a module output with bit-exact inputs carry, where its
+        #: children rounded their own way inside it (:meth:`_rounded_inside`; see :meth:`_anomaly`)
+        self.made_inside: dict[int, float] = {}
+        for position, row in enumerate(self.ordered):  # in golden order: a call's inner rows are known before it ends
+            # the common case, asked first: exact inputs, exact output
+            if self.feeder_errors[position] == 0 and self.error_at[position]:
+                carried = self._rounded_inside(row)
+                if carried > 0:
+                    self.made_inside[position] = carried
         self.feeders.release_lookups()  # every row's feeders and parts are known: only the parent links are read on
         # the sibling groups (positions, in golden order) and the step each lies in (its slot says it lies in one)
         self.groups = [(self.steps[positions[0]], positions) for positions in sibling_groups(self.places, slots)]
@@ -302,12 +311,43 @@ class _Judge:
         relative error -- and a module that only adds them must not be called the culprit.
         """
         feeder_error = self._feeder_error(feeding)
-        if not feeder_error:  # bit-exact inputs explain no error, whatever the parts carry
+        if not feeder_error:  # bit-exact inputs explain no error, whatever the parts carry (but see made_inside)
             return feeder_error
+        return max(feeder_error, self._carried_by_parts(row))
+
+    def _rounded_inside(self, row: ComparisonRow) -> float:
+        """Return what the parts of a module output carry when its children made that error by rounding alone, else 0.
+
+        Across programs a module fed bit-exact inputs holds children that sum in their own order
+        (a decoder layer fed the embedding: vLLM's projections against transformers'), and its
+        output holds what they made. That is rounding only where every row of its call that was
+        itself fed bit-exact inputs stays within its exact floor, and what its own parts carry
+        where it is such a module: one that departs further (code no recorded submodule runs, an
+        attention core with a wrong rotary base, seen at ``o_proj``'s input) made an error there
+        that the module must not be excused.
+        """
+        if self.same_program:
+            return 0.0
+        carried = self._carried_by_parts(row)
+        if not carried:
+            return 0.0
+        for inner in self.feeders.call_span(row):
+            if self.feeder_errors[inner] == 0 and (self.error_at[inner] or 0.0) > EXACT_FLOOR.get(
+                self.ordered[inner].judged_as, 0.0
+            ) + self.made_inside.get(inner, 0.0):
+                return 0.0
+        return carried
+
+    def _carried_by_parts(self, row: ComparisonRow) -> float:
+        """Return the error the parts of a module's output carry, relative to its size (0 where it is no sum of parts).
+
+        The two largest absolute errors of the parts, added, bound the error of their sum (the
+        triangle inequality). Asked while the feeders' lookups are held (:meth:`__init__`).
+        """
         parts = self.feeders.parts(row)  # most rows are no sum of parts: asked before the row's size
         size = _golden_size(row) if parts else None
         if not size:
-            return feeder_error
+            return 0.0
         carried = sorted(
             (
                 error * part_size
@@ -316,9 +356,7 @@ class _Judge:
             ),
             reverse=True,
         )
-        if not carried:
-            return feeder_error
-        return max(feeder_error, sum(carried[:2]) / size)
+        return sum(carried[:2]) / size
 
     def _point(self, position: int) -> tuple[float, float] | None:
         """Return the row's (feeder error, error) as its siblings' baselines see it, None where one is unknown."""
@@ -391,7 +429,9 @@ class _Judge:
             anomaly = (
                 self._twin_anomaly(twin_row)
                 if twin is not None
-                else self._anomaly(row, error, feeding, feeder_error, growth, baseline)
+                else self._anomaly(
+                    row, error, feeding, feeder_error, growth, baseline, self.made_inside.get(position, 0.0)
+                )
             )
             if (
                 anomaly is not None
@@ -750,8 +790,11 @@ class _Judge:
         feeder_error: float | None,
         growth: float | None,
         baseline: Baseline | None,
+        made_inside: float = 0.0,
     ) -> tuple[str, float, float, str] | None:
         """Return (pseudo-metric, value, limit, evidence) when this row adds error it should not, else None.
+
+        ``made_inside`` is what the recorded parts of a module output with bit-exact inputs carry.
 
         A row whose input an op only the my-run has produced is judged the same way: it then
         fails as inherited from that op (the label says so), not as introduced.
@@ -759,10 +802,16 @@ class _Judge:
         if feeder_error is None:
             return None
         # Same precision on both sides: exact inputs must give exact outputs, whatever the
-        # size of the difference -- except that another fp32 kernel sums in another order.
+        # size of the difference -- except that another fp32 kernel sums in another order, and
+        # another program's module holds children that each did so: its output then differs by
+        # what its recorded parts carry (each judged where it was made) and its own sums' order.
         exact_floor = 0.0 if self.same_program else EXACT_FLOOR.get(row.judged_as, 0.0)
-        if feeder_error == 0 and row.golden.dtype == row.my.dtype and error > exact_floor and not feeding.guessed:
-            return (EXACT_INPUTS_METRIC, error, exact_floor, f"its inputs are bit-exact and it differs by {error:.3g}")
+        limit = exact_floor + made_inside
+        if feeder_error == 0 and row.golden.dtype == row.my.dtype and error > limit and not feeding.guessed:
+            why = f"its inputs are bit-exact and it differs by {error:.3g}"
+            if made_inside:
+                why += f", more than its recorded parts carry ({made_inside:.3g})"
+            return (EXACT_INPUTS_METRIC, error, limit, why)
         floor = _floor(row)
         if error <= floor or baseline is None or (feeder_error > 0 and not baseline.saw_received_error):
             return None  # siblings that all received exact inputs say nothing about growing an error

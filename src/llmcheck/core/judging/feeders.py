@@ -189,12 +189,10 @@ class FeederIndex:
         that shape and the records of its direct children made in this call. A leaf module
         (nothing recorded inside it) has no parts: it transforms its input rather than adds.
         """
-        if row.golden.key.io != IO_OUTPUT or not self.inputs_of:  # a dump of outputs alone has no parts
-            return ()
-        position = self.position[id(row)]
-        own_inputs = [r for r in self.inputs_of.get(self.call_ids[position], ()) if r.golden.order < row.golden.order]
+        own_inputs = self._own_inputs(row)
         if not own_inputs:
             return ()
+        position = self.position[id(row)]
         name, shape = row.golden.key.name, row.golden.shape
         start = self.position[id(own_inputs[0])] + 1
         children = [
@@ -205,6 +203,21 @@ class FeederIndex:
         if not children:
             return ()
         return tuple([self.position[id(r)] for r in own_inputs if r.golden.shape == shape] + children)
+
+    def call_span(self, row: ComparisonRow) -> range:
+        """Return the positions a module's call holds before this output of it: its own inputs, then what ran inside.
+
+        Empty for a row that is no output, a call whose inputs were not recorded, and a dump of outputs alone.
+        """
+        own_inputs = self._own_inputs(row)
+        return range(self.position[id(own_inputs[0])], self.position[id(row)]) if own_inputs else range(0)
+
+    def _own_inputs(self, row: ComparisonRow) -> list[ComparisonRow]:
+        """Return the input rows of an output row's own call recorded before it (none for an input row)."""
+        if row.golden.key.io != IO_OUTPUT or not self.inputs_of:
+            return []
+        call_inputs = self.inputs_of.get(self.call_ids[self.position[id(row)]], ())
+        return [r for r in call_inputs if r.golden.order < row.golden.order]
 
     def _enclosing_call(self, row: ComparisonRow) -> list[ComparisonRow]:
         """Return the inputs of the enclosing module's latest call and its children's outputs since then."""
