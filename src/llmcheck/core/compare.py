@@ -25,6 +25,7 @@ from llmcheck.core.judging.divergence import (
     attribute,
 )
 from llmcheck.core.judging.noise_twin import read_noise_twin, twin_coverage
+from llmcheck.core.judging.op_replay import OpReplay
 from llmcheck.core.judging.result import CompareResult
 from llmcheck.core.judging.row_table import RowCollector
 from llmcheck.core.judging.rows import PairJudge
@@ -154,7 +155,9 @@ def compare_dumps(
         on_judging(len(rows))
     del unmeasured, problems  # a statistics-only compare's reasons, one a pair: judging's peak is no place for them
     weights = check_weights(rows)
-    judged = attribute(rows, measure, twin, [item.record for item in pairing.unmatched_my], same_program, weights)
+    replay = OpReplay(golden.records, my.records, get_plugins().op_reference)
+    unmatched_my = [item.record for item in pairing.unmatched_my]
+    judged = attribute(rows, measure, twin, unmatched_my, same_program, weights, replay)
     del rows  # judged: the rows as measured are let go before the reports
     return CompareResult(
         golden=golden,

@@ -11,7 +11,8 @@ families make the product:
 
 one export resolver, :func:`llmcheck_export_onnx`, that turns a source's topology file
 into a viewable ONNX graph, the operator references ``llmcheck opcheck`` recomputes
-single ops with (:func:`llmcheck_register_op_references`, :func:`llmcheck_resolve_op_reference`),
+single ops with, and a compare replays an op with before naming it
+(:func:`llmcheck_register_op_references`, :func:`llmcheck_resolve_op_reference`),
 a capture backend's own ``dump`` flags (:func:`llmcheck_register_backend_options`), the
 files a compare writes (:func:`llmcheck_register_reporters`), and the command a compare
 suggests to record a golden run's noise twin (:func:`llmcheck_noise_twin_command`).
@@ -369,9 +370,10 @@ def llmcheck_noise_twin_command(golden: Dump, precision: str, output_dir: Path) 
 
 @hookspec
 def llmcheck_register_op_references(register: Callable[[OpReference], None]) -> None:
-    """Register reference implementations of operator types, for ``llmcheck opcheck``.
+    """Register reference implementations of operator types, for ``llmcheck opcheck`` and compare's replay.
 
-    Called once, the first time opcheck needs the reference table. Call
+    Called once, the first time opcheck or a compare needs the reference table (a compare
+    replays an op output before it names it: ``docs/metrics.md``, rule 9). Call
     ``register(OpReference(op_type, compute, description))`` per op type; ``op_type`` is
     the record's ``op_type`` it answers to (``"LinearOperation"``, ``"aten.mm.default"``).
     ``compute(inputs, params)`` recomputes the op on the CPU in higher precision from its
@@ -399,8 +401,8 @@ def llmcheck_register_op_references(register: Callable[[OpReference], None]) -> 
 def llmcheck_resolve_op_reference(op_type: str) -> OpReference | None:
     """Return a reference for an op type no registry names, or ``None``.
 
-    Called by opcheck for each op type missing from the :func:`llmcheck_register_op_references`
-    table: a plugin that can compute a whole family of ops generically (every ATen
+    Called by opcheck, and by a compare's replay, for each op type missing from the
+    :func:`llmcheck_register_op_references` table: a plugin that can compute a whole family of ops generically (every ATen
     overload, replayed from its recorded arguments) answers here instead of registering
     each one. Return ``None`` when the op type is not of this plugin's family; the op is
     then reported unsupported. ``firstresult``: the first non-``None`` answer wins.

@@ -49,6 +49,7 @@ import numpy as np
 
 from llmcheck.core.dtypes import is_float_dtype
 from llmcheck.core.judging.feeders import FeederIndex, Feeding, ParentLinks, unmatched_producers
+from llmcheck.core.judging.op_replay import OpReplay
 from llmcheck.core.judging.repeats import Baseline, SiblingGroup, SiblingLines, sibling_groups, structure_keys
 from llmcheck.core.judging.row_table import RowTable, first_in_golden_order, row_field, rows_at, rows_where
 from llmcheck.core.judging.suspects import INHERITED_FROM_UNMATCHED, MY_ONLY_SUFFIX
@@ -167,6 +168,23 @@ def _floor(row: ComparisonRow) -> float:
     return ROUNDING_FLOOR.get(row.judged_as, ROUNDING_FLOOR["fp32"])
 
 
+def _as_warnings(metrics: Mapping[str, MetricResult]) -> dict[str, MetricResult]:
+    """Return the results with each failure made a warning, values and thresholds kept."""
+    return {
+        name: result
+        if result.verdict != VERDICT_FAIL
+        else MetricResult(
+            result.name,
+            result.value,
+            VERDICT_WARN,
+            result.warn_threshold,
+            result.fail_threshold,
+            result.higher_is_better,
+        )
+        for name, result in metrics.items()
+    }
+
+
 def _slot(row: ComparisonRow) -> Hashable:
     key = row.golden.key
     return (key.io, key.position, key.step, key.call_index, key.moment, row.golden.op_type, tuple(row.golden.shape))
@@ -208,8 +226,12 @@ class _Judge:
         shared: AcrossSteps,
         same_program: bool = False,
         weights: Mapping[int, WeightFinding] | None = None,
+        replay: OpReplay | None = None,
     ) -> None:
         self.same_program = same_program
+        self.replay = replay
+        #: positions of the op outputs a replay cleared, and of the inputs that are those very tensors
+        self.cleared: set[int] = set()
         self.weights = weights or {}
         #: where each row of golden order stands in ``rows`` (the order :func:`attribute` gives them back in)
         # an array, not a list: a list holds an int object (28 bytes) per row through judging
@@ -478,6 +500,12 @@ class _Judge:
         if weight is not None:  # a leaf: whatever fed the op, these values were loaded wrong
             verdict, deciding, evidence = VERDICT_FAIL, WEIGHTS_METRIC, weight.evidence
             metrics = {**metrics, WEIGHTS_METRIC: MetricResult(WEIGHTS_METRIC, weight.count, VERDICT_FAIL, None, 0.0)}
+        self.cleared.discard(position)  # judged again after a cutoff: decided anew
+        if verdict == VERDICT_FAIL and weight is None and twin is None and not failing_feeders:
+            cleared = self._cleared_by_replay(row, error, feeding)
+            if cleared is not None:
+                self.cleared.add(position)
+                verdict, metrics, evidence = VERDICT_WARN, _as_warnings(metrics), cleared
         if metrics is not row.metrics and metrics == row.metrics:
             metrics = row.metrics
         attribution = SUSPECT if suspect and verdict == VERDICT_WARN else row.attribution
@@ -554,6 +582,42 @@ class _Judge:
         """
         growth_range = (low, high)
         return self.growth_ranges.setdefault(growth_range, growth_range)
+
+    def _cleared_by_replay(self, row: ComparisonRow, error: float | None, feeding: Feeding) -> str | None:
+        """Return why a row that would fail adds no error (the evidence), else None.
+
+        An op output is cleared when its call, replayed, computes what it was given -- only
+        where it is fed by its own call's inputs, each produced by a recorded op or within
+        rounding of the golden's: an input that differs from nothing before it (a wrong weight,
+        a buffer) is where an error enters, and a replay from it would clear the op that
+        carries it in (:mod:`llmcheck.core.judging.op_replay`). The input of the next op that
+        is the very tensor a cleared op made (no more error than it) is cleared with it.
+        """
+        if self.replay is None or feeding.guessed or not feeding.positions or error is None:
+            return None
+        if row.golden.key.io != IO_OUTPUT:
+            (producer,) = feeding.positions if len(feeding.positions) == 1 else (None,)
+            carried = self.error_at[producer] if producer in self.cleared else None
+            if producer is None or carried is None or error > carried:
+                return None
+            made = self.ordered[producer].golden.key.label()
+            return f"the tensor {made} made, an op whose replay computes what it is given ({carried:.3g} there)"
+        for position in feeding.positions:
+            own = self.feeding[position]
+            produced = not own.guessed and bool(own.positions or own.unmatched)
+            received = self.error_at[position]
+            if not produced and (received is None or received > _floor(self.ordered[position])):
+                return None
+        received = self._feeder_error(feeding)
+        if received is None or received <= _floor(row):
+            # inputs within rounding hand on no error to amplify: one that appears here was made here, even if
+            # by an argument below the floor's notice (an epsilon of 1e-2 moves variance + eps by 7e-8, rsqrt
+            # then shows it where the variance is small)
+            return None
+        replayed = self.replay.computes_its_inputs(row.golden, row.my)
+        if replayed is None:
+            return None
+        return f"{replayed}; its error ({error:.3g}) came in with its inputs ({received:.3g}), which this op amplifies"
 
     def _attribution(
         self,
@@ -954,6 +1018,7 @@ def attribute(
     unmatched_my: Sequence[TensorRecord] = (),
     same_program: bool = False,
     weights: Mapping[int, WeightFinding] | None = None,
+    replay: OpReplay | None = None,
 ) -> RowTable:
     """Judge the rows against their feeders, siblings and noise twin; return the judged rows, in the same order, as a table.
 
@@ -963,7 +1028,9 @@ def attribute(
     two runs are one program at one precision on one machine (the my-run against its noise
     twin): there any difference behind bit-exact inputs is introduced, however small. ``weights``
     maps a row's ``index`` to what :func:`llmcheck.core.judging.weights.check_weights` found: parameters that
-    differ from the golden beyond rounding fail as introduced.
+    differ from the golden beyond rounding fail as introduced. ``replay`` replays an op output
+    that would fail without a twin or a failing feeder: one that computes what it was given
+    only warns (:mod:`llmcheck.core.judging.op_replay`).
 
     A row is judged by the rows of its step alone (its feeders and siblings lie there), so where
     each step's rows lie together in golden order -- a decode dump's, a step after another --
@@ -983,7 +1050,7 @@ def attribute(
     del golden
     table = RowTable(len(rows))
     for window in windows:
-        judge = _Judge(rows_at(rows, window), measure, twin, shared, same_program, weights)
+        judge = _Judge(rows_at(rows, window), measure, twin, shared, same_program, weights, replay)
         table.put([window[given] for given in judge.given_at], _judged_with_cutoffs(judge))
         if isinstance(rows, RowTable):
             rows.release(window)
