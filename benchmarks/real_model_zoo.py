@@ -33,6 +33,7 @@ the result.
     python benchmarks/real_model_zoo.py                    # everything (about 20 minutes here)
     python benchmarks/real_model_zoo.py --clean-only       # the clean controls alone
     python benchmarks/real_model_zoo.py --settings bf16/fp32,bf16/fp32+twin --defects norm_eps_1e-2
+    python benchmarks/real_model_zoo.py --settings fp32/fp32-op,bf16/fp32-op-defects   # by hand: op level
 """
 
 from __future__ import annotations
@@ -167,6 +168,8 @@ class Setting:
     noise_twin: bool = False
     weight_digests: bool = True
     clean_only: bool = False  # a clean control only: no defect cases
+    defects_only: bool = False  # defect cases only: another setting holds its clean controls
+    by_hand: bool = False  # run only when --settings names it (op-level defect cases take long)
 
 
 SETTINGS: dict[str, Setting] = {
@@ -183,10 +186,14 @@ SETTINGS: dict[str, Setting] = {
         Setting("fp16/fp32-nodigest", "fp16", "module", weight_digests=False),
         Setting("bf16/fp32-nodigest", "bf16", "module", weight_digests=False),
         Setting("bf16/fp32+twin-nodigest", "bf16", "module", noise_twin=True, weight_digests=False),
+        Setting("fp32/fp32-op", "fp32", "op", by_hand=True),
+        Setting("bf16/fp32-op-defects", "bf16", "op", defects_only=True, by_hand=True),
     ]
 }
 #: op-level dumps of the long prompt are large: the op-level control runs on the shorter prompts
 OP_LEVEL_PROMPTS = ("prose", "question", "code", "chat")
+#: ... and the op-level defect cases leave out those that fall on the long prompt (21 cases of 24)
+OP_LEVEL_SKIPPED_PROMPTS = ("long",)
 
 
 def case_prompt(defect: str, layer: int) -> str:
@@ -280,12 +287,15 @@ def plan(settings: Sequence[str], defects: Sequence[str], clean: bool) -> list[t
     cases: list[tuple[Setting, str, int | None, str]] = []
     for name in settings:
         setting = SETTINGS[name]
-        if clean and setting.my_dtype != "fp32" and not setting.noise_twin:
+        if clean and setting.my_dtype != "fp32" and not setting.noise_twin and not setting.defects_only:
             prompts = OP_LEVEL_PROMPTS if setting.capture == "op" else tuple(PROMPTS)
             cases.extend((setting, CLEAN, None, prompt) for prompt in prompts)
         if not setting.clean_only:
             cases.extend(
-                (setting, defect, layer, case_prompt(defect, layer)) for defect in defects for layer in DEFECT_LAYERS
+                (setting, defect, layer, case_prompt(defect, layer))
+                for defect in defects
+                for layer in DEFECT_LAYERS
+                if not (setting.capture == "op" and case_prompt(defect, layer) in OP_LEVEL_SKIPPED_PROMPTS)
             )
     return cases
 
@@ -318,6 +328,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, help="write every case's result here")
     options = parser.parse_args(argv)
     settings = bug_zoo._names(options.settings, list(SETTINGS), "--settings", "real_model_zoo")
+    if not options.settings:  # the op-level defect cases run when named
+        settings = [name for name in settings if not SETTINGS[name].by_hand]
     defects = (
         [] if options.clean_only else bug_zoo._names(options.defects, list(DEFECTS), "--defects", "real_model_zoo")
     )
