@@ -114,6 +114,10 @@ statistics, and the key both runs share), the judged rows 270. Measured as peak 
 fixed memory: 1 462 bytes a pair on ff16fba, 1 045 now, both in one run -- ten million pairs
 would still take about 10.5 GB.
 
+On 2026-12-07 the merge held the paired ids as C integers and the judged rows their feeders'
+labels as one UTF-8 buffer a step: pairing 626 (820), judging 774 (840), writing the reports
+774 (855); peak PSS over the fixed memory 1 049 bytes a pair before, 1 030 after, in one run.
+
 Targets on a 2-core machine (issue #17): >= 20 000 pairs/s in the small mode, >= 2.5 GB/s in
 the large mode's compare phase, peak PSS <= 2 x largest tensor + 300 MB. The
 best-known peer compared the same kind of dumps at about 0.12 GB/s.

@@ -126,6 +126,9 @@ def test_rows_read_back_bit_for_bit_with_the_objects_they_share() -> None:
         ("sibling_count", [2**70, 1, -(2**65), 0]),  # ints beyond 64 bits
         ("layer_index", [True, False, None, 1]),  # bools are not ints
         ("fed_by", [("a",), (), ("a", 1), ("b", "a")]),  # a label that is not a text
+        # labels are held as UTF-8 bytes: other scripts, a lone surrogate (a name read with
+        # surrogateescape), an empty label come back code point for code point
+        ("fed_by", [("módulo.ä step 0 output.0",), ("bad \udcff name",), ("",), ("módulo.ä step 0 output.0", "")]),
         ("sibling_growth", [(1, 2), (1.0, 2.0), (-0.0, 2.0), (0.0, 2.0)]),  # equal tuples that print apart
         ("reason", ["", "x", "x", None]),
     ],

@@ -31,11 +31,13 @@ from __future__ import annotations
 
 import itertools
 import json
-from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from operator import attrgetter
 from pathlib import Path
 from typing import IO, Any
+
+import numpy as np
 
 from llmcheck.core.dumps.atomic_files import atomic_output
 from llmcheck.core.errors import PluginError, UsageError, closest_name
@@ -140,12 +142,17 @@ def merge_pairs(golden: Dump, my: Dump, proposals: Sequence[Pair]) -> Pairing:
     """
     _refuse_copies(golden, "golden", proposals)
     _refuse_copies(my, "my", proposals)
-    golden_ids = set(map(id, map(_GOLDEN, proposals)))
-    my_ids = set(map(id, map(_MY, proposals)))
-    if len(golden_ids) == len(my_ids) == len(proposals) and _NONE_ID not in golden_ids and _NONE_ID not in my_ids:
+    # the ids as C integers, 8 bytes each, where a set of them holds 60: pairing is a compare's peak
+    golden_ids, my_ids = _ids(map(_GOLDEN, proposals)), _ids(map(_MY, proposals))
+    if (
+        len(np.unique(golden_ids)) == len(np.unique(my_ids)) == len(proposals)
+        and not (golden_ids == _NONE_ID).any()
+        and not (my_ids == _NONE_ID).any()
+    ):
         # Every proposal pairs two records no other proposal names (two runs captured alike,
         # paired by exact key): each is its records' best, so all are kept, with no note.
         return _pairing(golden, my, list(proposals), golden_ids, my_ids, {}, set())
+    del golden_ids, my_ids
     best_golden: dict[int, int] = {}
     best_my: dict[int, int] = {}
     notes: dict[int, str] = {}
@@ -173,17 +180,30 @@ def merge_pairs(golden: Dump, my: Dump, proposals: Sequence[Pair]) -> Pairing:
         if pair.priority == best_golden[identity[0]] and pair.priority == best_my[identity[1]]:
             kept.append(pair)
             seen.add(identity)
-    paired_golden = {golden_id for golden_id, _ in seen}
-    paired_my = {my_id for _, my_id in seen}
+    paired_golden = np.fromiter((golden_id for golden_id, _ in seen), dtype=np.uint64, count=len(seen))
+    paired_my = np.fromiter((my_id for _, my_id in seen), dtype=np.uint64, count=len(seen))
     return _pairing(golden, my, kept, paired_golden, paired_my, notes, expected)
+
+
+def _ids(objects: Iterable[Any]) -> np.ndarray:
+    """Return the ids of ``objects`` as an array of C integers."""
+    return np.fromiter(map(id, objects), dtype=np.uint64)
+
+
+def _unpaired(records: Sequence[TensorRecord], paired: np.ndarray) -> list[TensorRecord]:
+    """Return the records whose ids ``paired`` lacks, in their order."""
+    if not len(records):
+        return []
+    held = np.isin(_ids(records), paired)
+    return [record for record, is_paired in zip(records, held.tolist()) if not is_paired]
 
 
 def _pairing(
     golden: Dump,
     my: Dump,
     kept: list[Pair],
-    paired_golden: set[int],
-    paired_my: set[int],
+    paired_golden: np.ndarray,
+    paired_my: np.ndarray,
     notes: dict[int, str],
     expected: set[int],
 ) -> Pairing:
@@ -193,13 +213,10 @@ def _pairing(
         pairs=PairTable(kept),
         unmatched_golden=[
             Unmatched(r, notes.get(id(r), NO_COUNTERPART), id(r) in expected)
-            for r in golden.records
-            if id(r) not in paired_golden
+            for r in _unpaired(golden.records, paired_golden)
         ],
         unmatched_my=[
-            Unmatched(r, notes.get(id(r), NO_COUNTERPART), id(r) in expected)
-            for r in my.records
-            if id(r) not in paired_my
+            Unmatched(r, notes.get(id(r), NO_COUNTERPART), id(r) in expected) for r in _unpaired(my.records, paired_my)
         ],
     )
 
