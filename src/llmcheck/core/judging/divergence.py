@@ -168,18 +168,13 @@ def _floor(row: ComparisonRow) -> float:
     return ROUNDING_FLOOR.get(row.judged_as, ROUNDING_FLOOR["fp32"])
 
 
-def _as_warnings(metrics: Mapping[str, MetricResult]) -> dict[str, MetricResult]:
-    """Return the results with each failure made a warning, values and thresholds kept."""
+def _recast(metrics: Mapping[str, MetricResult], verdict: str, only: str | None = None) -> dict[str, MetricResult]:
+    """Return the results with the verdict ``verdict`` (those whose verdict is ``only``, else all), values and thresholds kept."""
     return {
         name: result
-        if result.verdict != VERDICT_FAIL
+        if only is not None and result.verdict != only
         else MetricResult(
-            result.name,
-            result.value,
-            VERDICT_WARN,
-            result.warn_threshold,
-            result.fail_threshold,
-            result.higher_is_better,
+            result.name, result.value, verdict, result.warn_threshold, result.fail_threshold, result.higher_is_better
         )
         for name, result in metrics.items()
     }
@@ -505,7 +500,7 @@ class _Judge:
             cleared = self._cleared_by_replay(row, error, feeding)
             if cleared is not None:
                 self.cleared.add(position)
-                verdict, metrics, evidence = VERDICT_WARN, _as_warnings(metrics), cleared
+                verdict, metrics, evidence = VERDICT_WARN, _recast(metrics, VERDICT_WARN, only=VERDICT_FAIL), cleared
         if metrics is not row.metrics and metrics == row.metrics:
             metrics = row.metrics
         attribution = SUSPECT if suspect and verdict == VERDICT_WARN else row.attribution
@@ -596,9 +591,11 @@ class _Judge:
         if self.replay is None or feeding.guessed or not feeding.positions or error is None:
             return None
         if row.golden.key.io != IO_OUTPUT:
-            (producer,) = feeding.positions if len(feeding.positions) == 1 else (None,)
-            carried = self.error_at[producer] if producer in self.cleared else None
-            if producer is None or carried is None or error > carried:
+            if len(feeding.positions) != 1 or feeding.positions[0] not in self.cleared:
+                return None
+            producer = feeding.positions[0]
+            carried = self.error_at[producer]
+            if carried is None or error > carried:
                 return None
             made = self.ordered[producer].golden.key.label()
             return f"the tensor {made} made, an op whose replay computes what it is given ({carried:.3g} there)"
@@ -681,17 +678,7 @@ class _Judge:
                 f"(error {error:.3g} here, {twin:.3g} in the twin)"
             )
             return VERDICT_FAIL, row.deciding_metric, {**metrics, TWIN_METRIC: against_twin}, evidence
-        metrics = {
-            name: MetricResult(
-                result.name,
-                result.value,
-                VERDICT_PASS,
-                result.warn_threshold,
-                result.fail_threshold,
-                result.higher_is_better,
-            )
-            for name, result in metrics.items()
-        }
+        metrics = _recast(metrics, VERDICT_PASS)
         metrics[TWIN_METRIC] = against_twin
         evidence = (
             f"error {error:.3g} against {twin:.3g} in the noise twin ({ratio:.3g}x)" if verdict != VERDICT_PASS else ""
