@@ -9,6 +9,8 @@ another epsilon than the golden's is still named.
 
 from __future__ import annotations
 
+import shutil
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -30,9 +32,12 @@ def question_ids(smollm2) -> torch.Tensor:
 
 
 @pytest.fixture(scope="module")
-def golden_ops(smollm2, question_ids, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def golden_ops(smollm2, question_ids, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """The golden op-level dump, removed after this module: its op records hold every weight, 1.2 GB."""
     model, _ = smollm2
-    return capture_run(model, question_ids, tmp_path_factory.mktemp("golden"), mode="op")
+    folder = tmp_path_factory.mktemp("golden")
+    yield capture_run(model, question_ids, folder, mode="op")
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 def _compare(golden: Path, my: Path):
