@@ -7,6 +7,7 @@ share; and the readers that take a column (``row_field``, ``rows_where``, ``in_g
 
 from __future__ import annotations
 
+import gc
 import math
 import struct
 from array import array
@@ -20,6 +21,8 @@ import torch
 
 from compare_runs import capture_generate
 from llmcheck.core.compare import compare_dumps
+from llmcheck.core.dumps.record_rows import StatsRow, is_stats_of
+from llmcheck.core.dumps.store import DumpWriter, read_dump
 from llmcheck.core.judging.row_table import (
     ROWS_PER_BATCH,
     RowTable,
@@ -116,6 +119,38 @@ def test_rows_read_back_bit_for_bit_with_the_objects_they_share() -> None:
     assert read.sibling_growth is made[3].sibling_growth  # a shared object stays the same object
     assert read.golden_stats is made[3].golden_stats
     assert read.metrics == made[3].metrics and read.metrics["cosine_similarity"] == made[3].metrics["cosine_similarity"]
+
+
+def test_statistics_a_row_shares_with_its_record_are_asked_of_the_record_again_not_held(tmp_path: Path) -> None:
+    """A record read from a dump makes its statistics when asked (48 bytes each): the table keeps none of them."""
+    with DumpWriter(tmp_path, "test") as writer:
+        for order in range(600):
+            stats = TensorStats(min=-1.0, max=float(order), mean=math.nan, l2norm=2.0, nan_count=1, inf_count=0)
+            writer.add(
+                TensorRecord(key=RecordKey(f"layer{order}"), dtype="float32", shape=(4,), order=order, stats=stats)
+            )
+    records = read_dump(writer.path).records
+    measured = TensorStats(min=0.0, max=1.0)  # a side's statistics as measured: an object of the row's own
+    made = [
+        ComparisonRow(
+            index=index,
+            golden=record,
+            my=record,
+            rule="exact_key",
+            metrics={},
+            verdict=VERDICT_PASS,
+            golden_stats=record.stats,
+            my_stats=measured if index % 7 == 0 else record.stats,
+        )
+        for index, record in enumerate(records)
+    ]
+    table = RowTable.of(made)
+    assert_same_rows(list(table), made)  # equal, a NaN mean included
+    assert table[1].golden_stats is not made[1].golden_stats and is_stats_of(table[1].golden_stats, records[1])
+    assert table[7].my_stats is measured and is_stats_of(table[8].my_stats, records[8])
+    del made
+    gc.collect()
+    assert not any(type(held) is StatsRow for held in gc.get_objects())
 
 
 @pytest.mark.parametrize(

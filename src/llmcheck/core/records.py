@@ -199,10 +199,10 @@ class TensorStats(_HeldOrRow):
 
     ``TensorStats(min=..., ...)`` holds its six values itself (:class:`HeldStats`). The
     statistics of the records read from llmcheck's own index are rows of columns instead
-    (:class:`~llmcheck.core.stats_rows.StatsRow`): a statistics-only dump is a record and its
-    statistics a line, and the six values as objects of their own were 176 bytes a record,
-    two fifths of what a loaded record costs. Both kinds read alike, compare equal when
-    their values are equal, hash alike and are frozen.
+    (:class:`~llmcheck.core.dumps.record_rows.StatsRow`, made when asked for): a
+    statistics-only dump is a record and its statistics a line, and the six values as objects
+    of their own were 176 bytes a record, two fifths of what a loaded record costs. Both kinds
+    read alike, compare equal when their values are equal, hash alike and are frozen.
     """
 
     __slots__ = ()

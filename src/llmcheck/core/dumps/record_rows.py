@@ -3,12 +3,15 @@
 Why: a statistics-only dump (``dump -sd``) is nothing but records and their statistics, and
 ten million of them is what a long decode of a large model writes. As objects of their own, a
 record was 164 bytes (its 13 fields, and its ``order`` as an int object) and its statistics
-176 (the object, and four float objects). Here each is a row -- a :class:`RecordRow` of 72
-bytes, a :class:`StatsRow` of 48 -- reading its values out of columns its block shares:
-references to the objects records hold anyway (keys shared by both runs, interned texts,
-shapes), C doubles and integers, or, where a block's rows all hold one value (the device,
-rank 0, no attrs, no data, NaN counts of zero), one tuple every such block shares. A
-statistics-only record and its statistics come to about 180 bytes in all, instead of 350.
+176 (the object, and four float objects). Here a record is a row -- a :class:`RecordRow` of 72
+bytes -- reading its values out of columns its block shares: references to the objects records
+hold anyway (keys shared by both runs, interned texts, shapes), C doubles and integers, or,
+where a block's rows all hold one value (the device, rank 0, no attrs, no data, NaN counts of
+zero), one tuple every such block shares. Its statistics are six more columns of the same
+block, read through a :class:`StatsRow` (48 bytes) made when ``record.stats`` is asked for and
+let go with it: held one a record, those were a tenth of what a statistics-only compare holds
+at its peak. A statistics-only record and its statistics come to about 125 bytes in all,
+instead of 350.
 
 A row reads back each value exactly as it was given, object for object: a column of floats
 or ints is held as C numbers only where every value in it is of that type, else the values
@@ -95,10 +98,16 @@ class _Block:
         self.columns = tuple(map(_sealed, self.columns))
 
 
+#: How many columns statistics take: the first of a block's columns, in a block of records as in one of statistics.
+STATS_COLUMNS = len(STATS_FIELDS)
+
+
 class StatsRow(TensorStats):
     """A record's statistics as one row of a block's columns: read alike, equal and hashed alike to ``TensorStats(...)``.
 
-    Each value is a property reading its column at the row's place.
+    Each value is a property reading its column at the row's place: the block's first
+    :data:`STATS_COLUMNS` columns, in a block of :class:`RecordRows` or of :class:`StatsRows`.
+    Two rows reading the same place are equal, as one row is to itself (NaN included).
     """
 
     __slots__ = ("_block", "_row")
@@ -109,16 +118,25 @@ class StatsRow(TensorStats):
     def values(self) -> tuple[Any, ...]:
         """Return the six values, in :data:`~llmcheck.core.records.STATS_FIELDS` order (read at once: one call, not six)."""
         row = self._row
-        mins, maxes, means, norms, nans, infs = self._block.columns
+        mins, maxes, means, norms, nans, infs = self._block.columns[:STATS_COLUMNS]
         return mins[row], maxes[row], means[row], norms[row], nans[row], infs[row]
+
+    def __eq__(self, other: object) -> bool:
+        if type(other) is StatsRow and other._block is self._block and other._row == self._row:
+            return True  # the same place: the same values, a NaN among them too
+        return super().__eq__(other)
+
+    __hash__ = TensorStats.__hash__
 
 
 #: The fields a :class:`RecordRow` holds in slots of its own: the three read most (26, 12 and 6
 #: times a record in a compare), at a slot's speed. Each is an object records share (an interned
 #: text, a shape) or hold one each anyway (a key): a slot costs what a column would.
 SLOT_FIELDS = ("key", "dtype", "shape")
-#: The fields a :class:`RecordRow` reads from its block's columns, in order.
+#: The fields a :class:`RecordRow` reads from its block's columns, in order, after the statistics' columns.
 COLUMN_FIELDS = tuple(name for name in RECORD_FIELDS if name not in SLOT_FIELDS)
+#: What a record's ``stats`` column holds where its statistics are the block's statistics columns at its place.
+_STATS_IN_BLOCK = True
 
 
 class RecordRow(TensorRecord):
@@ -137,8 +155,10 @@ class RecordRow(TensorRecord):
         """Return the fields, in :data:`~llmcheck.core.records.RECORD_FIELDS` order."""
         row = self._row
         (order, device, rank, op_type, parent, stats, data, source_path, attrs, digest) = (
-            column[row] for column in self._block.columns
+            column[row] for column in self._block.columns[STATS_COLUMNS:]
         )
+        if stats is _STATS_IN_BLOCK:
+            stats = _stats_row(self._block, row)
         return (
             self.key,
             self.dtype,
@@ -167,15 +187,51 @@ def _column_reader(position: int, name: str, kind: str) -> property:
     return property(read, doc=f"The {kind}'s ``{name}`` (see :class:`~llmcheck.core.records.Tensor{kind.title()}`).")
 
 
+def _stats_reader(position: int) -> property:
+    """Return the property reading a record row's statistics: its own column, or a :class:`StatsRow` at its place."""
+
+    def stats(row: RecordRow, position: int = position) -> Any:
+        block = row._block
+        held = block.columns[position][row._row]
+        return _stats_row(block, row._row) if held is _STATS_IN_BLOCK else held
+
+    return property(stats, doc="The record's ``stats`` (see :class:`~llmcheck.core.records.TensorRecord`).")
+
+
 for _position, _name in enumerate(STATS_FIELDS):
     setattr(StatsRow, _name, _column_reader(_position, _name, "stats"))
-for _position, _name in enumerate(COLUMN_FIELDS):
-    setattr(RecordRow, _name, _column_reader(_position, _name, "record"))
+for _position, _name in enumerate(COLUMN_FIELDS, start=STATS_COLUMNS):
+    reader = _stats_reader(_position) if _name == "stats" else _column_reader(_position, _name, "record")
+    setattr(RecordRow, _name, reader)
 
 _new = object.__new__
 # the slots' descriptors, through which a row is set up without the frozen __setattr__
 _set_stats_block = StatsRow.__dict__["_block"].__set__
 _set_stats_row = StatsRow.__dict__["_row"].__set__
+
+
+def _stats_row(block: _Block, place: int) -> StatsRow:
+    """Return the statistics at ``place`` of ``block``'s statistics columns, as a row made now."""
+    row: StatsRow = _new(StatsRow)
+    _set_stats_block(row, block)
+    _set_stats_row(row, place)
+    return row
+
+
+def is_stats_of(stats: TensorStats | None, record: TensorRecord) -> bool:
+    """Return whether ``stats`` reads ``record``'s statistics from its very block: ``record.stats`` makes its equal anew.
+
+    Why: a holder of a record's statistics beside the record (a compare's row) may hold the
+    record alone and ask it again, instead of a 48-byte row of its own.
+    """
+    return (
+        type(stats) is StatsRow
+        and type(record) is RecordRow
+        and stats._block is record._block
+        and stats._row == record._row
+    )
+
+
 _set_record_block = RecordRow.__dict__["_block"].__set__
 _set_record_row = RecordRow.__dict__["_row"].__set__
 _set_key = RecordRow.__dict__["key"].__set__
@@ -242,17 +298,35 @@ class StatsRows(_Blocks):
         return row
 
 
+#: A record's statistics as :meth:`RecordRows.stats` gives them to its maker: the six values, in their order.
+StatsValues = tuple[float | None, float | None, float | None, float | None, int | None, int | None]
+_NO_STATS_VALUES: StatsValues = (None, None, None, None, None, None)
+
+
 class RecordRows(_Blocks):
     """Makes a dump's records as :class:`RecordRow` s: call it with a record's 13 fields, in their order.
 
-    :attr:`stats` makes their statistics; :meth:`close` closes both once the last record is made.
+    A record's ``stats`` given as :meth:`stats` gives them go into its block's statistics
+    columns; given as an object (or None), it is held as it is. :meth:`close` closes the block
+    once the last record is made.
     """
 
-    __slots__ = ("stats",)
+    __slots__ = ()
 
     def __init__(self) -> None:
-        super().__init__(len(COLUMN_FIELDS))
-        self.stats = StatsRows()
+        super().__init__(STATS_COLUMNS + len(COLUMN_FIELDS))
+
+    @staticmethod
+    def stats(
+        min: float | None,
+        max: float | None,
+        mean: float | None,
+        l2norm: float | None,
+        nan_count: int | None,
+        inf_count: int | None,
+    ) -> StatsValues:
+        """Return a record's statistics as its maker takes them into columns (the arguments of ``TensorStats(...)``)."""
+        return (min, max, mean, l2norm, nan_count, inf_count)
 
     def __call__(
         self,
@@ -264,7 +338,7 @@ class RecordRows(_Blocks):
         rank: int,
         op_type: str | None,
         parent: str | None,
-        stats: TensorStats | None,
+        stats: TensorStats | StatsValues | None,
         data: TensorData | None,
         source_path: str,
         attrs: Mapping[str, Any],
@@ -274,13 +348,40 @@ class RecordRows(_Blocks):
             self._rotate()
         block, place = self._block, self._filled
         self._filled = place + 1
-        orders, devices, ranks, op_types, parents, all_stats, datas, source_paths, all_attrs, digests = block.columns
+        (
+            mins,
+            maxes,
+            means,
+            norms,
+            nans,
+            infs,
+            orders,
+            devices,
+            ranks,
+            op_types,
+            parents,
+            all_stats,
+            datas,
+            source_paths,
+            all_attrs,
+            digests,
+        ) = block.columns
+        values: StatsValues = _NO_STATS_VALUES
+        held: object = stats
+        if type(stats) is tuple:
+            values, held = stats, _STATS_IN_BLOCK
+        mins.append(values[0])
+        maxes.append(values[1])
+        means.append(values[2])
+        norms.append(values[3])
+        nans.append(values[4])
+        infs.append(values[5])
         orders.append(order)
         devices.append(device)
         ranks.append(rank)
         op_types.append(op_type)
         parents.append(parent)
-        all_stats.append(stats)
+        all_stats.append(held)
         datas.append(data)
         source_paths.append(source_path)
         all_attrs.append(attrs)
@@ -292,8 +393,3 @@ class RecordRows(_Blocks):
         _set_dtype(row, dtype)
         _set_shape(row, shape)
         return row
-
-    def close(self) -> None:
-        """Seal the blocks still filling, of the records and of their statistics."""
-        super().close()
-        self.stats.close()

@@ -54,7 +54,7 @@ from llmcheck.core.dumps.dump_schema import (
     decode,
     decoder,
 )
-from llmcheck.core.dumps.record_rows import RecordRows
+from llmcheck.core.dumps.record_rows import RecordRows, StatsValues
 from llmcheck.core.errors import DumpFormatError, DumpNotFoundError, LlmcheckError, UsageError, WriteFailedError
 from llmcheck.core.gc_pause import paused_cyclic_gc
 from llmcheck.core.records import (
@@ -230,7 +230,7 @@ def record_from_index_line(
         line.rank,  # rank
         None if line.op_type is None else intern(line.op_type),  # op_type
         None if line.parent is None else intern(line.parent),  # parent
-        None if line.stats is None else _stats_from_json(line.stats, build_stats if rows is None else rows.stats),
+        None if line.stats is None else _stats_from_json(line.stats, _stats_maker(rows)),  # stats
         data,  # data
         source_path,  # source_path
         line.attrs or NO_ATTRS,  # attrs
@@ -268,7 +268,12 @@ _build_key = slot_builder(RecordKey)
 _build_data = slot_builder(TensorData, skip_post_init=True)
 
 
-def _stats_from_json(stats: StatsJson, make: Callable[..., TensorStats]) -> TensorStats:
+def _stats_maker(rows: RecordRows | None) -> Callable[..., TensorStats | StatsValues]:
+    """Return what makes a record's statistics: objects of their own, or the values its row takes into its block's columns."""
+    return build_stats if rows is None else rows.stats
+
+
+def _stats_from_json(stats: StatsJson, make: Callable[..., TensorStats | StatsValues]) -> TensorStats | StatsValues:
     """Return an index line's statistics as :meth:`TensorStats.from_json` reads them (a non-finite one's text as its float)."""
     return make(
         min=number_from_json(stats.min),

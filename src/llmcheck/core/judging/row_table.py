@@ -28,6 +28,7 @@ from typing import Any, Protocol, overload
 
 import numpy as np
 
+from llmcheck.core.dumps.record_rows import is_stats_of
 from llmcheck.core.records import ComparisonRow, JudgedMetrics, build_row
 
 #: The fields of a row, in :class:`ComparisonRow`'s order: a block holds a column for each.
@@ -258,6 +259,34 @@ def _same(value: Any) -> Any:
 
 
 _RECORDS = frozenset({"golden", "my"})
+#: The fields holding statistics, and the record each row reads them from when they are that record's own.
+_RECORD_STATS = {"golden_stats": "golden", "my_stats": "my"}
+#: Held in a statistics column where a row's statistics are its record's (:func:`is_stats_of`): asked of it again.
+_FROM_RECORD = object()
+
+
+class _StatsOfRecords:
+    """A side's statistics where most rows' are their record's own: those are asked of the record again, not held.
+
+    A record read from llmcheck's own index makes its statistics when asked, from its
+    block's columns (:mod:`~llmcheck.core.dumps.record_rows`); held here, each would be a
+    48-byte object a row. A row whose statistics are another object (measured, not recorded)
+    keeps that object.
+    """
+
+    __slots__ = ("held", "records")
+
+    def __init__(self, records: _Column, held: _Column) -> None:
+        self.records = records
+        self.held = held
+
+    def values(self, offsets: np.ndarray) -> list[Any]:
+        return [
+            record.stats if held is _FROM_RECORD else held
+            for record, held in zip(self.records.values(offsets), self.held.values(offsets))
+        ]
+
+
 _SPECIAL_COLUMNS: dict[str, Callable[[list[Any]], _Column | None]] = {
     "fed_by": _labels_column,
     "metrics": _metrics_column,
@@ -271,11 +300,22 @@ class _Block:
 
     def __init__(self, rows: Sequence[ComparisonRow]) -> None:
         columns: list[_Column] = []
+        records: dict[str, tuple[list[Any], _Column]] = {}
         for name, held in zip(ROW_FIELDS, zip(*map(_ROW_VALUES, rows))):
             values = list(held)
             if name in _RECORDS:  # each row's own records, held by the dumps: a reference each
-                columns.append(_Objects(_object_array(values)))
+                records[name] = (values, _Objects(_object_array(values)))
+                columns.append(records[name][1])
                 continue
+            side = _RECORD_STATS.get(name)
+            if side is not None:
+                side_records, records_column = records[side]
+                own = [
+                    _FROM_RECORD if is_stats_of(stats, record) else stats for stats, record in zip(values, side_records)
+                ]
+                if any(stats is _FROM_RECORD for stats in own):
+                    columns.append(_StatsOfRecords(records_column, _column(own)))
+                    continue
             special = _SPECIAL_COLUMNS.get(name)
             column = special(values) if special is not None else None
             columns.append(column if column is not None else _column(values))
