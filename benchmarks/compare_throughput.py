@@ -117,6 +117,10 @@ would still take about 10.5 GB.
 On 2026-12-07 the merge held the paired ids as C integers and the judged rows their feeders'
 labels as one UTF-8 buffer a step: pairing 626 (820), judging 774 (840), writing the reports
 774 (855); peak PSS over the fixed memory 1 049 bytes a pair before, 1 030 after, in one run.
+Later, a record's statistics as columns of its own block (a ``StatsRow`` made when asked for)
+and judged rows that ask their records again for them: loading 402 (518), pairing 519 (708),
+measuring 588 (641), judging 646 (712), writing the reports 646 (726); peak PSS over the fixed
+memory 1 029 bytes a pair before, 895 after, in one run.
 
 Targets on a 2-core machine (issue #17): >= 20 000 pairs/s in the small mode, >= 2.5 GB/s in
 the large mode's compare phase, peak PSS <= 2 x largest tensor + 300 MB. The
