@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from llmcheck.core.dumps.record_rows import ROWS_PER_BLOCK, RecordRow, RecordRows, StatsRow, StatsRows, is_stats_of
+from llmcheck.core.dumps.record_rows import ROWS_PER_BLOCK, RecordRow, RecordRows, StatsRow, is_stats_of
 from llmcheck.core.dumps.store import NO_ATTRS, DumpWriter, read_dump
 from llmcheck.core.records import RECORD_FIELDS, STATS_FIELDS, HeldRecord, RecordKey, TensorRecord, TensorStats
 
@@ -47,11 +47,24 @@ def _values(count: int) -> list[tuple[Any, ...]]:
     ]
 
 
+_KEY = RecordKey("model.layers.0.mlp")
+
+
+def _record_with(make: RecordRows, order: int, stats: Any) -> TensorRecord:
+    """Return a record made by ``make`` as a dump's reader makes one, holding ``stats`` (``make.stats(...)``, or None)."""
+    return make(_KEY, "bfloat16", (1, 1, 64), order, "cpu", 0, None, None, stats, None, "x", NO_ATTRS, None)
+
+
+def _statistics(make: RecordRows, given: list[tuple[Any, ...]]) -> list[TensorStats]:
+    """Return the statistics of records made by ``make`` from each of ``given``'s six values, as a reader asks for them."""
+    return [_record_with(make, order, make.stats(*values)).stats for order, values in enumerate(given)]
+
+
 @pytest.mark.parametrize("count", [1, ROWS_PER_BLOCK, 3 * ROWS_PER_BLOCK + 17])
 def test_rows_read_back_every_value_bit_for_bit(count: int) -> None:
-    make = StatsRows()
+    make = RecordRows()
     given = _values(count)
-    made = [make(*values) for values in given]
+    made = _statistics(make, given)
     before_close = [tuple(map(_bits, row.values())) for row in made]  # the block still filling reads alike
     make.close()
     for row, values, early in zip(made, given, before_close):
@@ -62,8 +75,8 @@ def test_rows_read_back_every_value_bit_for_bit(count: int) -> None:
 
 
 def test_a_row_equals_hashes_and_pickles_as_the_statistics_of_its_values() -> None:
-    make = StatsRows()
-    row = make(-1.5, 2.0, 0.25, 3.0, 0, 1)
+    make = RecordRows()
+    row, nan_row = _statistics(make, [(-1.5, 2.0, 0.25, 3.0, 0, 1), (math.nan, None, None, None, 1, 0)])
     make.close()
     held = TensorStats(min=-1.5, max=2.0, mean=0.25, l2norm=3.0, nan_count=0, inf_count=1)
     assert row == held and held == row and hash(row) == hash(held)
@@ -75,11 +88,10 @@ def test_a_row_equals_hashes_and_pickles_as_the_statistics_of_its_values() -> No
     assert row.as_json() == held.as_json()
     with pytest.raises(FrozenInstanceError):
         row.min = 0.0  # type: ignore[misc]
-    nan_row = make(math.nan, None, None, None, 1, 0)
     assert nan_row == nan_row  # the same statistics, though NaN is unequal to itself
 
 
-def test_rows_cost_less_than_half_of_statistics_objects() -> None:
+def test_statistics_in_record_rows_cost_less_than_half_of_statistics_objects() -> None:
     """As a dump is read: each record's values are decoded afresh, and only what holds them stays."""
     count = 20 * ROWS_PER_BLOCK
 
@@ -87,21 +99,27 @@ def test_rows_cost_less_than_half_of_statistics_objects() -> None:
         for number in range(count):
             yield -1.0 - number, 1.0 + number, 0.5 / (number + 1), 3.0 + number, 0, 0
 
+    def record_bytes(with_stats: bool) -> float:
+        tracemalloc.clear_traces()
+        make = RecordRows()
+        records = [
+            _record_with(make, 10**6 + order, make.stats(*values) if with_stats else None)
+            for order, values in enumerate(decoded())
+        ]
+        make.close()
+        assert len(records) == count
+        return tracemalloc.get_traced_memory()[0]
+
     tracemalloc.start()
     try:
         held = [TensorStats(*values) for values in decoded()]
         held_bytes = tracemalloc.get_traced_memory()[0]
         del held
-        tracemalloc.clear_traces()
-        make = StatsRows()
-        rows = [make(*values) for values in decoded()]
-        make.close()
-        row_bytes = tracemalloc.get_traced_memory()[0]
+        stats_bytes = record_bytes(with_stats=True) - record_bytes(with_stats=False)
     finally:
         tracemalloc.stop()
-    assert len(rows) == count
-    # 48 bytes the row, 32 its four doubles, 8 its place in the list; 80 + 96 + 8 as objects
-    assert row_bytes / count <= 92 and held_bytes / count >= 2 * 88, (row_bytes / count, held_bytes / count)
+    # 32 bytes a record: its four doubles (its counts fill shared columns); 80 + 96 + 8 as objects
+    assert stats_bytes / count <= 40 and held_bytes / count >= 2 * 88, (stats_bytes / count, held_bytes / count)
 
 
 def test_a_statistics_only_dump_reads_its_statistics_as_rows(tmp_path: Path) -> None:

@@ -98,16 +98,17 @@ class _Block:
         self.columns = tuple(map(_sealed, self.columns))
 
 
-#: How many columns statistics take: the first of a block's columns, in a block of records as in one of statistics.
+#: How many columns a record's statistics take: the first of its block's columns.
 STATS_COLUMNS = len(STATS_FIELDS)
 
 
 class StatsRow(TensorStats):
     """A record's statistics as one row of a block's columns: read alike, equal and hashed alike to ``TensorStats(...)``.
 
-    Each value is a property reading its column at the row's place: the block's first
-    :data:`STATS_COLUMNS` columns, in a block of :class:`RecordRows` or of :class:`StatsRows`.
-    Two rows reading the same place are equal, as one row is to itself (NaN included).
+    Each value is a property reading its column at the row's place: the first
+    :data:`STATS_COLUMNS` columns of a block of :class:`RecordRows`, which ``record.stats``
+    makes a row over when asked. Two rows reading the same place are equal, as one row is to
+    itself (NaN included).
     """
 
     __slots__ = ("_block", "_row")
@@ -262,40 +263,6 @@ class _Blocks:
         if self._filled:
             self._block.seal()
             self._block, self._filled = _Block(self._fields), 0
-
-
-class StatsRows(_Blocks):
-    """Makes the statistics of a dump's records as :class:`StatsRow` s: call it with a record's six values."""
-
-    __slots__ = ()
-
-    def __init__(self) -> None:
-        super().__init__(len(STATS_FIELDS))
-
-    def __call__(
-        self,
-        min: float | None,
-        max: float | None,
-        mean: float | None,
-        l2norm: float | None,
-        nan_count: int | None,
-        inf_count: int | None,
-    ) -> StatsRow:
-        if self._filled == ROWS_PER_BLOCK:
-            self._rotate()
-        block, place = self._block, self._filled
-        self._filled = place + 1
-        mins, maxes, means, norms, nans, infs = block.columns
-        mins.append(min)
-        maxes.append(max)
-        means.append(mean)
-        norms.append(l2norm)
-        nans.append(nan_count)
-        infs.append(inf_count)
-        row: StatsRow = _new(StatsRow)
-        _set_stats_block(row, block)
-        _set_stats_row(row, place)
-        return row
 
 
 #: A record's statistics as :meth:`RecordRows.stats` gives them to its maker: the six values, in their order.
