@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
 
+from llmcheck.core.dumps.store import DumpWriter, read_dump
 from llmcheck.core.errors import PluginError
-from llmcheck.core.pairing.merge import merge_pairs, write_pairs_json
-from llmcheck.core.records import Dump, Pair, RecordKey, TensorRecord
-from llmcheck.plugins.native.pairing import map_pairs
+from llmcheck.core.pairing.merge import Pairing, merge_pairs, write_pairs_json
+from llmcheck.core.pairing.pair_table import PairTable, pair_side, pairs_in_order
+from llmcheck.core.plugins import get_plugins
+from llmcheck.core.records import Dump, Pair, PairPriority, RecordKey, TensorRecord, TensorStats
+from llmcheck.plugins.native.pairing import exact_key_pairs, map_pairs
 
 
 def _records(*names: str) -> list[TensorRecord]:
@@ -120,3 +124,98 @@ def test_a_copy_of_a_loaded_record_is_refused_and_a_derived_record_marked_whatev
         ("a", False),
         ("c", True),
     ]
+
+
+def _statistics_dump(folder: Path, keys: list[RecordKey], scale: float) -> Path:
+    """Write a statistics-only dump (llmcheck's own index) of one record a key, in the order given."""
+    with DumpWriter(folder, "test") as writer:
+        for order, key in enumerate(keys):
+            stats = TensorStats(min=-scale, max=scale, mean=0.0, l2norm=2.0 * scale, nan_count=0, inf_count=0)
+            writer.add(TensorRecord(key=key, dtype="float32", shape=(4,), order=order, stats=stats))
+    return writer.path
+
+
+def _decode_keys(steps: int) -> list[RecordKey]:
+    names = ["model.embed_tokens", "model.layers.0.mlp", "model.layers.1.mlp", "lm_head"]
+    return [RecordKey(name, io, step=step) for step in range(steps) for name in names for io in ("input", "output")]
+
+
+def _fields_of(pairs: Sequence[Pair]) -> list[tuple[int, int, str, int, str, bool]]:
+    return [(id(p.golden), id(p.my), p.rule, p.priority, p.note, p.expected) for p in pairs]
+
+
+def _by_key_lookup(golden: Dump, my: Dump) -> Pairing:
+    """Pair as the exact-key rule's lookup does, through the merge's general path (a repeated proposal forces it)."""
+    lookup = exact_key_pairs(golden, my, [None] * len(golden.records), [None] * len(my.records))
+    return merge_pairs(golden, my, [*lookup, *lookup[:1]])
+
+
+def test_two_runs_captured_alike_are_paired_where_they_stand_as_the_key_lookup_pairs_them(tmp_path: Path) -> None:
+    """The common compare -- one model, captured the same way twice -- pairs record i with record i.
+
+    The pairs are the two loaded record lists themselves (no ``Pair`` object and no lookup a
+    record: ten million pairs cost 1 byte each), equal, pair for pair and field for field, to
+    what the key lookup and the general merge make.
+    """
+    keys = _decode_keys(steps=3)
+    golden_path = _statistics_dump(tmp_path / "golden", keys, 1.0)
+    my_path = _statistics_dump(tmp_path / "my", keys, 1.5)
+    golden, my = get_plugins().load_runs(golden_path, None, my_path, None)
+    proposals = map_pairs(golden, my, None)
+    assert pair_side(proposals, "golden") is golden.records and pair_side(proposals, "my") is my.records
+    pairing = merge_pairs(golden, my, proposals)
+    assert pairing.pairs is proposals and not pairing.unmatched_golden and not pairing.unmatched_my
+    assert len(pairing.pairs) == len(keys) == 24
+    assert _fields_of(pairing.pairs) == _fields_of(_by_key_lookup(golden, my).pairs)
+    assert {(p.rule, p.priority, type(p.priority)) for p in pairing.pairs} == {
+        ("exact_key", PairPriority.EXACT_KEY, PairPriority)
+    }
+
+
+@pytest.mark.parametrize("difference", ["a record missing", "a key named twice", "keys read apart", "another order"])
+def test_runs_not_captured_alike_are_paired_by_key_lookup_as_before(tmp_path: Path, difference: str) -> None:
+    keys = _decode_keys(steps=2)
+    my_keys = list(keys)
+    if difference == "a record missing":
+        del my_keys[5]
+    elif difference == "another order":
+        my_keys[2], my_keys[3] = my_keys[3], my_keys[2]
+    golden_path = _statistics_dump(tmp_path / "golden", keys, 1.0)
+    my_path = _statistics_dump(tmp_path / "my", my_keys, 1.5)
+    golden: Dump
+    my: Dump
+    if difference == "keys read apart":  # equal keys, but each dump's own objects: paired by equality
+        golden, my = read_dump(golden_path), read_dump(my_path)
+        assert golden.records[0].key == my.records[0].key and golden.records[0].key is not my.records[0].key
+    elif difference == "a key named twice":  # a source other than llmcheck's index (which refuses it) may
+        keys[3] = keys[2]
+        golden, my = (
+            Dump("test", tmp_path, [TensorRecord(key, "float32", (4,), order) for order, key in enumerate(keys)])
+            for _ in range(2)
+        )
+    else:
+        golden, my = get_plugins().load_runs(golden_path, None, my_path, None)
+    proposals = map_pairs(golden, my, None)
+    assert not isinstance(proposals, PairTable)
+    pairing, expected = merge_pairs(golden, my, proposals), _by_key_lookup(golden, my)
+    assert _fields_of(pairing.pairs) == _fields_of(expected.pairs)
+    assert pairing.unmatched_golden == expected.unmatched_golden and pairing.unmatched_my == expected.unmatched_my
+    if difference == "a record missing":
+        assert [u.record.key for u in pairing.unmatched_golden] == [keys[5]]
+    if difference == "a key named twice":  # both golden records find the my record the lookup holds last
+        assert [(p.golden.order, p.my.order) for p in pairing.pairs[2:4]] == [(2, 3), (3, 3)]
+
+
+def test_pairs_in_order_of_whole_dumps_are_kept_in_golden_execution_order(tmp_path: Path) -> None:
+    """A table of both record lists side by side is kept as it is only where the golden orders rise; else it is sorted."""
+    golden = Dump("a", tmp_path, _records("a", "b", "c"))
+    my = Dump("a", tmp_path, _records("a", "b", "c"))
+    table = pairs_in_order(golden.records, my.records, "exact_key", PairPriority.EXACT_KEY)
+    assert merge_pairs(golden, my, table).pairs is table
+    shuffled = Dump("a", tmp_path, [golden.records[2], golden.records[0], golden.records[1]])
+    table = pairs_in_order(shuffled.records, my.records, "exact_key", PairPriority.EXACT_KEY)
+    pairing = merge_pairs(shuffled, my, table)
+    assert pairing.pairs is not table
+    assert [(p.golden.key.name, p.my.key.name) for p in pairing.pairs] == [("a", "b"), ("b", "c"), ("c", "a")]
+    with pytest.raises(ValueError, match="one length"):
+        pairs_in_order(golden.records, my.records[:2], "exact_key", PairPriority.EXACT_KEY)

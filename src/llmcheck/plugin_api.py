@@ -22,6 +22,8 @@ What is here, by the question a plugin author asks:
   files inside the dump, metadata files bounded), :func:`read_npy_header`, and the tensor
   I/O helpers (:func:`tensor_from_byte_range`, ...; they import torch on first use).
 * **Which records make one op call?** :class:`OpCall`, :func:`group_op_calls`.
+* **How do I propose the pairs of two record lists side by side?** :func:`pairs_in_order`: a
+  sequence of pairs holding the two lists, 1 byte a pair, where a list of ``Pair`` objects is 88.
 * **How do I write files?** :func:`atomic_write_text`, :func:`atomic_write_with`,
   :func:`check_replaceable` (never destroy a file of the user's that carries an output's name), and the
   llmcheck dump format (:class:`DumpWriter`, :func:`read_dump`, :func:`find_dumps`).
@@ -109,6 +111,7 @@ from llmcheck.core.judging.row_table import (
 from llmcheck.core.judging.weights import PARAMETER_ATTR, PARAMETER_DIGESTS_ATTR
 from llmcheck.core.op_calls import CallId, OpCall, group_op_calls, position_order
 from llmcheck.core.pairing.merge import write_pairs_json
+from llmcheck.core.pairing.pair_table import pairs_in_order
 from llmcheck.core.plugins import load_dump
 from llmcheck.core.records import (
     ALL_RANKS,
@@ -368,6 +371,7 @@ __all__ = [  # noqa: RUF022 -- grouped by the question a plugin author asks, not
     "measure_text",
     "json_safe",
     "write_pairs_json",
+    "pairs_in_order",
     "atomic_output",
     "check_replaceable",
     "ONNX_MODEL",

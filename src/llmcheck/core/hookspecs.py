@@ -40,7 +40,7 @@ rule. A record the plugin built itself (shards gathered into one tensor) is allo
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pluggy
@@ -192,13 +192,16 @@ def llmcheck_load_tensors(path: Path, source: str | None) -> Dump | None:
 
 
 @hookspec
-def llmcheck_map_pairs(golden: Dump, my: Dump, user_mapping: UserMapping | None) -> list[Pair] | None:
+def llmcheck_map_pairs(golden: Dump, my: Dump, user_mapping: UserMapping | None) -> Sequence[Pair] | None:
     """Propose pairs of golden and my records.
 
     Called once per compare with both loaded dumps and the user's ``--mapping`` file (or
     ``None``). Return a list of :class:`~llmcheck.core.records.Pair`, each naming the rule
     that made it and a priority, or ``None`` when this plugin has nothing to say about
-    these two sources. The core merges every plugin's proposals: each record keeps the
+    these two sources. Pairs that are two record lists side by side (``golden.records[i]``
+    with ``my.records[i]``) may be returned as ``pairs_in_order(golden.records,
+    my.records, rule, priority)``: a sequence of pairs holding the lists themselves, which
+    costs a compare 1 byte a pair instead of a ``Pair`` object each. The core merges every plugin's proposals: each record keeps the
     highest-priority pair it appears in; records left in no pair are reported unmatched.
     A pair with one side ``None`` and a ``note`` explains why a record has no counterpart.
 

@@ -464,13 +464,20 @@ class Plugins:
             manifest={"format": TENSOR_FOLDER_SOURCE, "files": [record.source_path for record in records]},
         )
 
-    def map_pairs(self, golden: Dump, my: Dump, user_mapping: UserMapping | None) -> list[Pair]:
-        """Return every pair proposed by every plugin (the core resolves competing proposals)."""
-        proposals: list[Pair] = []
-        for pairs in self.manager.hook.llmcheck_map_pairs(golden=golden, my=my, user_mapping=user_mapping):
-            if pairs:
-                proposals.extend(pairs)
-        return proposals
+    def map_pairs(self, golden: Dump, my: Dump, user_mapping: UserMapping | None) -> Sequence[Pair]:
+        """Return every pair proposed by every plugin (the core resolves competing proposals).
+
+        One plugin's proposals alone are returned as the sequence it gave (a table of pairs in
+        order stays one, not a list of pair objects made from it).
+        """
+        given: list[Sequence[Pair]] = [
+            pairs
+            for pairs in self.manager.hook.llmcheck_map_pairs(golden=golden, my=my, user_mapping=user_mapping)
+            if pairs
+        ]
+        if len(given) == 1:
+            return given[0]
+        return [pair for pairs in given for pair in pairs]
 
     def claimed_dump(self, folder: Path) -> Dump:
         """Return the dump a plugin reads ``folder`` as, raising :class:`DumpNotFoundError` when none claims it.

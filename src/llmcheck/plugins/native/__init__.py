@@ -14,7 +14,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from llmcheck.plugin_api import (
@@ -81,5 +81,5 @@ def llmcheck_load_tensors(path: Path, source: str | None) -> Dump | None:
 
 
 @hookimpl
-def llmcheck_map_pairs(golden: Dump, my: Dump, user_mapping: UserMapping | None) -> list[Pair] | None:
+def llmcheck_map_pairs(golden: Dump, my: Dump, user_mapping: UserMapping | None) -> Sequence[Pair] | None:
     return pairing.map_pairs(golden, my, user_mapping)
