@@ -228,14 +228,21 @@ class _TextPool:
         return self.buffer[self.ends[code] : self.ends[code + 1]].decode("utf-8", "surrogatepass")
 
 
+def _run_starts(lengths: list[int]) -> np.ndarray:
+    """Return where each row's run starts in the flat values, and where the last ends: C uint32 where they fit (half of int64)."""
+    ends = np.cumsum(lengths, dtype=np.int64)
+    starts = np.zeros(len(lengths) + 1, dtype=np.uint32 if not len(ends) or ends[-1] < 2**32 else np.int64)
+    starts[1:] = ends
+    return starts
+
+
 def _labels_column(values: list[Any]) -> _Column | None:
     """Return the feeders' labels as codes a row, or None where a value is not a tuple of texts."""
     if set(map(type, values)) != {tuple} or not _tuples_of_texts(values):
         return None
     flat = [item for value in values for item in value]
     codes, distinct = _coded(flat, by_value=True)
-    starts = np.zeros(len(values) + 1, dtype=np.int64)
-    np.cumsum([len(value) for value in values], out=starts[1:])
+    starts = _run_starts([len(value) for value in values])
     return _Ragged(_smallest_codes(codes, len(distinct)), starts, _TextPool(distinct), tuple)
 
 
@@ -247,8 +254,7 @@ def _metrics_column(values: list[Any]) -> _Column | None:
     if set(map(type, held)) != {array}:
         return None
     pool = array("d", itertools.chain.from_iterable(held))
-    starts = np.zeros(len(values) + 1, dtype=np.int64)
-    np.cumsum(list(map(len, held)), out=starts[1:])
+    starts = _run_starts(list(map(len, held)))
     layouts = _column([metrics._layout for metrics in values])
     verdicts = _column([metrics._verdicts for metrics in values])
     return _Metrics(layouts, verdicts, _Ragged(pool, starts, None, _same))
@@ -534,10 +540,15 @@ class RowCollector:
         self._table.put(self._positions, self._rows)
         self._positions, self._rows = [], []
 
-    def missing(self) -> list[int]:
-        """Return the positions no row was added at, ascending."""
+    def missing(self) -> Sequence[int]:
+        """Return the positions no row was added at, ascending.
+
+        As C integers (8 bytes each, read back as ints): in a statistics-only compare that is
+        every pair, held while their rows are made, where a list of ints is 40 bytes a pair.
+        """
         self._flush()
-        missing: list[int] = np.flatnonzero(self._table._block_of < 0).tolist()
+        missing = array("q")
+        missing.frombytes(np.flatnonzero(self._table._block_of < 0).astype(np.int64).tobytes())
         return missing
 
     def table(self) -> RowTable:
