@@ -246,3 +246,24 @@ def test_record_rows_cost_less_than_half_of_record_objects() -> None:
     # statistics' doubles), the columns of values its block's records share costing nothing; its
     # statistics are made when asked; as objects: 136 + 8 + 28 (order) + 80 + 96
     assert row_bytes / count <= 135 and held_bytes / count >= 340, (row_bytes / count, held_bytes / count)
+
+
+def test_orders_counted_one_a_row_are_held_as_a_range_and_any_others_read_back_as_given() -> None:
+    """A dump's records count their order one a row: a block holds that as one ``range``, not 8 bytes a record."""
+    make = RecordRows()
+    counted = [_record_with(make, 7 + number, None) for number in range(ROWS_PER_BLOCK)]
+    jumbled_orders = [3, 2**62, -5, 4] * (ROWS_PER_BLOCK // 4)
+    jumbled = [_record_with(make, order, None) for order in jumbled_orders]
+    last = [_record_with(make, 10**6 + number, None) for number in range(3)]  # the last block, sealed by close
+    make.close()
+    for records, orders in (
+        (counted, range(7, 7 + ROWS_PER_BLOCK)),
+        (jumbled, jumbled_orders),
+        (last, range(10**6, 10**6 + 3)),
+    ):
+        assert [(type(record.order), record.order) for record in records] == [(int, order) for order in orders]
+        assert [record.values()[3] for record in records] == list(orders)
+    order_column = RECORD_FIELDS.index("order") - 3 + len(STATS_FIELDS)  # after the statistics, less the slots
+    assert type(counted[0]._block.columns[order_column]) is range
+    assert type(jumbled[0]._block.columns[order_column]) is not range
+    assert pickle.loads(pickle.dumps(counted[5])) == counted[5] and counted[5].order == 12
