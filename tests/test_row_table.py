@@ -259,3 +259,53 @@ def test_a_real_compare_reads_back_as_judged(tmp_path: Path) -> None:
     assert [row.index for row in rows] == list(range(len(rows)))
     introduced = result.first_introduced
     assert introduced is not None and introduced.golden.key.name == "model.layers.2.mlp.down_proj"
+
+
+def _statistics_dump(folder: Path, count: int, scale: float) -> Path:
+    """A statistics-only dump whose statistics take odd values too: -0.0, a subnormal, a huge one."""
+    with DumpWriter(folder, "test") as writer:
+        for order in range(count):
+            low, high = -1.0 - order * scale, [2.5, -0.0, 5e-324, 1e300][order % 4] * scale
+            stats = TensorStats(min=low, max=high, mean=0.125 * order, l2norm=3.0 + scale, nan_count=0, inf_count=0)
+            writer.add(
+                TensorRecord(key=RecordKey(f"layer{order}"), dtype="float32", shape=(4,), order=order, stats=stats)
+            )
+    return writer.path
+
+
+def _metric_values(table: RowTable) -> Any:
+    """Return the metric values' column of a table's first block."""
+    block = table._blocks[0]
+    assert block is not None
+    return block.columns[[row_field.name for row_field in fields(ComparisonRow)].index("metrics")].metric_values  # type: ignore[attr-defined]
+
+
+def test_a_statistics_rows_metric_values_are_made_again_from_its_records_not_held(tmp_path: Path) -> None:
+    """A statistics row's values are its two records' statistics errors: the table holds none, and reads them back bit for bit.
+
+    They were 64 bytes a row in a statistics-only compare's table, a tenth of its memory. A row
+    whose values are anything else (measured, or judged another way) keeps them.
+    """
+    golden, my = get_plugins().load_runs(
+        _statistics_dump(tmp_path / "golden", 700, 1.0), None, _statistics_dump(tmp_path / "my", 700, 1.0 + 1e-3), None
+    )
+    rows = list(compare_dumps(golden, my, workers=1).rows)
+    assert len(rows) == 700 and {row.verdict for row in rows} == {VERDICT_PASS, VERDICT_FAIL}
+    table = RowTable.of(rows)
+    assert_same_rows(list(table), rows)
+    # every row but those whose max (1e300) is beyond float32's range, which are not judged on plain statistics
+    plain = [row.golden.order % 4 != 3 for row in rows]
+    assert _metric_values(table).derived.tolist() == plain
+    others = sum(len(row.metrics._values) for row, made in zip(rows, plain) if not made)  # type: ignore[attr-defined]
+    assert len(_metric_values(table).held.flat) == others
+    changed = list(rows)
+    metrics = rows[10].metrics
+    assert isinstance(metrics, JudgedMetrics)
+    values = array("d", metrics._values)
+    values[1] = math.nextafter(values[1], math.inf)  # one bit off the records' errors: held as given
+    changed[10] = replace(rows[10], metrics=JudgedMetrics(metrics._layout, values, metrics._verdicts))
+    table = RowTable.of(changed)
+    assert_same_rows(list(table), changed)
+    assert _bits(table[10].metrics) == _bits(changed[10].metrics) != _bits(metrics)
+    assert _metric_values(table).derived.sum() == sum(plain) - 1
+    assert len(_metric_values(table).held.flat) == others + len(values)

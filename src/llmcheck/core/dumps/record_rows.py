@@ -365,3 +365,52 @@ class RecordRows(_Blocks):
         _set_dtype(row, dtype)
         _set_shape(row, shape)
         return row
+
+
+#: Where a record's ``stats`` column is among its block's columns.
+_HELD_STATS_COLUMN = STATS_COLUMNS + COLUMN_FIELDS.index("stats")
+#: The statistics :func:`statistics_values` reads, in :data:`~llmcheck.core.records.STATS_FIELDS` order.
+FLOAT_STATS = STATS_FIELDS[:4]
+
+
+def statistics_values(records: Sequence[TensorRecord | None]) -> tuple[Any, Any]:
+    """Return each record's (min, max, mean, L2 norm) as a float64 array of (records, 4), and where all four are floats.
+
+    Why: a value a record's statistics decide (a statistics row's errors) need not be held
+    beside the record when it can be made from it again. A row of llmcheck's own index is read
+    from its block's columns a block at a time, not as a statistics object each; a record
+    with no statistics, or one of whose four is not a float (None, an int), is marked so
+    (its values are NaN).
+    """
+    import numpy as np
+
+    values = np.full((len(records), len(FLOAT_STATS)), np.nan)
+    floats = np.zeros(len(records), dtype=bool)
+    # per block: the block, the records' positions and rows in it, and whether its four columns are C doubles
+    in_blocks: dict[int, tuple[_Block, list[int], list[int], bool]] = {}
+    for position, record in enumerate(records):
+        if type(record) is RecordRow:
+            block, row = record._block, record._row
+            found = in_blocks.get(id(block))
+            if found is None:
+                doubles = all(
+                    type(column) is array and column.typecode == "d" for column in block.columns[: len(FLOAT_STATS)]
+                )
+                found = in_blocks[id(block)] = (block, [], [], doubles)
+            if found[3] and block.columns[_HELD_STATS_COLUMN][row] is _STATS_IN_BLOCK:
+                found[1].append(position)
+                found[2].append(row)
+                continue
+        stats = record.stats if record is not None else None
+        if stats is not None:
+            four = stats.values()[: len(FLOAT_STATS)]
+            if all(type(value) is float for value in four):
+                values[position] = four
+                floats[position] = True
+    for block, positions, rows, _ in in_blocks.values():
+        if not positions:
+            continue
+        for place, column in enumerate(block.columns[: len(FLOAT_STATS)]):
+            values[positions, place] = np.frombuffer(column, dtype=np.float64)[rows]
+        floats[positions] = True
+    return values, floats

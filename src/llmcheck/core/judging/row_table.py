@@ -28,7 +28,8 @@ from typing import Any, Protocol, overload
 
 import numpy as np
 
-from llmcheck.core.dumps.record_rows import is_stats_of
+from llmcheck.core.dumps.record_rows import FLOAT_STATS, is_stats_of, statistics_values
+from llmcheck.core.judging.stats_compare import STAT_COLUMNS, STAT_FIELDS, statistics_error_columns
 from llmcheck.core.records import ComparisonRow, JudgedMetrics, build_row
 
 #: The fields of a row, in :class:`ComparisonRow`'s order: a block holds a column for each.
@@ -246,18 +247,83 @@ def _labels_column(values: list[Any]) -> _Column | None:
     return _Ragged(_smallest_codes(codes, len(distinct)), starts, _TextPool(distinct), tuple)
 
 
-def _metrics_column(values: list[Any]) -> _Column | None:
-    """Return each row's metrics as codes and C doubles, or None where one is not a :class:`JudgedMetrics` over C doubles."""
+def _metrics_column(values: list[Any], golden: _Objects | None = None, my: _Objects | None = None) -> _Column | None:
+    """Return each row's metrics as codes and C doubles, or None where one is not a :class:`JudgedMetrics` over C doubles.
+
+    A row whose values are its records' statistics errors, bit for bit, holds none: they are
+    made again from the records (``golden`` and ``my``, the rows' records) when read.
+    """
     if set(map(type, values)) != {JudgedMetrics}:
         return None
     held = list(map(_HELD_VALUES, values))
     if set(map(type, held)) != {array}:
         return None
-    pool = array("d", itertools.chain.from_iterable(held))
-    starts = _run_starts(list(map(len, held)))
+    derived = _statistics_errors_held(held, golden, my) if golden is not None and my is not None else None
+    kept = held if derived is None else list(itertools.compress(held, np.logical_not(derived).tolist()))
+    pool = array("d", itertools.chain.from_iterable(kept))
+    lengths = list(map(len, held))
+    if derived is not None:
+        lengths = [0 if made else length for length, made in zip(lengths, derived.tolist())]
+    metric_values: _Column = _Ragged(pool, _run_starts(lengths), None, _same)
+    if derived is not None:
+        assert golden is not None and my is not None
+        metric_values = _StatisticsErrors(metric_values, derived, golden, my)
     layouts = _column([metrics._layout for metrics in values])
     verdicts = _column([metrics._verdicts for metrics in values])
-    return _Metrics(layouts, verdicts, _Ragged(pool, starts, None, _same))
+    return _Metrics(layouts, verdicts, metric_values)
+
+
+def _statistics_errors(golden: Sequence[Any], my: Sequence[Any]) -> tuple[np.ndarray, np.ndarray]:
+    """Return the statistics errors of each (golden, my) record pair, as statistics rows hold them, and which pairs have them.
+
+    :func:`~llmcheck.core.judging.stats_compare.statistics_error_columns` of both sides'
+    (max, min, mean, L2 norm), where each side's four are floats.
+    """
+    golden_values, golden_floats = statistics_values(golden)
+    my_values, my_floats = statistics_values(my)
+    errors = statistics_error_columns(golden_values[:, _STAT_ORDER], my_values[:, _STAT_ORDER])
+    return errors, golden_floats & my_floats
+
+
+#: From :data:`~llmcheck.core.dumps.record_rows.FLOAT_STATS` (min, max, mean, L2 norm) to the (max, min, mean, L2 norm) of STAT_FIELDS.
+_STAT_ORDER = [FLOAT_STATS.index(field) for field in STAT_FIELDS]
+
+
+def _statistics_errors_held(held: list[array[float]], golden: _Objects, my: _Objects) -> np.ndarray | None:
+    """Return which rows hold their records' statistics errors, bit for bit (so need not hold them), or None where none does."""
+    width = len(STAT_COLUMNS)
+    candidates = np.flatnonzero(np.fromiter(map(len, held), dtype=np.int64, count=len(held)) == width)
+    if not len(candidates):
+        return None
+    errors, have = _statistics_errors(golden.objects[candidates].tolist(), my.objects[candidates].tolist())
+    given = np.frombuffer(array("d", itertools.chain.from_iterable(held[at] for at in candidates.tolist())))
+    same = (given.reshape(-1, width).view(np.uint64) == errors.view(np.uint64)).all(axis=1) & have
+    if not same.any():
+        return None
+    derived = np.zeros(len(held), dtype=bool)
+    derived[candidates[same]] = True
+    return derived
+
+
+class _StatisticsErrors:
+    """Rows' metric values, where a row's are its records' statistics errors made again from the records when read."""
+
+    __slots__ = ("derived", "golden", "held", "my")
+
+    def __init__(self, held: _Column, derived: np.ndarray, golden: _Objects, my: _Objects) -> None:
+        self.held, self.derived, self.golden, self.my = held, derived, golden, my
+
+    def values(self, offsets: np.ndarray) -> list[Any]:
+        values = self.held.values(offsets)
+        chosen = np.flatnonzero(self.derived[offsets])
+        if len(chosen):
+            at = offsets[chosen]
+            errors, _ = _statistics_errors(self.golden.objects[at].tolist(), self.my.objects[at].tolist())
+            for position, row in zip(chosen.tolist(), errors):
+                made = array("d")
+                made.frombytes(row.tobytes())
+                values[position] = made
+        return values
 
 
 def _same(value: Any) -> Any:
@@ -323,7 +389,18 @@ class _Block:
                     columns.append(_StatsOfRecords(records_column, _column(own)))
                     continue
             special = _SPECIAL_COLUMNS.get(name)
-            column = special(values) if special is not None else None
+            if name == "metrics":
+                golden, my = records.get("golden"), records.get("my")
+                column = _metrics_column(
+                    values,
+                    *(
+                        (golden[1], my[1])
+                        if golden is not None and my is not None and type(golden[1]) is type(my[1]) is _Objects
+                        else ()
+                    ),
+                )
+            else:
+                column = special(values) if special is not None else None
             columns.append(column if column is not None else _column(values))
         self.columns = columns
 
