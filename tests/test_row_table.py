@@ -309,3 +309,27 @@ def test_a_statistics_rows_metric_values_are_made_again_from_its_records_not_hel
     assert _bits(table[10].metrics) == _bits(changed[10].metrics) != _bits(metrics)
     assert _metric_values(table).derived.sum() == sum(plain) - 1
     assert len(_metric_values(table).held.flat) == others + len(values)
+
+
+def test_a_feeders_label_that_labels_a_row_record_is_held_as_its_place_and_read_back_as_the_text() -> None:
+    """Nearly every row names its feeders by their records' labels (50 bytes of text each): a label of a row's
+    golden record is held as that row's place and made again from its key; any other label stays text."""
+    records = [_record(f"model.layers.{number}.mlp", order=number, step=2) for number in range(50)]
+    made = [
+        replace(
+            row,
+            golden=records[index],
+            fed_by=(
+                tuple([records[index - 1].key.label()] if index else [])
+                + (("model.layers.9.mlp step 2 output.0 (my-run only)",) if index % 10 == 3 else ())
+            ),
+        )
+        for index, row in enumerate(_rows(50))
+    ]
+    table = RowTable.of(made)
+    assert_same_rows(list(table), made)
+    block = table._blocks[0]
+    assert block is not None
+    labels = block.columns[[row_field.name for row_field in fields(ComparisonRow)].index("fed_by")].distinct  # type: ignore[attr-defined]
+    assert sorted(labels.places.tolist()) == [-1, *range(49)]  # 49 records' labels by place, one text
+    assert labels.texts.buffer == b"model.layers.9.mlp step 2 output.0 (my-run only)"

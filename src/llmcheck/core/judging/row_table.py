@@ -237,14 +237,55 @@ def _run_starts(lengths: list[int]) -> np.ndarray:
     return starts
 
 
-def _labels_column(values: list[Any]) -> _Column | None:
-    """Return the feeders' labels as codes a row, or None where a value is not a tuple of texts."""
+def _labels_column(values: list[Any], golden: _Objects | None = None) -> _Column | None:
+    """Return the feeders' labels as codes a row, or None where a value is not a tuple of texts.
+
+    A label that is the label of one of the rows' golden records (``golden``: a row's feeder
+    is most often another row of its step) is held as that row's place, and made again from
+    the record's key when read.
+    """
     if set(map(type, values)) != {tuple} or not _tuples_of_texts(values):
         return None
     flat = [item for value in values for item in value]
     codes, distinct = _coded(flat, by_value=True)
     starts = _run_starts([len(value) for value in values])
-    return _Ragged(_smallest_codes(codes, len(distinct)), starts, _TextPool(distinct), tuple)
+    pool: _TextPool | _RecordLabels = _TextPool(distinct)
+    if golden is not None and distinct:
+        pool = _RecordLabels.of(distinct, golden.objects)
+    return _Ragged(_smallest_codes(codes, len(distinct)), starts, pool, tuple)
+
+
+class _RecordLabels:
+    """Distinct labels, each the label of a record of the rows (made again from its key when read) or a text of its own.
+
+    A label such as ``model.layers.12.mlp.down_proj step 3 input.0`` is about 50 bytes of
+    text, one a row; the record it labels is held by the rows anyway, and its place is 4 bytes.
+    """
+
+    __slots__ = ("places", "records", "texts")
+
+    def __init__(self, places: np.ndarray, records: np.ndarray, texts: _TextPool) -> None:
+        self.places, self.records, self.texts = places, records, texts
+
+    @classmethod
+    def of(cls, labels: Sequence[str], records: np.ndarray) -> _TextPool | _RecordLabels:
+        """Return ``labels`` held so: by the place of the record among ``records`` whose label each is, else as text."""
+        place_of: dict[str, int] = {}
+        for place, record in enumerate(records.tolist()):
+            if record is not None:
+                place_of.setdefault(record.key.label(), place)
+        places = np.fromiter((place_of.get(label, -1) for label in labels), dtype=np.int32, count=len(labels))
+        if not (places >= 0).any():
+            return _TextPool(labels)
+        texts = _TextPool([label if place < 0 else "" for label, place in zip(labels, places.tolist())])
+        return cls(places, records, texts)
+
+    def __getitem__(self, code: int) -> str:
+        place = int(self.places[code])
+        if place < 0:
+            return self.texts[code]
+        label: str = self.records[place].key.label()
+        return label
 
 
 def _metrics_column(values: list[Any], golden: _Objects | None = None, my: _Objects | None = None) -> _Column | None:
@@ -389,7 +430,13 @@ class _Block:
                     columns.append(_StatsOfRecords(records_column, _column(own)))
                     continue
             special = _SPECIAL_COLUMNS.get(name)
-            if name == "metrics":
+            if name == "fed_by":
+                golden_records = records.get("golden")
+                column = _labels_column(
+                    values,
+                    golden_records[1] if golden_records is not None and type(golden_records[1]) is _Objects else None,
+                )
+            elif name == "metrics":
                 golden, my = records.get("golden"), records.get("my")
                 column = _metrics_column(
                     values,
