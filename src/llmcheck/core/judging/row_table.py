@@ -602,10 +602,15 @@ def first_in_golden_order(rows: Sequence[ComparisonRow], name: str, value: Any) 
     return None if first is None else rows_at(rows, [first])[0]
 
 
-def golden_order(rows: Sequence[ComparisonRow]) -> list[int]:
-    """Return the row positions in golden execution order, rows of equal order in turn (as ``sorted`` keeps them)."""
-    orders = np.fromiter((record.order for record in row_field(rows, "golden")), dtype=np.int64, count=len(rows))
-    ordered: list[int] = np.argsort(orders, kind="stable").tolist()
+def golden_order(rows: Sequence[ComparisonRow]) -> Sequence[int]:
+    """Return the row positions in golden execution order, rows of equal order in turn (as ``sorted`` keeps them).
+
+    As C integers read back as ints (an ``array('q')``): a list of them was 40 bytes a row,
+    held while a report is written.
+    """
+    orders = np.fromiter((record.order for record in iter_field(rows, "golden")), dtype=np.int64, count=len(rows))
+    ordered = array("q")
+    ordered.frombytes(np.argsort(orders, kind="stable").astype(np.int64).tobytes())
     return ordered
 
 
