@@ -41,6 +41,7 @@ deepest module whose inputs agree and whose output does not.
 from __future__ import annotations
 
 import math
+from array import array
 from collections.abc import Hashable, Mapping, Sequence, Set
 from dataclasses import dataclass, field
 from typing import Any
@@ -1044,21 +1045,30 @@ def attribute(
     return table
 
 
-def step_windows(rows: Sequence[ComparisonRow]) -> list[list[int]]:
+def step_windows(rows: Sequence[ComparisonRow]) -> list[Sequence[int]]:
     """Return the indexes of ``rows`` in golden order, cut into one window per step where each step's rows lie together.
 
     Where steps interleave in golden order (records of two steps taken turn about), the
     nearest earlier record of a row's step may lie behind another step's: all the rows are
-    then one window, judged together as they always could be.
+    then one window, judged together as they always could be. Each window is C integers read
+    back as ints (an ``array('q')``): held through judging, lists of ints were 40 bytes a row.
     """
     golden = row_field(rows, "golden")
     orders = np.fromiter((record.order for record in golden), dtype=np.int64, count=len(rows))
     golden_order = np.argsort(orders, kind="stable")  # as sorted() orders them, equal orders kept in turn
-    steps = np.fromiter((golden[given].key.step for given in golden_order), dtype=np.int64, count=len(rows))
+    steps = np.fromiter((golden[given].key.step for given in golden_order.tolist()), dtype=np.int64, count=len(rows))
+    del golden
     starts = (np.flatnonzero(steps[1:] != steps[:-1]) + 1).tolist()
     if len(starts) + 1 != len(np.unique(steps)):  # a step in two runs or more
-        return [golden_order.tolist()] if len(rows) else []
-    return [window.tolist() for window in np.split(golden_order, starts)]
+        return [_c_integers(golden_order)] if len(rows) else []
+    return [_c_integers(window) for window in np.split(golden_order, starts)]
+
+
+def _c_integers(positions: np.ndarray) -> Sequence[int]:
+    """Return ``positions`` as an ``array('q')``: 8 bytes each, read back as ints."""
+    held = array("q")
+    held.frombytes(positions.astype(np.int64).tobytes())
+    return held
 
 
 def _judged_with_cutoffs(judge: _Judge) -> list[ComparisonRow]:
