@@ -446,6 +446,8 @@ def run_compare(
     if not capped and child.returncode not in (0, 3):  # 3: the compare finished and found failing pairs
         raise SystemExit(f"compare failed ({child.returncode}):\n{out}")
     said = [line for line in out.splitlines() if line.startswith("llmcheck: INFO")]
+    summary = None if capped else json.loads((output / "summary.json").read_text())
+    shutil.rmtree(output, ignore_errors=True)  # ten million pairs' reports are 23 GB: gone before the next run
     return Timing(
         wall_s,
         cpu_s,
@@ -453,7 +455,7 @@ def run_compare(
         sampler.peak_rss,
         sampler.peak_processes,
         os.getloadavg()[0],
-        None if capped else json.loads((output / "summary.json").read_text()),
+        summary,
         sampler.capped_after_s,
         (said[-1] if said else "(no progress line yet)") if capped else "",
     )
@@ -523,6 +525,8 @@ def report_large(label: str, timing: Timing, largest: int) -> None:
     )
 
 
+#: What the four reports of a statistics-only pair take on disk, measured at ten million pairs (23.7 GB).
+REPORT_BYTES_PER_PAIR = 2400
 #: Records per side of the statistics mode's tiny compare, whose peak is the command's fixed memory
 #: (interpreter, imports, plugins), told apart from what each pair costs.
 STATS_TINY_RECORDS = 1_000
@@ -616,6 +620,15 @@ def main() -> None:
             tiny_golden, tiny_my = (next((tiny / side).glob("llmcheck_dump_*")) for side in ("golden", "my"))
             fixed = time_compares(tiny_golden, tiny_my, tiny, args.jobs, versions, 1)
         cap = int(args.memory_cap_gb * GB) if args.memory_cap_gb else None
+        if args.mode == "stats":
+            records = json.loads((golden / "manifest.json").read_text())["records"]
+            needed = records * REPORT_BYTES_PER_PAIR
+            free = shutil.disk_usage(root).free
+            if free < needed:
+                raise SystemExit(
+                    f"{root}: {free / GB:.1f} GB free, and the reports of {records} pairs take about "
+                    f"{needed / GB:.1f} GB (cmp_report.csv, report.html, pairs.json): free some space first"
+                )
         timings = time_compares(golden, my, root, args.jobs, versions, args.repeat, cap)
         summary = next((timing.summary for timing in timings.values() if timing.summary is not None), None)
         if summary is not None:
