@@ -121,6 +121,12 @@ Later, a record's statistics as columns of its own block (a ``StatsRow`` made wh
 and judged rows that ask their records again for them: loading 402 (518), pairing 519 (708),
 measuring 588 (641), judging 646 (712), writing the reports 646 (726); peak PSS over the fixed
 memory 1 029 bytes a pair before, 895 after, in one run.
+Later still, pairs in order (two runs captured alike: the record lists side by side), and rows
+that ask their records again for a statistics row's metric values and their feeders' labels:
+loading 386 (502), pairing 392 (400), measuring 444 (503), judging 501 (559), writing the
+reports 501 (546). Ten million pairs, run rather than projected: peak PSS 7 396 MB (734 bytes
+a pair over the fixed memory) on b45490d, 6 254 MB (620) with the metric values made again
+(5319c4b), 5 696 MB (565) with the rest (0182789).
 
 Targets on a 2-core machine (issue #17): >= 20 000 pairs/s in the small mode, >= 2.5 GB/s in
 the large mode's compare phase, peak PSS <= 2 x largest tensor + 300 MB. The
