@@ -41,7 +41,6 @@ deepest module whose inputs agree and whose output does not.
 from __future__ import annotations
 
 import math
-from array import array
 from collections.abc import Hashable, Mapping, Sequence, Set
 from dataclasses import dataclass, field
 from typing import Any
@@ -52,7 +51,7 @@ from llmcheck.core.dtypes import is_float_dtype
 from llmcheck.core.judging.feeders import FeederIndex, Feeding, ParentLinks, unmatched_producers
 from llmcheck.core.judging.op_replay import OpReplay
 from llmcheck.core.judging.repeats import Baseline, SiblingGroup, SiblingLines, sibling_groups, structure_keys
-from llmcheck.core.judging.row_table import RowTable, first_in_golden_order, row_field, rows_at, rows_where
+from llmcheck.core.judging.row_table import RowTable, c_integers, first_in_golden_order, row_field, rows_at, rows_where
 from llmcheck.core.judging.suspects import INHERITED_FROM_UNMATCHED, MY_ONLY_SUFFIX
 from llmcheck.core.judging.verdicts import NONFINITE_METRIC
 from llmcheck.core.judging.weights import WeightFinding
@@ -1060,15 +1059,8 @@ def step_windows(rows: Sequence[ComparisonRow]) -> list[Sequence[int]]:
     del golden
     starts = (np.flatnonzero(steps[1:] != steps[:-1]) + 1).tolist()
     if len(starts) + 1 != len(np.unique(steps)):  # a step in two runs or more
-        return [_c_integers(golden_order)] if len(rows) else []
-    return [_c_integers(window) for window in np.split(golden_order, starts)]
-
-
-def _c_integers(positions: np.ndarray) -> Sequence[int]:
-    """Return ``positions`` as an ``array('q')``: 8 bytes each, read back as ints."""
-    held = array("q")
-    held.frombytes(positions.astype(np.int64).tobytes())
-    return held
+        return [c_integers(golden_order)] if len(rows) else []
+    return [c_integers(window) for window in np.split(golden_order, starts)]
 
 
 def _judged_with_cutoffs(judge: _Judge) -> list[ComparisonRow]:

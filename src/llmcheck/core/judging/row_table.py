@@ -229,6 +229,17 @@ class _TextPool:
         return self.buffer[self.ends[code] : self.ends[code + 1]].decode("utf-8", "surrogatepass")
 
 
+def c_integers(positions: np.ndarray) -> Sequence[int]:
+    """Return ``positions`` as an ``array('q')``: C integers, 8 bytes each, read back as ints.
+
+    Why: row positions held for a whole phase (a compare's golden order, judging's step
+    windows) were lists of ints, 40 bytes a row.
+    """
+    held = array("q")
+    held.frombytes(positions.astype(np.int64).tobytes())
+    return held
+
+
 def _run_starts(lengths: list[int]) -> np.ndarray:
     """Return where each row's run starts in the flat values, and where the last ends: C uint32 where they fit (half of int64)."""
     ends = np.cumsum(lengths, dtype=np.int64)
@@ -237,7 +248,7 @@ def _run_starts(lengths: list[int]) -> np.ndarray:
     return starts
 
 
-def _labels_column(values: list[Any], golden: _Objects | None = None) -> _Column | None:
+def _labels_column(values: list[Any], golden: _Objects, _my: _Objects) -> _Column | None:
     """Return the feeders' labels as codes a row, or None where a value is not a tuple of texts.
 
     A label that is the label of one of the rows' golden records (``golden``: a row's feeder
@@ -249,9 +260,7 @@ def _labels_column(values: list[Any], golden: _Objects | None = None) -> _Column
     flat = [item for value in values for item in value]
     codes, distinct = _coded(flat, by_value=True)
     starts = _run_starts([len(value) for value in values])
-    pool: _TextPool | _RecordLabels = _TextPool(distinct)
-    if golden is not None and distinct:
-        pool = _RecordLabels.of(distinct, golden.objects)
+    pool = _RecordLabels.of(distinct, golden.objects) if distinct else _TextPool(distinct)
     return _Ragged(_smallest_codes(codes, len(distinct)), starts, pool, tuple)
 
 
@@ -288,7 +297,7 @@ class _RecordLabels:
         return label
 
 
-def _metrics_column(values: list[Any], golden: _Objects | None = None, my: _Objects | None = None) -> _Column | None:
+def _metrics_column(values: list[Any], golden: _Objects, my: _Objects) -> _Column | None:
     """Return each row's metrics as codes and C doubles, or None where one is not a :class:`JudgedMetrics` over C doubles.
 
     A row whose values are its records' statistics errors, bit for bit, holds none: they are
@@ -299,7 +308,7 @@ def _metrics_column(values: list[Any], golden: _Objects | None = None, my: _Obje
     held = list(map(_HELD_VALUES, values))
     if set(map(type, held)) != {array}:
         return None
-    derived = _statistics_errors_held(held, golden, my) if golden is not None and my is not None else None
+    derived = _statistics_errors_held(held, golden, my)
     kept = held if derived is None else list(itertools.compress(held, np.logical_not(derived).tolist()))
     pool = array("d", itertools.chain.from_iterable(kept))
     lengths = list(map(len, held))
@@ -307,7 +316,6 @@ def _metrics_column(values: list[Any], golden: _Objects | None = None, my: _Obje
         lengths = [0 if made else length for length, made in zip(lengths, derived.tolist())]
     metric_values: _Column = _Ragged(pool, _run_starts(lengths), None, _same)
     if derived is not None:
-        assert golden is not None and my is not None
         metric_values = _StatisticsErrors(metric_values, derived, golden, my)
     layouts = _column([metrics._layout for metrics in values])
     verdicts = _column([metrics._verdicts for metrics in values])
@@ -401,7 +409,8 @@ class _StatsOfRecords:
         ]
 
 
-_SPECIAL_COLUMNS: dict[str, Callable[[list[Any]], _Column | None]] = {
+#: The fields held by a column of their own kind, made from the values and the rows' golden and my records' columns.
+_SPECIAL_COLUMNS: dict[str, Callable[[list[Any], _Objects, _Objects], _Column | None]] = {
     "fed_by": _labels_column,
     "metrics": _metrics_column,
 }
@@ -414,7 +423,7 @@ class _Block:
 
     def __init__(self, rows: Sequence[ComparisonRow]) -> None:
         columns: list[_Column] = []
-        records: dict[str, tuple[list[Any], _Column]] = {}
+        records: dict[str, tuple[list[Any], _Objects]] = {}
         for name, held in zip(ROW_FIELDS, zip(*map(_ROW_VALUES, rows))):
             values = list(held)
             if name in _RECORDS:  # each row's own records, held by the dumps: a reference each
@@ -431,24 +440,7 @@ class _Block:
                     columns.append(_StatsOfRecords(records_column, _column(own)))
                     continue
             special = _SPECIAL_COLUMNS.get(name)
-            if name == "fed_by":
-                golden_records = records.get("golden")
-                column = _labels_column(
-                    values,
-                    golden_records[1] if golden_records is not None and type(golden_records[1]) is _Objects else None,
-                )
-            elif name == "metrics":
-                golden, my = records.get("golden"), records.get("my")
-                column = _metrics_column(
-                    values,
-                    *(
-                        (golden[1], my[1])
-                        if golden is not None and my is not None and type(golden[1]) is type(my[1]) is _Objects
-                        else ()
-                    ),
-                )
-            else:
-                column = special(values) if special is not None else None
+            column = special(values, records["golden"][1], records["my"][1]) if special is not None else None
             columns.append(column if column is not None else _column(values))
         self.columns = columns
 
@@ -610,9 +602,7 @@ def golden_order(rows: Sequence[ComparisonRow]) -> Sequence[int]:
     held while a report is written.
     """
     orders = np.fromiter((record.order for record in iter_field(rows, "golden")), dtype=np.int64, count=len(rows))
-    ordered = array("q")
-    ordered.frombytes(np.argsort(orders, kind="stable").astype(np.int64).tobytes())
-    return ordered
+    return c_integers(np.argsort(orders, kind="stable"))
 
 
 def in_golden_order(rows: Sequence[ComparisonRow]) -> Sequence[ComparisonRow]:
@@ -677,9 +667,7 @@ class RowCollector:
         every pair, held while their rows are made, where a list of ints is 40 bytes a pair.
         """
         self._flush()
-        missing = array("q")
-        missing.frombytes(np.flatnonzero(self._table._block_of < 0).astype(np.int64).tobytes())
-        return missing
+        return c_integers(np.flatnonzero(self._table._block_of < 0))
 
     def table(self) -> RowTable:
         """Return the table of the rows added, and let it go: the collector is done."""
