@@ -242,10 +242,11 @@ def test_record_rows_cost_less_than_half_of_record_objects() -> None:
     finally:
         tracemalloc.stop()
     assert all(type(record) is RecordRow for record in made)
-    # a row: 72 (its key, dtype and shape slots) + 8 (its place in the list) + 8 (order) + 32 (its
-    # statistics' doubles), the columns of values its block's records share costing nothing; its
-    # statistics are made when asked; as objects: 136 + 8 + 28 (order) + 80 + 96
-    assert row_bytes / count <= 135 and held_bytes / count >= 340, (row_bytes / count, held_bytes / count)
+    # a row: 64 (its key slot, and one slot its dtype and shape share with the rows of both) + 8 (its
+    # place in the list) + 8 (order) + 32 (its statistics' doubles), the columns of values its block's
+    # records share costing nothing; its statistics are made when asked; as objects: 136 + 8 + 28
+    # (order) + 80 + 96
+    assert row_bytes / count <= 112 and held_bytes / count >= 340, (row_bytes / count, held_bytes / count)
 
 
 def test_orders_counted_one_a_row_are_held_as_a_range_and_any_others_read_back_as_given() -> None:
@@ -267,3 +268,51 @@ def test_orders_counted_one_a_row_are_held_as_a_range_and_any_others_read_back_a
     assert type(counted[0]._block.columns[order_column]) is range
     assert type(jumbled[0]._block.columns[order_column]) is not range
     assert pickle.loads(pickle.dumps(counted[5])) == counted[5] and counted[5].order == 12
+
+
+def test_a_blocks_few_op_types_and_parents_cost_a_byte_a_row_and_read_back_the_very_objects() -> None:
+    """A block's op types and parent modules repeat a few texts: held as a byte a row naming each, read back as given."""
+    make = RecordRows()
+    parents = [f"model.layers.{number % 40}" for number in range(ROWS_PER_BLOCK)]  # 40 texts, each its own object
+    op_types = [None, "LlamaMLP", 0, 0.0, False][:] * (ROWS_PER_BLOCK // 5) + [None] * (ROWS_PER_BLOCK % 5)
+    distinct_paths = [
+        f"dump/index.jsonl:{number}" for number in range(ROWS_PER_BLOCK)
+    ]  # all distinct: kept as they are
+
+    def made(op_type: Any, parent: Any, source_path: str, order: int) -> TensorRecord:
+        return make(
+            _KEY, "bfloat16", (1, 1, 64), order, "cpu", 0, op_type, parent, None, None, source_path, NO_ATTRS, None
+        )
+
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        records = [made(*given, order) for order, given in enumerate(zip(op_types, parents, distinct_paths))]
+        make.close()
+        row_bytes = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    for record, op_type, parent, path in zip(records, op_types, parents, distinct_paths):
+        assert (
+            record.op_type is op_type and record.parent is parent and record.source_path is path
+        )  # 0, 0.0, False apart
+        assert record.values()[6:8] == (op_type, parent)
+    # a row: 64 (the row) + 8 (its place in the list) + 8 (its source path) + a byte each for its op type and
+    # parent, the parent texts themselves (about 70 bytes each, over the block) counted; as tuples, 16 more
+    assert row_bytes / ROWS_PER_BLOCK <= 100, row_bytes / ROWS_PER_BLOCK
+
+
+def test_a_statistics_only_record_reads_its_path_in_the_index_and_a_tensors_its_shard(tmp_path: Path) -> None:
+    """What a report shows as a record's data path: ``<dump>/index.jsonl:<name>`` without tensor data, made from its key."""
+    with DumpWriter(tmp_path, "test") as writer:
+        writer.add(
+            TensorRecord(key=RecordKey("model.norm"), dtype="float32", shape=(2,), order=0, stats=TensorStats(0.0, 1.0))
+        )
+        writer.add(TensorRecord(key=RecordKey("lm_head", step=3), dtype="float32", shape=(2,), order=1))
+    dump = writer.path.name
+    first, second = read_dump(writer.path).records
+    assert first.source_path == f"{dump}/index.jsonl:model.norm" and type(first.source_path) is str
+    assert second.source_path == f"{dump}/index.jsonl:lm_head"
+    assert first.values()[RECORD_FIELDS.index("source_path")] == first.source_path
+    assert pickle.loads(pickle.dumps(first)).source_path == first.source_path
+    assert first == first.with_changes() and first.with_changes().source_path == first.source_path

@@ -3,14 +3,16 @@
 Why: a statistics-only dump (``dump -sd``) is nothing but records and their statistics, and
 ten million of them is what a long decode of a large model writes. As objects of their own, a
 record was 164 bytes (its 13 fields, and its ``order`` as an int object) and its statistics
-176 (the object, and four float objects). Here a record is a row -- a :class:`RecordRow` of 72
+176 (the object, and four float objects). Here a record is a row -- a :class:`RecordRow` of 64
 bytes -- reading its values out of columns its block shares: references to the objects records
-hold anyway (keys shared by both runs, interned texts, shapes), C doubles and integers, or,
-where a block's rows all hold one value (the device, rank 0, no attrs, no data, NaN counts of
-zero), one tuple every such block shares. Its statistics are six more columns of the same
-block, read through a :class:`StatsRow` (48 bytes) made when ``record.stats`` is asked for and
-let go with it: held one a record, those were a tenth of what a statistics-only compare holds
-at its peak. A statistics-only record and its statistics come to about 125 bytes in all,
+hold anyway (keys shared by both runs, interned texts), a byte a row naming one of a block's
+few distinct objects (its op types, its parent modules), C doubles and integers, or, where a
+block's rows all hold one value (the device, rank 0, no attrs, no data, NaN counts of zero), one
+tuple every such block shares. Its dtype and shape are one object the rows of both share; a
+statistics-only record's path is made from its key name. Its statistics are six more columns of
+the same block, read through a :class:`StatsRow` (48 bytes) made when ``record.stats`` is asked
+for and let go with it: held one a record, those were a tenth of what a statistics-only compare
+holds at its peak. A statistics-only record and its statistics come to about 110 bytes in all,
 instead of 350.
 
 A row reads back each value exactly as it was given, object for object: a column of floats
@@ -23,9 +25,22 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Mapping, Sequence
-from typing import Any
+from operator import attrgetter
+from typing import Any, NamedTuple
 
 from llmcheck.core.records import RECORD_FIELDS, STATS_FIELDS, RecordKey, TensorData, TensorRecord, TensorStats
+
+
+class _KeyNamedPath(str):
+    """A ``source_path`` that is this text and the record's key name: a statistics-only record's ``index.jsonl:<name>``.
+
+    Why: such a record's path says where its line is, ``<dump>/index.jsonl:<name>``; held, it
+    was a reference a record (16 bytes a pair) to a text of each name. Every row of a dump reads
+    its own path made again, equal to the one it was given.
+    """
+
+    __slots__ = ()
+
 
 #: The rows a block holds: 256, so that each row's number within its block is one of Python's
 #: shared small ints (0 to 256), not an int object of its own.
@@ -58,16 +73,18 @@ def _shared_column(value: Any) -> tuple[Any, ...] | None:
     return entry[1]
 
 
-_BY_VALUE = frozenset({type(None), bool, int, str})
+_BY_VALUE = frozenset({type(None), bool, int, str, _KeyNamedPath})
 
 
-def _sealed(values: list[Any]) -> Sequence[Any]:
+def _sealed(values: list[Any]) -> Sequence[Any] | _Coded:
     """Return a column in the least memory that gives back each value, object for object or bit for bit.
 
     A full block's column of one object is the column every such block shares; floats, where
     every value is a float, are C doubles; ints, where every value is an int, C integers, or,
     where each is one more than the one before (the records' orders), a ``range`` of 48 bytes
-    a block; anything else is kept as the objects (a tuple of references).
+    a block; other objects, where few distinct ones repeat (a block's op types and parent
+    modules), a byte per row naming each (:class:`_Coded`); anything else is kept as the
+    objects (a tuple of references).
     """
     first = values[0]
     if (
@@ -87,7 +104,44 @@ def _sealed(values: list[Any]) -> Sequence[Any]:
             return counted
         if min(values) >= -(2**63) and max(values) < 2**63:
             return array("q", values)
-    return tuple(values)
+    return _coded(values) or tuple(values)
+
+
+class _Coded:
+    """A block's column of a few distinct objects, repeated: a byte per row naming its object among them.
+
+    Why: a block's op types and parent modules are a handful of texts over its 256 rows: as a
+    tuple of references they were 8 bytes a row, 16 a pair, for what a byte names. The
+    objects are told apart by identity, so each row reads back the very object it was given.
+    """
+
+    __slots__ = ("codes", "objects")
+
+    def __init__(self, codes: bytes, objects: tuple[Any, ...]) -> None:
+        self.codes = codes
+        self.objects = objects
+
+    def __getitem__(self, row: int) -> Any:
+        return self.objects[self.codes[row]]
+
+    def __len__(self) -> int:
+        return len(self.codes)
+
+
+def _coded(values: list[Any]) -> _Coded | None:
+    """Return ``values`` as a :class:`_Coded` column, or None where it would save less than half of a tuple's memory.
+
+    A tuple is ``40 + 8 n`` bytes for ``n`` rows; coded, ``121 + n + 8 d`` for ``d`` distinct
+    objects (at most 83 of a full block's 256 rows).
+    """
+    identities = list(map(id, values))
+    distinct = dict.fromkeys(identities)  # the distinct objects' identities, in the order they first come
+    if 2 * (121 + len(values) + 8 * len(distinct)) > 40 + 8 * len(values):
+        return None
+    objects_by_identity = dict(zip(identities, values))
+    codes_by_identity = dict(zip(distinct, range(len(distinct))))
+    objects = tuple(map(objects_by_identity.__getitem__, distinct))
+    return _Coded(bytes(map(codes_by_identity.__getitem__, identities)), objects)
 
 
 class _Block:
@@ -135,9 +189,10 @@ class StatsRow(TensorStats):
     __hash__ = TensorStats.__hash__
 
 
-#: The fields a :class:`RecordRow` holds in slots of its own: the three read most (26, 12 and 6
-#: times a record in a compare), at a slot's speed. Each is an object records share (an interned
-#: text, a shape) or hold one each anyway (a key): a slot costs what a column would.
+#: The fields a :class:`RecordRow` reads without its block's columns: the three read most (26, 12
+#: and 6 times a record in a compare). The key is a slot of its own (a record holds one anyway);
+#: the dtype and shape are read through one slot, a :class:`_Layout` the rows of a dtype and shape
+#: share (a slot is 8 bytes a record, 16 a pair).
 SLOT_FIELDS = ("key", "dtype", "shape")
 #: The fields a :class:`RecordRow` reads from its block's columns, in order, after the statistics' columns.
 COLUMN_FIELDS = tuple(name for name in RECORD_FIELDS if name not in SLOT_FIELDS)
@@ -145,17 +200,31 @@ COLUMN_FIELDS = tuple(name for name in RECORD_FIELDS if name not in SLOT_FIELDS)
 _STATS_IN_BLOCK = True
 
 
+class _Layout(NamedTuple):
+    """A record's dtype and shape: one object the rows of a dump that share both share."""
+
+    dtype: str
+    shape: tuple[int, ...]
+
+
 class RecordRow(TensorRecord):
     """A record as one row of a block's columns: read alike, equal alike to ``TensorRecord(...)``.
 
-    Its key, dtype and shape are slots of its own; each other field is a property reading the
-    field's column at the row's place.
+    Its key is a slot of its own, its dtype and shape read through a slot (:class:`_Layout`);
+    each other field is a property reading the field's column at the row's place.
     """
 
-    __slots__ = ("_block", "_row", "dtype", "key", "shape")
+    __slots__ = ("_block", "_layout", "_row", "key")
 
     _block: _Block
     _row: int
+    _layout: _Layout
+    dtype = property(
+        attrgetter("_layout.dtype"), doc="The record's ``dtype`` (see :class:`~llmcheck.core.records.TensorRecord`)."
+    )
+    shape = property(
+        attrgetter("_layout.shape"), doc="The record's ``shape`` (see :class:`~llmcheck.core.records.TensorRecord`)."
+    )
 
     def values(self) -> tuple[Any, ...]:
         """Return the fields, in :data:`~llmcheck.core.records.RECORD_FIELDS` order."""
@@ -165,10 +234,13 @@ class RecordRow(TensorRecord):
         )
         if stats is _STATS_IN_BLOCK:
             stats = _stats_row(self._block, row)
+        if type(source_path) is _KeyNamedPath:
+            source_path = source_path + self.key.name
+        dtype, shape = self._layout
         return (
             self.key,
-            self.dtype,
-            self.shape,
+            dtype,
+            shape,
             order,
             device,
             rank,
@@ -204,11 +276,22 @@ def _stats_reader(position: int) -> property:
     return property(stats, doc="The record's ``stats`` (see :class:`~llmcheck.core.records.TensorRecord`).")
 
 
+def _source_path_reader(position: int) -> property:
+    """Return the property reading a record row's ``source_path``: its column's text, or that and its key name."""
+
+    def source_path(row: RecordRow, position: int = position) -> Any:
+        held = row._block.columns[position][row._row]
+        return held + row.key.name if type(held) is _KeyNamedPath else held
+
+    return property(source_path, doc="The record's ``source_path`` (see :class:`~llmcheck.core.records.TensorRecord`).")
+
+
+_SPECIAL_READERS = {"stats": _stats_reader, "source_path": _source_path_reader}
 for _position, _name in enumerate(STATS_FIELDS):
     setattr(StatsRow, _name, _column_reader(_position, _name, "stats"))
 for _position, _name in enumerate(COLUMN_FIELDS, start=STATS_COLUMNS):
-    reader = _stats_reader(_position) if _name == "stats" else _column_reader(_position, _name, "record")
-    setattr(RecordRow, _name, reader)
+    special = _SPECIAL_READERS.get(_name)
+    setattr(RecordRow, _name, special(_position) if special else _column_reader(_position, _name, "record"))
 
 _new = object.__new__
 # the slots' descriptors, through which a row is set up without the frozen __setattr__
@@ -241,8 +324,7 @@ def is_stats_of(stats: TensorStats | None, record: TensorRecord) -> bool:
 _set_record_block = RecordRow.__dict__["_block"].__set__
 _set_record_row = RecordRow.__dict__["_row"].__set__
 _set_key = RecordRow.__dict__["key"].__set__
-_set_dtype = RecordRow.__dict__["dtype"].__set__
-_set_shape = RecordRow.__dict__["shape"].__set__
+_set_layout = RecordRow.__dict__["_layout"].__set__
 
 
 class _Blocks:
@@ -283,10 +365,17 @@ class RecordRows(_Blocks):
     once the last record is made.
     """
 
-    __slots__ = ()
+    __slots__ = ("_layouts",)
 
     def __init__(self) -> None:
         super().__init__(STATS_COLUMNS + len(COLUMN_FIELDS))
+        #: the layouts made so far, by the identities of their dtype and shape (which each keeps alive)
+        self._layouts: dict[tuple[int, int], _Layout] = {}
+
+    @staticmethod
+    def key_named_path(prefix: str) -> str:
+        """Return the ``source_path`` to give a row whose path is ``prefix`` and its key name: read back as that text."""
+        return _KeyNamedPath(prefix)
 
     @staticmethod
     def stats(
@@ -358,12 +447,14 @@ class RecordRows(_Blocks):
         source_paths.append(source_path)
         all_attrs.append(attrs)
         digests.append(digest)
+        layout = self._layouts.get((id(dtype), id(shape)))
+        if layout is None:
+            layout = self._layouts[id(dtype), id(shape)] = _Layout(dtype, shape)
         row: RecordRow = _new(RecordRow)
         _set_record_block(row, block)
         _set_record_row(row, place)
         _set_key(row, key)
-        _set_dtype(row, dtype)
-        _set_shape(row, shape)
+        _set_layout(row, layout)
         return row
 
 

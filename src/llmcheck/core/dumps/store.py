@@ -1035,10 +1035,10 @@ def _index_records(
     blank_lines: list[int] = []  # their numbers, for the line numbers of a repeated key's error
     offset = 0  # where the line starts, named in its error
     # Values most lines repeat, held once: a shape (a tuple and its ints, 90 bytes), a step past
-    # Python's small ints (28), a statistics-only record's source path (its name per step, 130).
+    # Python's small ints (28); a statistics-only record's source path is made from its key name.
     shapes: dict[tuple[int, ...], tuple[int, ...]] = {}
     steps: dict[int, int] = {}
-    index_paths: dict[str, str] = {}
+    index_path = rows.key_named_path(f"{root_name}/{INDEX_NAME}:")
     for line_number, raw_line in enumerate(lines, start=1):
         line_start, offset = offset, offset + len(raw_line)
         if not raw_line.endswith(b"\n"):
@@ -1061,11 +1061,8 @@ def _index_records(
         if itemsize is None:
             raise DumpFormatError(f"field $.dtype: unknown dtype {line.dtype!r}", where=f"{index_where}:{line_number}")
         shard_name, tensor_name = line.shard, line.tensor
-        if shard_name is None and tensor_name is None:
-            source_path = index_paths.get(line.name)
-            if source_path is None:
-                source_path = index_paths[line.name] = f"{root_name}/{INDEX_NAME}:{line.name}"
-            records.append(record_from_index_line(line, None, source_path, rows))
+        if shard_name is None and tensor_name is None:  # its path is where its line is: the index and its name
+            records.append(record_from_index_line(line, None, index_path, rows))
             continue
         if shard_name is None or tensor_name is None:
             raise DumpFormatError(
