@@ -18,12 +18,12 @@ slack and the count of elements (a digest only says *that* they differ).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from llmcheck.core.dtypes import DTYPE_ITEMSIZE
-from llmcheck.core.judging.row_table import row_field
+from llmcheck.core.judging.row_table import ROWS_PER_BATCH, field_blocks
 from llmcheck.core.records import ComparisonRow, TensorRecord
 
 #: The attrs key a source sets on a record holding a model parameter (its qualified name).
@@ -78,20 +78,23 @@ def _less_precise(golden: str, my: str) -> str | None:
 def check_weights(rows: Sequence[ComparisonRow]) -> dict[int, WeightFinding]:
     """Return, keyed by the row's ``index``, the parameter rows whose my-run weights differ beyond rounding.
 
-    Only the rows' records are read (their columns, where ``rows`` is a table): no row is made.
+    Only the rows' records are read (their columns, where ``rows`` is a table), a batch of rows
+    at a time: no row is made, and no list of every row's records is held (a tuple a pair was
+    the peak of a statistics-only compare's judging).
     """
     findings: dict[int, WeightFinding] = {}
-    sides = list(zip(row_field(rows, "index"), row_field(rows, "golden"), row_field(rows, "my")))
-    for index, golden, my in sides:
+    with_parameters = False
+    for index, golden, my in _sides(rows):
         digest_finding = _digest_finding(golden, my)
         if digest_finding is not None:
             findings[index] = digest_finding
-    if not any(_parameter(golden, my) for _, golden, my in sides):
+        with_parameters = with_parameters or bool(_parameter(golden, my))
+    if not with_parameters:
         return findings  # most dumps hold no parameters: no torch import for them
     import torch
 
     checked: dict[tuple[Any, ...], WeightFinding | None] = {}
-    for index, golden, my in sides:
+    for index, golden, my in _sides(rows):
         parameter = _parameter(golden, my)
         target = _less_precise(golden.dtype, my.dtype)
         if (
@@ -124,6 +127,12 @@ def check_weights(rows: Sequence[ComparisonRow]) -> dict[int, WeightFinding]:
         if finding is not None:
             findings[index] = finding
     return findings
+
+
+def _sides(rows: Sequence[ComparisonRow]) -> Iterator[tuple[int, TensorRecord, TensorRecord]]:
+    """Yield each row's index and its golden and my records, in row order, read a batch of rows at a time."""
+    for fields in field_blocks(rows, ROWS_PER_BATCH):
+        yield from zip(fields.index, fields.golden, fields.my)
 
 
 def _digest_finding(golden: TensorRecord, my: TensorRecord) -> WeightFinding | None:
