@@ -186,7 +186,7 @@ def test_a_dump_reads_its_records_as_rows_field_for_field(tmp_path: Path, count:
         for record in written:
             writer.add(record)
     read = read_dump(writer.path).records
-    assert [type(record) for record in read] == [RecordRow] * count
+    assert all(isinstance(record, RecordRow) for record in read) and len(read) == count
     for record, given in zip(read, written):
         for name in RECORD_FIELDS:
             if name != "source_path":  # where the reader found it
@@ -241,8 +241,8 @@ def test_record_rows_cost_less_than_half_of_record_objects() -> None:
         row_bytes = tracemalloc.get_traced_memory()[0]
     finally:
         tracemalloc.stop()
-    assert all(type(record) is RecordRow for record in made)
-    # a row: 64 (its key slot, and one slot its dtype and shape share with the rows of both) + 8 (its
+    assert all(isinstance(record, RecordRow) for record in made)
+    # a row: 64 (its key and shape slots; its dtype is its class's, one class a dtype) + 8 (its
     # place in the list) + 8 (order) + 32 (its statistics' doubles), the columns of values its block's
     # records share costing nothing; its statistics are made when asked; as objects: 136 + 8 + 28
     # (order) + 80 + 96

@@ -8,7 +8,7 @@ bytes -- reading its values out of columns its block shares: references to the o
 hold anyway (keys shared by both runs, interned texts), a byte a row naming one of a block's
 few distinct objects (its op types, its parent modules), C doubles and integers, or, where a
 block's rows all hold one value (the device, rank 0, no attrs, no data, NaN counts of zero), one
-tuple every such block shares. Its dtype and shape are one object the rows of both share; a
+tuple every such block shares. Its dtype is its class's (one class of rows a dtype); a
 statistics-only record's path is made from its key name. Its statistics are six more columns of
 the same block, read through a :class:`StatsRow` (48 bytes) made when ``record.stats`` is asked
 for and let go with it: held one a record, those were a tenth of what a statistics-only compare
@@ -23,10 +23,10 @@ its block is one of Python's cached small ints: a row holds no number of its own
 
 from __future__ import annotations
 
+import functools
 from array import array
-from collections.abc import Mapping, Sequence
-from operator import attrgetter
-from typing import Any, NamedTuple
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, cast
 
 from llmcheck.core.records import RECORD_FIELDS, STATS_FIELDS, RecordKey, TensorData, TensorRecord, TensorStats
 
@@ -190,9 +190,9 @@ class StatsRow(TensorStats):
 
 
 #: The fields a :class:`RecordRow` reads without its block's columns: the three read most (26, 12
-#: and 6 times a record in a compare). The key is a slot of its own (a record holds one anyway);
-#: the dtype and shape are read through one slot, a :class:`_Layout` the rows of a dtype and shape
-#: share (a slot is 8 bytes a record, 16 a pair).
+#: and 6 times a record in a compare), at a slot's speed. The key and shape are slots of their own
+#: (a record holds a key anyway; a shape is shared); the dtype is an attribute of the row's class
+#: (:func:`_row_class`): a slot would be 8 bytes a record, 16 a pair.
 SLOT_FIELDS = ("key", "dtype", "shape")
 #: The fields a :class:`RecordRow` reads from its block's columns, in order, after the statistics' columns.
 COLUMN_FIELDS = tuple(name for name in RECORD_FIELDS if name not in SLOT_FIELDS)
@@ -200,31 +200,19 @@ COLUMN_FIELDS = tuple(name for name in RECORD_FIELDS if name not in SLOT_FIELDS)
 _STATS_IN_BLOCK = True
 
 
-class _Layout(NamedTuple):
-    """A record's dtype and shape: one object the rows of a dump that share both share."""
-
-    dtype: str
-    shape: tuple[int, ...]
-
-
 class RecordRow(TensorRecord):
     """A record as one row of a block's columns: read alike, equal alike to ``TensorRecord(...)``.
 
-    Its key is a slot of its own, its dtype and shape read through a slot (:class:`_Layout`);
-    each other field is a property reading the field's column at the row's place.
+    Its key and shape are slots of its own, its dtype an attribute of its class: each dtype's
+    rows are of a class of their own deriving from this one (:func:`_row_class`), so
+    ``isinstance(record, RecordRow)`` tells a row. Each other field is a property reading the
+    field's column at the row's place.
     """
 
-    __slots__ = ("_block", "_layout", "_row", "key")
+    __slots__ = ("_block", "_row", "key", "shape")
 
     _block: _Block
     _row: int
-    _layout: _Layout
-    dtype = property(
-        attrgetter("_layout.dtype"), doc="The record's ``dtype`` (see :class:`~llmcheck.core.records.TensorRecord`)."
-    )
-    shape = property(
-        attrgetter("_layout.shape"), doc="The record's ``shape`` (see :class:`~llmcheck.core.records.TensorRecord`)."
-    )
 
     def values(self) -> tuple[Any, ...]:
         """Return the fields, in :data:`~llmcheck.core.records.RECORD_FIELDS` order."""
@@ -236,11 +224,10 @@ class RecordRow(TensorRecord):
             stats = _stats_row(self._block, row)
         if type(source_path) is _KeyNamedPath:
             source_path = source_path + self.key.name
-        dtype, shape = self._layout
         return (
             self.key,
-            dtype,
-            shape,
+            self.dtype,
+            self.shape,
             order,
             device,
             rank,
@@ -286,7 +273,28 @@ def _source_path_reader(position: int) -> property:
     return property(source_path, doc="The record's ``source_path`` (see :class:`~llmcheck.core.records.TensorRecord`).")
 
 
-_SPECIAL_READERS = {"stats": _stats_reader, "source_path": _source_path_reader}
+def _coded_reader(position: int, name: str) -> property:
+    """Return the property reading a record row's field ``name`` that is most often a :class:`_Coded` column.
+
+    Its code is read here rather than through the column's ``__getitem__``: a call less.
+    """
+
+    def read(row: RecordRow, position: int = position) -> Any:
+        column = row._block.columns[position]
+        if type(column) is _Coded:
+            return column.objects[column.codes[row._row]]
+        return column[row._row]
+
+    read.__name__ = name
+    return property(read, doc=f"The record's ``{name}`` (see :class:`~llmcheck.core.records.TensorRecord`).")
+
+
+_SPECIAL_READERS: dict[str, Callable[[int], property]] = {
+    "stats": _stats_reader,
+    "source_path": _source_path_reader,
+    "op_type": functools.partial(_coded_reader, name="op_type"),
+    "parent": functools.partial(_coded_reader, name="parent"),
+}
 for _position, _name in enumerate(STATS_FIELDS):
     setattr(StatsRow, _name, _column_reader(_position, _name, "stats"))
 for _position, _name in enumerate(COLUMN_FIELDS, start=STATS_COLUMNS):
@@ -315,7 +323,7 @@ def is_stats_of(stats: TensorStats | None, record: TensorRecord) -> bool:
     """
     return (
         type(stats) is StatsRow
-        and type(record) is RecordRow
+        and isinstance(record, RecordRow)
         and stats._block is record._block
         and stats._row == record._row
     )
@@ -324,7 +332,24 @@ def is_stats_of(stats: TensorStats | None, record: TensorRecord) -> bool:
 _set_record_block = RecordRow.__dict__["_block"].__set__
 _set_record_row = RecordRow.__dict__["_row"].__set__
 _set_key = RecordRow.__dict__["key"].__set__
-_set_layout = RecordRow.__dict__["_layout"].__set__
+_set_shape = RecordRow.__dict__["shape"].__set__
+#: Each dtype's class of rows, by the dtype's text (a dump holds a few dtypes).
+_ROW_CLASSES: dict[str, type[RecordRow]] = {}
+
+
+def _row_class(dtype: str) -> type[RecordRow]:
+    """Return the class of the rows of ``dtype``: a :class:`RecordRow` whose ``dtype`` is this text, held by the class.
+
+    Why: the dtype is the second field read most (12 times a record in a compare). As a slot
+    it was 8 bytes a record; as a property reading a shared object, each read cost a third
+    more. A class attribute is read as fast as a slot and costs nothing a record. The texts
+    equal to ``dtype`` share its class (a reader interns them: one object).
+    """
+    kind = _ROW_CLASSES.get(dtype)
+    if kind is None:
+        namespace = {"__slots__": (), "__module__": __name__, "__qualname__": RecordRow.__qualname__, "dtype": dtype}
+        kind = _ROW_CLASSES[dtype] = cast("type[RecordRow]", type(RecordRow.__name__, (RecordRow,), namespace))
+    return kind
 
 
 class _Blocks:
@@ -365,12 +390,10 @@ class RecordRows(_Blocks):
     once the last record is made.
     """
 
-    __slots__ = ("_layouts",)
+    __slots__ = ()
 
     def __init__(self) -> None:
         super().__init__(STATS_COLUMNS + len(COLUMN_FIELDS))
-        #: the layouts made so far, by the identities of their dtype and shape (which each keeps alive)
-        self._layouts: dict[tuple[int, int], _Layout] = {}
 
     @staticmethod
     def key_named_path(prefix: str) -> str:
@@ -447,14 +470,12 @@ class RecordRows(_Blocks):
         source_paths.append(source_path)
         all_attrs.append(attrs)
         digests.append(digest)
-        layout = self._layouts.get((id(dtype), id(shape)))
-        if layout is None:
-            layout = self._layouts[id(dtype), id(shape)] = _Layout(dtype, shape)
-        row: RecordRow = _new(RecordRow)
+        kind = _ROW_CLASSES.get(dtype)
+        row: RecordRow = _new(_row_class(dtype) if kind is None else kind)
         _set_record_block(row, block)
         _set_record_row(row, place)
         _set_key(row, key)
-        _set_layout(row, layout)
+        _set_shape(row, shape)
         return row
 
 
@@ -480,7 +501,7 @@ def statistics_values(records: Sequence[TensorRecord | None]) -> tuple[Any, Any]
     # per block: the block, the records' positions and rows in it, and whether its four columns are C doubles
     in_blocks: dict[int, tuple[_Block, list[int], list[int], bool]] = {}
     for position, record in enumerate(records):
-        if type(record) is RecordRow:
+        if isinstance(record, RecordRow):
             block, row = record._block, record._row
             found = in_blocks.get(id(block))
             if found is None:
