@@ -127,6 +127,11 @@ loading 386 (502), pairing 392 (400), measuring 444 (503), judging 501 (559), wr
 reports 501 (546). Ten million pairs, run rather than projected: peak PSS 7 396 MB (734 bytes
 a pair over the fixed memory) on b45490d, 6 254 MB (620) with the metric values made again
 (5319c4b), 5 696 MB (565) with the rest (0182789).
+That evening, a block's few op types and parents as a byte a row, a statistics-only record's
+path made from its key, a row's dtype its class's (64-byte rows) and the weights check a batch
+of rows at a time: loading 329 (445), pairing 335 (343), measuring 387 (446), judging 444
+(478), writing the reports 444 (488); peak PSS over the fixed memory 613 -> 488 bytes a pair
+at a million pairs, in one run; ten million pairs 4 835 MB (479 bytes a pair).
 
 Targets on a 2-core machine (issue #17): >= 20 000 pairs/s in the small mode, >= 2.5 GB/s in
 the large mode's compare phase, peak PSS <= 2 x largest tensor + 300 MB. The
