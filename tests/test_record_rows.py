@@ -274,7 +274,7 @@ def test_a_blocks_few_op_types_and_parents_cost_a_byte_a_row_and_read_back_the_v
     """A block's op types and parent modules repeat a few texts: held as a byte a row naming each, read back as given."""
     make = RecordRows()
     parents = [f"model.layers.{number % 40}" for number in range(ROWS_PER_BLOCK)]  # 40 texts, each its own object
-    op_types = [None, "LlamaMLP", 0, 0.0, False][:] * (ROWS_PER_BLOCK // 5) + [None] * (ROWS_PER_BLOCK % 5)
+    op_types = [None, "LlamaMLP", 0, 0.0, False] * (ROWS_PER_BLOCK // 5) + [None] * (ROWS_PER_BLOCK % 5)
     distinct_paths = [
         f"dump/index.jsonl:{number}" for number in range(ROWS_PER_BLOCK)
     ]  # all distinct: kept as they are

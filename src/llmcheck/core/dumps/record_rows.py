@@ -23,7 +23,6 @@ its block is one of Python's cached small ints: a row holds no number of its own
 
 from __future__ import annotations
 
-import functools
 from array import array
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, cast
@@ -128,20 +127,24 @@ class _Coded:
         return len(self.codes)
 
 
+def distinct_codes(values: Sequence[Any], by_value: bool) -> tuple[list[int], list[Any]]:
+    """Return a code per value and the distinct values, by equality (texts, where equal ones read alike) or by identity."""
+    keys = list(values) if by_value else list(map(id, values))
+    first_of = dict(zip(reversed(keys), reversed(values)))  # each key's first value (the same object, by identity)
+    code_of = {key: code for code, key in enumerate(dict.fromkeys(keys))}
+    return list(map(code_of.__getitem__, keys)), [first_of[key] for key in code_of]
+
+
 def _coded(values: list[Any]) -> _Coded | None:
     """Return ``values`` as a :class:`_Coded` column, or None where it would save less than half of a tuple's memory.
 
     A tuple is ``40 + 8 n`` bytes for ``n`` rows; coded, ``121 + n + 8 d`` for ``d`` distinct
-    objects (at most 83 of a full block's 256 rows).
+    objects (at most 83 of a full block's 256 rows, so each code fits a byte).
     """
-    identities = list(map(id, values))
-    distinct = dict.fromkeys(identities)  # the distinct objects' identities, in the order they first come
-    if 2 * (121 + len(values) + 8 * len(distinct)) > 40 + 8 * len(values):
+    codes, objects = distinct_codes(values, by_value=False)
+    if 2 * (121 + len(values) + 8 * len(objects)) > 40 + 8 * len(values):
         return None
-    objects_by_identity = dict(zip(identities, values))
-    codes_by_identity = dict(zip(distinct, range(len(distinct))))
-    objects = tuple(map(objects_by_identity.__getitem__, distinct))
-    return _Coded(bytes(map(codes_by_identity.__getitem__, identities)), objects)
+    return _Coded(bytes(codes), tuple(objects))
 
 
 class _Block:
@@ -273,28 +276,7 @@ def _source_path_reader(position: int) -> property:
     return property(source_path, doc="The record's ``source_path`` (see :class:`~llmcheck.core.records.TensorRecord`).")
 
 
-def _coded_reader(position: int, name: str) -> property:
-    """Return the property reading a record row's field ``name`` that is most often a :class:`_Coded` column.
-
-    Its code is read here rather than through the column's ``__getitem__``: a call less.
-    """
-
-    def read(row: RecordRow, position: int = position) -> Any:
-        column = row._block.columns[position]
-        if type(column) is _Coded:
-            return column.objects[column.codes[row._row]]
-        return column[row._row]
-
-    read.__name__ = name
-    return property(read, doc=f"The record's ``{name}`` (see :class:`~llmcheck.core.records.TensorRecord`).")
-
-
-_SPECIAL_READERS: dict[str, Callable[[int], property]] = {
-    "stats": _stats_reader,
-    "source_path": _source_path_reader,
-    "op_type": functools.partial(_coded_reader, name="op_type"),
-    "parent": functools.partial(_coded_reader, name="parent"),
-}
+_SPECIAL_READERS: dict[str, Callable[[int], property]] = {"stats": _stats_reader, "source_path": _source_path_reader}
 for _position, _name in enumerate(STATS_FIELDS):
     setattr(StatsRow, _name, _column_reader(_position, _name, "stats"))
 for _position, _name in enumerate(COLUMN_FIELDS, start=STATS_COLUMNS):
@@ -470,8 +452,7 @@ class RecordRows(_Blocks):
         source_paths.append(source_path)
         all_attrs.append(attrs)
         digests.append(digest)
-        kind = _ROW_CLASSES.get(dtype)
-        row: RecordRow = _new(_row_class(dtype) if kind is None else kind)
+        row: RecordRow = _new(_ROW_CLASSES.get(dtype) or _row_class(dtype))
         _set_record_block(row, block)
         _set_record_row(row, place)
         _set_key(row, key)

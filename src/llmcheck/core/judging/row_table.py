@@ -28,7 +28,7 @@ from typing import Any, Protocol, overload
 
 import numpy as np
 
-from llmcheck.core.dumps.record_rows import FLOAT_STATS, is_stats_of, statistics_values
+from llmcheck.core.dumps.record_rows import FLOAT_STATS, distinct_codes, is_stats_of, statistics_values
 from llmcheck.core.judging.stats_compare import STAT_COLUMNS, STAT_FIELDS, statistics_error_columns
 from llmcheck.core.records import ComparisonRow, JudgedMetrics, build_row
 
@@ -144,14 +144,6 @@ def _smallest_codes(codes: Sequence[int], distinct: int) -> np.ndarray:
     return np.fromiter(codes, dtype=np.min_scalar_type(max(distinct - 1, 0)), count=len(codes))
 
 
-def _coded(values: Sequence[Any], by_value: bool) -> tuple[list[int], list[Any]]:
-    """Return a code per value and the distinct values, by equality (texts, where equal ones read alike) or by identity."""
-    keys = list(values) if by_value else list(map(id, values))
-    first_of = dict(zip(reversed(keys), reversed(values)))  # each key's first value (the same object, by identity)
-    code_of = {key: code for code, key in enumerate(dict.fromkeys(keys))}
-    return list(map(code_of.__getitem__, keys)), [first_of[key] for key in code_of]
-
-
 def _object_array(values: Sequence[Any]) -> np.ndarray:
     """Return ``values`` as an array of references (a tuple stays one element, not spread across several)."""
     return np.fromiter(values, dtype=object, count=len(values))
@@ -175,7 +167,7 @@ def _column(values: list[Any]) -> _Column:
     by_value = _texts(values, kinds)
     if len(set(values) if by_value else set(map(id, values))) * 2 > len(values):  # mostly distinct: a reference each
         return _Objects(_object_array(values))
-    codes, distinct = _coded(values, by_value)
+    codes, distinct = distinct_codes(values, by_value)
     return _Codes(_smallest_codes(codes, len(distinct)), _object_array(distinct))
 
 
@@ -258,7 +250,7 @@ def _labels_column(values: list[Any], golden: _Objects, _my: _Objects) -> _Colum
     if set(map(type, values)) != {tuple} or not _tuples_of_texts(values):
         return None
     flat = [item for value in values for item in value]
-    codes, distinct = _coded(flat, by_value=True)
+    codes, distinct = distinct_codes(flat, by_value=True)
     starts = _run_starts([len(value) for value in values])
     pool = _RecordLabels.of(distinct, golden.objects) if distinct else _TextPool(distinct)
     return _Ragged(_smallest_codes(codes, len(distinct)), starts, pool, tuple)
