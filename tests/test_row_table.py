@@ -192,7 +192,8 @@ def test_steps_put_out_of_order_read_back_in_row_order() -> None:
     assert_same_rows([table[-1], table[0]], [made[-1], made[0]])
     with pytest.raises(IndexError):
         table[len(made)]
-    assert table.column("verdict") == [row.verdict for row in made]
+    assert table.column("verdict") == [row.verdict for row in made]  # read a batch of positions at a time
+    assert table.column("index") == [row.index for row in made]
     with pytest.raises(KeyError, match="no field 'verdicts'"):
         table.column("verdicts")
 

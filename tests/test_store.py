@@ -348,6 +348,27 @@ def test_index_lines_in_any_order_across_many_shards_give_the_same_records(tmp_p
     assert [float(record.data.load()[0]) for record in shuffled] == [float(order) for order in range(24)]
 
 
+@pytest.mark.parametrize("last_order", [5, 2**64 - 1])  # the second beyond a C long: sorted as Python ints
+def test_records_of_one_order_keep_their_index_line_order_when_lines_come_out_of_order(
+    tmp_path: Path, last_order: int
+) -> None:
+    with DumpWriter(tmp_path, "test") as writer:
+        for order in range(4):
+            writer.add(_record(f"t{order}", torch.ones(2), order), torch.ones(2))
+    index = writer.path / "index.jsonl"
+    lines = [json.loads(line) for line in index.read_text().splitlines()]
+    for line, order in zip(lines, [last_order, 1, 0, 1]):  # t1 and t3 share an order; t0 comes last
+        line["order"] = order
+    index.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    records = read_dump(writer.path).records
+    assert [(record.key.name, record.order) for record in records] == [
+        ("t2", 0),
+        ("t1", 1),
+        ("t3", 1),
+        ("t0", last_order),
+    ]
+
+
 def test_a_topology_link_to_nothing_is_an_error_naming_it(tmp_path: Path) -> None:
     with DumpWriter(tmp_path / "out", "test") as writer:
         writer.add(_record("a", torch.ones(2), 0), torch.ones(2))
