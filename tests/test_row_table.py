@@ -45,6 +45,7 @@ from llmcheck.core.records import (
     RecordKey,
     TensorRecord,
     TensorStats,
+    error_growth,
 )
 
 
@@ -342,3 +343,46 @@ def test_a_feeders_label_that_labels_a_row_record_is_held_as_its_place_and_read_
     labels = block.columns[[row_field.name for row_field in fields(ComparisonRow)].index("fed_by")].distinct  # type: ignore[attr-defined]
     assert sorted(labels.places.tolist()) == [-1, *range(49)]  # 49 records' labels by place, one text
     assert labels.texts.buffer == b"model.layers.9.mlp step 2 output.0 (my-run only)"
+
+
+def _column_of(table: RowTable, name: str, block: int = 0) -> Any:
+    held = table._blocks[block]
+    assert held is not None
+    return held.columns[[row_field.name for row_field in fields(ComparisonRow)].index(name)]
+
+
+def test_a_rows_records_are_read_from_its_pair_and_its_growth_made_again_from_its_two_errors() -> None:
+    """A compare's rows measure its pairs, position by position: a row's two records are its pair's, and judging
+    sets its growth from its error and its feeders'. Neither is held again (16 and 9 bytes a row); a row where
+    either is not so keeps what it was given, bit for bit."""
+    errors = [(1.0, 0.5), (0.0, 0.0), (2.0, 0.0), (None, 1.0), (1.0, None), (math.nan, 1.0), (-0.0, 2.0)]
+    errors += [(math.inf, math.inf), (5e-324, 1e300), (3.0, -0.0), (7, 2.0)]
+    made = [
+        replace(row, error=error, feeder_error=feeder, growth=error_growth(error, feeder))
+        for row, (error, feeder) in zip(_rows(len(errors) * 20), errors * 20)
+    ]
+    pairs = ([row.golden for row in made], [row.my for row in made])
+    table = RowTable(len(made), pairs)
+    table.put(range(100), made[:100])  # a run of consecutive pairs: where it starts is all a side holds
+    scattered = list(range(len(made) - 1, 99, -3))  # pairs in another order: their places, 4 bytes a row
+    table.put(scattered, [made[position] for position in scattered])
+    rest = [position for position in range(100, len(made)) if position not in scattered]
+    strays = [replace(made[position], golden=_record("elsewhere", 0)) for position in rest]
+    strays[0] = replace(strays[0], growth=0.25)  # not its errors' growth
+    table.put(rest, strays)
+    expected = list(made)
+    for position, row in zip(rest, strays):
+        expected[position] = row
+    assert_same_rows(list(table), expected)
+    assert [type(_column_of(table, side, 0)).__name__ for side in ("golden", "my", "growth")] == ["_PairSide"] * 2 + [
+        "_Growths"
+    ]
+    assert _column_of(table, "golden", 0).places is None and _column_of(table, "golden", 1).places is not None
+    assert [type(_column_of(table, name, 2)).__name__ for name in ("golden", "my", "growth")] == [
+        "_Objects",
+        "_PairSide",
+        "_Numbers",
+    ]
+    judged = RowTable.of(made)  # a table not told its pairs holds the records
+    assert_same_rows(list(judged), made)
+    assert type(_column_of(judged, "golden")).__name__ == "_Objects"

@@ -126,7 +126,8 @@ def compare_dumps(
             workers,
             [record for record in pair_side(pairing.pairs, "golden") if record is not None],
         )
-    made = RowCollector(len(pairing.pairs))  # the rows as measured, held as columns
+    # the rows as measured, held as columns; a row's records are read from its pair's
+    made = RowCollector(len(pairing.pairs), (pair_side(pairing.pairs, "golden"), pair_side(pairing.pairs, "my")))
 
     def measured(index: int, measurement: Any) -> None:  # the row is made as the measurement arrives
         made.add(index, judge.row(index, pairing.pairs[index], None, measurement))

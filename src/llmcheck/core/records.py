@@ -712,6 +712,17 @@ def error_measure(specs: Sequence[MetricSpec]) -> MetricSpec | None:
     return next((spec for spec in specs if spec.error_measure), None)
 
 
+def error_growth(error: float | None, feeder_error: float | None) -> float | None:
+    """Return a row's ``growth``: its error over its feeders', 1.0 where both are 0, inf where only the feeders' is; None where either is unknown.
+
+    One definition for judging, which sets it, and the row tables, which make it again from
+    the two errors rather than hold it.
+    """
+    if error is None or feeder_error is None:
+        return None
+    return error / feeder_error if feeder_error > 0 else (1.0 if error == 0 else math.inf)
+
+
 @dataclass(frozen=True, slots=True)
 class MetricResult:
     """One metric's value for one pair, with the thresholds it was judged against and its direction."""

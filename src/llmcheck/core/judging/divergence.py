@@ -67,6 +67,7 @@ from llmcheck.core.records import (
     MetricResult,
     TensorRecord,
     build_row,
+    error_growth,
     metric_value,
 )
 
@@ -401,9 +402,7 @@ class _Judge:
         feeder_error = self.feeder_errors[position]
         place = self.places[position]
         baseline = self.baseline(position) if place is not None else None
-        growth = None
-        if error is not None and feeder_error is not None:
-            growth = error / feeder_error if feeder_error > 0 else (1.0 if error == 0 else math.inf)
+        growth = error_growth(error, feeder_error)
         # a row whose golden record has no twin record is judged as without a twin
         twin = self.twin.errors.get(id(row.golden)) if self.twin is not None else None
         twin_row = self.twin.against_my.get(id(row.my)) if self.twin is not None and twin is not None else None
@@ -1035,7 +1034,7 @@ def attribute(
         ParentLinks(golden[given] for window in windows for given in window), unmatched_producers(unmatched_my)
     )
     del golden
-    table = RowTable(len(rows))
+    table = RowTable(len(rows), rows.pairs if isinstance(rows, RowTable) else None)  # judged rows, of the same pairs
     for window in windows:
         judge = _Judge(rows_at(rows, window), measure, twin, shared, same_program, weights, replay)
         table.put([window[given] for given in judge.given_at], _judged_with_cutoffs(judge))

@@ -20,6 +20,7 @@ a reader compares rows by ``index``. A reader that needs one field of every row 
 from __future__ import annotations
 
 import itertools
+import struct
 from array import array
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import fields
@@ -30,8 +31,10 @@ import numpy as np
 
 from llmcheck.core.dumps.record_rows import FLOAT_STATS, distinct_codes, is_stats_of, statistics_values
 from llmcheck.core.judging.stats_compare import STAT_COLUMNS, STAT_FIELDS, statistics_error_columns
-from llmcheck.core.records import ComparisonRow, JudgedMetrics, build_row
+from llmcheck.core.records import ComparisonRow, JudgedMetrics, build_row, error_growth
 
+#: The golden and my records of a compare's pairs, by pair position (a table's row ``i`` measures pair ``i``).
+PairSides = tuple[Sequence[Any], Sequence[Any]]
 #: The fields of a row, in :class:`ComparisonRow`'s order: a block holds a column for each.
 ROW_FIELDS = tuple(row_field.name for row_field in fields(ComparisonRow))
 _FIELD_POSITION = {name: position for position, name in enumerate(ROW_FIELDS)}
@@ -102,6 +105,51 @@ class _Objects:
         values: list[Any] = self.objects[offsets].tolist()
         return values
 
+    def at(self, offset: int) -> Any:
+        """Return the value of the row at ``offset``."""
+        return self.objects[offset]
+
+
+class _PairSide:
+    """One side's records of rows that are the compare's pairs at their positions: read from the pairs, not held again.
+
+    A row's golden and my records are its pair's (the row at position ``i`` measures pair
+    ``i``); the table's pairs hold them by reference already, so the rows hold where they lie
+    among the pairs: nothing where the block's rows are consecutive pairs (a step's rows, as a
+    decode dump holds them), 4 bytes a row elsewhere -- not another 8-byte reference a side.
+    """
+
+    __slots__ = ("places", "side", "start")
+
+    def __init__(self, side: Sequence[Any], start: int, places: np.ndarray | None) -> None:
+        self.side, self.start, self.places = side, start, places
+
+    @classmethod
+    def of(cls, values: list[Any], side: Sequence[Any], at: np.ndarray) -> _PairSide | None:
+        """Return the column of ``values`` where each is the very record at its pair position in ``side``, else None."""
+        if not all(value is held for value, held in zip(values, map(side.__getitem__, at.tolist()))):
+            return None
+        start = int(at[0])
+        if np.array_equal(at, np.arange(start, start + len(at))):
+            return cls(side, start, None)
+        return cls(side, 0, at.astype(np.int32) if int(at.max()) < 2**31 else at)
+
+    def values(self, offsets: np.ndarray) -> list[Any]:
+        if self.places is not None:
+            return list(map(self.side.__getitem__, self.places[offsets].tolist()))
+        first = int(offsets[0]) if len(offsets) else 0
+        if len(offsets) and int(offsets[-1]) - first + 1 == len(offsets) and (np.diff(offsets) == 1).all():
+            return list(self.side[self.start + first : self.start + first + len(offsets)])  # a run of rows: a slice
+        return list(map(self.side.__getitem__, (offsets + self.start).tolist()))
+
+    def at(self, offset: int) -> Any:
+        """Return the record of the row at ``offset``."""
+        return self.side[self.start + offset if self.places is None else int(self.places[offset])]
+
+
+#: A column of each row's golden or my record.
+_RecordColumn = _Objects | _PairSide
+
 
 class _Ragged:
     """A run of values per row, of a few distinct ones: a code per value and where each row's run starts.
@@ -112,13 +160,18 @@ class _Ragged:
 
     __slots__ = ("distinct", "flat", "make", "starts")
 
-    def __init__(self, flat: Any, starts: np.ndarray, distinct: Any, make: Callable[[Any], Any]) -> None:
+    def __init__(self, flat: Any, starts: np.ndarray | int, distinct: Any, make: Callable[[Any], Any]) -> None:
+        """``starts``: where each row's run starts, and the last ends (:func:`_run_starts`), or the one length of every run."""
         self.flat, self.starts, self.distinct, self.make = flat, starts, distinct, make
 
     def values(self, offsets: np.ndarray) -> list[Any]:
-        starts, ends = self.starts[offsets], self.starts[offsets + 1]
         if len(offsets) == 0:
             return []
+        if isinstance(self.starts, int):  # every row's run is as long
+            starts = offsets.astype(np.int64) * self.starts
+            ends = starts + self.starts
+        else:
+            starts, ends = self.starts[offsets], self.starts[offsets + 1]
         low = int(starts.min())
         flat = self.flat[low : int(ends.max())]  # the runs asked for lie together where the rows do
         if self.distinct is not None:
@@ -215,7 +268,8 @@ class _TextPool:
     def __init__(self, texts: Sequence[str]) -> None:
         encoded = [text.encode("utf-8", "surrogatepass") for text in texts]
         self.buffer = b"".join(encoded)
-        self.ends = array("q", itertools.accumulate(map(len, encoded), initial=0))
+        ends = list(itertools.accumulate(map(len, encoded), initial=0))
+        self.ends = array("I" if ends[-1] < 2**32 else "q", ends)  # C unsigned ints where they fit: 4 bytes a text
 
     def __getitem__(self, code: int) -> str:
         return self.buffer[self.ends[code] : self.ends[code + 1]].decode("utf-8", "surrogatepass")
@@ -232,15 +286,20 @@ def c_integers(positions: np.ndarray) -> Sequence[int]:
     return held
 
 
-def _run_starts(lengths: list[int]) -> np.ndarray:
-    """Return where each row's run starts in the flat values, and where the last ends: C uint32 where they fit (half of int64)."""
+def _run_starts(lengths: list[int]) -> np.ndarray | int:
+    """Return where each row's run starts in the flat values, and where the last ends: C uint32 where they fit (half of int64).
+
+    Where every run is as long (one feeder a row, or no held metric values), that length alone.
+    """
+    if lengths and lengths.count(lengths[0]) == len(lengths):
+        return lengths[0]
     ends = np.cumsum(lengths, dtype=np.int64)
     starts = np.zeros(len(lengths) + 1, dtype=np.uint32 if not len(ends) or ends[-1] < 2**32 else np.int64)
     starts[1:] = ends
     return starts
 
 
-def _labels_column(values: list[Any], golden: _Objects, _my: _Objects) -> _Column | None:
+def _labels_column(values: list[Any], golden: _RecordColumn, _my: _RecordColumn) -> _Column | None:
     """Return the feeders' labels as codes a row, or None where a value is not a tuple of texts.
 
     A label that is the label of one of the rows' golden records (``golden``: a row's feeder
@@ -252,7 +311,7 @@ def _labels_column(values: list[Any], golden: _Objects, _my: _Objects) -> _Colum
     flat = [item for value in values for item in value]
     codes, distinct = distinct_codes(flat, by_value=True)
     starts = _run_starts([len(value) for value in values])
-    pool = _RecordLabels.of(distinct, golden.objects) if distinct else _TextPool(distinct)
+    pool = _RecordLabels.of(distinct, golden, len(values)) if distinct else _TextPool(distinct)
     return _Ragged(_smallest_codes(codes, len(distinct)), starts, pool, tuple)
 
 
@@ -260,36 +319,39 @@ class _RecordLabels:
     """Distinct labels, each the label of a record of the rows (made again from its key when read) or a text of its own.
 
     A label such as ``model.layers.12.mlp.down_proj step 3 input.0`` is about 50 bytes of
-    text, one a row; the record it labels is held by the rows anyway, and its place is 4 bytes.
+    text, one a row; the record it labels is held by the rows anyway, and its place is 2 or 4
+    bytes. A label of its own is held as text, its place -1 for the first such, -2 for the next.
     """
 
     __slots__ = ("places", "records", "texts")
 
-    def __init__(self, places: np.ndarray, records: np.ndarray, texts: _TextPool) -> None:
+    def __init__(self, places: np.ndarray, records: _RecordColumn, texts: _TextPool) -> None:
         self.places, self.records, self.texts = places, records, texts
 
     @classmethod
-    def of(cls, labels: Sequence[str], records: np.ndarray) -> _TextPool | _RecordLabels:
-        """Return ``labels`` held so: by the place of the record among ``records`` whose label each is, else as text."""
+    def of(cls, labels: Sequence[str], records: _RecordColumn, count: int) -> _TextPool | _RecordLabels:
+        """Return ``labels`` held so: by the place of the record among the ``count`` rows' ``records`` whose label each is, else as text."""
         place_of: dict[str, int] = {}
-        for place, record in enumerate(records.tolist()):
+        for place, record in enumerate(records.values(np.arange(count))):
             if record is not None:
                 place_of.setdefault(record.key.label(), place)
-        places = np.fromiter((place_of.get(label, -1) for label in labels), dtype=np.int32, count=len(labels))
-        if not (places >= 0).any():
+        found = [place_of.get(label, -1) for label in labels]
+        texts = [label for label, place in zip(labels, found) if place < 0]
+        if len(texts) == len(labels):
             return _TextPool(labels)
-        texts = _TextPool([label if place < 0 else "" for label, place in zip(labels, places.tolist())])
-        return cls(places, records, texts)
+        own = itertools.count(-1, -1)
+        places = np.array([place if place >= 0 else next(own) for place in found], dtype=np.int64)
+        return cls(_narrowest_ints(places), records, _TextPool(texts))
 
     def __getitem__(self, code: int) -> str:
         place = int(self.places[code])
         if place < 0:
-            return self.texts[code]
-        label: str = self.records[place].key.label()
+            return self.texts[-1 - place]
+        label: str = self.records.at(place).key.label()
         return label
 
 
-def _metrics_column(values: list[Any], golden: _Objects, my: _Objects) -> _Column | None:
+def _metrics_column(values: list[Any], golden: _RecordColumn, my: _RecordColumn) -> _Column | None:
     """Return each row's metrics as codes and C doubles, or None where one is not a :class:`JudgedMetrics` over C doubles.
 
     A row whose values are its records' statistics errors, bit for bit, holds none: they are
@@ -331,13 +393,13 @@ def _statistics_errors(golden: Sequence[Any], my: Sequence[Any]) -> tuple[np.nda
 _STAT_ORDER = [FLOAT_STATS.index(field) for field in STAT_FIELDS]
 
 
-def _statistics_errors_held(held: list[array[float]], golden: _Objects, my: _Objects) -> np.ndarray | None:
+def _statistics_errors_held(held: list[array[float]], golden: _RecordColumn, my: _RecordColumn) -> np.ndarray | None:
     """Return which rows hold their records' statistics errors, bit for bit (so need not hold them), or None where none does."""
     width = len(STAT_COLUMNS)
     candidates = np.flatnonzero(np.fromiter(map(len, held), dtype=np.int64, count=len(held)) == width)
     if not len(candidates):
         return None
-    errors, have = _statistics_errors(golden.objects[candidates].tolist(), my.objects[candidates].tolist())
+    errors, have = _statistics_errors(golden.values(candidates), my.values(candidates))
     given = np.frombuffer(array("d", itertools.chain.from_iterable(held[at] for at in candidates.tolist())))
     same = (given.reshape(-1, width).view(np.uint64) == errors.view(np.uint64)).all(axis=1) & have
     if not same.any():
@@ -352,7 +414,7 @@ class _StatisticsErrors:
 
     __slots__ = ("derived", "golden", "held", "my")
 
-    def __init__(self, held: _Column, derived: np.ndarray, golden: _Objects, my: _Objects) -> None:
+    def __init__(self, held: _Column, derived: np.ndarray, golden: _RecordColumn, my: _RecordColumn) -> None:
         self.held, self.derived, self.golden, self.my = held, derived, golden, my
 
     def values(self, offsets: np.ndarray) -> list[Any]:
@@ -360,7 +422,7 @@ class _StatisticsErrors:
         chosen = np.flatnonzero(self.derived[offsets])
         if len(chosen):
             at = offsets[chosen]
-            errors, _ = _statistics_errors(self.golden.objects[at].tolist(), self.my.objects[at].tolist())
+            errors, _ = _statistics_errors(self.golden.values(at), self.my.values(at))
             for position, row in zip(chosen.tolist(), errors):
                 made = array("d")
                 made.frombytes(row.tobytes())
@@ -372,7 +434,44 @@ def _same(value: Any) -> Any:
     return value
 
 
+class _Growths:
+    """Each row's ``growth`` where it is :func:`~llmcheck.core.records.error_growth` of its two errors: made again from their columns when read.
+
+    Judging sets every judged row's growth so; held, it was 9 bytes a row (a C double and
+    whether it is None).
+    """
+
+    __slots__ = ("errors", "feeder_errors")
+
+    def __init__(self, errors: _Column, feeder_errors: _Column) -> None:
+        self.errors, self.feeder_errors = errors, feeder_errors
+
+    @classmethod
+    def of(
+        cls, values: list[Any], errors: list[Any], feeder_errors: list[Any], columns: tuple[_Column, _Column]
+    ) -> _Growths | None:
+        """Return the column of ``values`` where each is, bit for bit, the growth of its row's two errors; else None."""
+        if all(map(_identical, values, map(error_growth, errors, feeder_errors))):
+            return cls(*columns)
+        return None
+
+    def values(self, offsets: np.ndarray) -> list[Any]:
+        return list(map(error_growth, self.errors.values(offsets), self.feeder_errors.values(offsets)))
+
+
+def _identical(given: Any, made: Any) -> bool:
+    """Return whether ``made`` reads back as ``given``: the same object, or floats of the same bits."""
+    return given is made or (type(given) is float and type(made) is float and _DOUBLE(given) == _DOUBLE(made))
+
+
+_DOUBLE = struct.Struct("d").pack
+
+
 _RECORDS = frozenset({"golden", "my"})
+#: The fields a row's growth is made from, and where their columns lie (before the growth's).
+_ERRORS = frozenset({"error", "feeder_error"})
+_ERROR_AT, _FEEDER_ERROR_AT = _FIELD_POSITION["error"], _FIELD_POSITION["feeder_error"]
+assert max(_ERROR_AT, _FEEDER_ERROR_AT) < _FIELD_POSITION["growth"]
 #: The fields holding statistics, and the record each row reads them from when they are that record's own.
 _RECORD_STATS = {"golden_stats": "golden", "my_stats": "my"}
 #: Held in a statistics column where a row's statistics are its record's (:func:`is_stats_of`): asked of it again.
@@ -402,7 +501,7 @@ class _StatsOfRecords:
 
 
 #: The fields held by a column of their own kind, made from the values and the rows' golden and my records' columns.
-_SPECIAL_COLUMNS: dict[str, Callable[[list[Any], _Objects, _Objects], _Column | None]] = {
+_SPECIAL_COLUMNS: dict[str, Callable[[list[Any], _RecordColumn, _RecordColumn], _Column | None]] = {
     "fed_by": _labels_column,
     "metrics": _metrics_column,
 }
@@ -413,13 +512,21 @@ class _Block:
 
     __slots__ = ("columns",)
 
-    def __init__(self, rows: Sequence[ComparisonRow]) -> None:
+    def __init__(
+        self, rows: Sequence[ComparisonRow], at: np.ndarray | None = None, pairs: PairSides | None = None
+    ) -> None:
+        """Hold ``rows``, the rows at positions ``at`` of a table whose rows measure ``pairs``' pairs (where given).
+
+        A row whose records are its pair's reads them from ``pairs`` (:class:`_PairSide`).
+        """
         columns: list[_Column] = []
-        records: dict[str, tuple[list[Any], _Objects]] = {}
+        records: dict[str, tuple[list[Any], _RecordColumn]] = {}
+        errors: dict[str, list[Any]] = {}
         for name, held in zip(ROW_FIELDS, zip(*map(_ROW_VALUES, rows))):
             values = list(held)
-            if name in _RECORDS:  # each row's own records, held by the dumps: a reference each
-                records[name] = (values, _Objects(_object_array(values)))
+            if name in _RECORDS:  # each row's own records, held by the dumps (and by their pairs)
+                of_pairs = None if pairs is None or at is None else _PairSide.of(values, pairs[name == "my"], at)
+                records[name] = (values, of_pairs if of_pairs is not None else _Objects(_object_array(values)))
                 columns.append(records[name][1])
                 continue
             side = _RECORD_STATS.get(name)
@@ -431,8 +538,14 @@ class _Block:
                 if any(stats is _FROM_RECORD for stats in own):
                     columns.append(_StatsOfRecords(records_column, _column(own)))
                     continue
+            if name in _ERRORS:  # the growth's two errors: kept while the block is made
+                errors[name] = values
             special = _SPECIAL_COLUMNS.get(name)
             column = special(values, records["golden"][1], records["my"][1]) if special is not None else None
+            if name == "growth":
+                column = _Growths.of(
+                    values, errors["error"], errors["feeder_error"], (columns[_ERROR_AT], columns[_FEEDER_ERROR_AT])
+                )
             columns.append(column if column is not None else _column(values))
         self.columns = columns
 
@@ -451,7 +564,9 @@ class RowTable(Sequence[ComparisonRow]):
     judged. Every position is filled before it is read.
     """
 
-    def __init__(self, size: int) -> None:
+    def __init__(self, size: int, pairs: PairSides | None = None) -> None:
+        """Make a table of ``size`` rows; ``pairs``: the golden and my records of the pairs its rows measure, by position."""
+        self._pairs = pairs
         self._blocks: list[_Block | None] = []  # None: a block whose rows were all released
         self._unreleased: list[int] = []  # per block, how many of its rows are not released
         self._block_of = np.full(size, -1, dtype=np.int32)
@@ -464,7 +579,7 @@ class RowTable(Sequence[ComparisonRow]):
         at = np.asarray(positions, dtype=np.int64)
         self._block_of[at] = len(self._blocks)
         self._offset[at] = np.arange(len(rows), dtype=np.int32)
-        self._blocks.append(_Block(rows))
+        self._blocks.append(_Block(rows, at, self._pairs))
         self._unreleased.append(len(rows))
 
     def release(self, positions: Sequence[int]) -> None:
@@ -495,10 +610,15 @@ class RowTable(Sequence[ComparisonRow]):
 
     def reordered(self, positions: Sequence[int]) -> RowTable:
         """Return a table of the rows at ``positions``, in that order: the same columns, read in another order."""
-        table = RowTable(0)
+        table = RowTable(0, self._pairs)
         table._blocks, table._unreleased = self._blocks, self._unreleased  # the same blocks, let go together
         table._block_of, table._offset = self._block_of[positions], self._offset[positions]
         return table
+
+    @property
+    def pairs(self) -> PairSides | None:
+        """Return the golden and my records of the pairs the rows measure, by position, where the table was given them."""
+        return self._pairs
 
     def __len__(self) -> int:
         return len(self._block_of)
@@ -644,8 +764,9 @@ class RowCollector:
     arrives, and held as columns once a batch of rows is made, not as an object until judging.
     """
 
-    def __init__(self, size: int) -> None:
-        self._table = RowTable(size)
+    def __init__(self, size: int, pairs: PairSides | None = None) -> None:
+        """Gather ``size`` rows; ``pairs``: the records of the pairs they measure, by position (see :class:`RowTable`)."""
+        self._table = RowTable(size, pairs)
         self._positions: list[int] = []
         self._rows: list[ComparisonRow] = []
 
