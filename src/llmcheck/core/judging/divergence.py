@@ -1053,9 +1053,11 @@ def step_windows(rows: Sequence[ComparisonRow]) -> list[Sequence[int]]:
     """
     golden = row_field(rows, "golden")
     orders = np.fromiter((record.order for record in golden), dtype=np.int64, count=len(rows))
-    golden_order = np.argsort(orders, kind="stable")  # as sorted() orders them, equal orders kept in turn
-    steps = np.fromiter((golden[given].key.step for given in golden_order.tolist()), dtype=np.int64, count=len(rows))
+    steps = np.fromiter((record.key.step for record in golden), dtype=np.int64, count=len(rows))
     del golden
+    golden_order = np.argsort(orders, kind="stable")  # as sorted() orders them, equal orders kept in turn
+    del orders
+    steps = steps[golden_order]  # in golden order: read so, not through a list of the positions (36 bytes a row)
     starts = (np.flatnonzero(steps[1:] != steps[:-1]) + 1).tolist()
     if len(starts) + 1 != len(np.unique(steps)):  # a step in two runs or more
         return [c_integers(golden_order)] if len(rows) else []
