@@ -702,14 +702,25 @@ def rows_at(rows: Sequence[ComparisonRow], positions: Sequence[int]) -> list[Com
 
 def rows_where(rows: Sequence[ComparisonRow], name: str, keep: Callable[[Any], bool]) -> list[ComparisonRow]:
     """Return the rows whose field ``name`` ``keep`` accepts, in row order, making no other row."""
-    return rows_at(rows, [position for position, value in enumerate(row_field(rows, name)) if keep(value)])
+    kept: list[int] = []
+    start = 0
+    for block in field_blocks(rows, ROWS_PER_BATCH):  # a batch at a time: never the whole column at once
+        kept += [start + offset for offset, value in enumerate(getattr(block, name)) if keep(value)]
+        start += len(block)
+    return rows_at(rows, kept)
 
 
 def first_in_golden_order(rows: Sequence[ComparisonRow], name: str, value: Any) -> ComparisonRow | None:
     """Return the row earliest in golden execution order whose field ``name`` equals ``value`` (of equal orders, the first)."""
-    golden = row_field(rows, "golden")
-    matching = (position for position, held in enumerate(row_field(rows, name)) if held == value)
-    first = min(matching, key=lambda position: golden[position].order, default=None)
+    first, first_order = None, None
+    start = 0
+    for block in field_blocks(rows, ROWS_PER_BATCH):  # a batch at a time: never two whole columns at once
+        for offset, held in enumerate(getattr(block, name)):
+            if held == value:
+                order = block.golden[offset].order
+                if first_order is None or order < first_order:
+                    first, first_order = start + offset, order
+        start += len(block)
     return None if first is None else rows_at(rows, [first])[0]
 
 

@@ -313,8 +313,8 @@ def key_json_text(key: RecordKey) -> str:
     return f'{text}, "rank": {rank}}}' if rank else text + "}"
 
 
-def _pair_json_text(pair: Pair, derived: bool) -> str:
-    """Return ``json.dumps`` of one pairs.json pair entry, written directly when its rule, note and priority are plain."""
+def _pair_json_text(pair: Pair, derived: int) -> str:
+    """Return ``json.dumps`` of one pairs.json pair entry (``derived``: nonzero for a built side), written directly when its rule, note and priority are plain."""
     rule, note, priority = pair.rule, pair.note, pair.priority
     if type(rule) is not str or type(note) is not str or not isinstance(priority, int) or isinstance(priority, bool):
         entry = {
@@ -351,7 +351,7 @@ def write_pairs_json(path: Path, pairing: Pairing, golden: Dump, my: Dump) -> No
     part of a golden tensor one rank holds) is marked ``"derived": true``: fed back with
     ``--mapping`` it is left to the rule that built it, since its keys alone name another pair.
     """
-    derived = [False] * len(pairing.pairs)
+    derived = bytearray(len(pairing.pairs))  # a byte a pair, not a list's 8
     for dump, side in ((golden, "golden"), (my, "my")):
         loaded = loaded_records(dump)
         for number, record in enumerate(pair_side(pairing.pairs, side)):
