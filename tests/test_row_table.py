@@ -383,6 +383,8 @@ def test_a_rows_records_are_read_from_its_pair_and_its_growth_made_again_from_it
         "_PairSide",
         "_Numbers",
     ]
-    judged = RowTable.of(made)  # a table not told its pairs holds the records
-    assert_same_rows(list(judged), made)
-    assert type(_column_of(judged, "golden")).__name__ == "_Objects"
+    others = RowTable(len(made), (pairs[0][:10], pairs[1][:10]))  # told other (fewer) pairs
+    others.put(range(len(made)), made)
+    for judged in (RowTable.of(made), others):  # RowTable.of is told no pairs: either holds the records
+        assert_same_rows(list(judged), made)
+        assert type(_column_of(judged, "golden")).__name__ == "_Objects"

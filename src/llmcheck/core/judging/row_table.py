@@ -127,6 +127,8 @@ class _PairSide:
     @classmethod
     def of(cls, values: list[Any], side: Sequence[Any], at: np.ndarray) -> _PairSide | None:
         """Return the column of ``values`` where each is the very record at its pair position in ``side``, else None."""
+        if int(at.max()) >= len(side) or int(at.min()) < 0:  # not the pairs these rows measure
+            return None
         if not all(value is held for value, held in zip(values, map(side.__getitem__, at.tolist()))):
             return None
         start = int(at[0])
