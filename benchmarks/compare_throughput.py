@@ -132,6 +132,11 @@ path made from its key, a row's dtype its class's (64-byte rows) and the weights
 of rows at a time: loading 329 (445), pairing 335 (343), measuring 387 (446), judging 444
 (478), writing the reports 444 (488); peak PSS over the fixed memory 613 -> 488 bytes a pair
 at a million pairs, in one run; ten million pairs 4 835 MB (479 bytes a pair).
+Later that night, loading without a set of the keys or a sort's key list, rows that read their
+records from their pairs and make their growth from their two errors, and judging and the
+reports without whole columns at once: loading 329 (391), pairing 335 (343), measuring 363
+(423), judging 405 (439), writing the reports 405 (432); peak PSS over the fixed memory 487 ->
+437 bytes a pair at a million pairs, in one run; ten million pairs 4 274 MB (423 bytes a pair).
 
 Targets on a 2-core machine (issue #17): >= 20 000 pairs/s in the small mode, >= 2.5 GB/s in
 the large mode's compare phase, peak PSS <= 2 x largest tensor + 300 MB. The
