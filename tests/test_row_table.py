@@ -199,6 +199,40 @@ def test_steps_put_out_of_order_read_back_in_row_order() -> None:
         table.column("verdicts")
 
 
+def test_rows_put_at_consecutive_scattered_and_put_again_positions_read_back_where_they_were_put() -> None:
+    """A block of consecutive positions holds its first alone; others each row's offset; a later put wins."""
+    made = _rows(40)
+    table = RowTable(len(made))
+    table.put(range(0, 10), made[0:10])  # consecutive: no offsets held
+    table.put(range(10, 20), made[10:20])
+    assert table._offset is None and table._block_of.itemsize == 2
+    scattered = [25, 21, 39, 30]
+    table.put(scattered, [made[position] for position in scattered])  # the first block whose offsets are held
+    assert table._offset is not None
+    table.put(range(3, 8), made[3:8])  # put again, consecutive, over a consecutive block
+    table.put([9, 5], [made[9], made[5]])  # put again, scattered, over two consecutive blocks
+    table.put(range(21, 26), made[21:26])  # put again, consecutive, over a scattered block
+    rest = table.unfilled().tolist()
+    table.put(rest, [made[position] for position in rest])
+    assert table.unfilled().tolist() == []
+    assert_same_rows(list(table), made)
+    order = [39, 0, 5, 22, 9, 30, 13]
+    reordered = table.reordered(order)
+    assert_same_rows(list(reordered), [made[position] for position in order])
+
+
+def test_a_table_of_more_blocks_than_int16_counts_reads_back_every_row() -> None:
+    made = _rows(3)
+    blocks = 2**15 + 2
+    table = RowTable(blocks)
+    for position in range(blocks):
+        table.put([position], [made[position % 3]])
+    assert table._block_of.itemsize == 4  # widened at block 32 768
+    assert table.column("index") == [position % 3 for position in range(blocks)]
+    read = [0, 2**15 - 1, 2**15, blocks - 1]
+    assert_same_rows(rows_at(table, read), [made[position % 3] for position in read])
+
+
 def test_a_block_is_let_go_once_all_its_rows_are_released() -> None:
     made = _rows(12)
     table = RowTable(len(made))
@@ -388,3 +422,36 @@ def test_a_rows_records_are_read_from_its_pair_and_its_growth_made_again_from_it
     for judged in (RowTable.of(made), others):  # RowTable.of is told no pairs: either holds the records
         assert_same_rows(list(judged), made)
         assert type(_column_of(judged, "golden")).__name__ == "_Objects"
+
+
+def test_a_statistics_rows_error_is_made_again_from_its_records_where_every_rows_is(tmp_path: Path) -> None:
+    """A statistics row's error, its L2 norms' relative error, is made again from its records: held, 9 bytes a row.
+
+    Only where each row's error is, bit for bit, the one its records give; one bit off, the
+    block holds its errors as they are.
+    """
+    paths = []
+    for side, moved in (("golden", 0.0), ("my", 0.02)):
+        with DumpWriter(tmp_path / side, "test") as writer:
+            for order in range(300):
+                l2norm = ([0.0, 5e-324, 3.0, -0.0][order % 4] + order) * (1 + moved * (order % 7))
+                stats = TensorStats(min=-1.0, max=2.0, mean=0.125 * order, l2norm=l2norm, nan_count=0, inf_count=0)
+                key = RecordKey(f"layer{order}")
+                writer.add(TensorRecord(key=key, dtype="bfloat16", shape=(4,), order=order, stats=stats))
+        paths.append(writer.path)
+    golden, my = get_plugins().load_runs(paths[0], None, paths[1], None)
+    rows = list(compare_dumps(golden, my, workers=1).rows)
+    assert {row.verdict for row in rows} >= {VERDICT_PASS, VERDICT_FAIL}
+    assert len({row.error for row in rows}) > 100 and None not in {row.error for row in rows}
+    table = RowTable.of(rows)
+    assert type(_column_of(table, "error")).__name__ == "_StatisticsBounds"
+    assert type(_column_of(table, "growth")).__name__ == "_Growths"  # made from the errors made again
+    assert_same_rows(list(table), rows)
+    error = rows[42].error
+    assert error is not None
+    changed = list(rows)
+    changed[42] = replace(rows[42], error=math.nextafter(error, math.inf))
+    table = RowTable.of(changed)
+    assert type(_column_of(table, "error")).__name__ != "_StatisticsBounds"
+    assert_same_rows(list(table), changed)
+    assert _bits(table[42].error) != _bits(error)

@@ -1049,7 +1049,8 @@ def step_windows(rows: Sequence[ComparisonRow]) -> list[Sequence[int]]:
     Where steps interleave in golden order (records of two steps taken turn about), the
     nearest earlier record of a row's step may lie behind another step's: all the rows are
     then one window, judged together as they always could be. Each window is C integers read
-    back as ints (an ``array('q')``): held through judging, lists of ints were 40 bytes a row.
+    back as ints (:func:`~llmcheck.core.judging.row_table.c_integers`): held through judging,
+    lists of ints were 40 bytes a row.
     """
     golden = row_field(rows, "golden")
     orders = np.fromiter((record.order for record in golden), dtype=np.int64, count=len(rows))

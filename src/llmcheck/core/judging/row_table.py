@@ -30,7 +30,7 @@ from typing import Any, Protocol, overload
 import numpy as np
 
 from llmcheck.core.dumps.record_rows import FLOAT_STATS, distinct_codes, is_stats_of, statistics_values
-from llmcheck.core.judging.stats_compare import STAT_COLUMNS, STAT_FIELDS, statistics_error_columns
+from llmcheck.core.judging.stats_compare import DECIDING_STAT, STAT_COLUMNS, STAT_FIELDS, statistics_error_columns
 from llmcheck.core.records import ComparisonRow, JudgedMetrics, build_row, error_growth
 
 #: The golden and my records of a compare's pairs, by pair position (a table's row ``i`` measures pair ``i``).
@@ -278,13 +278,16 @@ class _TextPool:
 
 
 def c_integers(positions: np.ndarray) -> Sequence[int]:
-    """Return ``positions`` as an ``array('q')``: C integers, 8 bytes each, read back as ints.
+    """Return ``positions`` as an ``array('i')`` where each fits 32 bits, else an ``array('q')``: C integers read back as ints.
 
     Why: row positions held for a whole phase (a compare's golden order, judging's step
-    windows) were lists of ints, 40 bytes a row.
+    windows) were lists of ints, 40 bytes a row; C int64s were 8, and a row position is
+    below 2**31 in any compare that fits in memory.
     """
-    held = array("q")
-    held.frombytes(np.ascontiguousarray(positions, dtype=np.int64).data.cast("B"))  # no copy on the way
+    narrow = len(positions) == 0 or (int(positions.min()) >= -(2**31) and int(positions.max()) < 2**31)
+    held = array("i" if narrow else "q")
+    # no copy on the way where the positions are already of that type
+    held.frombytes(np.ascontiguousarray(positions, dtype=np.int32 if narrow else np.int64).data.cast("B"))
     return held
 
 
@@ -301,19 +304,19 @@ def _run_starts(lengths: list[int]) -> np.ndarray | int:
     return starts
 
 
-def _labels_column(values: list[Any], golden: _RecordColumn, _my: _RecordColumn) -> _Column | None:
+def _labels_column(values: list[Any], made: _MadeSoFar) -> _Column | None:
     """Return the feeders' labels as codes a row, or None where a value is not a tuple of texts.
 
-    A label that is the label of one of the rows' golden records (``golden``: a row's feeder
-    is most often another row of its step) is held as that row's place, and made again from
-    the record's key when read.
+    A label that is the label of one of the rows' golden records (a row's feeder is most
+    often another row of its step) is held as that row's place, and made again from the
+    record's key when read.
     """
     if set(map(type, values)) != {tuple} or not _tuples_of_texts(values):
         return None
     flat = [item for value in values for item in value]
     codes, distinct = distinct_codes(flat, by_value=True)
     starts = _run_starts([len(value) for value in values])
-    pool = _RecordLabels.of(distinct, golden, len(values)) if distinct else _TextPool(distinct)
+    pool = _RecordLabels.of(distinct, made.records["golden"], len(values)) if distinct else _TextPool(distinct)
     return _Ragged(_smallest_codes(codes, len(distinct)), starts, pool, tuple)
 
 
@@ -353,26 +356,27 @@ class _RecordLabels:
         return label
 
 
-def _metrics_column(values: list[Any], golden: _RecordColumn, my: _RecordColumn) -> _Column | None:
+def _metrics_column(values: list[Any], made: _MadeSoFar) -> _Column | None:
     """Return each row's metrics as codes and C doubles, or None where one is not a :class:`JudgedMetrics` over C doubles.
 
     A row whose values are its records' statistics errors, bit for bit, holds none: they are
-    made again from the records (``golden`` and ``my``, the rows' records) when read.
+    made again from the rows' records when read. Where every row's are, those errors are
+    left in ``made`` for the makers of the columns after this one (:func:`_bounds_column`).
     """
     if set(map(type, values)) != {JudgedMetrics}:
         return None
     held = list(map(_HELD_VALUES, values))
     if set(map(type, held)) != {array}:
         return None
-    derived = _statistics_errors_held(held, golden, my)
+    derived = _statistics_errors_held(held, made)
     kept = held if derived is None else list(itertools.compress(held, np.logical_not(derived).tolist()))
     pool = array("d", itertools.chain.from_iterable(kept))
     lengths = list(map(len, held))
     if derived is not None:
-        lengths = [0 if made else length for length, made in zip(lengths, derived.tolist())]
+        lengths = [0 if from_records else length for length, from_records in zip(lengths, derived.tolist())]
     metric_values: _Column = _Ragged(pool, _run_starts(lengths), None, _same)
     if derived is not None:
-        metric_values = _StatisticsErrors(metric_values, derived, golden, my)
+        metric_values = _StatisticsErrors(metric_values, derived, made.records["golden"], made.records["my"])
     layouts = _column([metrics._layout for metrics in values])
     verdicts = _column([metrics._verdicts for metrics in values])
     return _Metrics(layouts, verdicts, metric_values)
@@ -395,17 +399,22 @@ def _statistics_errors(golden: Sequence[Any], my: Sequence[Any]) -> tuple[np.nda
 _STAT_ORDER = [FLOAT_STATS.index(field) for field in STAT_FIELDS]
 
 
-def _statistics_errors_held(held: list[array[float]], golden: _RecordColumn, my: _RecordColumn) -> np.ndarray | None:
-    """Return which rows hold their records' statistics errors, bit for bit (so need not hold them), or None where none does."""
+def _statistics_errors_held(held: list[array[float]], made: _MadeSoFar) -> np.ndarray | None:
+    """Return which rows hold their records' statistics errors, bit for bit (so need not hold them), or None where none does.
+
+    Where every row does, the errors are left in ``made.statistics_errors``.
+    """
     width = len(STAT_COLUMNS)
     candidates = np.flatnonzero(np.fromiter(map(len, held), dtype=np.int64, count=len(held)) == width)
     if not len(candidates):
         return None
-    errors, have = _statistics_errors(golden.values(candidates), my.values(candidates))
+    errors, have = _statistics_errors(made.records["golden"].values(candidates), made.records["my"].values(candidates))
     given = np.frombuffer(array("d", itertools.chain.from_iterable(held[at] for at in candidates.tolist())))
     same = (given.reshape(-1, width).view(np.uint64) == errors.view(np.uint64)).all(axis=1) & have
     if not same.any():
         return None
+    if same.all() and len(candidates) == len(held):
+        made.statistics_errors = errors
     derived = np.zeros(len(held), dtype=bool)
     derived[candidates[same]] = True
     return derived
@@ -449,16 +458,51 @@ class _Growths:
         self.errors, self.feeder_errors = errors, feeder_errors
 
     @classmethod
-    def of(
-        cls, values: list[Any], errors: list[Any], feeder_errors: list[Any], columns: tuple[_Column, _Column]
-    ) -> _Growths | None:
+    def of(cls, values: list[Any], made: _MadeSoFar) -> _Growths | None:
         """Return the column of ``values`` where each is, bit for bit, the growth of its row's two errors; else None."""
-        if all(map(_identical, values, map(error_growth, errors, feeder_errors))):
-            return cls(*columns)
+        if all(map(_identical, values, map(error_growth, made.values["error"], made.values["feeder_error"]))):
+            return cls(made.columns["error"], made.columns["feeder_error"])
         return None
 
     def values(self, offsets: np.ndarray) -> list[Any]:
         return list(map(error_growth, self.errors.values(offsets), self.feeder_errors.values(offsets)))
+
+
+#: Where a statistics row's error -- the relative error of the L2 norms, its lower bound of the
+#: error measure -- lies among its statistics errors.
+_BOUND_AT = STAT_COLUMNS.index(DECIDING_STAT)
+
+
+def _bounds(errors: np.ndarray) -> list[float | None]:
+    """Return the error judging takes from each row's statistics errors: the L2 norms' where it is finite, else None."""
+    bounds = errors[:, _BOUND_AT]
+    return [bound if finite else None for bound, finite in zip(bounds.tolist(), np.isfinite(bounds).tolist())]
+
+
+def _bounds_column(values: list[Any], made: _MadeSoFar) -> _StatisticsBounds | None:
+    """Return the rows' errors as :class:`_StatisticsBounds` where each is, bit for bit, its statistics' bound; else None."""
+    if made.statistics_errors is None or not all(map(_identical, values, _bounds(made.statistics_errors))):
+        return None
+    return _StatisticsBounds(made.records["golden"], made.records["my"])
+
+
+class _StatisticsBounds:
+    """Each row's ``error`` where it is its records' statistics bound: made again from the records when read.
+
+    A statistics row's error is the relative error of its L2 norms (None where that is not
+    finite), one of the statistics errors its metric values are; where every row's metric
+    values are made again from its records (:class:`_StatisticsErrors`), so is its error. Held,
+    it was 9 bytes a row (a C double and whether it is None).
+    """
+
+    __slots__ = ("golden", "my")
+
+    def __init__(self, golden: _RecordColumn, my: _RecordColumn) -> None:
+        self.golden, self.my = golden, my
+
+    def values(self, offsets: np.ndarray) -> list[Any]:
+        errors, _ = _statistics_errors(self.golden.values(offsets), self.my.values(offsets))
+        return _bounds(errors)
 
 
 def _identical(given: Any, made: Any) -> bool:
@@ -469,13 +513,6 @@ def _identical(given: Any, made: Any) -> bool:
 _DOUBLE = struct.Struct("d").pack
 
 
-_RECORDS = frozenset({"golden", "my"})
-#: The fields a row's growth is made from, and where their columns lie (before the growth's).
-_ERRORS = frozenset({"error", "feeder_error"})
-_ERROR_AT, _FEEDER_ERROR_AT = _FIELD_POSITION["error"], _FIELD_POSITION["feeder_error"]
-assert max(_ERROR_AT, _FEEDER_ERROR_AT) < _FIELD_POSITION["growth"]
-#: The fields holding statistics, and the record each row reads them from when they are that record's own.
-_RECORD_STATS = {"golden_stats": "golden", "my_stats": "my"}
 #: Held in a statistics column where a row's statistics are its record's (:func:`is_stats_of`): asked of it again.
 _FROM_RECORD = object()
 
@@ -502,11 +539,52 @@ class _StatsOfRecords:
         ]
 
 
-#: The fields held by a column of their own kind, made from the values and the rows' golden and my records' columns.
-_SPECIAL_COLUMNS: dict[str, Callable[[list[Any], _RecordColumn, _RecordColumn], _Column | None]] = {
-    "fed_by": _labels_column,
+def _stats_column(side: str) -> Callable[[list[Any], _MadeSoFar], _StatsOfRecords | None]:
+    """Return the maker of a statistics column whose rows' statistics are most often their ``side`` record's own."""
+
+    def stats_column(values: list[Any], made: _MadeSoFar) -> _StatsOfRecords | None:
+        records = made.values[side]
+        own = [_FROM_RECORD if is_stats_of(stats, record) else stats for stats, record in zip(values, records)]
+        if not any(stats is _FROM_RECORD for stats in own):
+            return None
+        return _StatsOfRecords(made.records[side], _column(own))
+
+    return stats_column
+
+
+class _MadeSoFar:
+    """What the maker of a block's special column reads: the columns made before its own, and some fields' values.
+
+    Why: a column may be made from others when read -- a row's growth from its two errors, its
+    error and metric values from its records' statistics -- and each maker checks, bit for bit,
+    that its values are what those columns give. The makers run in field order.
+    """
+
+    __slots__ = ("columns", "records", "statistics_errors", "values")
+
+    def __init__(self) -> None:
+        self.columns: dict[str, _Column] = {}  # by field, in field order
+        self.records: dict[str, _RecordColumn] = {}  # the golden and my records' columns
+        self.values: dict[str, list[Any]] = {}  # of the fields in _KEPT_VALUES
+        #: every row's statistics errors, where the metrics' maker found each row's metric values to be those
+        self.statistics_errors: np.ndarray | None = None
+
+
+#: The fields whose values, besides their columns, a later maker reads.
+_KEPT_VALUES = frozenset({"golden", "my", "error", "feeder_error"})
+_RECORDS = frozenset({"golden", "my"})
+#: The fields held by a column of their own kind, where their maker finds their values fit it (else it gives None).
+_SPECIAL_COLUMNS: dict[str, Callable[[list[Any], _MadeSoFar], _Column | None]] = {
     "metrics": _metrics_column,
+    "golden_stats": _stats_column("golden"),
+    "my_stats": _stats_column("my"),
+    "fed_by": _labels_column,
+    "error": _bounds_column,
+    "growth": _Growths.of,
 }
+# each maker reads the fields before its own
+assert ROW_FIELDS.index("my") < ROW_FIELDS.index("metrics") < ROW_FIELDS.index("error")
+assert max(ROW_FIELDS.index("error"), ROW_FIELDS.index("feeder_error")) < ROW_FIELDS.index("growth")
 
 
 class _Block:
@@ -521,35 +599,24 @@ class _Block:
 
         A row whose records are its pair's reads them from ``pairs`` (:class:`_PairSide`).
         """
-        columns: list[_Column] = []
-        records: dict[str, tuple[list[Any], _RecordColumn]] = {}
-        errors: dict[str, list[Any]] = {}
+        made = _MadeSoFar()
         for name, held in zip(ROW_FIELDS, zip(*map(_ROW_VALUES, rows))):
             values = list(held)
+            column: _Column | None
             if name in _RECORDS:  # each row's own records, held by the dumps (and by their pairs)
-                of_pairs = None if pairs is None or at is None else _PairSide.of(values, pairs[name == "my"], at)
-                records[name] = (values, of_pairs if of_pairs is not None else _Objects(_object_array(values)))
-                columns.append(records[name][1])
-                continue
-            side = _RECORD_STATS.get(name)
-            if side is not None:
-                side_records, records_column = records[side]
-                own = [
-                    _FROM_RECORD if is_stats_of(stats, record) else stats for stats, record in zip(values, side_records)
-                ]
-                if any(stats is _FROM_RECORD for stats in own):
-                    columns.append(_StatsOfRecords(records_column, _column(own)))
-                    continue
-            if name in _ERRORS:  # the growth's two errors: kept while the block is made
-                errors[name] = values
-            special = _SPECIAL_COLUMNS.get(name)
-            column = special(values, records["golden"][1], records["my"][1]) if special is not None else None
-            if name == "growth":
-                column = _Growths.of(
-                    values, errors["error"], errors["feeder_error"], (columns[_ERROR_AT], columns[_FEEDER_ERROR_AT])
-                )
-            columns.append(column if column is not None else _column(values))
-        self.columns = columns
+                column = None if pairs is None or at is None else _PairSide.of(values, pairs[name == "my"], at)
+                if column is None:
+                    column = _Objects(_object_array(values))
+                made.records[name] = column
+            else:
+                special = _SPECIAL_COLUMNS.get(name)
+                column = special(values, made) if special is not None else None
+                if column is None:
+                    column = _column(values)
+            made.columns[name] = column
+            if name in _KEPT_VALUES:
+                made.values[name] = values
+        self.columns = list(made.columns.values())
 
     def rows(self, offsets: np.ndarray) -> list[ComparisonRow]:
         return list(map(build_row, *(column.values(offsets) for column in self.columns)))
@@ -571,18 +638,49 @@ class RowTable(Sequence[ComparisonRow]):
         self._pairs = pairs
         self._blocks: list[_Block | None] = []  # None: a block whose rows were all released
         self._unreleased: list[int] = []  # per block, how many of its rows are not released
-        self._block_of = np.full(size, -1, dtype=np.int32)
-        self._offset = np.zeros(size, dtype=np.int32)
+        # Where each position's row is: its block's number (-1: none yet), and its offset in that
+        # block. A block whose rows lie at consecutive positions -- a batch of rows as measured, a
+        # step's rows as judged, in most compares -- holds its first position (else -1), and its
+        # rows' offsets follow from it; the offsets are held for the positions of the other blocks
+        # alone, in an array made when the first such block is put. Held so, a table's index is 2
+        # bytes a row (a block's number, in int16 until 32 767 blocks), where it was 8.
+        self._block_of = np.full(size, -1, dtype=np.int16)
+        self._starts = array("q")
+        self._offset: np.ndarray | None = None
 
     def put(self, positions: Sequence[int], rows: Sequence[ComparisonRow]) -> None:
         """Hold ``rows``, the rows at row positions ``positions`` (in turn), as one block."""
         if not rows:
             return
         at = np.asarray(positions, dtype=np.int64)
-        self._block_of[at] = len(self._blocks)
-        self._offset[at] = np.arange(len(rows), dtype=np.int32)
+        block = len(self._blocks)
+        if block > np.iinfo(self._block_of.dtype).max:
+            self._block_of = self._block_of.astype(np.int32)
+        self._block_of[at] = block
+        if len(at) == 1 or bool((np.diff(at) == 1).all()):
+            self._starts.append(int(at[0]))
+        else:
+            self._starts.append(-1)
+            if self._offset is None:
+                self._offset = np.zeros(len(self._block_of), dtype=np.int32)
+            self._offset[at] = np.arange(len(rows), dtype=np.int32)
         self._blocks.append(_Block(rows, at, self._pairs))
         self._unreleased.append(len(rows))
+
+    def _offsets(self, positions: np.ndarray, blocks: np.ndarray) -> np.ndarray:
+        """Return the offsets of the rows at ``positions`` in their blocks, ``blocks``."""
+        starts = np.frombuffer(self._starts, dtype=np.int64)[blocks]
+        offsets: np.ndarray = positions - starts
+        if self._offset is not None:
+            listed = starts < 0
+            if listed.any():
+                offsets[listed] = self._offset[positions[listed]]
+        return offsets
+
+    def unfilled(self) -> np.ndarray:
+        """Return the positions no row was put at, ascending."""
+        unfilled: np.ndarray = np.flatnonzero(self._block_of < 0)
+        return unfilled
 
     def release(self, positions: Sequence[int]) -> None:
         """Say the rows at ``positions`` are read for the last time: a block whose rows all are is let go.
@@ -614,7 +712,10 @@ class RowTable(Sequence[ComparisonRow]):
         """Return a table of the rows at ``positions``, in that order: the same columns, read in another order."""
         table = RowTable(0, self._pairs)
         table._blocks, table._unreleased = self._blocks, self._unreleased  # the same blocks, let go together
-        table._block_of, table._offset = self._block_of[positions], self._offset[positions]
+        at = np.asarray(positions, dtype=np.int64)
+        table._block_of = self._block_of[at]
+        table._starts = array("q", [-1]) * len(self._starts)  # at other positions: each offset held
+        table._offset = self._offsets(at, table._block_of).astype(np.int32)
         return table
 
     @property
@@ -670,8 +771,9 @@ class RowTable(Sequence[ComparisonRow]):
         """Return, for each block holding some of ``positions``, the block, its offsets and where they go (None: all, in turn)."""
         if len(positions) == 0:
             return []
+        positions = np.asarray(positions, dtype=np.int64)
         blocks = self._block_of[positions]
-        offsets = self._offset[positions]
+        offsets = self._offsets(positions, blocks)
         if (blocks[0] == blocks).all():  # the usual case: one step's rows
             return [(self._block(int(blocks[0])), offsets, None)]
         by_block = np.argsort(blocks, kind="stable")  # the positions of each block together, in turn
@@ -729,7 +831,7 @@ def first_in_golden_order(rows: Sequence[ComparisonRow], name: str, value: Any) 
 def golden_order(rows: Sequence[ComparisonRow]) -> Sequence[int]:
     """Return the row positions in golden execution order, rows of equal order in turn (as ``sorted`` keeps them).
 
-    As C integers read back as ints (an ``array('q')``): a list of them was 40 bytes a row,
+    As C integers read back as ints (:func:`c_integers`): a list of them was 40 bytes a row,
     held while a report is written.
     """
     orders = np.fromiter((record.order for record in iter_field(rows, "golden")), dtype=np.int64, count=len(rows))
@@ -797,11 +899,11 @@ class RowCollector:
     def missing(self) -> Sequence[int]:
         """Return the positions no row was added at, ascending.
 
-        As C integers (8 bytes each, read back as ints): in a statistics-only compare that is
+        As C integers (4 bytes each, read back as ints): in a statistics-only compare that is
         every pair, held while their rows are made, where a list of ints is 40 bytes a pair.
         """
         self._flush()
-        return c_integers(np.flatnonzero(self._table._block_of < 0))
+        return c_integers(self._table.unfilled())
 
     def table(self) -> RowTable:
         """Return the table of the rows added, and let it go: the collector is done."""
