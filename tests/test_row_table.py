@@ -26,8 +26,10 @@ from llmcheck.core.dumps.store import DumpWriter, read_dump
 from llmcheck.core.judging.row_table import (
     ROWS_PER_BATCH,
     RowTable,
+    c_integers,
     field_blocks,
     first_in_golden_order,
+    golden_order,
     in_golden_order,
     iter_field,
     row_field,
@@ -231,6 +233,25 @@ def test_a_table_of_more_blocks_than_int16_counts_reads_back_every_row() -> None
     assert table.column("index") == [position % 3 for position in range(blocks)]
     read = [0, 2**15 - 1, 2**15, blocks - 1]
     assert_same_rows(rows_at(table, read), [made[position % 3] for position in read])
+
+
+def test_row_positions_are_held_as_a_range_where_consecutive_else_as_the_narrowest_c_integers() -> None:
+    assert c_integers(np.arange(5, 9)) == range(5, 9)
+    assert c_integers(np.array([], dtype=np.int64)) == array("i")
+    scattered = c_integers(np.array([3, 1, 2**31 - 1]))
+    assert isinstance(scattered, array) and scattered.typecode == "i" and list(scattered) == [3, 1, 2**31 - 1]
+    wide = c_integers(np.array([0, 2**31]))
+    assert isinstance(wide, array) and wide.typecode == "q" and list(wide) == [0, 2**31]
+    # rows in golden order: their order is a range, and the rows in golden order the table itself
+    made = _rows(30)
+    in_order = [replace(row, golden=_record(row.golden.key.name, order=row.index // 2)) for row in made]
+    table = RowTable.of(in_order)
+    assert golden_order(table) == range(30) and in_golden_order(table) is table
+    shuffled = RowTable.of(made)  # golden orders count down
+    assert list(golden_order(shuffled)) == list(range(29, -1, -1)) and not isinstance(golden_order(shuffled), range)
+    for rows, order in ((table, range(30)), (shuffled, golden_order(shuffled))):
+        read = [position for block in field_blocks(rows, 7, order) for position in block.index]
+        assert read == [rows[position].index for position in order]
 
 
 def test_a_block_is_let_go_once_all_its_rows_are_released() -> None:

@@ -51,7 +51,15 @@ from llmcheck.core.dtypes import is_float_dtype
 from llmcheck.core.judging.feeders import FeederIndex, Feeding, ParentLinks, unmatched_producers
 from llmcheck.core.judging.op_replay import OpReplay
 from llmcheck.core.judging.repeats import Baseline, SiblingGroup, SiblingLines, sibling_groups, structure_keys
-from llmcheck.core.judging.row_table import RowTable, c_integers, first_in_golden_order, row_field, rows_at, rows_where
+from llmcheck.core.judging.row_table import (
+    RowTable,
+    c_integers,
+    first_in_golden_order,
+    in_order,
+    row_field,
+    rows_at,
+    rows_where,
+)
 from llmcheck.core.judging.suspects import INHERITED_FROM_UNMATCHED, MY_ONLY_SUFFIX
 from llmcheck.core.judging.verdicts import NONFINITE_METRIC
 from llmcheck.core.judging.weights import WeightFinding
@@ -1056,9 +1064,12 @@ def step_windows(rows: Sequence[ComparisonRow]) -> list[Sequence[int]]:
     orders = np.fromiter((record.order for record in golden), dtype=np.int64, count=len(rows))
     steps = np.fromiter((record.key.step for record in golden), dtype=np.int64, count=len(rows))
     del golden
-    golden_order = np.argsort(orders, kind="stable")  # as sorted() orders them, equal orders kept in turn
+    if in_order(orders):  # the rows are in golden order: each window a range of them
+        golden_order = np.arange(len(rows))
+    else:
+        golden_order = np.argsort(orders, kind="stable")  # as sorted() orders them, equal orders kept in turn
+        steps = steps[golden_order]  # in golden order: read so, not through a list of the positions (36 bytes a row)
     del orders
-    steps = steps[golden_order]  # in golden order: read so, not through a list of the positions (36 bytes a row)
     starts = (np.flatnonzero(steps[1:] != steps[:-1]) + 1).tolist()
     if len(starts) + 1 != len(np.unique(steps)):  # a step in two runs or more
         return [c_integers(golden_order)] if len(rows) else []

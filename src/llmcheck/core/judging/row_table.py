@@ -278,17 +278,30 @@ class _TextPool:
 
 
 def c_integers(positions: np.ndarray) -> Sequence[int]:
-    """Return ``positions`` as an ``array('i')`` where each fits 32 bits, else an ``array('q')``: C integers read back as ints.
+    """Return row positions held in the least memory that reads each back as an int: a ``range``, or C integers.
 
     Why: row positions held for a whole phase (a compare's golden order, judging's step
-    windows) were lists of ints, 40 bytes a row; C int64s were 8, and a row position is
-    below 2**31 in any compare that fits in memory.
+    windows) were lists of ints, 40 bytes a row. Consecutive ones -- most often, where the
+    rows are in golden order -- are a ``range`` (48 bytes); others an ``array('i')`` where each
+    fits 32 bits (a row position does in any compare that fits in memory), else an ``array('q')``.
     """
+    if len(positions) and int(positions[-1]) - int(positions[0]) == len(positions) - 1 and _consecutive(positions):
+        return range(int(positions[0]), int(positions[-1]) + 1)
     narrow = len(positions) == 0 or (int(positions.min()) >= -(2**31) and int(positions.max()) < 2**31)
     held = array("i" if narrow else "q")
     # no copy on the way where the positions are already of that type
     held.frombytes(np.ascontiguousarray(positions, dtype=np.int32 if narrow else np.int64).data.cast("B"))
     return held
+
+
+def _consecutive(positions: np.ndarray) -> bool:
+    """Return whether each position is one more than the one before."""
+    return bool((np.diff(positions) == 1).all())
+
+
+def in_order(orders: np.ndarray) -> bool:
+    """Return whether ``orders`` never go down: the rows are in that order already, and sorting them would keep them so."""
+    return bool((orders[1:] >= orders[:-1]).all())
 
 
 def _run_starts(lengths: list[int]) -> np.ndarray | int:
@@ -657,7 +670,7 @@ class RowTable(Sequence[ComparisonRow]):
         if block > np.iinfo(self._block_of.dtype).max:
             self._block_of = self._block_of.astype(np.int32)
         self._block_of[at] = block
-        if len(at) == 1 or bool((np.diff(at) == 1).all()):
+        if _consecutive(at):
             self._starts.append(int(at[0]))
         else:
             self._starts.append(-1)
@@ -835,6 +848,8 @@ def golden_order(rows: Sequence[ComparisonRow]) -> Sequence[int]:
     held while a report is written.
     """
     orders = np.fromiter((record.order for record in iter_field(rows, "golden")), dtype=np.int64, count=len(rows))
+    if in_order(orders):  # rows in golden order already: no sort, and the order is a range
+        return range(len(rows))
     order = np.argsort(orders, kind="stable")
     del orders  # 8 bytes a row fewer while the order is copied out
     return c_integers(order)
@@ -846,7 +861,8 @@ def in_golden_order(rows: Sequence[ComparisonRow]) -> Sequence[ComparisonRow]:
     Of a :class:`RowTable`, a sequence that makes the rows as they are read, a batch at a time.
     """
     if isinstance(rows, RowTable):
-        return rows.reordered(golden_order(rows))
+        order = golden_order(rows)
+        return rows if order == range(len(rows)) else rows.reordered(order)
     return sorted(rows, key=lambda row: row.golden.order)
 
 
@@ -950,6 +966,6 @@ class RowFields:
 
 def field_blocks(rows: Sequence[ComparisonRow], size: int, order: Sequence[int] | None = None) -> Iterator[RowFields]:
     """Yield the fields of ``size`` rows at a time, in row order or in ``order`` (row positions)."""
-    positions = np.arange(len(rows)) if order is None else np.asarray(order, dtype=np.int64)
-    for start in range(0, len(positions), size):
-        yield RowFields(rows, positions[start : start + size])
+    positions = range(len(rows)) if order is None else order
+    for start in range(0, len(positions), size):  # a batch's positions at a time, not 8 bytes a row at once
+        yield RowFields(rows, np.asarray(positions[start : start + size], dtype=np.int64))
