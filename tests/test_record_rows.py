@@ -19,7 +19,14 @@ from typing import Any
 
 import pytest
 
-from llmcheck.core.dumps.record_rows import ROWS_PER_BLOCK, RecordRow, RecordRows, StatsRow, is_stats_of
+from llmcheck.core.dumps.record_rows import (
+    ROWS_PER_BLOCK,
+    RecordRow,
+    RecordRows,
+    StatsRow,
+    is_stats_of,
+    statistics_values,
+)
 from llmcheck.core.dumps.store import NO_ATTRS, DumpWriter, read_dump
 from llmcheck.core.records import RECORD_FIELDS, STATS_FIELDS, HeldRecord, RecordKey, TensorRecord, TensorStats
 
@@ -120,6 +127,51 @@ def test_statistics_in_record_rows_cost_less_than_half_of_statistics_objects() -
         tracemalloc.stop()
     # 32 bytes a record: its four doubles (its counts fill shared columns); 80 + 96 + 8 as objects
     assert stats_bytes / count <= 40 and held_bytes / count >= 2 * 88, (stats_bytes / count, held_bytes / count)
+
+
+def test_statistics_that_are_float32_values_are_held_in_4_bytes_and_read_back_bit_for_bit() -> None:
+    """A bfloat16 tensor's min and max are float32 values: a block holds such a column as C floats, 16 bytes a record less.
+
+    A column with one value that is not a float32's (a float64 mean, a double beyond
+    float32's range, a NaN's payload float32 drops) is held as doubles; each reads back as given.
+    """
+    payload_nan = struct.unpack("<d", struct.pack("<Q", 0x7FF8000000000001))[0]
+    smallest, largest = 2.0**-149, float.fromhex("0x1.fffffep+127")  # float32's least subnormal and its largest
+    count = 2 * ROWS_PER_BLOCK
+    given = []
+    for number in range(count):
+        low = [-0.0, -math.inf, math.nan, -smallest, -largest][number % 5] if number % 7 == 0 else -1.0 - number
+        high = 2.0**-60 * (number + 1) if number != count - 1 else 0.1  # 0.1: no float32, in the second block
+        mean = [payload_nan, 1e39, 0.5][number // ROWS_PER_BLOCK] if number % ROWS_PER_BLOCK == 3 else 0.25
+        given.append((low, high, mean, 3.0 + number / 3, 0, 0))
+    make = RecordRows()
+    records = [_record_with(make, order, make.stats(*values)) for order, values in enumerate(given)]
+    make.close()
+    for record, values in zip(records, given):
+        assert tuple(map(_bits, record.stats.values())) == tuple(map(_bits, values))  # type: ignore[union-attr]
+    first, second = records[0]._block, records[-1]._block  # type: ignore[attr-defined]
+    assert [column.typecode for column in first.columns[:4]] == ["f", "f", "d", "d"]  # a NaN's payload: a double
+    assert [column.typecode for column in second.columns[:4]] == ["f", "d", "d", "d"]  # 0.1, 1e39: doubles
+    values, floats = statistics_values(records)
+    assert floats.all()
+    assert [tuple(map(_bits, row)) for row in values.tolist()] == [tuple(map(_bits, row[:4])) for row in given]
+
+
+def test_statistics_that_are_floats_but_for_an_empty_tensors_none_are_held_as_c_numbers() -> None:
+    given = [
+        (None, None, None, None, 0, 0) if number % 50 == 7 else (-0.5, 2.0**-140, 0.1, 3.0, 0, 0)
+        for number in range(300)
+    ]
+    make = RecordRows()
+    records = [_record_with(make, order, make.stats(*values)) for order, values in enumerate(given)]
+    make.close()
+    for record, values in zip(records, given):
+        assert tuple(map(_bits, record.stats.values())) == tuple(map(_bits, values))  # type: ignore[union-attr]
+    columns = records[0]._block.columns[:4]  # type: ignore[attr-defined]
+    assert [type(column).__name__ for column in columns] == ["_FloatsOrNone"] * 4
+    assert [column.floats.typecode for column in columns] == ["f", "f", "d", "f"]
+    values, floats = statistics_values(records)
+    assert floats.tolist() == [number % 50 != 7 for number in range(300)]  # a None is no float: read, not made
 
 
 def test_a_statistics_only_dump_reads_its_statistics_as_rows(tmp_path: Path) -> None:

@@ -23,6 +23,7 @@ its block is one of Python's cached small ints: a row holds no number of its own
 
 from __future__ import annotations
 
+import struct
 from array import array
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, cast
@@ -75,11 +76,12 @@ def _shared_column(value: Any) -> tuple[Any, ...] | None:
 _BY_VALUE = frozenset({type(None), bool, int, str, _KeyNamedPath})
 
 
-def _sealed(values: list[Any]) -> Sequence[Any] | _Coded:
+def _sealed(values: list[Any]) -> Sequence[Any] | _Coded | _FloatsOrNone:
     """Return a column in the least memory that gives back each value, object for object or bit for bit.
 
     A full block's column of one object is the column every such block shares; floats, where
-    every value is a float, are C doubles; ints, where every value is an int, C integers, or,
+    every value is a float, are C floats or doubles (:func:`_floats`), and so are they where the
+    others are None (:class:`_FloatsOrNone`); ints, where every value is an int, C integers, or,
     where each is one more than the one before (the records' orders), a ``range`` of 48 bytes
     a block; other objects, where few distinct ones repeat (a block's op types and parent
     modules), a byte per row naming each (:class:`_Coded`); anything else is kept as the
@@ -96,7 +98,9 @@ def _sealed(values: list[Any]) -> Sequence[Any] | _Coded:
             return shared
     kinds = set(map(type, values))
     if kinds == {float}:
-        return array("d", values)
+        return _floats(values)
+    if kinds == {float, _NONE}:  # the statistics of a block that holds an empty tensor's
+        return _FloatsOrNone(values)
     if kinds == {int}:
         counted = range(first, first + len(values))
         if values == list(counted):  # orders: a record's count from the dump's first, one more a row
@@ -104,6 +108,60 @@ def _sealed(values: list[Any]) -> Sequence[Any] | _Coded:
         if min(values) >= -(2**63) and max(values) < 2**63:
             return array("q", values)
     return _coded(values) or tuple(values)
+
+
+def _floats(values: list[float]) -> array[float]:
+    """Return floats as C floats (``array('f')``) where each is one, bit for bit, else as C doubles.
+
+    Why: most statistics a dump holds are the values of float32, bfloat16 or float16
+    tensors -- their min and max always, often their mean and norm where a tool measures in
+    float32 -- and so float32s exactly: 4 bytes each, not 8, 16 bytes a pair for the min and
+    max alone. A column with a value that is not one (a float64 mean, a NaN's payload beyond
+    float32's, a double beyond float32's range) is held as doubles.
+    """
+    import numpy as np
+
+    doubles = array("d", values)
+    if not _is_single(values[0]):  # most columns of doubles are told by their first value
+        return doubles
+    with np.errstate(over="ignore"):  # a double beyond float32's range becomes an infinity: not the same bits
+        singles = array("f", np.frombuffer(doubles, dtype=np.float64).astype(np.float32).tobytes())
+    return singles if array("d", singles).tobytes() == doubles.tobytes() else doubles
+
+
+def _is_single(value: float) -> bool:
+    """Return whether a float is a float32's value (a NaN: perhaps; its payload is checked with the whole column)."""
+    try:
+        return value != value or _SINGLE.unpack(_SINGLE.pack(value))[0] == value
+    except OverflowError:  # beyond float32's range
+        return False
+
+
+_SINGLE = struct.Struct("f")
+
+
+_NONE = type(None)
+
+
+class _FloatsOrNone:
+    """A block's column of floats and some None: the floats as C numbers (:func:`_floats`), and the rows that hold None.
+
+    Why: an empty tensor's statistics are None (an op-level dump holds a few in most blocks
+    of 256 records), and a column of objects -- a reference and a float object a row, 40
+    bytes -- was 5 to 10 times the C numbers the other rows need.
+    """
+
+    __slots__ = ("floats", "nones")
+
+    def __init__(self, values: list[float | None]) -> None:
+        self.nones = frozenset(row for row, value in enumerate(values) if value is None)
+        self.floats = _floats([0.0 if value is None else value for value in values])
+
+    def __getitem__(self, row: int) -> float | None:
+        return None if row in self.nones else self.floats[row]
+
+    def __len__(self) -> int:
+        return len(self.floats)
 
 
 class _Coded:
@@ -466,6 +524,10 @@ _HELD_STATS_COLUMN = STATS_COLUMNS + COLUMN_FIELDS.index("stats")
 FLOAT_STATS = STATS_FIELDS[:4]
 
 
+#: The C number types a block's float column is held in (:func:`_floats`), and numpy's name of each.
+_FLOAT_TYPES = {"d": "float64", "f": "float32"}
+
+
 def statistics_values(records: Sequence[TensorRecord | None]) -> tuple[Any, Any]:
     """Return each record's (min, max, mean, L2 norm) as a float64 array of (records, 4), and where all four are floats.
 
@@ -479,17 +541,18 @@ def statistics_values(records: Sequence[TensorRecord | None]) -> tuple[Any, Any]
 
     values = np.full((len(records), len(FLOAT_STATS)), np.nan)
     floats = np.zeros(len(records), dtype=bool)
-    # per block: the block, the records' positions and rows in it, and whether its four columns are C doubles
+    # per block: the block, the records' positions and rows in it, and whether its four columns are C numbers
     in_blocks: dict[int, tuple[_Block, list[int], list[int], bool]] = {}
     for position, record in enumerate(records):
         if isinstance(record, RecordRow):
             block, row = record._block, record._row
             found = in_blocks.get(id(block))
             if found is None:
-                doubles = all(
-                    type(column) is array and column.typecode == "d" for column in block.columns[: len(FLOAT_STATS)]
+                numbers = all(
+                    type(column) is array and column.typecode in _FLOAT_TYPES
+                    for column in block.columns[: len(FLOAT_STATS)]
                 )
-                found = in_blocks[id(block)] = (block, [], [], doubles)
+                found = in_blocks[id(block)] = (block, [], [], numbers)
             if found[3] and block.columns[_HELD_STATS_COLUMN][row] is _STATS_IN_BLOCK:
                 found[1].append(position)
                 found[2].append(row)
@@ -504,6 +567,6 @@ def statistics_values(records: Sequence[TensorRecord | None]) -> tuple[Any, Any]
         if not positions:
             continue
         for place, column in enumerate(block.columns[: len(FLOAT_STATS)]):
-            values[positions, place] = np.frombuffer(column, dtype=np.float64)[rows]
+            values[positions, place] = np.frombuffer(column, dtype=_FLOAT_TYPES[column.typecode])[rows]  # exactly
         floats[positions] = True
     return values, floats
