@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from llmcheck.core.capture.statistics import tensor_stats
-from llmcheck.core.dumps.store import DumpWriter, find_dumps, read_dump
+from llmcheck.core.dumps.store import NO_ATTRS, DumpWriter, find_dumps, read_dump
 from llmcheck.core.dumps.tensor_io import all_torch_dtype_names, dtype_name
 from llmcheck.core.errors import DumpFormatError, PathOutsideDumpError
 from llmcheck.core.records import RecordKey, TensorRecord, TensorStats, TopologyNode
@@ -225,6 +225,8 @@ def test_a_corrupt_manifest_is_reported_as_a_damaged_dump_not_as_no_dump(tmp_pat
         (lambda line: {**line, "rank": None}, "$.rank"),
         (lambda line: {**line, "shape": [-1]}, "$.shape[0]"),
         (lambda line: {**line, "stats": {"max": "many"}}, "$.stats.max"),
+        (lambda line: {**line, "attrs": [1]}, "$.attrs"),
+        (lambda line: {**line, "attrs": None}, "$.attrs"),
     ],
 )
 def test_an_index_field_of_the_wrong_kind_names_file_line_and_field(tmp_path: Path, edit, field: str) -> None:
@@ -237,6 +239,21 @@ def test_an_index_field_of_the_wrong_kind_names_file_line_and_field(tmp_path: Pa
     with pytest.raises(DumpFormatError) as error:
         read_dump(writer.path)
     assert error.value.one_line().startswith(f"{index}:2: field {field}: ")
+
+
+def test_records_whose_lines_give_the_same_attrs_share_one_mapping(tmp_path: Path) -> None:
+    """An op's call arguments repeat on each of its tensors and in every step: one mapping a distinct text, not one a record."""
+    call = {"args": [{"tensor": "0"}, {"tensor": "1"}, 2], "kwargs": {"alpha": 0.5}, "parameter": "w"}
+    other = {"args": [{"tensor": "0"}, 3], "kwargs": {}}
+    given = [call, call, other, {}, call, other]
+    with DumpWriter(tmp_path, "test") as writer:
+        for order, attrs in enumerate(given):
+            record = TensorRecord(key=RecordKey(f"op{order}"), dtype="float32", shape=(2,), order=order, attrs=attrs)
+            writer.add(record, torch.ones(2))
+    read = read_dump(writer.path).records
+    assert [record.attrs for record in read] == given
+    assert read[0].attrs is read[1].attrs is read[4].attrs and read[2].attrs is read[5].attrs
+    assert read[0].attrs is not read[2].attrs and read[3].attrs is NO_ATTRS
 
 
 def test_shard_offsets_and_topology_children_of_the_wrong_kind_are_format_errors(tmp_path: Path) -> None:

@@ -66,6 +66,19 @@ class IndexLine(msgspec.Struct):
     tensor: str | None = None
 
 
+class ReadIndexLine(IndexLine):
+    """An :class:`IndexLine` as the dump reader decodes it: its ``attrs`` kept as their JSON text, to decode once per text.
+
+    Why: an op-level record's attrs (its call's arguments, ``{"args": [{"tensor": "0"}, 2],
+    "kwargs": {}}``) repeat on every tensor of the call and in every step: decoded line by
+    line, each record held a nest of dicts, lists and texts of its own, about 700 bytes a
+    record -- three quarters of what an op-level statistics dump holds. A line whose text is
+    not a JSON object is read again as an :class:`IndexLine`, for the error naming its field.
+    """
+
+    attrs: msgspec.Raw = msgspec.Raw()  # type: ignore[assignment]
+
+
 class AsDtypeJson(msgspec.Struct):
     """``manifest.json``'s ``as_dtype``: the capture ran the program cast to ``to`` (torch: ``dump --as-dtype``)."""
 

@@ -47,6 +47,7 @@ from llmcheck.core.dumps.dump_paths import (
 from llmcheck.core.dumps.dump_schema import (
     IndexLine,
     ManifestJson,
+    ReadIndexLine,
     ShardEntry,
     StatsJson,
     TopologyJson,
@@ -192,9 +193,13 @@ NO_ATTRS: Mapping[str, Any] = {}
 
 
 def record_from_index_line(
-    line: IndexLine, data: TensorData | None, source_path: str, rows: RecordRows | None = None
+    line: ReadIndexLine,
+    attrs: Mapping[str, Any],
+    data: TensorData | None,
+    source_path: str,
+    rows: RecordRows | None = None,
 ) -> TensorRecord:
-    """Build a record from a validated index line and its data handle.
+    """Build a record from a validated index line, its attrs (decoded from the line's text) and its data handle.
 
     ``rows`` makes the record and its statistics as rows of columns its dump's records share
     (:mod:`~llmcheck.core.dumps.record_rows`); without it they are objects of their own.
@@ -204,7 +209,8 @@ def record_from_index_line(
     (about a third of a decode dump's records in memory) -- and the shape tuple, as decoded,
     is shared with the data handle. io and moment are already: msgspec gives a ``Literal``
     field's own string. A line without ``attrs`` shares one empty mapping, not a dict of its
-    own (64 bytes a record).
+    own (64 bytes a record); lines of the same attrs text share one mapping (``attrs``, decoded
+    by :func:`_index_records` once per text).
 
     The fields are passed by position, in the classes' field order, as the names beside
     them say: by keyword, matching the names cost 0.2 us a line -- as much as the check for a
@@ -233,7 +239,7 @@ def record_from_index_line(
         None if line.stats is None else _stats_from_json(line.stats, _stats_maker(rows)),  # stats
         data,  # data
         source_path,  # source_path
-        line.attrs or NO_ATTRS,  # attrs
+        attrs,  # attrs
         None,  # digest
     )
 
@@ -1027,7 +1033,9 @@ def _index_records(
     by :func:`decode` for its message. (Decoding all the lines in one call is no faster: the
     10**5 decoded lines then held at once cost in cache misses what the calls save.)
     """
-    decode_line = decoder(IndexLine).decode
+    decode_line = decoder(ReadIndexLine).decode
+    decode_attrs = decoder(dict[str, Any]).decode
+    attrs_of_text: dict[bytes, Mapping[str, Any]] = {}  # each distinct attrs text decoded once, its records share it
     shards = _Shards(root, index_where, plain_names)
     root_name = root.name
     records: list[TensorRecord] = []
@@ -1057,12 +1065,23 @@ def _index_records(
             raise
         line.shape = shapes.setdefault(line.shape, line.shape)
         line.step = steps.setdefault(line.step, line.step)
+        attrs = NO_ATTRS
+        if line.attrs:
+            attrs_text = bytes(line.attrs)
+            found = attrs_of_text.get(attrs_text)
+            if found is None:
+                try:
+                    found = attrs_of_text[attrs_text] = decode_attrs(attrs_text) or NO_ATTRS
+                except msgspec.ValidationError:  # not an object: read as the line it is, for the error naming its field
+                    decode(raw_line, IndexLine, index_where, line=line_number, offset=line_start)
+                    raise
+            attrs = found
         itemsize = DTYPE_ITEMSIZE.get(line.dtype)
         if itemsize is None:
             raise DumpFormatError(f"field $.dtype: unknown dtype {line.dtype!r}", where=f"{index_where}:{line_number}")
         shard_name, tensor_name = line.shard, line.tensor
         if shard_name is None and tensor_name is None:  # its path is where its line is: the index and its name
-            records.append(record_from_index_line(line, None, index_path, rows))
+            records.append(record_from_index_line(line, attrs, None, index_path, rows))
             continue
         if shard_name is None or tensor_name is None:
             raise DumpFormatError(
@@ -1070,7 +1089,7 @@ def _index_records(
                 where=f"{index_where}:{line_number}",
             )
         data = shards.data(line, shard_name, tensor_name, itemsize, line_number)
-        records.append(record_from_index_line(line, data, f"{root_name}/{shard_name}:{tensor_name}", rows))
+        records.append(record_from_index_line(line, attrs, data, f"{root_name}/{shard_name}:{tensor_name}", rows))
     rows.close()
     if _may_repeat_a_key(records) and len(set(map(_KEY, records))) != len(records):
         _raise_on_repeated_key(records, blank_lines, index_where)
