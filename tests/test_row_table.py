@@ -476,3 +476,21 @@ def test_a_statistics_rows_error_is_made_again_from_its_records_where_every_rows
     assert type(_column_of(table, "error")).__name__ != "_StatisticsBounds"
     assert_same_rows(list(table), changed)
     assert _bits(table[42].error) != _bits(error)
+
+
+def test_a_few_rows_whose_metrics_are_a_dict_keep_it_and_the_others_are_held_as_columns() -> None:
+    """Judging gives a row carrying its feeders' error a dict of metrics: its block's other rows are held as columns still."""
+    made = _rows(60)
+    changed = list(made)
+    for at in (3, 41):
+        carried = MetricResult("carried_error", 2.5, VERDICT_FAIL, None, 0.5)
+        changed[at] = replace(made[at], metrics={**made[at].metrics, "carried_error": carried})
+    table = RowTable.of(changed)
+    column = _column_of(table, "metrics")
+    assert type(column).__name__ == "_Excepted" and type(column.column).__name__ == "_Metrics"
+    assert column.rows.tolist() == [3, 41]
+    assert_same_rows(list(table), changed)
+    assert type(table[3].metrics) is dict and table[3].metrics["carried_error"].value == 2.5
+    assert_same_rows(rows_at(table, [41, 40, 3]), [changed[41], changed[40], changed[3]])
+    mostly = [replace(row, metrics=dict(row.metrics)) if row.index % 3 else row for row in made]
+    assert type(_column_of(RowTable.of(mostly), "metrics")).__name__ == "_Objects"  # most rows a dict: kept as objects

@@ -31,7 +31,7 @@ import numpy as np
 
 from llmcheck.core.dumps.record_rows import FLOAT_STATS, distinct_codes, is_stats_of, statistics_values
 from llmcheck.core.judging.stats_compare import DECIDING_STAT, STAT_COLUMNS, STAT_FIELDS, statistics_error_columns
-from llmcheck.core.records import ComparisonRow, JudgedMetrics, build_row, error_growth
+from llmcheck.core.records import ComparisonRow, JudgedMetrics, MetricLayout, build_row, error_growth
 
 #: The golden and my records of a compare's pairs, by pair position (a table's row ``i`` measures pair ``i``).
 PairSides = tuple[Sequence[Any], Sequence[Any]]
@@ -370,14 +370,22 @@ class _RecordLabels:
 
 
 def _metrics_column(values: list[Any], made: _MadeSoFar) -> _Column | None:
-    """Return each row's metrics as codes and C doubles, or None where one is not a :class:`JudgedMetrics` over C doubles.
+    """Return each row's metrics as codes and C doubles, or None where most are not a :class:`JudgedMetrics` over C doubles.
 
     A row whose values are its records' statistics errors, bit for bit, holds none: they are
     made again from the rows' records when read. Where every row's are, those errors are
     left in ``made`` for the makers of the columns after this one (:func:`_bounds_column`).
+    A few rows whose metrics are a mapping of another kind (judging adds a result to a row's
+    metrics as a dict: a carried error's) keep theirs as they are (:class:`_Excepted`): the
+    block's other rows are held so all the same.
     """
-    if set(map(type, values)) != {JudgedMetrics}:
-        return None
+    kinds = set(map(type, values))
+    if kinds != {JudgedMetrics}:
+        others = {row: value for row, value in enumerate(values) if type(value) is not JudgedMetrics}
+        if JudgedMetrics not in kinds or 2 * len(others) > len(values):
+            return None
+        column = _metrics_column([_NO_METRICS if row in others else value for row, value in enumerate(values)], made)
+        return None if column is None else _Excepted(column, others)
     held = list(map(_HELD_VALUES, values))
     if set(map(type, held)) != {array}:
         return None
@@ -393,6 +401,30 @@ def _metrics_column(values: list[Any], made: _MadeSoFar) -> _Column | None:
     layouts = _column([metrics._layout for metrics in values])
     verdicts = _column([metrics._verdicts for metrics in values])
     return _Metrics(layouts, verdicts, metric_values)
+
+
+#: What a row whose metrics are held apart (:class:`_Excepted`) holds in the metrics' columns: no metric.
+_NO_METRICS = JudgedMetrics(MetricLayout([], [], [], []), array("d"), ())
+
+
+class _Excepted:
+    """A column but for a few rows, whose values are held apart as they are and read instead of the column's."""
+
+    __slots__ = ("column", "held", "rows")
+
+    def __init__(self, column: _Column, others: dict[int, Any]) -> None:
+        """``others``: the values held apart, by row offset (ascending)."""
+        self.column = column
+        self.rows = np.fromiter(others, dtype=np.int64, count=len(others))
+        self.held = list(others.values())
+
+    def values(self, offsets: np.ndarray) -> list[Any]:
+        values = self.column.values(offsets)
+        at = np.minimum(np.searchsorted(self.rows, offsets), len(self.rows) - 1)
+        apart = self.rows[at] == offsets
+        for position, found in zip(np.flatnonzero(apart).tolist(), at[apart].tolist()):
+            values[position] = self.held[found]
+        return values
 
 
 def _statistics_errors(golden: Sequence[Any], my: Sequence[Any]) -> tuple[np.ndarray, np.ndarray]:
