@@ -1,6 +1,6 @@
 """Compare throughput: ``llmcheck compare`` on many small records (pairs/s) and on large tensors (GB/s).
 
-Three modes, all building their dumps once and then timing ``llmcheck compare`` in child
+Four modes, all building their dumps once and then timing ``llmcheck compare`` in child
 processes -- the code under test and, with ``--baseline-src DIR`` (a checkout of an earlier
 commit, e.g. ``git worktree add /tmp/base main``), the earlier code on the same dumps in
 the same run, printed side by side:
@@ -21,6 +21,13 @@ the same run, printed side by side:
   ``--records 10000000 --memory-cap-gb 8`` is the issue's ten-million-pair target: a compare
   whose processes pass the cap is stopped there (SIGTERM, as a user would) and the line says
   how long it ran and the last progress line it logged, rather than the machine swapping.
+* ``--mode real-stats``: what the stats mode's made-up dumps lack, from a real model: two
+  op-level statistics-only dumps of the bundled SmolLM2-135M (``DumpConfig(statistics_only=True,
+  mode=("module", "op"))``, a ``generate`` of ``--steps`` decode steps, 24 by default: about
+  150 000 records), golden in float32 and my in bfloat16. Its statistics are a real model's (a
+  bfloat16 tensor's min and max are float32 values), its op records carry their call's
+  ``attrs``, the bfloat16 run has casts the golden lacks, and judging has a real precision
+  difference to explain. Prints what the stats mode prints; the fixed memory is a 1-step compare.
 
 Large mode writes two dumps of a seeded random Llama (hidden 1024, intermediate 2816, 8 layers, full module-level
 capture of inputs and outputs, about 2.1 GB each at the default 3072 tokens) with llmcheck's own torch
@@ -137,13 +144,21 @@ records from their pairs and make their growth from their two errors, and judgin
 reports without whole columns at once: loading 329 (391), pairing 335 (343), measuring 363
 (423), judging 405 (439), writing the reports 405 (432); peak PSS over the fixed memory 487 ->
 437 bytes a pair at a million pairs, in one run; ten million pairs 4 274 MB (423 bytes a pair).
+At the end of that night, a statistics row's error made from its records, a row table's index
+of 2 bytes a row, and positions in golden order as a range: loading 329 (391), pairing 335
+(343), measuring 348 (408), judging 391 (410), writing the reports 391 (411); peak PSS over the
+fixed memory 435 -> 407 bytes a pair at a million pairs, in one run; ten million pairs 3 957 MB
+(391 bytes a pair). These dumps' statistics are random doubles; a real model's are not (a
+bfloat16 tensor's min and max are float32 values, held in 4 bytes), and its op-level records
+repeat their call's attrs, now decoded once per text: ``--mode real-stats``, side by side in one
+run, peak PSS 561 -> 332 MB, 2 183 -> 707 bytes a pair over the fixed memory.
 
 Targets on a 2-core machine (issue #17): >= 20 000 pairs/s in the small mode, >= 2.5 GB/s in
 the large mode's compare phase, peak PSS <= 2 x largest tensor + 300 MB. The
 best-known peer compared the same kind of dumps at about 0.12 GB/s.
 
-    python benchmarks/compare_throughput.py [--mode small|large|stats] [--records 50000] [--tokens 3072]
-        [--baseline-src /tmp/base/src] [--repeat 2] [--dir /tmp] [--jobs N] [--keep | --reuse DIR]
+    python benchmarks/compare_throughput.py [--mode small|large|stats|real-stats] [--records 50000] [--tokens 3072]
+        [--steps 24] [--baseline-src /tmp/base/src] [--repeat 2] [--dir /tmp] [--jobs N] [--keep | --reuse DIR]
 """
 
 from __future__ import annotations
@@ -572,14 +587,40 @@ def report_stats(label: str, timing: Timing, fixed: Timing | None) -> None:
     )
 
 
+def write_real_stats_dumps(root: Path, steps: int) -> tuple[Path, Path]:
+    """Write op-level statistics-only dumps of SmolLM2-135M over ``steps`` decode steps: golden float32, my bfloat16."""
+    import torch
+
+    from llmcheck import DumpConfig, register_hook
+    from llmcheck.bundled_model import load_smollm2
+
+    torch.set_num_threads(max(1, os.cpu_count() or 1))
+    folders = []
+    for side, dtype in (("golden", torch.float32), ("my", torch.bfloat16)):
+        model, tokenizer = load_smollm2(dtype=dtype)
+        input_ids = tokenizer("The quick brown fox jumps over the lazy dog because", return_tensors="pt").input_ids
+        config = DumpConfig(
+            dump_path=str(root / side), token_range=range(steps), statistics_only=True, mode=("module", "op")
+        )
+        handle = register_hook(model, config)
+        with torch.no_grad():
+            model.generate(input_ids, max_new_tokens=steps, do_sample=False)
+        handle.close()
+        folders.append(Path(handle.path))
+    return folders[0], folders[1]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "--mode",
-        choices=("small", "large", "stats"),
+        choices=("small", "large", "stats", "real-stats"),
         default="small",
         help="small: many 4-64 KB records (pairs/s); large: module-level Llama dumps (GB/s); "
-        "stats: statistics-only dumps (pairs/s, memory per pair)",
+        "stats: statistics-only dumps (pairs/s, memory per pair); real-stats: the same of SmolLM2's op-level dumps",
+    )
+    parser.add_argument(
+        "--steps", type=int, default=24, help="real-stats mode: decode steps dumped (24: ~150 000 pairs)"
     )
     parser.add_argument(
         "--records", type=int, default=None, help="records per dump in the small (default 50 000) and stats modes"
@@ -614,6 +655,8 @@ def main() -> None:
             golden, my = write_small_dumps(root, args.records or 50_000)
         elif args.mode == "stats":
             golden, my = write_stats_dumps(root, args.records or 1_020_000)
+        elif args.mode == "real-stats":
+            golden, my = write_real_stats_dumps(root, args.steps)
         else:
             golden, my = write_dumps(root, args.tokens)
         print(
@@ -624,19 +667,22 @@ def main() -> None:
         warm_page_cache(golden)
         warm_page_cache(my)
         # a statistics dump has no tensor to measure, and reading a 10**7-record one here would cost gigabytes
-        largest = 0 if args.mode == "stats" else max(largest_tensor_bytes(golden), largest_tensor_bytes(my))
+        statistics_only = args.mode in ("stats", "real-stats")
+        largest = 0 if statistics_only else max(largest_tensor_bytes(golden), largest_tensor_bytes(my))
         versions = {"current": current_src, **({"baseline": args.baseline_src} if args.baseline_src else {})}
         for src in versions.values():  # as an installed package has: no version compiles its modules while timed
             compileall.compile_dir(src, quiet=1)
         fixed: dict[str, Timing] = {}
-        if args.mode == "stats":
+        if statistics_only:
             tiny = root / "tiny"
-            if not tiny.exists():
+            if not tiny.exists() and args.mode == "stats":
                 write_stats_dumps(tiny, STATS_TINY_RECORDS)
+            elif not tiny.exists():
+                write_real_stats_dumps(tiny, 1)
             tiny_golden, tiny_my = (next((tiny / side).glob("llmcheck_dump_*")) for side in ("golden", "my"))
             fixed = time_compares(tiny_golden, tiny_my, tiny, args.jobs, versions, 1)
         cap = int(args.memory_cap_gb * GB) if args.memory_cap_gb else None
-        if args.mode == "stats":
+        if statistics_only:
             records = json.loads((golden / "manifest.json").read_text())["records"]
             needed = records * REPORT_BYTES_PER_PAIR
             free = shutil.disk_usage(root).free
@@ -658,7 +704,7 @@ def main() -> None:
                 report_stopped(label, timing)
             elif args.mode == "small":
                 report_small(label, timing)
-            elif args.mode == "stats":
+            elif statistics_only:
                 report_stats(label, timing, fixed.get(label))
             else:
                 report_large(label, timing, largest)
