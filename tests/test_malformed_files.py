@@ -134,6 +134,28 @@ def test_an_fx_saved_dtypes_file_nested_too_deep_is_one_error_naming_it(
     )
 
 
+def test_an_index_line_whose_attrs_nest_too_deep_is_one_error_naming_its_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The reader keeps a line's attrs as raw text to decode once per text: their depth is still checked on the line."""
+    from llmcheck.core.dumps.store import DumpWriter
+    from llmcheck.core.records import RecordKey, TensorRecord
+
+    folders = []
+    for side in ("golden", "my"):
+        with DumpWriter(tmp_path / side, "test") as writer:
+            for order in range(2):
+                key = RecordKey(f"op{order}")
+                writer.add(TensorRecord(key=key, dtype="float32", shape=(2,), order=order, attrs={"args": [order]}))
+        folders.append(writer.path)
+    index = folders[1] / "index.jsonl"
+    first, second = index.read_text().splitlines()
+    index.write_text(first + "\n" + second.replace('{"args":[1]}', '{"args":' + DEEP_JSON + "}") + "\n")
+    assert _error_line(_compare(folders[0], folders[1], tmp_path), capsys).startswith(
+        f"llmcheck: error: {index}:2: nested too deeply at byte "
+    )
+
+
 def test_an_atb_op_param_nested_too_deep_is_one_error_under_opcheck(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
