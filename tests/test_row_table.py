@@ -494,3 +494,26 @@ def test_a_few_rows_whose_metrics_are_a_dict_keep_it_and_the_others_are_held_as_
     assert_same_rows(rows_at(table, [41, 40, 3]), [changed[41], changed[40], changed[3]])
     mostly = [replace(row, metrics=dict(row.metrics)) if row.index % 3 else row for row in made]
     assert type(_column_of(RowTable.of(mostly), "metrics")).__name__ == "_Objects"  # most rows a dict: kept as objects
+
+
+def test_a_batch_read_field_by_field_makes_its_records_statistics_errors_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A statistics row's metric values, error and growth are all made from its records' errors: made once a batch."""
+    import llmcheck.core.judging.row_table as row_table
+
+    golden, my = get_plugins().load_runs(
+        _statistics_dump(tmp_path / "golden", 300, 1.0), None, _statistics_dump(tmp_path / "my", 300, 1.0), None
+    )
+    rows = list(compare_dumps(golden, my, workers=1).rows)
+    plain = [row for row in rows if row.golden.order % 4 != 3 and row.golden.order % 100 != 1]  # errors made again
+    table = RowTable.of(plain)
+    assert type(_column_of(table, "error")).__name__ == "_StatisticsBounds"
+    made = []
+    making = row_table._statistics_errors
+    monkeypatch.setattr(row_table, "_statistics_errors", lambda *sides: made.append(1) or making(*sides))
+    (block,) = field_blocks(table, len(table))
+    read = (block.metrics, block.error, block.growth)
+    assert len(made) == 1 and all(len(values) == len(table) for values in read)
+    assert_same_rows(table[10:20], plain[10:20])
+    assert len(made) == 2  # another batch of rows: made again, once

@@ -397,7 +397,7 @@ def _metrics_column(values: list[Any], made: _MadeSoFar) -> _Column | None:
         lengths = [0 if from_records else length for length, from_records in zip(lengths, derived.tolist())]
     metric_values: _Column = _Ragged(pool, _run_starts(lengths), None, _same)
     if derived is not None:
-        metric_values = _StatisticsErrors(metric_values, derived, made.records["golden"], made.records["my"])
+        metric_values = _StatisticsErrors(metric_values, derived, made)
     layouts = _column([metrics._layout for metrics in values])
     verdicts = _column([metrics._verdicts for metrics in values])
     return _Metrics(layouts, verdicts, metric_values)
@@ -444,6 +444,30 @@ def _statistics_errors(golden: Sequence[Any], my: Sequence[Any]) -> tuple[np.nda
 _STAT_ORDER = [FLOAT_STATS.index(field) for field in STAT_FIELDS]
 
 
+class _LastErrors:
+    """A table's statistics errors made last, and of which block's rows: a batch of rows read field by field makes them once.
+
+    Why: a statistics row's metric values, its error and (through its error) its growth are
+    each made from its records' statistics errors; the reports read a batch of rows a field at
+    a time, which made them three times. One table holds one of these, shared by its blocks:
+    it keeps one batch's errors, never a block's each.
+    """
+
+    __slots__ = ("last",)
+
+    def __init__(self) -> None:
+        self.last: tuple[Any, Any, np.ndarray, tuple[np.ndarray, np.ndarray]] | None = None
+
+    def of(self, golden: _RecordColumn, my: _RecordColumn, offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Return :func:`_statistics_errors` of the records at ``offsets`` of a block's ``golden`` and ``my`` columns."""
+        last = self.last  # read once: what is asked and what was made come from one assignment
+        if last is not None and last[0] is golden and last[1] is my and np.array_equal(last[2], offsets):
+            return last[3]
+        made = _statistics_errors(golden.values(offsets), my.values(offsets))
+        self.last = (golden, my, offsets.copy(), made)
+        return made
+
+
 def _statistics_errors_held(held: list[array[float]], made: _MadeSoFar) -> np.ndarray | None:
     """Return which rows hold their records' statistics errors, bit for bit (so need not hold them), or None where none does.
 
@@ -468,17 +492,18 @@ def _statistics_errors_held(held: list[array[float]], made: _MadeSoFar) -> np.nd
 class _StatisticsErrors:
     """Rows' metric values, where a row's are its records' statistics errors made again from the records when read."""
 
-    __slots__ = ("derived", "golden", "held", "my")
+    __slots__ = ("derived", "golden", "held", "last_errors", "my")
 
-    def __init__(self, held: _Column, derived: np.ndarray, golden: _RecordColumn, my: _RecordColumn) -> None:
-        self.held, self.derived, self.golden, self.my = held, derived, golden, my
+    def __init__(self, held: _Column, derived: np.ndarray, made: _MadeSoFar) -> None:
+        self.held, self.derived = held, derived
+        self.golden, self.my, self.last_errors = made.records["golden"], made.records["my"], made.last_errors
 
     def values(self, offsets: np.ndarray) -> list[Any]:
         values = self.held.values(offsets)
         chosen = np.flatnonzero(self.derived[offsets])
         if len(chosen):
             at = offsets[chosen]
-            errors, _ = _statistics_errors(self.golden.values(at), self.my.values(at))
+            errors, _ = self.last_errors.of(self.golden, self.my, at)
             for position, row in zip(chosen.tolist(), errors):
                 made = array("d")
                 made.frombytes(row.tobytes())
@@ -528,7 +553,7 @@ def _bounds_column(values: list[Any], made: _MadeSoFar) -> _StatisticsBounds | N
     """Return the rows' errors as :class:`_StatisticsBounds` where each is, bit for bit, its statistics' bound; else None."""
     if made.statistics_errors is None or not all(map(_identical, values, _bounds(made.statistics_errors))):
         return None
-    return _StatisticsBounds(made.records["golden"], made.records["my"])
+    return _StatisticsBounds(made)
 
 
 class _StatisticsBounds:
@@ -540,13 +565,13 @@ class _StatisticsBounds:
     it was 9 bytes a row (a C double and whether it is None).
     """
 
-    __slots__ = ("golden", "my")
+    __slots__ = ("golden", "last_errors", "my")
 
-    def __init__(self, golden: _RecordColumn, my: _RecordColumn) -> None:
-        self.golden, self.my = golden, my
+    def __init__(self, made: _MadeSoFar) -> None:
+        self.golden, self.my, self.last_errors = made.records["golden"], made.records["my"], made.last_errors
 
     def values(self, offsets: np.ndarray) -> list[Any]:
-        errors, _ = _statistics_errors(self.golden.values(offsets), self.my.values(offsets))
+        errors, _ = self.last_errors.of(self.golden, self.my, offsets)
         return _bounds(errors)
 
 
@@ -605,9 +630,10 @@ class _MadeSoFar:
     that its values are what those columns give. The makers run in field order.
     """
 
-    __slots__ = ("columns", "records", "statistics_errors", "values")
+    __slots__ = ("columns", "last_errors", "records", "statistics_errors", "values")
 
-    def __init__(self) -> None:
+    def __init__(self, last_errors: _LastErrors) -> None:
+        self.last_errors = last_errors  # the table's, for the columns made from the records' statistics errors
         self.columns: dict[str, _Column] = {}  # by field, in field order
         self.records: dict[str, _RecordColumn] = {}  # the golden and my records' columns
         self.values: dict[str, list[Any]] = {}  # of the fields in _KEPT_VALUES
@@ -638,13 +664,18 @@ class _Block:
     __slots__ = ("columns",)
 
     def __init__(
-        self, rows: Sequence[ComparisonRow], at: np.ndarray | None = None, pairs: PairSides | None = None
+        self,
+        rows: Sequence[ComparisonRow],
+        at: np.ndarray | None = None,
+        pairs: PairSides | None = None,
+        last_errors: _LastErrors | None = None,
     ) -> None:
         """Hold ``rows``, the rows at positions ``at`` of a table whose rows measure ``pairs``' pairs (where given).
 
-        A row whose records are its pair's reads them from ``pairs`` (:class:`_PairSide`).
+        A row whose records are its pair's reads them from ``pairs`` (:class:`_PairSide`). ``last_errors``: the
+        table's (:class:`_LastErrors`).
         """
-        made = _MadeSoFar()
+        made = _MadeSoFar(last_errors or _LastErrors())
         for name, held in zip(ROW_FIELDS, zip(*map(_ROW_VALUES, rows))):
             values = list(held)
             column: _Column | None
@@ -681,6 +712,7 @@ class RowTable(Sequence[ComparisonRow]):
     def __init__(self, size: int, pairs: PairSides | None = None) -> None:
         """Make a table of ``size`` rows; ``pairs``: the golden and my records of the pairs its rows measure, by position."""
         self._pairs = pairs
+        self._last_errors = _LastErrors()  # shared by the blocks: one batch of statistics errors at a time
         self._blocks: list[_Block | None] = []  # None: a block whose rows were all released
         self._unreleased: list[int] = []  # per block, how many of its rows are not released
         # Where each position's row is: its block's number (-1: none yet), and its offset in that
@@ -709,7 +741,7 @@ class RowTable(Sequence[ComparisonRow]):
             if self._offset is None:
                 self._offset = np.zeros(len(self._block_of), dtype=np.int32)
             self._offset[at] = np.arange(len(rows), dtype=np.int32)
-        self._blocks.append(_Block(rows, at, self._pairs))
+        self._blocks.append(_Block(rows, at, self._pairs, self._last_errors))
         self._unreleased.append(len(rows))
 
     def _offsets(self, positions: np.ndarray, blocks: np.ndarray) -> np.ndarray:
