@@ -90,13 +90,27 @@ def test_judging_a_step_at_a_time_equals_judging_every_row_together(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, with_data: bool
 ) -> None:
     golden, my = _dumps(tmp_path, with_data=with_data)
+    steps_together = compare_dumps(golden, my, workers=1).rows  # small steps share a window
+    assert len(divergence.step_windows(steps_together)) == 1
+    assert {row.golden.key.step for row in steps_together if row.attribution == divergence.INTRODUCED} == {1, 3}
+
+    monkeypatch.setattr(divergence, "WINDOW_ROWS", 1)  # every step a window of its own
     by_step = compare_dumps(golden, my, workers=1).rows
     assert len(divergence.step_windows(by_step)) == STEPS
-    assert {row.golden.key.step for row in by_step if row.attribution == divergence.INTRODUCED} == {1, 3}
-
     monkeypatch.setattr(divergence, "step_windows", _one_window)
     together = compare_dumps(golden, my, workers=1).rows
-    assert [repr(row) for row in by_step] == [repr(row) for row in together]
+    assert [repr(row) for row in by_step] == [repr(row) for row in together] == [repr(row) for row in steps_together]
+
+
+def test_small_steps_share_a_window_up_to_its_rows_and_a_large_step_is_one_alone(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(divergence, "WINDOW_ROWS", 6)
+    # steps of 3, 3, 3, 10 and 3 rows: the first two together, then each alone (any two are past 6)
+    assert divergence._window_starts([3, 6, 9, 19], 22) == [6, 9, 19]
+    assert divergence._window_starts([2, 4, 6], 8) == [6]  # three steps of two fill a window, the fourth starts one
+    assert divergence._window_starts([10], 12) == [10]  # a large first step, then a small one
+    assert divergence._window_starts([], 50) == []  # one step
 
 
 def test_a_generate_dump_judged_a_step_at_a_time_equals_it_judged_whole(
@@ -112,14 +126,18 @@ def test_a_generate_dump_judged_a_step_at_a_time_equals_it_judged_whole(
     with torch.no_grad():
         defective.model.layers[2].mlp.down_proj.weight.mul_(1.05)
     golden, my = generate(random_llama(seed=0, num_layers=4), tmp_path / "g"), generate(defective, tmp_path / "m")
+    monkeypatch.setattr(divergence, "WINDOW_ROWS", 1)  # every step a window of its own
     by_step = compare_dumps(golden, my, workers=1).rows
     assert len(divergence.step_windows(by_step)) == 3
     introduced = {(row.golden.key.name, row.golden.key.step) for row in by_step if row.attribution == "introduced"}
     assert introduced == {("model.layers.2.mlp.down_proj", step) for step in range(3)}
 
+    monkeypatch.setattr(divergence, "WINDOW_ROWS", 4096)
+    steps_together = compare_dumps(golden, my, workers=1).rows
+    assert len(divergence.step_windows(steps_together)) == 1
     monkeypatch.setattr(divergence, "step_windows", _one_window)
     together = compare_dumps(golden, my, workers=1).rows
-    assert [repr(row) for row in by_step] == [repr(row) for row in together]
+    assert [repr(row) for row in by_step] == [repr(row) for row in together] == [repr(row) for row in steps_together]
 
 
 def test_steps_whose_records_interleave_are_judged_together(tmp_path: Path) -> None:

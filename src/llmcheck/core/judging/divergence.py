@@ -1028,9 +1028,10 @@ def attribute(
 
     A row is judged by the rows of its step alone (its feeders and siblings lie there), so where
     each step's rows lie together in golden order -- a decode dump's, a step after another --
-    the steps are judged one at a time (:func:`step_windows`): what judging holds besides the
-    rows (feeder look-ups, sibling lines, the walk's state: more than the rows themselves) is
-    one step's: its rows as measured are made (``rows`` may be a
+    the steps are judged a window of whole steps at a time (:func:`step_windows`; small steps
+    share one up to :data:`WINDOW_ROWS` rows): what judging holds besides the rows (feeder
+    look-ups, sibling lines, the walk's state: more than the rows themselves) is one window's:
+    its rows as measured are made (``rows`` may be a
     :class:`~llmcheck.core.judging.row_table.RowTable`, whose rows are made when read), judged, and
     held as columns in the table returned. A table given is let go of a block at a time as its
     rows are judged (:meth:`~llmcheck.core.judging.row_table.RowTable.release`): it is read no more.
@@ -1051,8 +1052,15 @@ def attribute(
     return table
 
 
+#: Rows a judging window holds at most, unless one step holds more: whole steps are judged together up to it.
+WINDOW_ROWS = 4096
+
+
 def step_windows(rows: Sequence[ComparisonRow]) -> list[Sequence[int]]:
-    """Return the indexes of ``rows`` in golden order, cut into one window per step where each step's rows lie together.
+    """Return the indexes of ``rows`` in golden order, cut into windows of whole steps where each step's rows lie together.
+
+    Consecutive steps share a window while it holds at most :data:`WINDOW_ROWS` rows
+    (:func:`_window_starts`); a larger step is a window of its own.
 
     Where steps interleave in golden order (records of two steps taken turn about), the
     nearest earlier record of a row's step may lie behind another step's: all the rows are
@@ -1073,7 +1081,25 @@ def step_windows(rows: Sequence[ComparisonRow]) -> list[Sequence[int]]:
     starts = (np.flatnonzero(steps[1:] != steps[:-1]) + 1).tolist()
     if len(starts) + 1 != len(np.unique(steps)):  # a step in two runs or more
         return [c_integers(golden_order)] if len(rows) else []
-    return [c_integers(window) for window in np.split(golden_order, starts)]
+    return [c_integers(window) for window in np.split(golden_order, _window_starts(starts, len(rows)))]
+
+
+def _window_starts(step_starts: Sequence[int], rows: int) -> list[int]:
+    """Return where the windows start: at step starts, a window taking on the next step while it stays within WINDOW_ROWS.
+
+    Why: a decode dump's steps may hold a hundred rows each, and judging a window costs a few
+    milliseconds beyond its rows (numpy passes, the judged rows' block): judged one at a time,
+    small steps spent more there than on their rows. A step is judged by its own rows alone,
+    so a window of several steps judges each as it would be judged alone. A step of more
+    rows than WINDOW_ROWS is a window of its own.
+    """
+    starts: list[int] = []
+    window_start = 0
+    for start, end in zip(step_starts, [*step_starts[1:], rows]):
+        if end - window_start > WINDOW_ROWS:  # the step from ``start`` would take the window past the limit
+            starts.append(start)
+            window_start = start
+    return starts
 
 
 def _judged_with_cutoffs(judge: _Judge) -> list[ComparisonRow]:
