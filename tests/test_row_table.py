@@ -32,6 +32,7 @@ from llmcheck.core.judging.row_table import (
     golden_order,
     in_golden_order,
     iter_field,
+    metric_names,
     row_field,
     rows_at,
     rows_where,
@@ -517,3 +518,34 @@ def test_a_batch_read_field_by_field_makes_its_records_statistics_errors_once(
     assert len(made) == 1 and all(len(values) == len(table) for values in read)
     assert_same_rows(table[10:20], plain[10:20])
     assert len(made) == 2  # another batch of rows: made again, once
+
+
+def test_the_metric_names_of_a_tables_rows_are_read_from_its_blocks_without_making_a_rows_metrics(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A block names its rows' metrics by the few layouts (or mappings) it holds; a table whose blocks may hold rows
+    it no longer has (a position put again, a part of another table) asks its rows instead."""
+    other = MetricLayout(["cosine_similarity", "kl_divergence"], [0.99, None], [0.9, None], [True, False])
+    made = _rows(60)
+    for at in range(0, 60, 7):  # a second layout in the same blocks
+        made[at] = replace(made[at], metrics=JudgedMetrics(other, array("d", [0.5, 0.1]), (VERDICT_PASS,) * 2))
+    carried = MetricResult("carried_error", 2.5, VERDICT_FAIL, None, 0.5)
+    made[3] = replace(made[3], metrics={**made[3].metrics, "carried_error": carried})  # held apart, as a dict
+    table = RowTable(len(made))
+    table.put(range(30), made[:30])
+    table.put(range(30, 60), made[30:])
+    plain = {"sqnr": MetricResult("sqnr", 30.0, VERDICT_PASS)}
+    every = {"cosine_similarity", "max_absolute_error", "kl_divergence", "carried_error"}
+    assert metric_names(made) == every
+
+    def made_rows_metrics(*args: Any) -> None:
+        raise AssertionError("a row's metrics were made")
+
+    with monkeypatch.context() as patched:  # read from the blocks: no row's metrics made
+        patched.setattr(JudgedMetrics, "__iter__", made_rows_metrics)
+        assert metric_names(table) == every
+        assert metric_names(in_golden_order(table)) == every  # every row, reordered
+    assert metric_names(table.reordered([1, 2])) == {"cosine_similarity", "max_absolute_error"}  # a part: its rows'
+    table.put([3], [replace(made[3], metrics=plain)])  # put again: block 0 holds a row the table no longer has
+    assert metric_names(table) == every - {"carried_error"} | {"sqnr"}
+    assert metric_names(RowTable.of([replace(row, metrics=plain) for row in made])) == {"sqnr"}  # one mapping

@@ -36,7 +36,7 @@ What is here, by the question a plugin author asks:
   :func:`seed_dump_options` for the original tool's flag set.
 * **How does a reporter render a compare?** :class:`Reporter` gets a :class:`CompareResult`,
   whose rows are a :class:`RowTable` (columns; a row is made when read): :func:`row_field`,
-  :func:`iter_field`, :func:`rows_where`, :func:`rows_at` and :func:`in_golden_order` read
+  :func:`iter_field`, :func:`metric_names`, :func:`rows_where`, :func:`rows_at` and :func:`in_golden_order` read
   it without making every row at once. The file names, :func:`describe`, :func:`json_safe`, :func:`write_pairs_json`, the depth
   profile helpers and :func:`atomic_output` are what the built-in reports share.
 
@@ -104,6 +104,7 @@ from llmcheck.core.judging.row_table import (
     golden_order,
     in_golden_order,
     iter_field,
+    metric_names,
     row_field,
     rows_at,
     rows_where,
@@ -354,6 +355,7 @@ __all__ = [  # noqa: RUF022 -- grouped by the question a plugin author asks, not
     "field_blocks",
     "row_field",
     "iter_field",
+    "metric_names",
     "rows_at",
     "rows_where",
     "golden_order",

@@ -724,6 +724,8 @@ class RowTable(Sequence[ComparisonRow]):
         self._block_of = np.full(size, -1, dtype=np.int16)
         self._starts = array("q")
         self._offset: np.ndarray | None = None
+        #: whether each row its blocks hold is one of its rows: no position put twice, not a part of another table
+        self._blocks_hold_its_rows = True
 
     def put(self, positions: Sequence[int], rows: Sequence[ComparisonRow]) -> None:
         """Hold ``rows``, the rows at row positions ``positions`` (in turn), as one block."""
@@ -733,6 +735,8 @@ class RowTable(Sequence[ComparisonRow]):
         block = len(self._blocks)
         if block > np.iinfo(self._block_of.dtype).max:
             self._block_of = self._block_of.astype(np.int32)
+        if self._blocks_hold_its_rows and (self._block_of[at] >= 0).any():  # put again: a block holds rows replaced
+            self._blocks_hold_its_rows = False
         self._block_of[at] = block
         if _consecutive(at):
             self._starts.append(int(at[0]))
@@ -793,6 +797,11 @@ class RowTable(Sequence[ComparisonRow]):
         table._block_of = self._block_of[at]
         table._starts = array("q", [-1]) * len(self._starts)  # at other positions: each offset held
         table._offset = self._offsets(at, table._block_of).astype(np.int32)
+        table._blocks_hold_its_rows = (
+            self._blocks_hold_its_rows
+            and len(at) == len(self)
+            and bool((np.bincount(at, minlength=len(self)) == 1).all())  # every row, each once
+        )
         return table
 
     @property
@@ -857,8 +866,53 @@ class RowTable(Sequence[ComparisonRow]):
         starts = np.flatnonzero(np.diff(blocks[by_block])) + 1
         return [(self._block(int(blocks[chosen[0]])), offsets[chosen], chosen) for chosen in np.split(by_block, starts)]
 
+    def metric_names(self) -> frozenset[str]:
+        """Return the names of the metrics any row holds, from what its blocks' rows share where they say it.
+
+        Why: the reports ask which metrics the rows hold (the CSV's statistics columns, the page's
+        plots) before writing a row. A block of judged rows holds its rows' metric layouts as a
+        few distinct ones, which name them; reading every row's metrics made each row's
+        :class:`JudgedMetrics` (a statistics row's values from its records) for the names alone.
+        """
+        names: set[str] = set()
+        if self._blocks_hold_its_rows:
+            metrics = _FIELD_POSITION["metrics"]
+            for block in self._blocks:
+                found = None if block is None else _metric_names(block.columns[metrics])
+                if found is None:
+                    break
+                names |= found
+            else:
+                return frozenset(names)
+        return frozenset(name for row_metrics in iter_field(self, "metrics") for name in row_metrics)
+
     def __repr__(self) -> str:
         return f"RowTable({len(self)} rows in {len(self._blocks)} blocks)"
+
+
+def _metric_names(column: _Column) -> set[str] | None:
+    """Return the metric names the rows of a block's ``metrics`` column hold, or None where only its rows say them.
+
+    Every distinct layout (or mapping) a column holds is some row's: a code, a constant or an
+    object is held only for a row.
+    """
+    if isinstance(column, _Excepted):  # the rows held apart: mappings; the others' placeholder names none
+        names = _metric_names(column.column)
+        return None if names is None else names.union(*column.held)
+    if isinstance(column, _Metrics):
+        layouts = column.layouts
+        if isinstance(layouts, _Constant):
+            return set(layouts.value.names)
+        if isinstance(layouts, _Codes):
+            return set().union(*(layout.names for layout in layouts.distinct.tolist()))
+        return None
+    if isinstance(column, _Constant):
+        return set(column.value)
+    if isinstance(column, _Codes):
+        return set().union(*column.distinct.tolist())
+    if isinstance(column, _Objects):
+        return set().union(*column.objects.tolist())
+    return None
 
 
 def row_field(rows: Sequence[ComparisonRow], name: str) -> list[Any]:
@@ -872,6 +926,13 @@ def iter_field(rows: Sequence[ComparisonRow], name: str) -> Iterator[Any]:
     """Yield field ``name`` of every row, in turn, a batch at a time: for a field whose values are made (``metrics``)."""
     for block in field_blocks(rows, ROWS_PER_BATCH):
         yield from getattr(block, name)
+
+
+def metric_names(rows: Sequence[ComparisonRow]) -> frozenset[str]:
+    """Return the names of the metrics any row holds: of a :class:`RowTable`, read from its blocks, making no row."""
+    if isinstance(rows, RowTable):
+        return rows.metric_names()
+    return frozenset(name for row in rows for name in row.metrics)
 
 
 def rows_at(rows: Sequence[ComparisonRow], positions: Sequence[int]) -> list[ComparisonRow]:

@@ -21,7 +21,7 @@ value on either side passes, with nothing left to judge.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 
@@ -213,7 +213,11 @@ def statistics_reason(
     return judged
 
 
-def statistics_columns(rows_metrics: Iterable[Mapping[str, MetricResult]]) -> list[str]:
-    """Return the statistics columns any row holds, in the seed's order (for the CSV header)."""
+def statistics_columns(rows_metrics: Iterable[Iterable[str]]) -> list[str]:
+    """Return the statistics columns any row holds, in the seed's order (for the CSV header).
+
+    ``rows_metrics``: each row's metrics (a mapping iterates its names), or sets of names
+    (:func:`~llmcheck.core.judging.row_table.metric_names` gives all rows' as one).
+    """
     present = {name for metrics in rows_metrics for name in metrics}
     return [column for column in STAT_COLUMNS if column in present]

@@ -22,8 +22,8 @@ from llmcheck.plugin_api import (
     atomic_output,
     describe,
     field_blocks,
-    iter_field,
     metric_columns,
+    metric_names,
     metric_values,
 )
 from llmcheck.plugins.reports.number_texts import repr_texts
@@ -140,7 +140,7 @@ def csv_header(result: CompareResult) -> list[str]:
         *SEED_COLUMNS,
         *OWN_COLUMNS,
         *(spec.name for spec in result.metric_specs if spec.name not in named),
-        *statistics_columns(iter_field(result.rows, "metrics")),
+        *statistics_columns([metric_names(result.rows)]),
     ]
 
 

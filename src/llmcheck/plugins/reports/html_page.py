@@ -35,9 +35,9 @@ from llmcheck.plugin_api import (
     golden_order,
     heatmap,
     introduced_point,
-    iter_field,
     json_safe,
     metric_columns,
+    metric_names,
     placement,
     row_error,
 )
@@ -282,11 +282,9 @@ def _page_data(result: CompareResult) -> tuple[dict[str, Any], Iterator[list[_Pa
     from llmcheck.plugins.reports.story import story
 
     plotted = [(spec.name, spec.higher_is_better) for spec in result.metric_specs]
-    if any(
-        DECIDING_STAT in metrics for metrics in iter_field(result.rows, "metrics")
-    ):  # statistics-only pairs: plot what judged them
+    if DECIDING_STAT in metric_names(result.rows):  # statistics-only pairs: plot what judged them
         plotted.append((DECIDING_STAT, False))
-    metric_names = [name for name, _ in plotted]
+    plotted_names = [name for name, _ in plotted]
     measure = error_measure(result.metric_specs)
     data = json_safe(
         {
@@ -305,7 +303,7 @@ def _page_data(result: CompareResult) -> tuple[dict[str, Any], Iterator[list[_Pa
         }
     )
     blocks = field_blocks(result.rows, _ROWS_PER_PART, golden_order(result.rows))
-    return data, map(_Rows(metric_names, measure).block, blocks)
+    return data, map(_Rows(plotted_names, measure).block, blocks)
 
 
 #: Stands for the table rows in the encoded page data until they are written in its place.
