@@ -646,6 +646,10 @@ def main() -> None:
     parser.add_argument("--reuse", default=None, help="a folder kept by --keep: compare its dumps again")
     args = parser.parse_args()
     current_src = Path(__file__).resolve().parent.parent / "src"
+    if args.reuse and not Path(args.reuse).is_dir():
+        parser.error(f"--reuse {args.reuse}: no such folder (one kept by --keep)")
+    if args.dir:
+        Path(args.dir).mkdir(parents=True, exist_ok=True)  # a folder not there yet: made, as --keep's output
     root = Path(args.reuse) if args.reuse else Path(tempfile.mkdtemp(prefix="llmcheck_compare_bench_", dir=args.dir))
     try:
         started = time.perf_counter()
