@@ -61,7 +61,7 @@ from llmcheck.core.judging.row_table import (
     rows_where,
 )
 from llmcheck.core.judging.suspects import INHERITED_FROM_UNMATCHED, MY_ONLY_SUFFIX
-from llmcheck.core.judging.verdicts import NONFINITE_METRIC
+from llmcheck.core.judging.verdicts import NONFINITE_METRIC, golden_more_precise
 from llmcheck.core.judging.weights import WeightFinding
 from llmcheck.core.op_calls import CallId
 from llmcheck.core.records import (
@@ -816,9 +816,11 @@ class _Judge:
             or self.twin is not None
             or self.same_program
             or row.judged_as not in REDUCED_PRECISIONS
-            or row.golden.dtype == row.my.dtype
+            or not golden_more_precise(row.golden.dtype, row.judged_as)
         ):
             return False
+        if _bounds_only(row):
+            return ratio < STATISTICS_DECISIVE_FACTOR
         if ratio >= DECISIVE_FACTOR:
             return False
         # far beyond the farthest honest repeat: it stands out, whatever the siblings' line says
@@ -881,8 +883,7 @@ class _Judge:
         )
         added = math.sqrt(max(error * error - expected * expected, 0.0))
         # on statistics alone across precisions, a small bound needs a large excess to count
-        bounds_only = (row.golden.data is None or row.my.data is None) and row.golden.dtype != row.my.dtype
-        weak = bounds_only and not error >= STATISTICS_DECISIVE_FACTOR * expected
+        weak = _bounds_only(row) and not error >= STATISTICS_DECISIVE_FACTOR * expected
         floors = STATISTICS_FLOOR_FACTOR if weak else GROWTH_FLOOR_FACTOR
         if not (grows_most and added > floors * floor):
             return None  # the common case: the siblings' scatter is then not needed
@@ -1054,6 +1055,11 @@ def attribute(
 
 #: Rows a judging window holds at most, unless one step holds more: whole steps are judged together up to it.
 WINDOW_ROWS = 4096
+
+
+def _bounds_only(row: ComparisonRow) -> bool:
+    """Return whether a row is judged on statistics alone across precisions: its error a bound on the L2 norms."""
+    return (row.golden.data is None or row.my.data is None) and golden_more_precise(row.golden.dtype, row.judged_as)
 
 
 def step_windows(rows: Sequence[ComparisonRow]) -> list[Sequence[int]]:

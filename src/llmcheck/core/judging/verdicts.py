@@ -75,6 +75,22 @@ def least_precise(classes: Sequence[str]) -> str | None:
     return max(classes, key=PRECISION_ORDER.index, default=None)
 
 
+def golden_more_precise(golden_dtype: str, judged_as: str) -> bool:
+    """Return whether a golden record is of a more precise float class than its pair is judged as.
+
+    Why: a pair is judged as the less precise of its runs (:func:`judging_class`), so an fp32
+    op inside a bf16 run -- a norm computed upcast -- is judged as bf16 against an fp32 golden:
+    its records' dtypes agree, but the two runs do not. The error it holds is the bf16 run's
+    rounding, carried in, as in any pair across precisions.
+    """
+    golden_class = _class_of(golden_dtype)
+    return (
+        golden_class in PRECISION_ORDER
+        and judged_as in PRECISION_ORDER
+        and PRECISION_ORDER.index(golden_class) < PRECISION_ORDER.index(judged_as)
+    )
+
+
 def run_precision(dtypes: Sequence[str]) -> str | None:
     """Return the float class most tensors of a run have (``None`` for a run without floats)."""
     counts: Counter[str] = Counter()
