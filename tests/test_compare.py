@@ -441,6 +441,27 @@ def test_statistics_only_nan_or_inf_on_one_side_fails_as_nonfinite_mismatch(make
     assert (rows["my_all_nan"]["golden_nan_count"], rows["my_all_nan"]["my_nan_count"]) == ("0", "64")
 
 
+def test_statistics_only_integers_that_differ_fail_each_on_its_own_and_name_the_statistic(
+    make_llmcheck_dump, tmp_path: Path
+) -> None:
+    """Token ids a greedy decode picked differently differ in their statistics: on full tensors they fail exactly, and
+    on statistics alone too (they passed: the L2-norm bound has no limits for integers), each row judged on its own."""
+    golden_tensors = {f"ids_{step}": torch.tensor([[14795 if step == 8 else 253 + step]]) for step in range(10)}
+    my_tensors = {**golden_tensors, "ids_8": torch.tensor([[6478]]), "ids_9": torch.tensor([[5855]])}
+    golden_tensors["mask"] = my_tensors["mask"] = torch.tensor([True, False, True])
+    golden = make_llmcheck_dump(tmp_path / "g", golden_tensors, statistics_only=set(golden_tensors))
+    my = make_llmcheck_dump(tmp_path / "m", my_tensors, statistics_only=set(my_tensors))
+    out = tmp_path / "out"
+    assert main(["compare", "-gp", str(golden), "-mp", str(my), "-o", str(out), "-j", "1"]) == 3
+    rows = _report_rows(out)
+    failing = {name for name, row in rows.items() if row["verdict"] == "fail"}
+    assert failing == {"ids_8", "ids_9"}
+    assert rows["ids_8"]["judged_as"] == "int" and rows["mask"]["judged_as"] == "bool"
+    assert (rows["ids_8"]["deciding_metric"], rows["ids_8"]["deciding_value"]) == ("max_stat_absolute_error", "8317.0")
+    assert (rows["ids_8"]["warn_threshold"], rows["ids_8"]["fail_threshold"]) == ("0.0", "0.0")
+    assert rows["ids_3"]["verdict"] == "pass" and rows["mask"]["verdict"] == "pass"
+
+
 def test_statistics_only_mask_with_a_nan_on_one_side_fails_although_the_mask_agrees(
     make_llmcheck_dump, tmp_path: Path
 ) -> None:

@@ -23,6 +23,7 @@ from llmcheck.core.dtypes import is_float_dtype
 from llmcheck.core.judging.digests import digest_row, judged_on_digests
 from llmcheck.core.judging.stats_compare import (
     DECIDING_STAT,
+    EXACT_CLASSES,
     STAT_COLUMNS,
     comparable_statistics,
     judge_statistics,
@@ -429,6 +430,8 @@ class PairJudge:
         if self.bound_table is None or (golden.data is not None and my.data is not None):
             return None
         if judged_on_digests(pair) or shape_problem(golden, my) is not None:
+            return None
+        if judging_class(golden.dtype, my.dtype, self.run_floor) in EXACT_CLASSES:  # judged exactly: row by row
             return None
         sides = []
         for stats, limit in (

@@ -177,11 +177,52 @@ def judge_statistics(
                 as_bounded.higher_is_better,
             )
             deciding = DECIDING_STAT
+    if deciding is None and not masked and judged_class in EXACT_CLASSES:
+        verdict, deciding = _judge_exact_values(errors, specs, name, judged_class, overrides, results)
     mismatched = nonfinite_difference(golden, my)
     if mismatched:
         verdict, deciding = VERDICT_FAIL, NONFINITE_METRIC
         results[NONFINITE_METRIC] = MetricResult(NONFINITE_METRIC, float(mismatched), VERDICT_FAIL, 0.0, 0.0)
     return results, verdict, deciding, mismatched
+
+
+#: The statistics whose difference bounds the largest difference of any element from below.
+_ELEMENT_BOUNDS = ("max_stat_absolute_error", "min_stat_absolute_error", "mean_stat_absolute_error")
+#: The metric integers and booleans are judged by on full tensors (their limits 0: exact), and their classes.
+_EXACT_METRIC = "max_absolute_error"
+EXACT_CLASSES = frozenset({"int", "bool"})
+
+
+def _judge_exact_values(
+    errors: dict[str, float],
+    specs: Sequence[MetricSpec],
+    name: str,
+    judged_class: str,
+    overrides: Sequence[ThresholdOverride],
+    results: dict[str, MetricResult],
+) -> tuple[str, str | None]:
+    """Judge a pair whose class the error measure has no limits for (integers, booleans) on what its statistics prove.
+
+    Why: on full tensors such a pair is judged by its largest difference (``max_absolute_error``,
+    whose limits for integers are 0); on statistics alone nothing judged it, and token ids
+    that differ (a greedy decode whose runs picked other tokens) passed. The differences of the
+    two sides' max, min and mean each bound that largest difference from below: the largest of
+    them is judged against its limits, and named as the deciding statistic.
+    """
+    spec = next((spec for spec in specs if spec.name == _EXACT_METRIC), None)
+    if spec is None:
+        return VERDICT_PASS, None
+    column = max(_ELEMENT_BOUNDS, key=lambda bound: errors.get(bound, 0.0))
+    judged, verdict, deciding = TableJudge([spec], overrides).judge(
+        {_EXACT_METRIC: errors.get(column, 0.0)}, name, judged_class
+    )
+    if deciding is None:
+        return VERDICT_PASS, None
+    result = judged[deciding]
+    results[column] = MetricResult(
+        column, result.value, result.verdict, result.warn_threshold, result.fail_threshold, result.higher_is_better
+    )
+    return verdict, column
 
 
 def statistics_reason(
