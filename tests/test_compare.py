@@ -462,6 +462,45 @@ def test_statistics_only_integers_that_differ_fail_each_on_its_own_and_name_the_
     assert rows["ids_3"]["verdict"] == "pass" and rows["mask"]["verdict"] == "pass"
 
 
+def _decode_statistics(folder: Path, tokens: list[int]) -> Path:
+    """Write a statistics-only decode: each step's input ids (the token picked before) and its output."""
+    from llmcheck.core.capture.statistics import tensor_stats
+    from llmcheck.core.dumps.store import DumpWriter
+    from llmcheck.core.records import RecordKey, TensorRecord
+
+    with DumpWriter(folder, "test") as writer:
+        for step, token in enumerate(tokens):
+            for order, (io, position, tensor) in enumerate(
+                [("input", "input_ids", torch.tensor([[token]])), ("output", "logits", torch.linspace(0, 1, 8) * token)]
+            ):
+                key = RecordKey(name="root", step=step, io=io, position=position)
+                record = TensorRecord(
+                    key=key,
+                    dtype=str(tensor.dtype).removeprefix("torch."),
+                    shape=tuple(tensor.shape),
+                    order=2 * step + order,
+                    stats=tensor_stats(tensor),
+                )
+                writer.add(record, None)
+    return writer.path
+
+
+def test_a_decode_whose_runs_picked_other_tokens_says_so_where_the_ids_first_differ(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    golden = _decode_statistics(tmp_path / "g", [5, 9, 14795, 30])
+    my = _decode_statistics(tmp_path / "m", [5, 9, 6478, 5855])
+    out = tmp_path / "out"
+    assert main(["compare", "-gp", str(golden), "-mp", str(my), "-o", str(out), "-j", "1"]) == 3
+    said = "the runs were given other values at root step 2 input.input_ids"
+    assert said in capsys.readouterr().out
+    summary = json.loads((out / "summary.json").read_text())
+    assert (
+        summary["first_divergence"]["step"] == 2 and summary["first_divergence"]["metric"] == "max_stat_absolute_error"
+    )
+    assert said + ", so every later step compares other inputs" in (out / "report.html").read_text()
+
+
 def test_statistics_only_mask_with_a_nan_on_one_side_fails_although_the_mask_agrees(
     make_llmcheck_dump, tmp_path: Path
 ) -> None:

@@ -97,6 +97,7 @@ from llmcheck.core.errors import (
 )
 from llmcheck.core.hookspecs import hookimpl
 from llmcheck.core.judging.carried_errors import carried_origins
+from llmcheck.core.judging.divergence import given_other_inputs
 from llmcheck.core.judging.row_table import (
     RowFields,
     RowTable,
@@ -370,6 +371,7 @@ __all__ = [  # noqa: RUF022 -- grouped by the question a plugin author asks, not
     "HTML_NAME",
     "describe",
     "divergence_line",
+    "given_other_inputs",
     "measure_text",
     "json_safe",
     "write_pairs_json",

@@ -1143,6 +1143,15 @@ def first_divergence(rows: Sequence[ComparisonRow]) -> ComparisonRow | None:
     return first_in_golden_order(rows, "verdict", VERDICT_FAIL)
 
 
+def given_other_inputs(row: ComparisonRow) -> bool:
+    """Return whether a row is a program input the runs were given other values of: integers (token ids) nothing fed.
+
+    Why: a generating run that picked another token feeds it to the next step; from there on
+    the runs compute on other inputs, and no later row compares the same computation.
+    """
+    return not is_float_dtype(row.golden.dtype) and row.golden.key.io == IO_INPUT and not row.fed_by
+
+
 def first_introduced(rows: Sequence[ComparisonRow]) -> ComparisonRow | None:
     """Return the first row whose error is introduced here (the deepest such module), or None."""
     return first_in_golden_order(rows, "attribution", INTRODUCED)

@@ -14,7 +14,6 @@ from operator import itemgetter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from llmcheck.core.dtypes import is_float_dtype
 from llmcheck.core.judging.divergence import (
     CARRIED_METRIC,
     EXACT_INPUTS_METRIC,
@@ -22,10 +21,10 @@ from llmcheck.core.judging.divergence import (
     TWIN_DIFFERENCE_METRIC,
     TWIN_METRIC,
     WEIGHTS_METRIC,
+    given_other_inputs,
 )
 from llmcheck.core.judging.row_table import ROWS_PER_BATCH, field_blocks, rows_at
 from llmcheck.core.records import (
-    IO_INPUT,
     VERDICT_ERROR,
     VERDICT_FAIL,
     VERDICT_WARN,
@@ -227,7 +226,7 @@ def print_summary(
         same = introduced is not None and introduced.index == first.index
         if not same:  # the same row: one line says both
             console.print(f"first divergence: {divergence_line(first)}", markup=False)
-        if not is_float_dtype(first.golden.dtype) and first.golden.key.io == IO_INPUT and not first.fed_by:
+        if given_other_inputs(first):
             console.print(
                 f"  the runs were given other values at {first.golden.key.label()}: when a generating run "
                 "picked other tokens, every later step compares other inputs, not the same computation"

@@ -17,6 +17,7 @@ from llmcheck.plugin_api import (
     TensorData,
     describe,
     error_measure,
+    given_other_inputs,
     is_float_dtype,
     measure_text,
     row_error,
@@ -118,6 +119,12 @@ def story(result: CompareResult) -> str:
         where = culprit_row.golden.key.label() + (f" ({op_type})" if op_type else "")
         evidence = culprit_row.evidence or measure_text(culprit_row)
         suspects = result.suspects.sentence()
+        other_inputs = (
+            f"; the runs were given other values at {first.golden.key.label()}, so every later step compares "
+            "other inputs (a generating run picked other tokens)"
+            if given_other_inputs(first)
+            else ""
+        )
         if introduced is not None:
             inputs = ", while its inputs agree" if introduced.fed_by else ""
             culprit = f"; the error is introduced at {where}: {evidence}{inputs}"
@@ -125,6 +132,7 @@ def story(result: CompareResult) -> str:
             culprit = f"; the first failing tensor is {where}, fed by operations only one run executes"
         else:
             culprit = f"; the first failing tensor is {where}: {evidence} (where it is introduced is unknown)"
+        culprit = other_inputs + culprit
         if suspects:
             culprit += f"; suspects: {suspects}"
     effect = output_effect(result)
