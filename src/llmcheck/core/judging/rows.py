@@ -87,7 +87,8 @@ def _statistics_row(
 ) -> ComparisonRow | None:
     """Return the row of a pair judged on its recorded statistics when a side kept no data, else None.
 
-    ``bound_table`` judges the error measure alone (:func:`judge_statistics`).
+    ``bound_table`` judges the error measure alone, ``table`` (the compare's judged metrics) integers
+    and booleans (:func:`judge_statistics`).
     """
     golden, my = pair.golden, pair.my
     assert golden is not None and my is not None
@@ -106,6 +107,7 @@ def _statistics_row(
         overrides,
         sentinel_limits=limits,
         bound_table=bound_table,
+        exact_table=table,
     )
     sides = " and ".join(side for side, record in (("golden", golden), ("my", my)) if record.data is None)
     bounded = error_measure(specs)

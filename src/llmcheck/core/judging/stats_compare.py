@@ -130,6 +130,7 @@ def judge_statistics(
     overrides: Sequence[ThresholdOverride] = (),
     sentinel_limits: tuple[float, float] | None = None,
     bound_table: TableJudge | None = None,
+    exact_table: TableJudge | None = None,
 ) -> tuple[dict[str, MetricResult], str, str | None, int]:
     """Return the statistics results, the verdict, the deciding column and the NaN/Inf count difference.
 
@@ -145,6 +146,9 @@ def judge_statistics(
 
     ``bound_table`` judges the error measure alone, with these ``overrides``: a compare's
     statistics-only pairs share one, which looks each table of limits up once (else one is made here).
+    ``exact_table`` is the compare's table of judged metrics: integers and booleans are judged
+    by its ``max_absolute_error``, as on full tensors (:func:`_judge_exact_values`; else one is
+    made here of ``specs``).
     """
     errors = statistics_errors(golden, my)
     results: dict[str, MetricResult] = {column: MetricResult(column, value) for column, value in errors.items()}
@@ -178,7 +182,9 @@ def judge_statistics(
             )
             deciding = DECIDING_STAT
     if deciding is None and not masked and judged_class in EXACT_CLASSES:
-        verdict, deciding = _judge_exact_values(errors, specs, name, judged_class, overrides, results)
+        if exact_table is None:
+            exact_table = TableJudge([spec for spec in specs if spec.name == _EXACT_METRIC], overrides)
+        verdict, deciding = _judge_exact_values(errors, exact_table, name, judged_class, results)
     mismatched = nonfinite_difference(golden, my)
     if mismatched:
         verdict, deciding = VERDICT_FAIL, NONFINITE_METRIC
@@ -194,12 +200,7 @@ EXACT_CLASSES = frozenset({"int", "bool"})
 
 
 def _judge_exact_values(
-    errors: dict[str, float],
-    specs: Sequence[MetricSpec],
-    name: str,
-    judged_class: str,
-    overrides: Sequence[ThresholdOverride],
-    results: dict[str, MetricResult],
+    errors: dict[str, float], table: TableJudge, name: str, judged_class: str, results: dict[str, MetricResult]
 ) -> tuple[str, str | None]:
     """Judge a pair whose class the error measure has no limits for (integers, booleans) on what its statistics prove.
 
@@ -207,15 +208,11 @@ def _judge_exact_values(
     whose limits for integers are 0); on statistics alone nothing judged it, and token ids
     that differ (a greedy decode whose runs picked other tokens) passed. The differences of the
     two sides' max, min and mean each bound that largest difference from below: the largest of
-    them is judged against its limits, and named as the deciding statistic.
+    them is judged by ``table`` as ``max_absolute_error`` is (nothing, where it judges no such
+    metric), and named as the deciding statistic.
     """
-    spec = next((spec for spec in specs if spec.name == _EXACT_METRIC), None)
-    if spec is None:
-        return VERDICT_PASS, None
     column = max(_ELEMENT_BOUNDS, key=lambda bound: errors.get(bound, 0.0))
-    judged, verdict, deciding = TableJudge([spec], overrides).judge(
-        {_EXACT_METRIC: errors.get(column, 0.0)}, name, judged_class
-    )
+    judged, verdict, deciding = table.judge({_EXACT_METRIC: errors.get(column, 0.0)}, name, judged_class)
     if deciding is None:
         return VERDICT_PASS, None
     result = judged[deciding]
