@@ -602,10 +602,8 @@ def write_real_stats_dumps(root: Path, steps: int) -> tuple[Path, Path]:
         config = DumpConfig(
             dump_path=str(root / side), token_range=range(steps), statistics_only=True, mode=("module", "op")
         )
-        handle = register_hook(model, config)
-        with torch.no_grad():
+        with register_hook(model, config) as handle, torch.no_grad():  # closed, its index written, even on an error
             model.generate(input_ids, max_new_tokens=steps, do_sample=False)
-        handle.close()
         folders.append(Path(handle.path))
     return folders[0], folders[1]
 
