@@ -56,6 +56,10 @@ def _dump(model: torch.nn.Module, folder: Path, **options):
     return get_plugins().load_tensors(Path(handle.path))
 
 
+def _load(folder: Path):
+    return get_plugins().load_tensors(folder)
+
+
 def _scaled(model: torch.nn.Module, factor: float = 1.05) -> torch.nn.Module:
     defective = copy.deepcopy(model)
     with torch.no_grad():
@@ -253,6 +257,64 @@ def test_additive_mask_sentinels_agree_across_dtypes_and_a_lost_mask_does_not(tm
     )
     assert overflow.nonfinite_mismatch == 1  # an fp16 overflow is never mistaken for a mask
     assert np.isfinite(overflow.golden_stats.max)
+
+
+def _run_of(dtype: torch.dtype, squares: torch.Tensor, mask: torch.Tensor) -> dict[str, torch.Tensor]:
+    """A run whose tensors are mostly ``dtype``, with an RMSNorm's squares and a mask upcast to float32."""
+    hidden = torch.linspace(-2.0, 2.0, 64)
+    return {
+        "hidden": hidden.to(dtype),
+        "mlp": (hidden * 3).to(dtype),
+        "norm/pow": squares.to(torch.float32),
+        "softmax_input": mask.to(torch.float32),
+        "out": (hidden / 2).to(dtype),
+    }
+
+
+@pytest.mark.parametrize("statistics_only", [False, True], ids=["tensors", "statistics"])
+def test_squares_beyond_fp16_range_in_an_upcast_tensor_are_numbers_not_mask_sentinels(
+    make_llmcheck_dump, tmp_path, statistics_only
+):
+    # SmolLM2's massive activations (653 in layer 3) squared in an RMSNorm upcast to fp32 reach
+    # 426 409 inside the fp16 run: past fp16's range, so no fp16 mask value. Taken for the run's
+    # "plus infinity", the fp16 run's norm was named where the error is introduced (a NaN/Inf
+    # mismatch, with no NaN or Inf anywhere), and two fp16 runs' norms were never judged.
+    from llmcheck.core.measuring.sentinels import sentinel_range_in_run
+
+    upcast = sentinel_range_in_run("float32", "float16")
+    assert [upcast.holds(abs(value)) for value in (-65504.0, -65504.0 - 300, 426409.0, -3.4e38, math.inf)] == [
+        True,
+        True,
+        False,
+        True,
+        True,
+    ]
+    squares = torch.cat([torch.tensor([426347.78125]), torch.linspace(0.0, 40.0, 63)])
+    mask = torch.tensor([0.0, -1.5] + [torch.finfo(torch.float16).min] * 62)
+    recorded = {"norm/pow", "softmax_input"} if statistics_only else set()
+
+    def dump(name: str, dtype: torch.dtype, squared: torch.Tensor) -> Path:
+        return make_llmcheck_dump(tmp_path / name, _run_of(dtype, squared, mask), statistics_only=recorded)
+
+    golden_mask = mask.clone()
+    golden_mask[2:] = torch.finfo(torch.float32).min
+    golden = make_llmcheck_dump(
+        tmp_path / "golden", _run_of(torch.float32, squares, golden_mask), statistics_only=recorded
+    )
+    fp16_squares = squares.clone()
+    fp16_squares[0] = 426409.0  # the fp16 run's rounding of the activation, squared
+    clean = compare_dumps(*map(_load, (golden, dump("clean", torch.float16, fp16_squares))), workers=1)
+    assert clean.first_introduced is None and clean.counts()["failures"] == 0
+    rows = {row.golden.key.name: row for row in clean.rows}
+    assert rows["norm/pow"].nonfinite_mismatch == 0 and rows["norm/pow"].verdict == "pass"
+    assert "sentinel" in rows["softmax_input"].reason  # the mask still agrees across dtypes
+    # two fp16 runs: a defect in the squares past fp16's range is measured, not masked
+    fp16_golden = dump("fp16_golden", torch.float16, fp16_squares)
+    defective = fp16_squares.clone()
+    defective[0] = 600000.0
+    result = compare_dumps(*map(_load, (fp16_golden, dump("defective", torch.float16, defective))), workers=1)
+    assert result.first_introduced is not None and result.first_introduced.golden.key.name == "norm/pow"
+    assert result.first_introduced.nonfinite_mismatch == 0
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])

@@ -42,7 +42,7 @@ from llmcheck.core.judging.verdicts import (
     run_precision,
 )
 from llmcheck.core.measuring.pairing_jobs import has_recorded_stats, shape_problem, shape_text
-from llmcheck.core.measuring.sentinels import sentinel_limit_in_run
+from llmcheck.core.measuring.sentinels import sentinel_limit_in_run, sentinel_range_in_run
 from llmcheck.core.records import (
     VERDICT_ERROR,
     VERDICT_FAIL,
@@ -92,12 +92,12 @@ def _statistics_row(
     """
     golden, my = pair.golden, pair.my
     assert golden is not None and my is not None
-    if (golden.data is not None and my.data is not None) or not comparable_statistics(golden.stats, my.stats):
+    if golden.data is not None and my.data is not None:
         return None
-    if shape_problem(golden, my) is not None:
+    if not comparable_statistics(golden.stats, my.stats) or shape_problem(golden, my) is not None:
         return None
     judged_class = judging_class(golden.dtype, my.dtype, run_floor)
-    limits = (sentinel_limit_in_run(golden.dtype, run_dtypes[0]), sentinel_limit_in_run(my.dtype, run_dtypes[1]))
+    limits = (sentinel_range_in_run(golden.dtype, run_dtypes[0]), sentinel_range_in_run(my.dtype, run_dtypes[1]))
     results, verdict, deciding, nonfinite = judge_statistics(
         golden.stats,  # type: ignore[arg-type]  # statistics-only pairs always carry both sides' stats
         my.stats,  # type: ignore[arg-type]

@@ -21,12 +21,13 @@ value on either side passes, with nothing left to judge.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 
 import numpy as np
 
 from llmcheck.core.judging.verdicts import NONFINITE_METRIC, TableJudge, ThresholdOverride
-from llmcheck.core.measuring.sentinels import is_sentinel
+from llmcheck.core.measuring.sentinels import SentinelRange, is_sentinel
 from llmcheck.core.records import (
     VERDICT_FAIL,
     VERDICT_PASS,
@@ -107,13 +108,20 @@ def statistics_error_columns(golden: np.ndarray, my: np.ndarray) -> np.ndarray:
     return errors
 
 
-def _sentinel_signs(stats: TensorStats, limit: float) -> tuple[bool, bool]:
-    return is_sentinel(stats.min, limit) and (stats.min or 0) < 0, is_sentinel(stats.max, limit) and (
+def _sentinel_signs(stats: TensorStats, sentinels: SentinelRange) -> tuple[bool, bool]:
+    return is_sentinel(stats.min, sentinels) and (stats.min or 0) < 0, is_sentinel(stats.max, sentinels) and (
         stats.max or 0
     ) > 0
 
 
-def masked_statistics(golden: TensorStats, my: TensorStats, sentinel_limits: tuple[float, float] | None) -> bool:
+def _infinite_extreme(*sides: TensorStats) -> bool:
+    """Return whether a side's min or max is an infinity (a source whose statistics count them in)."""
+    return any(value is not None and math.isinf(value) for stats in sides for value in (stats.min, stats.max))
+
+
+def masked_statistics(
+    golden: TensorStats, my: TensorStats, sentinel_limits: tuple[SentinelRange, SentinelRange] | None
+) -> bool:
     """Return whether both sides' statistics are dominated by the same mask sentinels (and so say nothing)."""
     if sentinel_limits is None:
         return False
@@ -128,16 +136,17 @@ def judge_statistics(
     name: str,
     judged_class: str,
     overrides: Sequence[ThresholdOverride] = (),
-    sentinel_limits: tuple[float, float] | None = None,
+    sentinel_limits: tuple[SentinelRange, SentinelRange] | None = None,
     bound_table: TableJudge | None = None,
     exact_table: TableJudge | None = None,
 ) -> tuple[dict[str, MetricResult], str, str | None, int]:
     """Return the statistics results, the verdict, the deciding column and the NaN/Inf count difference.
 
-    ``sentinel_limits`` (golden, my; :func:`llmcheck.core.measuring.sentinels.sentinel_limit_in_run`) let
+    ``sentinel_limits`` (golden, my; :func:`llmcheck.core.measuring.sentinels.sentinel_range_in_run`) let
     a mask be recognised: when both sides' min or max is their run's infinity sentinel
     (:mod:`llmcheck.core.measuring.sentinels`), the statistics are the mask's, and the row is not judged
-    on them; a sentinel on one side only fails it.
+    on them. A finite sentinel on one side only is judged as the number it is, as on full tensors
+    (a lost mask's norm is far from the golden's); an infinite one fails the row.
 
     NaN and Inf follow the full-tensor rules: counts that differ fail the row
     (``nonfinite_mismatch``, at least that many positions differ); equal counts agree, and
@@ -154,8 +163,10 @@ def judge_statistics(
     results: dict[str, MetricResult] = {column: MetricResult(column, value) for column, value in errors.items()}
     verdict, deciding = VERDICT_PASS, None
     bounded = error_measure(specs)
-    if sentinel_limits is not None and (
-        _sentinel_signs(golden, sentinel_limits[0]) != _sentinel_signs(my, sentinel_limits[1])
+    if (
+        sentinel_limits is not None
+        and _sentinel_signs(golden, sentinel_limits[0]) != _sentinel_signs(my, sentinel_limits[1])
+        and _infinite_extreme(golden, my)
     ):
         one_sided = max(1, nonfinite_difference(golden, my))
         results[NONFINITE_METRIC] = MetricResult(NONFINITE_METRIC, float(one_sided), VERDICT_FAIL, 0.0, 0.0)

@@ -18,7 +18,7 @@ import numpy as np
 from llmcheck.core.dtypes import DTYPE_ITEMSIZE
 from llmcheck.core.dumps.tensor_chunks import ChunkReader
 from llmcheck.core.measuring.pair_chunk import PairChunk, Workspace, single_threaded_blas
-from llmcheck.core.measuring.sentinels import classify, may_hold_sentinels, sentinel_limit_in_run
+from llmcheck.core.measuring.sentinels import SentinelRange, classify, may_hold_sentinels, sentinel_range_in_run
 from llmcheck.core.records import MetricSpec, TensorData, TensorStats, slot_builder
 
 #: float64 values per chunk: 512 KiB per buffer keeps a chunk's working set in the CPU caches.
@@ -31,7 +31,7 @@ class PairJob:
 
     ``golden_run_dtype`` / ``my_run_dtype`` name the dtype most tensors of each run have: an
     fp16 run's mask keeps the value -65504 when an fp32 softmax receives it, and it is still
-    that run's "minus infinity" (:func:`llmcheck.core.measuring.sentinels.sentinel_limit_in_run`).
+    that run's "minus infinity" (:func:`llmcheck.core.measuring.sentinels.sentinel_range_in_run`).
     """
 
     index: int
@@ -157,13 +157,13 @@ class PairFold:
     __slots__ = (
         "accumulators",
         "chunk_updates",
-        "golden_limit",
+        "golden_sentinels",
         "golden_side",
         "job",
         "masked",
         "matching_nonfinite",
         "mismatch",
-        "my_limit",
+        "my_sentinels",
         "my_side",
     )
 
@@ -173,17 +173,23 @@ class PairFold:
         self.chunk_updates = [getattr(acc, "update_chunk", None) for acc in self.accumulators]
         self.golden_side = SideStats(job.golden_needs_stats)
         self.my_side = SideStats(job.my_needs_stats)
-        self.golden_limit = sentinel_limit_in_run(job.golden.dtype, job.golden_run_dtype)
-        self.my_limit = sentinel_limit_in_run(job.my.dtype, job.my_run_dtype)
+        self.golden_sentinels = sentinel_range_in_run(job.golden.dtype, job.golden_run_dtype)
+        self.my_sentinels = sentinel_range_in_run(job.my.dtype, job.my_run_dtype)
         self.mismatch = self.matching_nonfinite = self.masked = 0
 
     def fold(self, chunk: PairChunk, workspace: Workspace) -> None:
         """Fold one chunk of both sides (float64, equal length) into every accumulator."""
-        if may_hold_sentinels(chunk.sum_sq_golden(), self.golden_limit) or may_hold_sentinels(
-            chunk.sum_sq_my(), self.my_limit
+        if may_hold_sentinels(chunk.sum_sq_golden(), self.golden_sentinels.low) or may_hold_sentinels(
+            chunk.sum_sq_my(), self.my_sentinels.low
         ):
             chunk, agreement = _ordinary_part(
-                chunk.golden, chunk.my, self.golden_limit, self.my_limit, self.golden_side, self.my_side, workspace
+                chunk.golden,
+                chunk.my,
+                self.golden_sentinels,
+                self.my_sentinels,
+                self.golden_side,
+                self.my_side,
+                workspace,
             )
             self.mismatch += agreement.mismatch
             self.matching_nonfinite += agreement.matching_nonfinite
@@ -279,8 +285,8 @@ class _Agreement:
 def _ordinary_part(
     golden: np.ndarray,
     my: np.ndarray,
-    golden_limit: float,
-    my_limit: float,
+    golden_sentinels: SentinelRange,
+    my_sentinels: SentinelRange,
     golden_side: SideStats,
     my_side: SideStats,
     workspace: Workspace,
@@ -291,8 +297,8 @@ def _ordinary_part(
     or mask sentinel (:mod:`llmcheck.core.measuring.sentinels`) agree and are left out of the metrics,
     any other non-ordinary position is a mismatch.
     """
-    golden_kind = classify(golden, golden_limit)
-    my_kind = classify(my, my_limit)
+    golden_kind = classify(golden, golden_sentinels)
+    my_kind = classify(my, my_sentinels)
     for side, values in ((golden_side, golden), (my_side, my)):
         finite = np.isfinite(values)
         nan = int(np.count_nonzero(np.isnan(values)))
