@@ -157,6 +157,36 @@ def test_trained_model_in_bf16_names_no_culprit_on_op_level_statistics(smollm2, 
         assert pow_output.attribution == "suspect" and "noise twin" in pow_output.evidence
 
 
+def test_trained_model_in_fp16_names_no_culprit_on_op_level_statistics(smollm2, tmp_path: Path) -> None:
+    # Layer 3's massive activation (653) squared in its upcast input_layernorm is 426 409 in
+    # the fp16 run: past fp16's range, no mask value, yet it was taken for the run's "plus
+    # infinity" and blamed as introduced (nonfinite_mismatch 1, with no NaN or Inf anywhere).
+    # And the forward's 180 empty records (lift_fresh of [], cat of an empty cache) were errors.
+    from llmcheck.bundled_model import load_smollm2
+
+    model, tokenizer = smollm2
+    prompt_ids = tokenizer("The quick brown fox jumps over the lazy dog because", return_tensors="pt").input_ids
+    options = {"statistics_only": True, "mode": ("module", "op")}
+    golden = capture_run(model, prompt_ids, tmp_path / "golden", **options)
+    low = load_smollm2(dtype=torch.float16)[0]
+    my = capture_run(low, prompt_ids, tmp_path / "my", **options)
+    del low
+    result = _compare(golden, my)
+    counts = result.counts()
+    assert result.first_introduced is None, result.first_introduced
+    assert counts["failures"] == 0 and counts["errors"] == 0
+    squares = next(
+        row
+        for row in result.rows
+        if row.golden.key.name == "model.layers.3.input_layernorm/aten.pow.Tensor_Scalar"
+        and row.golden.key.io == "output"
+    )
+    assert squares.my.dtype == "float32" and squares.my.stats.max > 65504
+    assert squares.verdict == "pass" and squares.nonfinite_mismatch == 0
+    empty = [row for row in result.rows if row.reason.startswith("both tensors are empty")]
+    assert len(empty) > 100 and all(row.verdict == "pass" for row in empty)
+
+
 #: Prompts on which clean low-precision runs of SmolLM2 were once blamed: a decoder layer whose
 #: residual stream and MLP output nearly cancel a massive activation (layer 28 in bf16, layer 9
 #: in fp16), and an attention core that amplifies fp16 noise more than its repeats do (layer 10).

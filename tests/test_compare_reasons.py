@@ -49,7 +49,9 @@ def test_the_msprobe_fixture_compared_with_itself_passes_with_a_notice(
     assert code == 0
     assert len(rows) == 39 and {row["verdict"] for row in rows} == {"pass"}
     unmeasured = [row for row in rows if row["cmp_fail_reason"].startswith("the same record of the same dump")]
-    assert len(unmeasured) == 7  # bool masks and an empty tensor: msprobe keeps no statistic to compare
+    assert len(unmeasured) == 6  # bool masks: msprobe keeps no statistic to compare
+    (empty,) = [row for row in rows if row["cmp_fail_reason"].startswith("both tensors are empty")]
+    assert empty["cmp_fail_reason"] == "both tensors are empty (shape [0]): nothing to compare"
     assert "golden and my-run are the same dump: every record is compared with itself" in caplog.text
     summary = json.loads((tmp_path / "cmp" / "summary.json").read_text())
     assert summary["counts"]["errors"] == 0

@@ -317,6 +317,23 @@ def test_squares_beyond_fp16_range_in_an_upcast_tensor_are_numbers_not_mask_sent
     assert result.first_introduced.nonfinite_mismatch == 0
 
 
+def test_a_statistics_only_empty_tensor_passes_as_a_measured_one_does(make_llmcheck_dump, tmp_path):
+    # An op-level statistics-only forward of SmolLM2 holds 180 empty records (lift_fresh of [], cat
+    # of an empty cache): each was an error, "golden has no tensor data", in a clean run.
+    tensors = {"empty": torch.empty(0), "cache": torch.empty(1, 0, 8), "x": torch.ones(4)}
+    verdicts = []
+    for recorded in (set(), {"empty", "cache", "x"}):
+        golden = make_llmcheck_dump(tmp_path / f"g{len(recorded)}", tensors, statistics_only=recorded)
+        my = make_llmcheck_dump(tmp_path / f"m{len(recorded)}", tensors, statistics_only=recorded)
+        verdicts.append([row.verdict for row in compare_dumps(_load(golden), _load(my), workers=1).rows])
+        assert verdicts[-1] == ["pass", "pass", "pass"]
+    rows = compare_dumps(_load(golden), _load(my), workers=1).rows
+    assert [row.reason for row in rows[:2]] == [
+        "both tensors are empty (shape [0]): nothing to compare",
+        "both tensors are empty (shape [1, 0, 8]): nothing to compare",
+    ]
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 @pytest.mark.parametrize("capture", ["module", "op", "statistics"])
 def test_eager_attention_with_finfo_min_mask_gives_no_false_culprit(tmp_path, dtype, capture):
