@@ -429,7 +429,7 @@ class Setting:
     name: str
     my_dtype: str
     golden_dtype: str
-    capture: str  # "module", "stats" (module level, statistics only) or "op"
+    capture: str  # "module", "stats" (module level, statistics only), "op" or "op-stats" (op level, statistics only)
     noise_twin: bool = False
 
 
@@ -467,8 +467,15 @@ def capture_config(dump_path: Path, capture: str, **options: Any) -> Any:
     from llmcheck import DumpConfig
 
     fields = {**CAPTURE_OPTIONS, **options}
-    if capture == "op":
-        return DumpConfig(dump_path=str(dump_path), token_range=[0], tensor_part=2, mode="op", **fields)
+    if capture in ("op", "op-stats"):
+        return DumpConfig(
+            dump_path=str(dump_path),
+            token_range=[0],
+            tensor_part=2,
+            mode="op",
+            statistics_only=capture == "op-stats",
+            **fields,
+        )
     return DumpConfig(
         dump_path=str(dump_path), token_range=[0], tensor_part=2, statistics_only=capture == "stats", **fields
     )
@@ -548,7 +555,7 @@ def _row_scope(name: str) -> str:
 def is_accepted(name: str, io: str, accepted: Sequence[Accepted], capture: str) -> bool:
     """Return whether a blamed record (name, io) is one of the accepted culprits (see the module docstring)."""
     for culprit in accepted:
-        if capture == "op":
+        if capture in ("op", "op-stats"):
             if _row_scope(name) == culprit.module and (io in culprit.ios or "output" in culprit.ios):
                 return True
         elif name == culprit.module and io in culprit.ios:

@@ -12,8 +12,9 @@ Prompts (``PROMPTS``): eight, of different lengths and kinds -- prose, a questio
 chat template, a list of numbers, French, a story, and a long text near 512 tokens.
 
 Clean controls: every prompt, the my-run being the golden program at bf16 or fp16, captured
-at module level (full tensors), statistics only and op level. Any failing row or named
-culprit is a FALSE CULPRIT.
+at module level (full tensors), statistics only, op level (bf16) and op level on statistics
+alone (``-op-stats``; the op-level settings on four shorter prompts). Any failing row or
+named culprit is a FALSE CULPRIT.
 
 Defects (``DEFECTS``), each injected into one decoder layer: the first (0), a middle (14) and
 the last (29); each case takes its own prompt (defects and layers rotate over the prompts).
@@ -164,7 +165,7 @@ CLEAN = bug_zoo.CLEAN
 class Setting:
     name: str
     my_dtype: str
-    capture: str  # "module", "stats" or "op"
+    capture: str  # "module", "stats", "op" or "op-stats"
     noise_twin: bool = False
     weight_digests: bool = True
     clean_only: bool = False  # a clean control only: no defect cases
@@ -180,6 +181,9 @@ SETTINGS: dict[str, Setting] = {
         Setting("bf16/fp32-stats", "bf16", "stats", clean_only=True),
         Setting("fp16/fp32-stats", "fp16", "stats", clean_only=True),
         Setting("bf16/fp32-op", "bf16", "op", clean_only=True),
+        # op level on statistics alone: the norms' upcast ops hold the massive activations squared
+        Setting("bf16/fp32-op-stats", "bf16", "op-stats", clean_only=True),
+        Setting("fp16/fp32-op-stats", "fp16", "op-stats", clean_only=True),
         Setting("fp32/fp32", "fp32", "module"),
         Setting("bf16/fp32+twin", "bf16", "module", noise_twin=True),
         Setting("fp32/fp32-nodigest", "fp32", "module", weight_digests=False),
@@ -291,14 +295,16 @@ def plan(settings: Sequence[str], defects: Sequence[str], clean: bool) -> list[t
     for name in settings:
         setting = SETTINGS[name]
         if clean and setting.my_dtype != "fp32" and not setting.noise_twin and not setting.defects_only:
-            prompts = OP_LEVEL_PROMPTS if setting.capture == "op" else tuple(PROMPTS)
+            prompts = OP_LEVEL_PROMPTS if setting.capture in ("op", "op-stats") else tuple(PROMPTS)
             cases.extend((setting, CLEAN, None, prompt) for prompt in prompts)
         if not setting.clean_only:
             cases.extend(
                 (setting, defect, layer, case_prompt(defect, layer))
                 for defect in defects
                 for layer in DEFECT_LAYERS
-                if not (setting.capture == "op" and case_prompt(defect, layer) in OP_LEVEL_SKIPPED_PROMPTS)
+                if not (
+                    setting.capture in ("op", "op-stats") and case_prompt(defect, layer) in OP_LEVEL_SKIPPED_PROMPTS
+                )
             )
     return cases
 
