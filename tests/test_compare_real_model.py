@@ -187,6 +187,47 @@ def test_trained_model_in_fp16_names_no_culprit_on_op_level_statistics(smollm2, 
     assert len(empty) > 100 and all(row.verdict == "pass" for row in empty)
 
 
+def test_op_level_statistics_replay_the_final_norms_squares_on_their_extremes(smollm2, tmp_path: Path) -> None:
+    # On the chat prompt, SmolLM2's final norm receives 4704 in bf16 where the golden has 4427
+    # (6 %; the input's L2 norm differs by 2 %): squared, the L2 norm of x**2 differs by 11.5 %,
+    # past bf16's 10 %, and the pow was blamed. Its recorded output max is what pow gives from
+    # its recorded input extremes: it computes what it is given. A recorded max that is not
+    # (here 1 % off, as a kernel wrong at that element would give) is not cleared.
+    import json
+
+    from llmcheck.bundled_model import load_smollm2
+
+    model, tokenizer = smollm2
+    chat = [
+        {"role": "system", "content": "You are a helpful assistant."},
+        {"role": "user", "content": "Give me three tips for writing clear documentation."},
+    ]
+    prompt_ids = tokenizer.apply_chat_template(chat, add_generation_prompt=True, return_tensors="pt", return_dict=True)[
+        "input_ids"
+    ]
+    options = {"statistics_only": True, "mode": "op"}
+    golden = capture_run(model, prompt_ids, tmp_path / "golden", **options)
+    low = load_smollm2(dtype=torch.bfloat16)[0]
+    my = capture_run(low, prompt_ids, tmp_path / "my", **options)
+    del low
+    squares = "model.norm/aten.pow.Tensor_Scalar"
+    result = _compare(golden, my)
+    assert result.first_introduced is None and result.counts()["failures"] == 0
+    row = next(row for row in result.rows if row.golden.key.name == squares and row.golden.key.io == "output")
+    assert row.verdict == "warn" and row.metrics["l2norm_stat_relative_error"].value > 0.1
+    assert row.evidence.startswith("replayed on its recorded extremes, aten.pow.Tensor_Scalar")
+    index = my / "index.jsonl"
+    lines = index.read_text().splitlines()
+    for number, line in enumerate(lines):
+        record = json.loads(line)
+        if record.get("name") == squares and record.get("io") == "output":
+            record["stats"]["max"] *= 1.01
+            lines[number] = json.dumps(record)
+    index.write_text("\n".join(lines) + "\n")
+    tampered = _compare(golden, my).first_introduced
+    assert tampered is not None and (tampered.golden.key.name, tampered.golden.key.io) == (squares, "output")
+
+
 #: Prompts on which clean low-precision runs of SmolLM2 were once blamed: a decoder layer whose
 #: residual stream and MLP output nearly cancel a massive activation (layer 28 in bf16, layer 9
 #: in fp16), and an attention core that amplifies fp16 noise more than its repeats do (layer 10).

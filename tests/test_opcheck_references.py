@@ -116,6 +116,32 @@ def test_aten_replay_refuses_random_and_uninitialised_ops_but_replays_dropout_of
     assert replayed["0"].dtype == torch.float64 and torch.equal(replayed["0"], torch.ones(3, dtype=torch.float64))
 
 
+def test_aten_references_say_which_ops_are_pointwise_as_torch_tags_them() -> None:
+    # a compare replays a statistics-only call on its recorded min and max only where the op
+    # maps each element on its own: a softmax or a mean of those two elements is no element of theirs
+    reference = get_plugins().op_reference
+    pointwise = {
+        op_type: reference(op_type).pointwise
+        for op_type in (
+            "aten.pow.Tensor_Scalar",
+            "aten.rsqrt.default",
+            "aten.silu.default",
+            "aten._softmax.default",
+            "aten.mean.dim",
+            "aten.mm.default",
+        )
+    }
+    assert pointwise == {
+        "aten.pow.Tensor_Scalar": True,
+        "aten.rsqrt.default": True,
+        "aten.silu.default": True,
+        "aten._softmax.default": False,
+        "aten.mean.dim": False,
+        "aten.mm.default": False,
+    }
+    assert reference("RmsNormOperation").pointwise is False  # a reference says so itself; ATB's norm does not
+
+
 # --- the criteria table ----------------------------------------------------------------------
 
 

@@ -382,6 +382,8 @@ def llmcheck_register_op_references(register: Callable[[OpReference], None]) -> 
     ``compute(inputs, params)`` recomputes the op on the CPU in higher precision from its
     dumped inputs (see :class:`~llmcheck.core.records.OpReference`). Two plugins
     registering the same op type is a :class:`~llmcheck.core.errors.PluginError` naming both.
+    ``pointwise=True`` says the op maps each element on its own: a compare of
+    statistics-only dumps then replays its calls on their recorded min and max (rule 9).
 
     Example::
 
@@ -396,7 +398,7 @@ def llmcheck_register_op_references(register: Callable[[OpReference], None]) -> 
 
         @hookimpl
         def llmcheck_register_op_references(register):
-            register(OpReference("MyGeluOperation", _gelu, "GELU, erf form, in float64"))
+            register(OpReference("MyGeluOperation", _gelu, "GELU, erf form, in float64", pointwise=True))
     """
 
 

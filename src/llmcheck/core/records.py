@@ -1076,6 +1076,11 @@ class OpReference:
     correct kernel of that precision makes (an accumulation that cancels loses far more than
     the dtype's relative tolerance); opcheck allows each dumped output that much
     (``opcheck/criteria.py``). ``None``: only the fixed tolerance of the dtype applies.
+
+    ``pointwise`` says the op maps each element on its own (PyTorch tags such ATen ops
+    ``pointwise``): given a tensor of its input's recorded min and max, ``compute`` gives what
+    those two elements become, so a compare can replay a statistics-only call on its
+    recorded extremes (:mod:`llmcheck.core.judging.op_replay`).
     """
 
     op_type: str
@@ -1088,6 +1093,7 @@ class OpReference:
         Callable[[Mapping[str, torch.Tensor], Mapping[str, Any]], Sequence[torch.Tensor] | Mapping[str, torch.Tensor]]
         | None
     ) = None
+    pointwise: bool = False
 
     @property
     def name(self) -> str:

@@ -21,11 +21,15 @@ def llmcheck_resolve_op_reference(op_type: str) -> OpReference | None:
         return None
     from llmcheck.plugins.aten_ops.replay import AtenReplay, operator_named
 
-    if operator_named(op_type) is None:
+    operator = operator_named(op_type)
+    if operator is None:
         return None
+    import torch
+
     return OpReference(
         op_type,
         AtenReplay(op_type),
         f"replay of {op_type} in float64 from its recorded arguments",
         compute_as_recorded=AtenReplay(op_type, widen=False),
+        pointwise=torch.Tag.pointwise in operator.tags,
     )
