@@ -228,6 +228,37 @@ def test_op_level_statistics_replay_the_final_norms_squares_on_their_extremes(sm
     assert tampered is not None and (tampered.golden.key.name, tampered.golden.key.io) == (squares, "output")
 
 
+def test_op_level_statistics_blame_no_mean_for_the_squares_it_was_handed(smollm2, tmp_path: Path) -> None:
+    # Layer 14's o_proj rounded to int8 is below bf16's noise on statistics alone. Its slightly
+    # larger error reaches the final norm, where the squares (cleared by their replay on their
+    # extremes) hand 10 % to the mean of each token's squares: that mean, no pointwise op and
+    # so not replayed, grew it 1.0x and was named where the error is introduced (0.111).
+    from llmcheck.bundled_model import load_smollm2
+
+    model, tokenizer = smollm2
+    prompt_ids = tokenizer(
+        "1, 1, 2, 3, 5, 8, 13, 21, 34, 55, 89, 144, 233, 377, 610, 987,", return_tensors="pt"
+    ).input_ids
+    options = {"statistics_only": True, "mode": "op"}
+    golden = capture_run(model, prompt_ids, tmp_path / "golden", **options)
+    low = load_smollm2(dtype=torch.bfloat16)[0]
+    weight = dict(low.named_modules())["model.layers.14.self_attn.o_proj"].weight
+    with torch.no_grad():
+        wide = weight.float()
+        step = wide.abs().max() / 127  # per-tensor symmetric int8, dequantised
+        weight.copy_(torch.round(wide / step) * step)
+    my = capture_run(low, prompt_ids, tmp_path / "my", **options)
+    del low
+    result = _compare(golden, my)
+    means = [
+        row
+        for row in result.rows
+        if row.golden.key.name == "model.norm/aten.mean.dim" and row.golden.key.io == "output"
+    ]
+    assert means and means[0].verdict == "warn" and means[0].evidence.startswith("on statistics alone no replay")
+    assert result.first_introduced is None or result.first_introduced.golden.key.name.startswith("model.layers.14")
+
+
 #: Prompts on which clean low-precision runs of SmolLM2 were once blamed: a decoder layer whose
 #: residual stream and MLP output nearly cancel a massive activation (layer 28 in bf16, layer 9
 #: in fp16), and an attention core that amplifies fp16 noise more than its repeats do (layer 10).

@@ -620,8 +620,29 @@ class _Judge:
             return None
         replayed = self.replay.computes_its_inputs(row.golden, row.my)
         if replayed is None:
-            return None
+            return self._carried_from_cleared(row, error, feeding)
         return f"{replayed}; its error ({error:.3g}) came in with its inputs ({received:.3g}), which this op amplifies"
+
+    def _carried_from_cleared(self, row: ComparisonRow, error: float, feeding: Feeding) -> str | None:
+        """Return why a statistics-only op output no replay speaks for carries on a cleared op's error, else None.
+
+        On statistics alone only a pointwise op replays, on its recorded extremes. The op after
+        a cleared one (a norm's mean of the squares) receives the error that op amplified:
+        where each of its inputs is a tensor a cleared op made and it grows their error less
+        than :data:`MIN_GROWTH` times, nothing tells its own error from what it was handed.
+        """
+        if row.golden.data is not None and row.my.data is not None:
+            return None
+        if not feeding.positions or any(position not in self.cleared for position in feeding.positions):
+            return None
+        received = max((self.error_at[position] or 0.0) for position in feeding.positions)
+        if not received > 0 or error >= MIN_GROWTH * received:
+            return None
+        made = self.ordered[feeding.positions[0]].golden.key.label()
+        return (
+            f"on statistics alone no replay speaks for this op; it grows the error of {made}, the tensor a cleared "
+            f"op made, {error / received:.3g}x ({received:.3g} -> {error:.3g}): it carries that error on"
+        )
 
     def _attribution(
         self,
