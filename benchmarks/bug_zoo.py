@@ -446,6 +446,8 @@ SETTINGS: dict[str, Setting] = {
         Setting("bf16/bf16-stats", "bf16", "bf16", "stats"),
         Setting("fp32/fp32-op", "fp32", "fp32", "op"),
         Setting("bf16/fp32-op", "bf16", "fp32", "op"),
+        Setting("bf16/fp32-op-stats", "bf16", "fp32", "op-stats"),
+        Setting("fp16/fp32-op-stats", "fp16", "fp32", "op-stats"),
         Setting("bf16/fp32+noise", "bf16", "fp32", "module", noise_twin=True),
     ]
 }

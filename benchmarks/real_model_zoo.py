@@ -192,6 +192,8 @@ SETTINGS: dict[str, Setting] = {
         Setting("bf16/fp32+twin-nodigest", "bf16", "module", noise_twin=True, weight_digests=False),
         Setting("fp32/fp32-op", "fp32", "op", by_hand=True),
         Setting("bf16/fp32-op-defects", "bf16", "op", defects_only=True, by_hand=True),
+        Setting("bf16/fp32-op-stats-defects", "bf16", "op-stats", defects_only=True, by_hand=True),
+        Setting("fp16/fp32-op-stats-defects", "fp16", "op-stats", defects_only=True, by_hand=True),
         # statistics alone, activations alone (no digests name a weight defect): the statistics rules' hit rate
         Setting("bf16/fp32-stats-nodigest", "bf16", "stats", weight_digests=False, defects_only=True, by_hand=True),
         Setting("fp16/fp32-stats-nodigest", "fp16", "stats", weight_digests=False, defects_only=True, by_hand=True),
