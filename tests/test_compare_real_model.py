@@ -259,6 +259,41 @@ def test_op_level_statistics_blame_no_mean_for_the_squares_it_was_handed(smollm2
     assert result.first_introduced is None or result.first_introduced.golden.key.name.startswith("model.layers.14")
 
 
+def _generate_statistics(model: torch.nn.Module, prompt_ids: torch.Tensor, folder: Path, tokens: int) -> Path:
+    from llmcheck import DumpConfig, register_hook
+
+    config = DumpConfig(dump_path=str(folder), token_range=list(range(tokens)), statistics_only=True)
+    with register_hook(model, config) as handle, torch.no_grad():
+        model.generate(prompt_ids, max_new_tokens=tokens, do_sample=False)
+    assert handle.path is not None
+    return Path(handle.path)
+
+
+def test_a_clean_bf16_generate_that_picks_another_token_names_no_culprit_after_it(smollm2, tmp_path: Path) -> None:
+    # Greedy decode of this prompt: fp32 picks 14795 at step 8, bf16 6478. From there the runs
+    # compute on other tokens; on statistics alone a norm brings the other token's L2 norm back
+    # in line, so a later row failed while its inputs agreed and was named where the error is
+    # introduced: layer 0's act_fn at step 8, in a clean run. A defect is still named where it
+    # enters, before any token differs.
+    from llmcheck.bundled_model import load_smollm2
+
+    model, tokenizer = smollm2
+    prompt_ids = tokenizer("The quick brown fox jumps over the lazy dog because", return_tensors="pt").input_ids
+    golden = _generate_statistics(model, prompt_ids, tmp_path / "golden", 9)
+    low = load_smollm2(dtype=torch.bfloat16)[0]
+    clean = _compare(golden, _generate_statistics(low, prompt_ids, tmp_path / "clean", 9))
+    first = clean.first_divergence
+    assert first is not None and (first.golden.key.name, first.golden.key.step) == ("root", 8)
+    assert clean.first_introduced is None and clean.summary()["culprit"] is None
+    carried = [row for row in clean.rows if row.evidence.startswith("the runs were given other values at root step 8")]
+    assert carried and all(row.attribution == "inherited" and row.golden.key.step >= 8 for row in carried)
+    with scaled_weight(low, "model.layers.14.mlp.down_proj", 1.05):
+        defective = _compare(golden, _generate_statistics(low, prompt_ids, tmp_path / "defective", 9))
+    named = defective.first_introduced
+    assert named is not None and named.golden.key.step == 0
+    assert named.golden.key.name.startswith("model.layers.14.mlp.down_proj")
+
+
 #: Prompts on which clean low-precision runs of SmolLM2 were once blamed: a decoder layer whose
 #: residual stream and MLP output nearly cancel a massive activation (layer 28 in bf16, layer 9
 #: in fp16), and an attention core that amplifies fp16 noise more than its repeats do (layer 10).

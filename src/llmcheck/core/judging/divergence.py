@@ -40,6 +40,7 @@ deepest module whose inputs agree and whose output does not.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Hashable, Mapping, Sequence, Set
 from dataclasses import dataclass, field
@@ -1066,12 +1067,52 @@ def attribute(
     )
     del golden
     table = RowTable(len(rows), rows.pairs if isinstance(rows, RowTable) else None)  # judged rows, of the same pairs
+    other_inputs = _OtherInputs()
     for window in windows:
         judge = _Judge(rows_at(rows, window), measure, twin, shared, same_program, weights, replay)
-        table.put([window[given] for given in judge.given_at], _judged_with_cutoffs(judge))
+        table.put([window[given] for given in judge.given_at], other_inputs.relabel(_judged_with_cutoffs(judge)))
         if isinstance(rows, RowTable):
             rows.release(window)
     return table
+
+
+class _OtherInputs:
+    """Finds where the runs were given other inputs, and names no row introduced from that step on.
+
+    A generating run that picked another token feeds it to the next step: from there the runs
+    compute on other inputs, and a row that fails while the rows feeding it agree (a norm's
+    output brings a token's L2 norm back in line, so its statistics agree) compares no same
+    computation. When the compare's first failing row is such an input
+    (:func:`given_other_inputs`), every row that step on would be introduced is inherited from
+    it: the culprit, if any, lies in the steps before, judged as they were.
+    """
+
+    def __init__(self) -> None:
+        self.failure_seen = False
+        self.step: int | None = None
+        self.evidence = ""
+
+    def relabel(self, judged: list[ComparisonRow]) -> list[ComparisonRow]:
+        """Return a window's rows, in golden order, with those introduced on other inputs inherited from them."""
+        if not self.failure_seen:
+            first = next((row for row in judged if row.verdict == VERDICT_FAIL), None)
+            if first is not None:
+                self.failure_seen = True
+                if given_other_inputs(first):
+                    self.step = first.golden.key.step
+                    self.evidence = (
+                        f"the runs were given other values at {_label_text(first.golden)}: from that step on they "
+                        "compute on other inputs, not the same computation"
+                    )
+        if self.step is None:
+            return judged
+        step = self.step
+        return [
+            dataclasses.replace(row, attribution=INHERITED, evidence=self.evidence)
+            if row.attribution == INTRODUCED and row.golden.key.step >= step
+            else row
+            for row in judged
+        ]
 
 
 #: Rows a judging window holds at most, unless one step holds more: whole steps are judged together up to it.

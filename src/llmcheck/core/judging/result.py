@@ -19,6 +19,7 @@ from llmcheck.core.judging.divergence import (
     describe_row,
     first_divergence,
     first_introduced,
+    given_other_inputs,
 )
 from llmcheck.core.judging.row_table import row_field, rows_where
 from llmcheck.core.judging.suspects import Suspects, find_suspects
@@ -139,8 +140,16 @@ class CompareResult:
 
     @functools.cached_property
     def suspects(self) -> Suspects:
-        """Return the operations only one run executes, where the error starts (``core/judging/suspects.py``)."""
-        return find_suspects(self.rows, self.pairing, self.first_introduced or self.first_divergence)
+        """Return the operations only one run executes, where the error starts (``core/judging/suspects.py``).
+
+        Where the runs were given other inputs first (a generating run picked another token),
+        the operations of that step on compute on them: none is a suspect.
+        """
+        introduced = self.first_introduced
+        anchor = introduced or self.first_divergence
+        other_inputs = introduced is None and anchor is not None and given_other_inputs(anchor)
+        before = anchor.golden.key.step if anchor is not None and other_inputs else None
+        return find_suspects(self.rows, self.pairing, anchor, fed_before_step=before)
 
     def summary(self) -> dict[str, Any]:
         """Return the content of summary.json."""

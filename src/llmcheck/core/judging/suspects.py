@@ -90,8 +90,14 @@ class Suspects:
         }
 
 
-def find_suspects(rows: Sequence[ComparisonRow], pairing: Pairing, anchor: ComparisonRow | None) -> Suspects:
-    """Return the one-sided records where the error starts (before ``anchor``) or that fed a row."""
+def find_suspects(
+    rows: Sequence[ComparisonRow], pairing: Pairing, anchor: ComparisonRow | None, fed_before_step: int | None = None
+) -> Suspects:
+    """Return the one-sided records where the error starts (before ``anchor``) or that fed a row.
+
+    ``fed_before_step``: only records of earlier steps count as having fed a row (the runs
+    were given other inputs from that step on).
+    """
     if anchor is None:
         return Suspects()
     agreeing = [verdict in (VERDICT_PASS, VERDICT_WARN) for verdict in row_field(rows, "verdict")]
@@ -115,7 +121,11 @@ def find_suspects(rows: Sequence[ComparisonRow], pairing: Pairing, anchor: Compa
             record
             for record in records
             if (last_agreeing < record.order < anchor_record.order and record.key.step == anchor_record.key.step)
-            or (side == "my" and record.key.label() in fed_labels)
+            or (
+                side == "my"
+                and record.key.label() in fed_labels
+                and (fed_before_step is None or record.key.step < fed_before_step)
+            )
         )
 
     return Suspects(
