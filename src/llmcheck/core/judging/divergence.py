@@ -195,6 +195,12 @@ def _slot(row: ComparisonRow) -> Hashable:
     return (key.io, key.position, key.step, key.call_index, key.moment, row.golden.op_type, tuple(row.golden.shape))
 
 
+def _excess_key(row: ComparisonRow) -> tuple[Hashable, ...]:
+    """Return what names a record the same at every step: its name, io, position, call and moment."""
+    key = row.golden.key
+    return (key.name, key.io, key.position, key.call_index, key.moment)
+
+
 def _label_text(record: TensorRecord) -> str:
     return record.key.label()
 
@@ -211,6 +217,50 @@ class AcrossSteps:
     links: ParentLinks
     unmatched: Mapping[tuple[Hashable, ...], TensorRecord]
     templates: dict[str, list[tuple[str, int]]] = field(default_factory=dict)
+    excess: ExcessHistory = field(default_factory=lambda: ExcessHistory())
+
+
+class ExcessHistory:
+    """How far each record stood above its siblings' line at the compare's first step: a decode's prefill.
+
+    A trained model has layers whose honest rounding noise grows more than their repeats'
+    (SmolLM2's layer-8 attention core in bf16: 1.7x its siblings' line in the prefill, 1.9-3.0x
+    at the decode steps after). Judged a step at a time, its excess at one decode step crossed
+    the line a defect crosses, and a clean generate named it. The prefill runs the same code on
+    every prompt token: a record that stood out there by half as much shows its own noise at a
+    later step, not a defect that step introduced. A defect of the decode alone (a cache
+    written wrong) is on the line in the prefill, and stands out from it. Only the first step
+    is the reference: a decode-only defect's own first, smaller excess must not excuse its next.
+
+    The ratios are noted in the first step's first judging pass alone, a step judged by its own
+    rows: what a later step reads is the same however the steps are cut into windows.
+    """
+
+    __slots__ = ("_first", "_step")
+
+    def __init__(self) -> None:
+        #: record key -> (the first step, its largest ratio there)
+        self._first: dict[tuple[Hashable, ...], tuple[int, float]] = {}
+        self._step: int | None = None  # the compare's first step noted: the only one noted
+
+    def takes(self, step: int) -> bool:
+        """Return whether ratios of ``step`` are noted: the compare's first judged step alone (asked per row)."""
+        return self._step is None or step == self._step
+
+    def note(self, key: tuple[Hashable, ...], step: int, ratio: float) -> None:
+        """Note a record's error over its siblings' prediction at the first step."""
+        if self._step is None:
+            self._step = step
+        if step != self._step:
+            return
+        first = self._first.get(key)
+        if first is None or ratio > first[1]:
+            self._first[key] = (step, ratio)
+
+    def before(self, key: tuple[Hashable, ...], step: int) -> tuple[int, float] | None:
+        """Return the record's first step and its ratio there, where that step came before ``step``; else None."""
+        first = self._first.get(key)
+        return first if first is not None and first[0] < step else None
 
 
 class _Judge:
@@ -235,6 +285,9 @@ class _Judge:
     ) -> None:
         self.same_program = same_program
         self.replay = replay
+        self.excess = shared.excess
+        #: whether the excess over the siblings' line is noted (the first pass; not a cutoff's pass again)
+        self.noting = True
         #: positions of the op outputs a replay cleared, and of the inputs that are those very tensors
         self.cleared: set[int] = set()
         self.weights = weights or {}
@@ -315,6 +368,7 @@ class _Judge:
 
         The other steps' rows keep their verdicts: nothing of another step enters them.
         """
+        self.noting = False
         self.sibling_group = self._sibling_groups(cutoff, steps)
         for position, step in enumerate(self.steps):
             if step in steps:
@@ -420,6 +474,8 @@ class _Judge:
             if twin is not None
             else (baseline.expected(feeder_error) if baseline is not None and feeder_error is not None else None)
         )
+        if self.noting and twin is None and error and expected and self.excess.takes(row.golden.key.step):
+            self.excess.note(_excess_key(row), row.golden.key.step, error / expected)
         fed_by = tuple([self._feeder_label(feeder) for feeder in feeding.positions])
         if feeding.unmatched:
             fed_by += tuple(_label_text(record) + MY_ONLY_SUFFIX for record in feeding.unmatched)
@@ -468,8 +524,10 @@ class _Judge:
                 name, value, limit, evidence = anomaly
                 verdict, deciding, suspect = VERDICT_WARN, name, True
                 metrics = {**metrics, name: MetricResult(name, value, VERDICT_WARN, limit, DECISIVE_FACTOR)}
+                first = self._stood_out_first(row, value)
                 evidence += (
-                    f"; in {row.judged_as} against a more precise golden, siblings alone cannot tell this from "
+                    (f"; {first}" if first else "")
+                    + f"; in {row.judged_as} against a more precise golden, siblings alone cannot tell this from "
                     "rounding noise: a noise twin settles it (compare --noise-path)"
                 )
             elif anomaly is not None and verdict != VERDICT_FAIL and not failing_feeders:
@@ -829,8 +887,9 @@ class _Judge:
         siblings' baseline is a rough guess (a trained model's attention amplifies rounding
         noise by a factor that varies from layer to layer and prompt to prompt), and an excess
         under :data:`DECISIVE_FACTOR` is as often noise as defect -- unless it lies
-        :data:`SIBLING_MARGIN` times beyond the farthest sibling. Such a row is a suspect
-        (it warns, and says how to settle it), never a failure with exit code 3.
+        :data:`SIBLING_MARGIN` times beyond the farthest sibling, and beyond what the same
+        record stood out by at its first step (:class:`ExcessHistory`). Such a row is a
+        suspect (it warns, and says how to settle it), never a failure with exit code 3.
         """
         name, ratio = anomaly[0], anomaly[1]
         if (
@@ -845,8 +904,17 @@ class _Judge:
             return ratio < STATISTICS_DECISIVE_FACTOR
         if ratio >= DECISIVE_FACTOR:
             return False
+        if self._stood_out_first(row, ratio) is not None:
+            return True  # it stood out half as much at its first step: its own noise, not a defect this step introduced
         # far beyond the farthest honest repeat: it stands out, whatever the siblings' line says
         return baseline is None or ratio < SIBLING_MARGIN * baseline.widest_sibling_excess
+
+    def _stood_out_first(self, row: ComparisonRow, ratio: float) -> str | None:
+        """Return how far the record stood out at its first step, where that was half this ``ratio`` or more; else None."""
+        first = self.excess.before(_excess_key(row), row.golden.key.step)
+        if first is None or SIBLING_MARGIN * first[1] < ratio:
+            return None
+        return f"it stood {first[1]:.3g}x its siblings' line at step {first[0]} too"
 
     @staticmethod
     def _twin_anomaly(twin_row: ComparisonRow | None) -> tuple[str, float, float, str] | None:
