@@ -335,6 +335,23 @@ def test_a_clean_bf16_generate_names_no_decode_step_for_a_layer_whose_noise_alwa
     assert named is not None and named.golden.key.step == 3 and named.golden.key.name == "model.layers.14.mlp"
 
 
+def test_a_clean_fp16_generate_names_no_row_where_accumulated_noise_crosses_the_line(smollm2, tmp_path: Path) -> None:
+    # A greedy decode's single tokens carry no massive activation to dilute the rounding noise:
+    # at step 6 the fp16 run's error reaches fp16's line (0.012) in layer 12's down_proj, which
+    # received 0.0117 and grew it 1.08x, as its repeats predict. It was named where the error is
+    # introduced. It adds nothing a defect would: it warns, saying so.
+    from llmcheck.bundled_model import load_smollm2
+
+    model, tokenizer = smollm2
+    prompt_ids = tokenizer("The capital of France is Paris. The capital of Germany is", return_tensors="pt").input_ids
+    golden = _generate_statistics(model, prompt_ids, tmp_path / "golden", 8, statistics_only=False)
+    low = load_smollm2(dtype=torch.float16)[0]
+    result = _compare(golden, _generate_statistics(low, prompt_ids, tmp_path / "my", 8, statistics_only=False))
+    assert result.first_introduced is None and result.counts()["failures"] == 0
+    crossed = [row for row in result.rows if row.evidence.startswith("past the fp16 line, but it grows the error")]
+    assert crossed and all(row.verdict == "warn" and row.golden.key.step > 0 for row in crossed)
+
+
 #: Prompts on which clean low-precision runs of SmolLM2 were once blamed: a decoder layer whose
 #: residual stream and MLP output nearly cancel a massive activation (layer 28 in bf16, layer 9
 #: in fp16), and an attention core that amplifies fp16 noise more than its repeats do (layer 10).

@@ -25,6 +25,10 @@ held against the absolute errors of the parts of its sum (a cancelling residual 
 defect); a growth under :data:`MIN_GROWTH` never introduces; the rows before a step's first
 introduced row are judged again without the siblings after it; and in reduced precision without
 a twin, a modest excess is a *suspect* (a warning) until the failure it hands on confirms it.
+Greedy decodes added two more: a row past the dtype table's line that grows what it received
+less than :data:`MIN_GROWTH` times (or than its repeats predict) warns, as rounding noise
+accumulated upstream; and a decode step's modest excess that its record showed half as large
+at the first step (a generate's prefill) is a suspect.
 
 A failing row is *introduced* when no feeder fails, *inherited* when a feeder fails and this
 row carries that error on (rows that carry at least :data:`CARRY_FRACTION` of a failing
@@ -567,6 +571,11 @@ class _Judge:
             if cleared is not None:
                 self.cleared.add(position)
                 verdict, metrics, evidence = VERDICT_WARN, _recast(metrics, VERDICT_WARN, only=VERDICT_FAIL), cleared
+            elif anomaly is None and deciding == row.deciding_metric and deciding != NONFINITE_METRIC:
+                accumulated = self._accumulated_noise(row, error, feeding, feeder_error, expected)
+                if accumulated is not None:
+                    verdict, metrics = VERDICT_WARN, _recast(metrics, VERDICT_WARN, only=VERDICT_FAIL)
+                    evidence = accumulated
         if metrics is not row.metrics and metrics == row.metrics:
             metrics = row.metrics
         attribution = SUSPECT if suspect and verdict == VERDICT_WARN else row.attribution
@@ -681,6 +690,55 @@ class _Judge:
         if replayed is None:
             return self._carried_from_cleared(row, error, feeding)
         return f"{replayed}; its error ({error:.3g}) came in with its inputs ({received:.3g}), which this op amplifies"
+
+    def _accumulated_noise(
+        self,
+        row: ComparisonRow,
+        error: float | None,
+        feeding: Feeding,
+        received: float | None,
+        expected: float | None,
+    ) -> str | None:
+        """Return why a row past the dtype table's line adds no error of its own (the evidence), else None.
+
+        In a reduced precision against a more precise golden, rounding noise accumulates layer
+        by layer, and at some row it crosses the table's fixed line: a greedy decode's single
+        tokens carry no massive activation to dilute it, so SmolLM2's clean fp16 decode crosses
+        0.012 at step 6 in layer 12's ``down_proj``, which received 0.0117 and grew it 1.08x, as
+        its repeats predicted. A row whose inputs already carry error, and whose own error is no
+        more than :data:`MIN_GROWTH` times that, or than what its repeats predict from it (a
+        product's error is its factors' added), shows nothing a defect added: it warns. A noise twin settles it; without one, a defect
+        below that is below the noise. What it received is its inputs' error, or what the parts
+        of its sum carry where more (:meth:`_received_error`: a residual add that nearly cancels);
+        behind an introduced row of its step -- a part holding a defect is one, judged before the
+        module it lies in -- a row past the line carries that defect on (:meth:`_attribution`),
+        and fed by a suspect it settles that doubt (:meth:`_confirmed_suspect`): the error it
+        received is the suspect's.
+        """
+        if (
+            error is None
+            or received is None
+            or self.introduced_in_step.get(row.golden.key.step)
+            or any(self.judged[feeder].attribution == SUSPECT for feeder in feeding.positions)
+            or self.same_program
+            or row.judged_as not in REDUCED_PRECISIONS
+            or not golden_more_precise(row.golden.dtype, row.judged_as)
+            or received <= _floor(row)
+        ):
+            return None
+        explained = MIN_GROWTH * max(received, expected or 0.0)
+        if error > explained:
+            return None
+        return (
+            f"past the {row.judged_as} line, but it grows the error its inputs carry {error / received:.3g}x "
+            f"({received:.3g} -> {error:.3g}; its repeats predict {expected:.3g})"
+            if expected is not None
+            else f"past the {row.judged_as} line, but it grows the error its inputs carry {error / received:.3g}x "
+            f"({received:.3g} -> {error:.3g})"
+        ) + (
+            ": rounding noise accumulated upstream crosses the line here, in "
+            f"{row.judged_as} against a more precise golden; a noise twin settles it (compare --noise-path)"
+        )
 
     def _carried_from_cleared(self, row: ComparisonRow, error: float, feeding: Feeding) -> str | None:
         """Return why a statistics-only op output no replay speaks for carries on a cleared op's error, else None.
