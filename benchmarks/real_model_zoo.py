@@ -165,7 +165,7 @@ CLEAN = bug_zoo.CLEAN
 class Setting:
     name: str
     my_dtype: str
-    capture: str  # "module", "stats", "op" or "op-stats"
+    capture: str  # "module", "stats", "op", "op-stats", "generate" or "generate-stats"
     noise_twin: bool = False
     weight_digests: bool = True
     clean_only: bool = False  # a clean control only: no defect cases
@@ -184,6 +184,11 @@ SETTINGS: dict[str, Setting] = {
         # op level on statistics alone: the norms' upcast ops hold the massive activations squared
         Setting("bf16/fp32-op-stats", "bf16", "op-stats", clean_only=True),
         Setting("fp16/fp32-op-stats", "fp16", "op-stats", clean_only=True),
+        # a greedy decode of 8 tokens: the steps after the prefill, one token each
+        Setting("bf16/fp32-generate", "bf16", "generate", clean_only=True),
+        Setting("fp16/fp32-generate", "fp16", "generate", clean_only=True),
+        Setting("bf16/fp32-generate-stats", "bf16", "generate-stats", clean_only=True),
+        Setting("fp16/fp32-generate-stats", "fp16", "generate-stats", clean_only=True),
         Setting("fp32/fp32", "fp32", "module"),
         Setting("bf16/fp32+twin", "bf16", "module", noise_twin=True),
         Setting("fp32/fp32-nodigest", "fp32", "module", weight_digests=False),
@@ -226,9 +231,27 @@ def cast(model: torch.nn.Module, dtype: str) -> torch.nn.Module:
     return model
 
 
+#: Tokens a generate setting decodes greedily: the prefill is step 0, each new token a step after it.
+GENERATED_TOKENS = 8
+
+
 def capture(model: torch.nn.Module, ids: torch.Tensor, dump_path: Path, setting: Setting) -> Path:
-    """Run one forward pass under the bug zoo's capture of this setting's mode, with or without weight digests."""
-    return bug_zoo.capture_run(model, ids, dump_path, setting.capture, weight_digests=setting.weight_digests)
+    """Run one forward pass (or a greedy generate) under the bug zoo's capture of this setting's mode."""
+    if not setting.capture.startswith("generate"):
+        return bug_zoo.capture_run(model, ids, dump_path, setting.capture, weight_digests=setting.weight_digests)
+    from llmcheck import DumpConfig, register_hook
+
+    config = DumpConfig(
+        dump_path=str(dump_path),
+        token_range=list(range(GENERATED_TOKENS)),
+        tensor_part=2,
+        statistics_only=setting.capture == "generate-stats",
+        weight_digests=setting.weight_digests,
+    )
+    with register_hook(model, config) as handle, torch.no_grad():
+        model.generate(ids, max_new_tokens=GENERATED_TOKENS, do_sample=False)
+    assert handle.path is not None
+    return Path(handle.path)
 
 
 class RealZoo:
