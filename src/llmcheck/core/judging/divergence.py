@@ -209,21 +209,6 @@ def _label_text(record: TensorRecord) -> str:
     return record.key.label()
 
 
-@dataclass
-class AcrossSteps:
-    """What the judges of a compare's steps share, made once: parent links, my-only producers, name templates.
-
-    A step's records may be enclosed by a module whose parent link an earlier step's record
-    gives; a my-only producer is found by the identity of the tensor it made; and every step
-    of a decode dump repeats the same names, whose candidate templates are found once.
-    """
-
-    links: ParentLinks
-    unmatched: Mapping[tuple[Hashable, ...], TensorRecord]
-    templates: dict[str, list[tuple[str, int]]] = field(default_factory=dict)
-    excess: ExcessHistory = field(default_factory=lambda: ExcessHistory())
-
-
 class ExcessHistory:
     """How far each record stood above its siblings' line at the compare's first step: a decode's prefill.
 
@@ -265,6 +250,21 @@ class ExcessHistory:
         """Return the record's first step and its ratio there, where that step came before ``step``; else None."""
         first = self._first.get(key)
         return first if first is not None and first[0] < step else None
+
+
+@dataclass
+class AcrossSteps:
+    """What the judges of a compare's steps share, made once: parent links, my-only producers, name templates.
+
+    A step's records may be enclosed by a module whose parent link an earlier step's record
+    gives; a my-only producer is found by the identity of the tensor it made; and every step
+    of a decode dump repeats the same names, whose candidate templates are found once.
+    """
+
+    links: ParentLinks
+    unmatched: Mapping[tuple[Hashable, ...], TensorRecord]
+    templates: dict[str, list[tuple[str, int]]] = field(default_factory=dict)
+    excess: ExcessHistory = field(default_factory=ExcessHistory)
 
 
 class _Judge:
@@ -707,8 +707,9 @@ class _Judge:
         0.012 at step 6 in layer 12's ``down_proj``, which received 0.0117 and grew it 1.08x, as
         its repeats predicted. A row whose inputs already carry error, and whose own error is no
         more than :data:`MIN_GROWTH` times that, or than what its repeats predict from it (a
-        product's error is its factors' added), shows nothing a defect added: it warns. A noise twin settles it; without one, a defect
-        below that is below the noise. What it received is its inputs' error, or what the parts
+        product's error is its factors' added), shows nothing a defect added: it warns. A noise
+        twin settles it; without one, a defect below that is below the noise. What it received
+        is its inputs' error, or what the parts
         of its sum carry where more (:meth:`_received_error`: a residual add that nearly cancels);
         behind an introduced row of its step -- a part holding a defect is one, judged before the
         module it lies in -- a row past the line carries that defect on (:meth:`_attribution`),
