@@ -730,15 +730,11 @@ class _Judge:
         explained = MIN_GROWTH * max(received, expected or 0.0)
         if error > explained:
             return None
+        predicted = f"; its repeats predict {expected:.3g}" if expected is not None else ""
         return (
             f"past the {row.judged_as} line, but it grows the error its inputs carry {error / received:.3g}x "
-            f"({received:.3g} -> {error:.3g}; its repeats predict {expected:.3g})"
-            if expected is not None
-            else f"past the {row.judged_as} line, but it grows the error its inputs carry {error / received:.3g}x "
-            f"({received:.3g} -> {error:.3g})"
-        ) + (
-            ": rounding noise accumulated upstream crosses the line here, in "
-            f"{row.judged_as} against a more precise golden; a noise twin settles it (compare --noise-path)"
+            f"({received:.3g} -> {error:.3g}{predicted}): rounding noise accumulated upstream crosses the line "
+            f"here, in {row.judged_as} against a more precise golden; a noise twin settles it (compare --noise-path)"
         )
 
     def _carried_from_cleared(self, row: ComparisonRow, error: float, feeding: Feeding) -> str | None:

@@ -95,18 +95,8 @@ def _statistics_row(
     if golden.data is not None and my.data is not None:
         return None
     if _both_empty(golden, my):
-        return build_row(
-            index=index,
-            golden=golden,
-            my=my,
-            rule=pair.rule,
-            metrics={},
-            verdict=VERDICT_PASS,
-            reason=intern_text(f"both tensors are empty (shape {shape_text(golden.shape)}): nothing to compare"),
-            golden_stats=golden.stats,
-            my_stats=my.stats,
-            judged_as=judging_class(golden.dtype, my.dtype, run_floor),
-        )
+        reason = intern_text(f"both tensors are empty (shape {shape_text(golden.shape)}): nothing to compare")
+        return _unmeasured_row(index, pair, VERDICT_PASS, reason, judging_class(golden.dtype, my.dtype, run_floor))
     if not comparable_statistics(golden.stats, my.stats) or shape_problem(golden, my) is not None:
         return None
     judged_class = judging_class(golden.dtype, my.dtype, run_floor)
@@ -146,6 +136,24 @@ def _statistics_row(
         my_stats=my.stats,
         nonfinite_mismatch=nonfinite,
         judged_as=judged_class,
+    )
+
+
+def _unmeasured_row(index: int, pair: Pair, verdict: str, reason: str, judged_as: str = "") -> ComparisonRow:
+    """Return the row of a pair with no metrics: its verdict and why (an error, or two empty tensors passing)."""
+    golden, my = pair.golden, pair.my
+    assert golden is not None and my is not None
+    return ComparisonRow(
+        index=index,
+        golden=golden,
+        my=my,
+        rule=pair.rule,
+        metrics={},
+        verdict=verdict,
+        reason=reason,
+        golden_stats=golden.stats,
+        my_stats=my.stats,
+        judged_as=judged_as,
     )
 
 
@@ -230,17 +238,7 @@ def _pair_row(
     ):
         return statistics_row
     if problem is not None or measurement is None:
-        return ComparisonRow(
-            index=index,
-            golden=golden,
-            my=my,
-            rule=pair.rule,
-            metrics={},
-            verdict=VERDICT_ERROR,
-            reason=problem or "not measured",
-            golden_stats=golden.stats,
-            my_stats=my.stats,
-        )
+        return _unmeasured_row(index, pair, VERDICT_ERROR, problem or "not measured")
     judged_class = judging_class(golden.dtype, my.dtype, run_floor)
     results, verdict, deciding = table.judge(measurement.values, golden.key.name, judged_class)
     notes = _notes(golden, my)

@@ -20,6 +20,7 @@ fp32 reach 426 409 in an fp16 run, and they are measured, not masked.
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import NamedTuple
 
@@ -67,8 +68,12 @@ class SentinelRange(NamedTuple):
         return magnitude >= self.own or self.low <= magnitude <= self.run_ceiling
 
 
+@functools.cache
 def sentinel_range_in_run(dtype: str, run_dtype: str | None) -> SentinelRange:
-    """Return the magnitudes at which a ``dtype`` tensor of a run whose tensors are mostly ``run_dtype`` holds sentinels."""
+    """Return the magnitudes at which a ``dtype`` tensor of a run whose tensors are mostly ``run_dtype`` holds sentinels.
+
+    Found once per pair of dtypes: asked twice per pair measured or judged on its statistics.
+    """
     own = sentinel_limit(dtype)
     run = sentinel_limit(run_dtype) if run_dtype else math.inf
     if run >= own:
