@@ -42,7 +42,7 @@ from llmcheck.core.records import (
     TensorStats,
     error_measure,
 )
-from llmcheck.core.reporting.depth_profile import placement, row_error
+from llmcheck.core.reporting.depth_profile import depth_points, placement, row_error
 from llmcheck.core.reporting.report import json_safe
 from llmcheck.plugin_api import describe
 from llmcheck.plugins.reports import csv_table as csv_module
@@ -635,3 +635,19 @@ def test_junit_attribute_values_of_a_column_are_element_tree_s_value_by_value(te
         return serialized[len('<a v="') : -len('" />')]
 
     assert _attribute_values(texts) == [written_by_element_tree(text) for text in texts]
+
+
+def test_the_depth_charts_op_points_are_labelled_by_module_and_op_not_by_overload(tmp_path: Path) -> None:
+    # an op-level dump's op names end in their overload: labelled by the last dotted part, the
+    # axis of an op-level statistics compare read "default, Tensor, Tensor_Scalar, dim, ..."
+    tensors = {
+        "model.embed_tokens/aten.embedding.default": torch.ones(4),
+        "model.norm/aten.pow.Tensor_Scalar": torch.ones(4),
+        "lm_head/aten.mm.default": torch.ones(4),
+        "model.norm": torch.ones(4),
+    }
+    golden = get_plugins().load_tensors(write_llmcheck_dump(tmp_path / "g", tensors))
+    my = get_plugins().load_tensors(write_llmcheck_dump(tmp_path / "m", tensors))
+    result = compare_dumps(golden, my, workers=1)
+    labels = [point["label"] for point in depth_points(result.rows, 0, error_measure(result.metric_specs))]
+    assert labels == ["embed_tokens/embedding", "norm/pow", "lm_head/mm", "norm"]

@@ -130,8 +130,13 @@ def _main_outputs(rows: Sequence[ComparisonRow], step: int) -> list[ComparisonRo
 
 
 def _point_label(name: str, place: Placement) -> str:
+    """Return a point's axis label: ``layers.3``, ``norm``, or for an op ``norm/pow`` (not its overload, ``Tensor_Scalar``)."""
     if place.block == name:
         return ".".join(name.split(".")[-2:])  # layers.3
+    module, slash, op = name.partition("/")
+    if slash:  # an op record: module/aten.pow.Tensor_Scalar
+        parts = op.split(".")
+        return f"{module.rsplit('.', 1)[-1]}/{parts[1] if len(parts) > 2 else parts[-1]}"
     return name.rsplit(".", 1)[-1]
 
 
